@@ -1,0 +1,1 @@
+"""FALSE-VFL with explicit typed rounds and secure transports."""

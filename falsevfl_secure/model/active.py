@@ -1,0 +1,92 @@
+"""The label-side modules that only the active party owns: the global encoder q(z | h), the global
+decoder p(h | z), the prior p(z) = N(0, I) and the discriminator p(y | h)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..bounds import diagonal_gaussian_log_prob, latent_posterior, log_importance_weights
+from ..errors import InputError
+from .mlp import mlp
+
+MIN_STD = 1e-3
+
+
+def _gaussian_head(raw: Tensor) -> tuple[Tensor, Tensor]:
+    mean, raw_std = raw.chunk(2, dim=-1)
+    return mean, F.softplus(raw_std) + MIN_STD
+
+
+class ActiveModel(nn.Module):
+    """Everything the active party computes between the two aggregates and for the loss."""
+
+    def __init__(
+        self,
+        h_dim: int,
+        z_dim: int,
+        hidden: int,
+        n_classes: int,
+        discriminator_hidden: int,
+        task: str = "classification",
+    ) -> None:
+        super().__init__()
+        self.h_dim, self.z_dim, self.task, self.n_classes = h_dim, z_dim, task, n_classes
+        self.global_encoder = mlp([h_dim, hidden, hidden, 2 * z_dim])
+        self.global_decoder = mlp([z_dim, hidden, hidden, 2 * h_dim])
+        n_out = n_classes if task == "classification" else 2
+        self.discriminator = mlp([h_dim, discriminator_hidden, n_out])
+
+    def generative_parameters(self) -> list[nn.Parameter]:
+        """theta_s and gamma_s: frozen in stage 2 together with every party's parameters."""
+        return [*self.global_encoder.parameters(), *self.global_decoder.parameters()]
+
+    def sample_latent(
+        self, sum_posterior: Tensor, n_observed: Tensor, kappa: int, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor]:
+        """Draw h_1..h_kappa ~ q(h | x_obs) (reparameterised) and return (h, log q(h | x_obs)).
+
+        `sum_posterior` is the aggregate of the parties' [mu_k, precision_k], shape (B, 2 d_h).
+        """
+        sum_mean, sum_precision = sum_posterior.split(self.h_dim, dim=-1)
+        q_h = latent_posterior(sum_mean, sum_precision, n_observed)
+        noise = torch.randn((kappa, *q_h.loc.shape), generator=generator, device=q_h.loc.device,
+                            dtype=q_h.loc.dtype)
+        h = q_h.loc + q_h.scale * noise
+        return h, diagonal_gaussian_log_prob(h, q_h.loc, q_h.scale)
+
+    def log_weights(
+        self, h: Tensor, log_q_h: Tensor, log_likelihood: Tensor, generator: torch.Generator | None
+    ) -> Tensor:
+        """log w_j of the IWAE bound, (kappa, B): draws z_j ~ q(z | h_j) and scores p(h|z) p(z)."""
+        z_mean, z_std = _gaussian_head(self.global_encoder(h))
+        noise = torch.randn(z_mean.shape, generator=generator, device=h.device, dtype=h.dtype)
+        z = z_mean + z_std * noise
+        log_q_z = diagonal_gaussian_log_prob(z, z_mean, z_std)
+        h_mean, h_std = _gaussian_head(self.global_decoder(z))
+        log_p_h = diagonal_gaussian_log_prob(h, h_mean, h_std)
+        log_p_z = -0.5 * (z * z).sum(-1) - 0.5 * math.log(2 * math.pi) * self.z_dim
+        return log_importance_weights(log_likelihood, log_p_h, log_p_z, log_q_h, log_q_z)
+
+    def label_log_prob(self, h: Tensor, y: Tensor) -> Tensor:
+        """log p(y | h_j) for every importance sample, (kappa, B)."""
+        out = self.discriminator(h)
+        if self.task == "classification":
+            if y.dtype not in (torch.int64, torch.int32) or (
+                y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.n_classes)
+            ):
+                raise InputError(f"labels must be integers in 0..{self.n_classes - 1}")
+            log_probs = out.log_softmax(-1)
+            return log_probs.gather(-1, y.view(1, -1, 1).expand(h.shape[0], -1, 1)).squeeze(-1)
+        mean, std = _gaussian_head(out)
+        return diagonal_gaussian_log_prob(y.view(1, -1, 1).to(h.dtype), mean, std)
+
+    def label_distribution(self, h: Tensor) -> Tensor:
+        """p(y | h_l): class probabilities (L, B, C), or (mean, std) pairs (L, B, 2) for regression."""
+        out = self.discriminator(h)
+        if self.task == "classification":
+            return out.softmax(-1)
+        return torch.stack(_gaussian_head(out), dim=-1).squeeze(-2)

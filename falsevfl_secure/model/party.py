@@ -1,0 +1,83 @@
+"""The feature-side modules that one party owns and runs on its own feature block only.
+
+A `PartyModel` never sees another party's data: its inputs are its block x^k, the rows it holds,
+and (from the active party's broadcast) latent samples h. Its outputs are the two contributions
+it adds into the cross-party sums: the posterior terms and the log-likelihood terms.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..bounds import diagonal_gaussian_log_prob
+from .mlp import mlp
+
+MIN_PRECISION = 1e-3
+
+
+class PartyModel(nn.Module):
+    """Encoder q(h | x^k) -> (mu_k, precision_k), decoder p(x^k | h) (Gaussian) and, for
+    FALSE-VFL-II, the missing indicator p(m^k | x^k) (Bernoulli)."""
+
+    def __init__(
+        self,
+        n_features: int,
+        h_dim: int,
+        hidden: int,
+        variant: str = "I",
+        min_decoder_std: float = 0.05,
+        indicator_hidden: int = 64,
+    ) -> None:
+        super().__init__()
+        self.n_features = n_features
+        self.h_dim = h_dim
+        self.variant = variant
+        self.min_decoder_std = min_decoder_std
+        self.encoder = mlp([n_features, hidden, 2 * h_dim])
+        self.decoder = mlp([h_dim, hidden, 2 * n_features])
+        self.indicator = (
+            mlp([n_features, indicator_hidden, indicator_hidden, 1]) if variant == "II" else None
+        )
+
+    # -- generative-side parameters are everything here: stage 2 freezes the whole party model --
+
+    def posterior_contribution(self, x: Tensor, held: Tensor) -> Tensor:
+        """[mu_k, precision_k] for the rows this party holds and exact zeros elsewhere, (B, 2 d_h).
+
+        Zeros (not NaN-prone multiplications) so that the values of rows the party does not hold
+        cannot change the sum: `torch.where` also blocks their gradients.
+        """
+        mean, raw_precision = self.encoder(x).chunk(2, dim=-1)
+        precision = F.softplus(raw_precision) + MIN_PRECISION
+        contribution = torch.cat([mean, precision], dim=-1)
+        return torch.where(held.unsqueeze(-1), contribution, torch.zeros_like(contribution))
+
+    def decode(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and standard deviation of p(x^k | h); the std has a floor so that the likelihood
+        of standardised data cannot diverge by collapsing a variance."""
+        mean, raw_std = self.decoder(h).chunk(2, dim=-1)
+        return mean, F.softplus(raw_std) + self.min_decoder_std
+
+    def log_likelihood_contribution(
+        self, h: Tensor, x: Tensor, held: Tensor, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """This party's term of the summed log-likelihood, shape (kappa, B).
+
+        FALSE-VFL-I: log p(x^k | h_j) on held rows, 0 elsewhere.
+        FALSE-VFL-II: plus log p(m^k | x^k) on every row, where a row the party does not hold uses
+        x^k_j ~ p(x^k | h_j) drawn from this party's own generator (reparameterised).
+        """
+        mean, std = self.decode(h)
+        log_lik = diagonal_gaussian_log_prob(x.unsqueeze(0), mean, std)
+        term = torch.where(held.unsqueeze(0), log_lik, torch.zeros_like(log_lik))
+        if self.indicator is None:
+            return term
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        imputed = mean + std * noise
+        x_full = torch.where(held.view(1, -1, 1), x.unsqueeze(0).expand_as(imputed), imputed)
+        logit = self.indicator(x_full).squeeze(-1)
+        # m = 1 means "missing": log p(m=1|x) = log sigmoid(logit), log p(m=0|x) = log sigmoid(-logit).
+        log_p_mask = F.logsigmoid(torch.where(held.unsqueeze(0), -logit, logit))
+        return term + log_p_mask

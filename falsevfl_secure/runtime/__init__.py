@@ -1,0 +1,1 @@
+"""Runtimes: `local` (every role in this process) and `distributed` (one process per role)."""

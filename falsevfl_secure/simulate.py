@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from .runtime.distributed import run_distributed
 
-            result = run_distributed(cfg, args.protocol, TEST_PATTERNS, progress=not args.quiet)
+            result = run_distributed(cfg, args.protocol, TEST_PATTERNS, progress=not args.quiet,
+                                     out_dir=Path(args.out))
     except FalseVflError as error:  # includes DataError and InputError: a clear message, no traceback
         print(f"error: {error}", file=sys.stderr)
         return 2

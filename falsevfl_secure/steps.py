@@ -56,7 +56,8 @@ def forward_rounds(world: World, batch: Batch, n_samples: int) -> tuple[Tensor |
     if world.hosts_active:
         h, log_q_h = world.active.sample_latent(sum_posterior, batch.n_observed, n_samples,
                                                 world.active_generator)
-    h_at_party = transport.broadcast("latent", h)
+    batch_size = next(iter(batch.held.values())).shape[0]
+    h_at_party = transport.broadcast("latent", h, shape=(n_samples, batch_size, world.cfg.h_dim))
 
     likelihood_terms = {
         k: party.log_likelihood_contribution(h_at_party[k], batch.x[k], batch.held[k],

@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 from torch.autograd import Function
 
+from ..errors import ProtocolError
 from .accounting import CommLog
-from .rounds import ADJOINT, check_contributions
+from .rounds import ADJOINT, RoundSequencer, check_contributions
 
 
 def _nbytes(t: Tensor) -> int:
@@ -29,7 +30,7 @@ class _Aggregate(Function):
     @staticmethod
     def forward(ctx, transport: LocalTransport, name: str, parties: tuple[int, ...], *contributions: Tensor):
         ctx.transport, ctx.name, ctx.parties = transport, name, parties
-        transport.log.round(name)
+        transport._enter(name)
         for party, value in zip(parties, contributions, strict=True):
             if party != transport.active_party:
                 transport.log.add(name, party, sent=_nbytes(value))
@@ -42,7 +43,7 @@ class _Aggregate(Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         transport, name = ctx.transport, ADJOINT[ctx.name]
-        transport.log.round(name)
+        transport._enter(name)
         for party in ctx.parties:
             if party != transport.active_party:
                 transport.log.add(name, transport.active_party, sent=_nbytes(grad))
@@ -54,7 +55,7 @@ class _Broadcast(Function):
     @staticmethod
     def forward(ctx, transport: LocalTransport, name: str, parties: tuple[int, ...], value: Tensor):
         ctx.transport, ctx.name, ctx.parties = transport, name, parties
-        transport.log.round(name)
+        transport._enter(name)
         for party in parties:
             if party != transport.active_party:
                 transport.log.add(name, transport.active_party, sent=_nbytes(value))
@@ -64,7 +65,7 @@ class _Broadcast(Function):
     @staticmethod
     def backward(ctx, *grads: Tensor):
         transport, name = ctx.transport, ADJOINT[ctx.name]
-        transport.log.round(name)
+        transport._enter(name)
         total = grads[0].clone()
         for party, grad in zip(ctx.parties[1:], grads[1:], strict=True):
             total = total + grad
@@ -85,6 +86,11 @@ class LocalTransport:
         self.n_parties = n_parties
         self.active_party = active_party
         self.log = log if log is not None else CommLog()
+        self.sequencer = RoundSequencer()
+
+    def _enter(self, name: str) -> None:
+        self.sequencer.advance(name)
+        self.log.round(name)
 
     def aggregate(self, name: str, contributions: Mapping[int, Tensor]) -> Tensor:
         """Sum of every party's contribution, delivered to the active party."""
@@ -93,11 +99,13 @@ class LocalTransport:
         check_contributions(name, parties, values, self.n_parties)
         return _Aggregate.apply(self, name, parties, *values)
 
-    def broadcast(self, name: str, value: Tensor | None, parties: tuple[int, ...] | None = None
-                  ) -> dict[int, Tensor]:
+    def broadcast(self, name: str, value: Tensor | None, shape: tuple[int, ...] | None = None,
+                  parties: tuple[int, ...] | None = None) -> dict[int, Tensor]:
         """One copy of the active party's `value` for each party (`parties`: all by default)."""
         if value is None:
-            raise ValueError(f"round {name!r}: the active party has nothing to broadcast")
+            raise ProtocolError(f"round {name!r}: field 'payload': the active party has nothing to broadcast")
+        if shape is not None and tuple(value.shape) != tuple(shape):
+            raise ProtocolError(f"round {name!r}: field 'shape': {tuple(value.shape)} != declared {tuple(shape)}")
         parties = tuple(range(self.n_parties)) if parties is None else parties
         return dict(zip(parties, _Broadcast.apply(self, name, parties, value), strict=True))
 

@@ -17,6 +17,38 @@ from ..errors import ProtocolError
 FORWARD_ROUNDS = ("posterior", "latent", "likelihood")
 ADJOINT = {"posterior": "posterior_grad", "latent": "latent_grad", "likelihood": "likelihood_grad"}
 STAGE1_ROUNDS = (*FORWARD_ROUNDS, "likelihood_grad", "latent_grad", "posterior_grad")
+ALL_ROUNDS = STAGE1_ROUNDS
+
+# Which round may follow which: a forward pass is posterior -> latent -> likelihood; after it comes
+# either the next forward pass (stage 2, inference) or the adjoints in reverse order (stage 1).
+NEXT_ROUNDS = {
+    None: ("posterior",),
+    "posterior": ("latent",),
+    "latent": ("likelihood",),
+    "likelihood": ("posterior", "likelihood_grad"),
+    "likelihood_grad": ("latent_grad",),
+    "latent_grad": ("posterior_grad",),
+    "posterior_grad": ("posterior",),
+}
+
+
+class RoundSequencer:
+    """Refuses a round that is out of order (for example a `latent` before any `posterior`)."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def advance(self, name: str) -> None:
+        if name not in NEXT_ROUNDS:
+            raise ProtocolError(f"round {name!r}: field 'round': unknown round; rounds are {ALL_ROUNDS}")
+        allowed = NEXT_ROUNDS[self.last]
+        if name not in allowed:
+            raise ProtocolError(f"round {name!r}: field 'round': out of order after {self.last!r} "
+                                f"(expected {' or '.join(allowed)})")
+        self.last = name
+
+    def reset(self) -> None:
+        self.last = None
 
 
 def check_contributions(name: str, parties: Sequence[int], values: Sequence[Tensor], n_parties: int) -> None:

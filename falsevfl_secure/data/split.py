@@ -1,0 +1,153 @@
+"""The labeled/unlabeled training split and the vertical (per-party) views of train and test data.
+
+Training split (paper, "Setup"): `n_labeled` samples are drawn uniformly at random from the
+training set; the first `n_aligned` of them are fully observed (the "aligned reserve", which the
+aligned-only baselines need); every other sample, labeled or not, follows the training mechanism.
+Labels of unlabeled samples stay in `y` (useful for diagnostics), but `labeled` is False for them
+and the trainer reads `y` only where `labeled` is True. Test split: every test sample follows the
+test mechanism and is labeled.
+
+Defaults (`n_labeled` / `n_aligned`): Isolet and HAPT 500 / 100, Fashion-MNIST 1000 / 200 (as in
+the paper); digits 200 / 40, because its training set has only 1347 rows.
+
+Empty-row rule. A sample whose mask has no observed party is held by no party, so in a real
+federation it does not exist in anyone's database. It is REMOVED from the split (never passed to
+the model as an all-zero row), `dropped` counts it, and the count is logged and reported in the
+run's result record. The aligned reserve is never dropped (it is fully observed).
+
+Privacy of the views: in `blocks[k]` the rows that party k does not hold are set to 0.0, so no
+party's array ever contains values it does not have; `party_block(k)` returns only (x_k, held_k).
+
+Seeding: every random stream comes from `np.random.SeedSequence([seed, stream, ...])`, so the same
+seed gives identical splits, the labeled draw does not depend on the mechanism, and each test
+pattern's mask is drawn from its own stream, independent of the training split.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DataError
+from .loaders import Dataset
+from .mechanisms import Dirichlet, Mechanism, parse_mechanism
+from .partition import feature_blocks, split_blocks
+
+log = logging.getLogger(__name__)
+
+TEST_PATTERNS: tuple[str, ...] = ("mcar:0", "mcar:0.2", "mcar:0.5", "mar1", "mar2", "mnar:0.7", "mnar:0.9")
+TRAIN_MECHANISMS: tuple[str, ...] = ("mcar:0.2", "mcar:0.5", "mar1", "mar2", "mnar:0.7", "mnar:0.9")
+
+#: (n_labeled, n_aligned) per dataset; anything else gets the tabular default.
+DEFAULT_LABELED: dict[str, tuple[int, int]] = {
+    "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (200, 40)}
+TABULAR_DEFAULT = (500, 100)
+
+_STREAM_LABELED = 1
+_STREAM_TRAIN_MASK = 2
+_STREAM_TEST_MASK = 3
+
+
+@dataclass
+class VerticalSplit:
+    """Per-party views of one set of samples after the mechanism and the empty-row rule."""
+
+    blocks: list[np.ndarray]
+    missing: np.ndarray
+    y: np.ndarray
+    labeled: np.ndarray
+    index: np.ndarray
+    dropped: int
+    mechanism: str
+    aligned: np.ndarray | None = None  # bool (N,): the fully observed reserve (train split only)
+    party_rates: np.ndarray | None = None  # the drawn per-party rates of a `dirichlet:` mechanism
+
+    @property
+    def n(self) -> int:
+        return int(len(self.y))
+
+    @property
+    def parties(self) -> int:
+        return len(self.blocks)
+
+    def party_block(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """What party k may hold: its feature block (zeros where not held) and its held-rows mask."""
+        if not 0 <= k < self.parties:
+            raise DataError(f"party {k} does not exist; parties are 0..{self.parties - 1}")
+        return self.blocks[k], ~self.missing[:, k]
+
+
+def _rng(seed: int, *stream: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(seed), *stream]))
+
+
+def _spec_stream(mechanism: Mechanism) -> int:
+    return zlib.crc32(mechanism.spec.encode())
+
+
+def _draw(mechanism: Mechanism, blocks: list[np.ndarray], rng: np.random.Generator
+          ) -> tuple[np.ndarray, np.ndarray | None]:
+    if isinstance(mechanism, Dirichlet):
+        missing, rates = mechanism.sample(blocks, rng, return_rates=True)
+        return missing, rates
+    return mechanism.sample(blocks, rng), None
+
+
+def _assemble(blocks: list[np.ndarray], missing: np.ndarray, y: np.ndarray, labeled: np.ndarray,
+              aligned: np.ndarray, mechanism: str, rates: np.ndarray | None, what: str) -> VerticalSplit:
+    """Apply the empty-row rule and zero every value a party does not hold."""
+    empty = missing.all(axis=1)
+    if (empty & aligned).any():  # cannot happen: the reserve is fully observed
+        raise AssertionError("aligned reserve rows would be dropped")
+    keep = ~empty
+    dropped = int(empty.sum())
+    if dropped:
+        log.info("%s split under %s: dropped %d of %d samples with no observed party (empty-row rule)",
+                 what, mechanism, dropped, len(keep))
+    missing = missing[keep]
+    out = []
+    for k, block in enumerate(blocks):
+        part = np.ascontiguousarray(block[keep], dtype=np.float32)
+        part[missing[:, k]] = 0.0
+        out.append(part)
+    return VerticalSplit(out, missing, np.ascontiguousarray(y[keep], dtype=np.int64), labeled[keep].copy(),
+                         np.flatnonzero(keep).astype(np.int64), dropped, mechanism, aligned[keep].copy(),
+                         rates)
+
+
+def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
+                     n_labeled: int | None = None, n_aligned: int | None = None) -> VerticalSplit:
+    """The training split: labeled draw, aligned reserve, training mechanism, empty-row rule."""
+    mech = parse_mechanism(mechanism)
+    n = len(dataset.y_train)
+    default_labeled, default_aligned = DEFAULT_LABELED.get(dataset.name, TABULAR_DEFAULT)
+    n_labeled = default_labeled if n_labeled is None else int(n_labeled)
+    n_aligned = default_aligned if n_aligned is None else int(n_aligned)
+    if not 0 <= n_labeled <= n:
+        raise DataError(f"n_labeled={n_labeled} must lie in 0..{n} (the {dataset.name} training set size)")
+    if not 0 <= n_aligned <= n_labeled:
+        raise DataError(f"n_aligned={n_aligned} must lie in 0..n_labeled={n_labeled}")
+    blocks = split_blocks(dataset.x_train, feature_blocks(dataset, parties))
+    chosen = _rng(seed, _STREAM_LABELED).permutation(n)[:n_labeled]
+    labeled = np.zeros(n, dtype=bool)
+    labeled[chosen] = True
+    aligned = np.zeros(n, dtype=bool)
+    aligned[chosen[:n_aligned]] = True
+    missing, rates = _draw(mech, blocks, _rng(seed, _STREAM_TRAIN_MASK, _spec_stream(mech)))
+    missing = np.asarray(missing, dtype=bool)
+    missing[aligned] = False
+    return _assemble(blocks, missing, np.asarray(dataset.y_train), labeled, aligned, mech.spec, rates,
+                     "train")
+
+
+def make_test_split(dataset: Dataset, parties: int, mechanism: str, seed: int) -> VerticalSplit:
+    """The test split: every test sample follows `mechanism`, all labeled; empty-row rule applied."""
+    mech = parse_mechanism(mechanism)
+    n = len(dataset.y_test)
+    blocks = split_blocks(dataset.x_test, feature_blocks(dataset, parties))
+    missing, rates = _draw(mech, blocks, _rng(seed, _STREAM_TEST_MASK, _spec_stream(mech)))
+    return _assemble(blocks, np.asarray(missing, dtype=bool), np.asarray(dataset.y_test),
+                     np.ones(n, dtype=bool), np.zeros(n, dtype=bool), mech.spec, rates, "test")

@@ -1,0 +1,215 @@
+"""The distributed runtime: one operating-system process per party (plus the aggregator for `he`),
+connected by torch.distributed (gloo).
+
+`run_distributed` launches the whole world on this machine. The same worker also runs one role
+per host: set the standard MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE variables and start
+`python -m falsevfl_secure.runtime.worker <simulate options>` on each host (rank k is party k; for
+`he`, rank K is the aggregator).
+
+Each process keeps only its own feature block (the split is simulated from the seed, then every
+other block is dropped before any model exists) and only the active party keeps the labels.
+A process that dies or stalls ends the run with an error naming it; no process is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..config import Config
+from ..errors import FalseVflError, PartyFailure
+from ..train import Stopwatch, evaluate, host_split, pretrain, train_discriminator
+from ..transport.accounting import CommLog
+from ..transport.distributed import DistributedTransport
+from ..world import make_world, resolve_device
+
+STALL_TIMEOUT_S = 30
+
+
+def world_size_for(protocol: str, parties: int) -> int:
+    return parties + 1 if protocol == "he" else parties
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def own_split(split, party: int, is_active: bool):
+    """What one party may hold of a simulated split: its block and held rows; labels only at the
+    active party. The returned object has the `VerticalSplit` interface that `host_split` reads."""
+    from types import SimpleNamespace
+
+    block, held = split.party_block(party)
+    missing = np.asarray(split.missing) if is_active else np.zeros((split.n, 0), dtype=bool)
+    y = np.asarray(split.y) if is_active else np.zeros(0)
+    return SimpleNamespace(n=split.n, missing=missing, y=y, labeled=np.asarray(split.labeled),
+                           dropped=split.dropped, party_block=lambda k, b=block, h=held: (b, h))
+
+
+def make_backend(protocol: str, party: int, cfg: Config, group, view):
+    if protocol == "plain":
+        from ..transport.plain import PlainBackend
+
+        return PlainBackend(party, cfg.parties, cfg.active, group=group, view=view)
+    if protocol == "mpc":
+        from ..transport.mpc import MpcBackend
+
+        return MpcBackend(party, cfg.parties, cfg.active, group=group, view=view)
+    if protocol == "he":
+        from ..transport.he import HeBackend
+
+        return HeBackend(party, cfg.parties, cfg.active, group=group, view=view)
+    raise FalseVflError(f"unknown protocol {protocol!r}; choose plain, mpc or he")
+
+
+def init_process_group(rank: int, world_size: int) -> None:
+    """gloo over the MASTER_ADDR/MASTER_PORT rendezvous; every collective times out after
+    STALL_TIMEOUT_S so a stalled peer ends the run instead of hanging it."""
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=STALL_TIMEOUT_S))
+
+
+def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patterns: tuple[str, ...],
+             progress: bool = False) -> dict | None:
+    """Run one role to the end: party `rank` (the active party returns the result record), or the
+    `he` aggregator when rank == K."""
+    from .local import make_splits
+
+    torch.set_num_threads(1)
+    clock = Stopwatch()
+    init_process_group(rank, world_size)
+    try:
+        group = dist.new_group(list(range(cfg.parties))) if protocol == "he" else None
+        if protocol == "he" and rank == cfg.parties:
+            from ..transport.he import run_aggregator
+
+            run_aggregator(cfg.parties, cfg.active)
+            return None
+        device = resolve_device(cfg.device)
+        is_active = rank == cfg.active
+        dataset, train_split, tests = make_splits(cfg, test_patterns)
+        width = train_split.party_block(rank)[0].shape[1]
+        train_view = own_split(train_split, rank, is_active)
+        test_views = {p: own_split(s, rank, is_active) for p, s in tests.items()}
+        dropped = {"train": train_split.dropped, **{p: s.dropped for p, s in tests.items()}}
+        n_test = {p: s.n for p, s in tests.items()}
+        del dataset, train_split, tests  # nothing of the other parties stays in this process
+
+        log = CommLog()
+        backend = make_backend(protocol, rank, cfg, group, None)
+        transport = DistributedTransport(rank, cfg.parties, cfg.active, backend, log, device)
+        n_classes = int(train_view.y.max()) + 1 if is_active else None
+        if is_active:
+            from ..data import load_dataset
+
+            n_classes = load_dataset(cfg.dataset, seed=cfg.seed).n_classes
+        world = make_world(cfg, {rank: width}, n_classes, transport, device)
+        data = host_split(train_view, [rank], is_active, device, n_classes)
+        stage1_start = clock()
+        stage1 = pretrain(world, data, progress=progress and is_active)
+        stage2_start = clock()
+        stage2 = train_discriminator(world, data, progress=progress and is_active)
+        eval_start = clock()
+        accuracy = {p: evaluate(world, host_split(v, [rank], is_active, device, n_classes))
+                    for p, v in test_views.items()}
+        # Every party's accounting reaches the active party's report (counters only, no data).
+        tables = [None] * cfg.parties
+        dist.all_gather_object(tables, log.table(), group=group)
+        if not is_active:
+            return None
+        return {
+            "accuracy": accuracy,
+            "wall_time_s": round(clock(), 3),
+            "stage_time_s": {"pretrain": round(stage2_start - stage1_start, 3),
+                             "train": round(eval_start - stage2_start, 3),
+                             "evaluate": round(clock() - eval_start, 3)},
+            "protocol": protocol,
+            "runtime": "distributed",
+            "device": str(device),
+            "losses": {"pretrain": stage1, "train": stage2},
+            "samples": {"train": data.n, "labeled": len(data.labeled_index), "test": n_test},
+            "dropped_no_observed_party": dropped,
+            "communication": [row for table in tables for row in table],
+        }
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: float | None = None) -> dict:
+    """Start `world_size` workers on this machine, wait for them, and return the active party's
+    result. Any worker failing (or Ctrl-C) terminates all of them; none is left behind."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_path = Path(tempfile.mkdtemp(dir=out_dir, prefix="result-")) / "result.json"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "FALSEVFL_PROGRESS": os.environ.get("FALSEVFL_PROGRESS", "0"),
+           "WORLD_SIZE": str(world_size), "FALSEVFL_RESULT": str(result_path), "OMP_NUM_THREADS": "1"}
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for rank in range(world_size):
+            log_file = open(out_dir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
+            logs.append(log_file)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "falsevfl_secure.runtime.worker", *worker_args],
+                env={**env, "RANK": str(rank)}, stdout=log_file, stderr=subprocess.STDOUT,
+            ))
+        start = time.monotonic()
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank = failed[0]
+                tail = (out_dir / f"rank{rank}.log").read_text()[-2000:]
+                raise PartyFailure(f"rank {rank} exited with code {codes[rank]}:\n{tail}")
+            if all(c == 0 for c in codes):
+                break
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise PartyFailure(f"the run did not finish within {timeout_s} s")
+            time.sleep(0.1)
+        return json.loads(result_path.read_text())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+
+
+def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], progress: bool = True,
+                    out_dir: Path | None = None, timeout_s: float | None = None) -> dict:
+    """Launch one process per role on this machine and return the active party's result."""
+    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="falsevfl-"))
+    job = out_dir / "job.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    job.write_text(json.dumps({"config": cfg.to_dict(), "protocol": protocol,
+                               "test_patterns": list(test_patterns)}))
+    return launch(["--job", str(job)], world_size_for(protocol, cfg.parties), out_dir, timeout_s)
+
+
+def config_from_dict(d: dict) -> Config:
+    from ..config import StageConfig
+
+    return replace(Config(), **{**d, "pretrain": StageConfig(**d["pretrain"]), "train": StageConfig(**d["train"])})

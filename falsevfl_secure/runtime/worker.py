@@ -1,0 +1,44 @@
+"""Entry point of one role of the distributed runtime (see `runtime/distributed.py`).
+
+    RANK=k WORLD_SIZE=K MASTER_ADDR=host MASTER_PORT=port python -m falsevfl_secure.runtime.worker --job job.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..errors import FalseVflError
+from .distributed import config_from_dict, run_role
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.runtime.worker")
+    parser.add_argument("--job", required=True, help="JSON with the config, protocol and test patterns")
+    args = parser.parse_args(argv)
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        print("error: RANK and WORLD_SIZE (and MASTER_ADDR, MASTER_PORT) must be set", file=sys.stderr)
+        return 2
+    job = json.loads(Path(args.job).read_text())
+    cfg = config_from_dict(job["config"])
+    try:
+        result = run_role(cfg, job["protocol"], rank, world_size, tuple(job["test_patterns"]),
+                          progress=os.environ.get("FALSEVFL_PROGRESS") == "1")
+    except FalseVflError as error:
+        print(f"error (rank {rank}): {error}", file=sys.stderr)
+        return 2
+    if result is not None and os.environ.get("FALSEVFL_RESULT"):
+        path = Path(os.environ["FALSEVFL_RESULT"])
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""CKKS (TenSEAL) helpers for additive aggregation: parties encrypt, an aggregator adds, the active party
+decrypts.
+
+Roles:
+* the active party makes the secret context (`make_secret_context`) and publishes
+  `public_context_bytes` (public key only: no secret key, and no Galois or relinearisation keys because
+  addition needs neither; with Galois keys the context is ~35 MB, without them a few hundred kB);
+* passive parties load it (`load_public_context`, which re-checks the parameters' security: weak
+  parameters would let the aggregator decrypt) and `encrypt_tensor` their contributions;
+* the aggregator, holding only the public context, folds contributions with `add_encrypted`;
+* the active party `decrypt_tensor`s the sum.
+
+Wire format of one chunk (one CKKS ciphertext): a 49-byte header -- magic ``FVCK``, format version,
+chunk index, chunk count, number of values in this chunk (all big-endian uint32) and the SHA-256 of
+the SEAL payload -- followed by TenSEAL's serialised ``CKKSVector``. CKKS ciphertexts are malleable and
+SEAL accepts most bit flips as another valid ciphertext, so the digest is what turns a tampered or
+truncated chunk into a `SecureMessageError` instead of a silently wrong sum. It is an integrity check
+against corruption, not a MAC: an active attacker on the channel can recompute it, so the channels must
+be authenticated for malicious security (the threat models here are semi-honest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tenseal as ts
+import torch
+
+from falsevfl_secure.secure.errors import SecureMessageError, SecureParameterError, SecureRangeError
+
+__all__ = [
+    "MAX_MODULUS_BITS_128",
+    "CkksParams",
+    "add_encrypted",
+    "decrypt_tensor",
+    "encrypt_tensor",
+    "load_public_context",
+    "make_secret_context",
+    "max_safe_abs",
+    "n_chunks",
+    "public_context_bytes",
+    "slot_count",
+    "sum_encrypted",
+]
+
+#: HomomorphicEncryption.org security standard (2018), table 1: largest total coefficient-modulus bit
+#: count for 128-bit classical security with uniform ternary secrets, per polynomial degree N.
+MAX_MODULUS_BITS_128: dict[int, int] = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+_MAGIC = b"FVCK"
+_VERSION = 1
+_HEADER = struct.Struct(">4sBIII32s")  # magic, version, index, count, n_values, sha256(payload)
+
+
+@dataclass(frozen=True)
+class CkksParams:
+    """CKKS parameters for addition-only aggregation.
+
+    Default N = 8192 with a [60, 60] chain: one 60-bit data prime plus the 60-bit special prime (120 bits,
+    far under the 218-bit bound for 128-bit security). Addition never rescales, so one data prime is all
+    the chain needs; it leaves 60 - 40 = 20 bits above the 2^40 scale, i.e. sums up to |2^18| = 262144
+    with a bit of margin (see `max_safe_abs`), enough for K <= 26 parties of |values| <= 1e4. Measured
+    here: the fastest chain ([60, 40, 60] adds a useless level: ~1.8x larger ciphertexts, ~4x slower
+    adds), 4096 slots per ciphertext, decryption error ~3e-8 for a sum of 8 values of magnitude 1e4.
+    N = 4096 with [60, 49] (exactly 109 bits) is as fast overall but has no security margin.
+    """
+
+    poly_modulus_degree: int = 8192
+    coeff_mod_bit_sizes: tuple[int, ...] = field(default=(60, 60))
+    global_scale_bits: int = 40
+
+    @property
+    def total_modulus_bits(self) -> int:
+        return int(sum(self.coeff_mod_bit_sizes))
+
+    @property
+    def slots(self) -> int:
+        return self.poly_modulus_degree // 2
+
+    def check_security(self) -> None:
+        """Refuse parameters below 128-bit security or that cannot hold a value at the chosen scale.
+
+        Raises:
+            SecureParameterError: unknown N, total modulus bits above the standard's bound, primes that
+                SEAL cannot use, or a scale that leaves no room for values in the data primes.
+        """
+        bits = tuple(self.coeff_mod_bit_sizes)
+        if len(bits) < 2 or any(not 17 <= b <= 60 for b in bits):
+            raise SecureParameterError(
+                f"coeff_mod_bit_sizes {list(bits)} must have >= 2 primes (data + special) of 17..60 bits each"
+            )
+        _check_modulus(
+            self.poly_modulus_degree, self.total_modulus_bits, self.global_scale_bits, sum(bits[:-1])
+        )
+
+
+def make_secret_context(params: CkksParams | None = None) -> ts.Context:
+    """The active party's CKKS context (holds the secret key). No Galois keys are generated."""
+    params = CkksParams() if params is None else params
+    params.check_security()
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS, params.poly_modulus_degree, coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes)
+    )
+    ctx.global_scale = 2.0**params.global_scale_bits
+    return ctx
+
+
+def public_context_bytes(ctx: ts.Context) -> bytes:
+    """Serialise the public part of `ctx`: parameters + public key; no secret, Galois or relin keys."""
+    return ctx.serialize(
+        save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+    )
+
+
+def load_public_context(data: bytes) -> ts.Context:
+    """Load a context published by the active party, refusing one that carries the secret key or is weak.
+
+    Raises:
+        SecureMessageError: the bytes are not a TenSEAL context, or contain a secret key (sending it
+            would let every receiver decrypt).
+        SecureParameterError: the parameters are below 128-bit security.
+    """
+    try:
+        ctx = ts.context_from(bytes(data))
+    except Exception as exc:  # TenSEAL raises ValueError/RuntimeError with protobuf/SEAL messages
+        raise SecureMessageError(f"not a valid TenSEAL context ({len(data)} bytes): {exc}") from exc
+    if ctx.has_secret_key():
+        raise SecureMessageError("the published CKKS context contains the secret key; refusing it")
+    if not ctx.has_public_key():
+        raise SecureMessageError("the published CKKS context has no public key")
+    n, total_bits, data_bits, scale_bits = _modulus_of(ctx)
+    _check_modulus(n, total_bits, scale_bits, data_bits)
+    return ctx
+
+
+def slot_count(ctx: ts.Context) -> int:
+    """Number of real values one ciphertext holds (N / 2)."""
+    return _degree(ctx) // 2
+
+
+def n_chunks(numel: int, slots: int) -> int:
+    """Ciphertexts needed for `numel` values: ceil(numel / slots), and at least one."""
+    return max(1, math.ceil(numel / slots))
+
+
+def max_safe_abs(ctx: ts.Context, n_addends: int = 1) -> float:
+    """Largest |x| such that a sum of `n_addends` such values decrypts correctly (one bit of margin).
+
+    The scaled sum must stay below half the data modulus q (all primes but the special one), with one
+    bit of margin for noise: |sum| * scale < 2^(bits(q) - 2).
+    """
+    _, _, data_bits, scale_bits = _modulus_of(ctx)
+    return 2.0 ** (data_bits - scale_bits - 2) / n_addends
+
+
+def encrypt_tensor(ctx: ts.Context, t: torch.Tensor, n_addends: int = 1) -> list[bytes]:
+    """Encrypt a tensor (flattened row-major) into ceil(numel / slots) framed CKKS chunks.
+
+    `n_addends` is how many such tensors will be summed; values too large for that many addends would
+    wrap the modulus, so they are refused, as are NaN/inf.
+
+    Raises:
+        SecureRangeError: non-finite values or values too large for `n_addends` addends.
+    """
+    if not torch.is_tensor(t):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    flat = t.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
+    if not np.isfinite(flat).all():
+        raise SecureRangeError(
+            f"cannot CKKS-encrypt a tensor with {int((~np.isfinite(flat)).sum())} NaN/inf value(s)"
+        )
+    limit = max_safe_abs(ctx, n_addends)
+    if flat.size and float(np.abs(flat).max()) > limit:
+        raise SecureRangeError(
+            f"value of magnitude {float(np.abs(flat).max()):.6g} exceeds the CKKS range {limit:.6g} for "
+            f"{n_addends} addend(s) at this scale; the decrypted sum would wrap"
+        )
+    slots = slot_count(ctx)
+    count = n_chunks(flat.size, slots)
+    out = []
+    for i in range(count):
+        part = flat[i * slots : (i + 1) * slots]
+        vec = ts.ckks_vector(ctx, part.tolist() if part.size else [0.0])
+        out.append(_frame(i, count, part.size, vec.serialize()))
+    return out
+
+
+def add_encrypted(ctx: ts.Context, a: Sequence[bytes], b: Sequence[bytes]) -> list[bytes]:
+    """Aggregator side: chunk-wise sum of two encrypted tensors (needs only the public context).
+
+    Raises:
+        SecureMessageError: different chunk counts or sizes, malformed/tampered/truncated chunks, or
+            ciphertexts that do not belong to `ctx`'s parameters.
+    """
+    if len(a) != len(b):
+        raise SecureMessageError(f"cannot add encrypted tensors of {len(a)} and {len(b)} chunks")
+    out = []
+    for i, (ca, cb) in enumerate(zip(a, b, strict=True)):
+        va, na = _load_chunk(ctx, ca, i, len(a))
+        vb, nb = _load_chunk(ctx, cb, i, len(b))
+        if na != nb:
+            raise SecureMessageError(f"chunk {i}: cannot add {na} values to {nb} values")
+        va.add_(vb)
+        out.append(_frame(i, len(a), na, va.serialize()))
+    return out
+
+
+def sum_encrypted(ctx: ts.Context, parts: Sequence[Sequence[bytes]]) -> list[bytes]:
+    """Aggregator side: chunk-wise sum of several encrypted tensors, each chunk parsed and serialised once.
+
+    Same result as folding `add_encrypted` over `parts`, without re-serialising the running sum
+    (measured 2.4x cheaper at 8 parties and a (128, 10, 128) tensor: 110 ms vs 264 ms).
+
+    Raises:
+        SecureMessageError: no parts, different chunk counts or sizes, malformed/tampered chunks.
+    """
+    if not parts:
+        raise SecureMessageError("nothing to sum: no encrypted contributions")
+    count = len(parts[0])
+    if any(len(p) != count for p in parts):
+        raise SecureMessageError(f"contributions have different chunk counts: {[len(p) for p in parts]}")
+    out = []
+    for i in range(count):
+        acc, n = _load_chunk(ctx, parts[0][i], i, count)
+        for j, part in enumerate(parts[1:], start=1):
+            vec, m = _load_chunk(ctx, part[i], i, count)
+            if m != n:
+                raise SecureMessageError(f"chunk {i}: contribution {j} holds {m} values, the first holds {n}")
+            acc.add_(vec)
+        out.append(_frame(i, count, n, acc.serialize()))
+    return out
+
+
+def decrypt_tensor(secret_ctx: ts.Context, chunks: Sequence[bytes], shape: Sequence[int]) -> torch.Tensor:
+    """Active party: decrypt framed chunks into a float64 tensor of `shape`.
+
+    Raises:
+        SecureParameterError: `secret_ctx` has no secret key (e.g. the aggregator's public context).
+        SecureMessageError: chunk count or sizes do not match `shape`, or a chunk is malformed/tampered.
+    """
+    if not secret_ctx.has_secret_key():
+        raise SecureParameterError("this CKKS context has no secret key: only the active party can decrypt")
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
+    slots = slot_count(secret_ctx)
+    expected = n_chunks(numel, slots)
+    if len(chunks) != expected:
+        raise SecureMessageError(
+            f"a tensor of shape {shape} needs {expected} chunk(s) of {slots} slots, got {len(chunks)}"
+        )
+    values = np.empty(numel, dtype=np.float64)
+    for i, chunk in enumerate(chunks):
+        vec, n = _load_chunk(secret_ctx, chunk, i, expected)
+        want = min(slots, numel - i * slots)
+        if n != want:
+            raise SecureMessageError(f"chunk {i} holds {n} values, shape {shape} needs {want}")
+        if n:
+            values[i * slots : i * slots + n] = vec.decrypt()
+    return torch.from_numpy(values).reshape(shape)
+
+
+def _frame(index: int, count: int, n_values: int, payload: bytes) -> bytes:
+    return _HEADER.pack(_MAGIC, _VERSION, index, count, n_values, hashlib.sha256(payload).digest()) + payload
+
+
+def _load_chunk(ctx: ts.Context, chunk: bytes, index: int, count: int) -> tuple[ts.CKKSVector, int]:
+    """Parse and validate one framed chunk; returns the vector (linked to `ctx`) and its value count."""
+    if not isinstance(chunk, bytes | bytearray | memoryview):
+        raise SecureMessageError(f"chunk {index}: expected bytes, got {type(chunk).__name__}")
+    chunk = bytes(chunk)
+    if len(chunk) <= _HEADER.size:
+        raise SecureMessageError(f"chunk {index}: truncated ({len(chunk)} bytes)")
+    magic, version, c_index, c_count, n_values, digest = _HEADER.unpack_from(chunk)
+    if magic != _MAGIC or version != _VERSION:
+        raise SecureMessageError(f"chunk {index}: not a FALSE-VFL CKKS chunk (bad magic/version)")
+    if (c_index, c_count) != (index, count):
+        raise SecureMessageError(f"chunk {index} of {count}: header says chunk {c_index} of {c_count}")
+    payload = chunk[_HEADER.size :]
+    if hashlib.sha256(payload).digest() != digest:
+        raise SecureMessageError(f"chunk {index}: ciphertext digest mismatch (tampered or truncated)")
+    try:
+        vec = ts.ckks_vector_from(ctx, payload)
+    except Exception as exc:  # SEAL/protobuf parse errors surface as ValueError/RuntimeError
+        raise SecureMessageError(
+            f"chunk {index}: not a valid CKKS ciphertext for this context: {exc}"
+        ) from exc
+    size = vec.size()
+    ct = vec.ciphertext()[0]
+    first_parms = ctx.seal_context().data.first_parms_id()
+    if ct.size() != 2 or ct.parms_id() != first_parms or not math.isclose(ct.scale, ctx.global_scale):
+        raise SecureMessageError(f"chunk {index}: ciphertext does not match this context's parameters/scale")
+    if size != max(n_values, 1):
+        raise SecureMessageError(f"chunk {index}: header says {n_values} values, ciphertext holds {size}")
+    return vec, n_values
+
+
+def _check_modulus(n: int, total_bits: int, scale_bits: int, data_bits: int) -> None:
+    """The checks that apply to any context: 128-bit security for (N, total bits), room above the scale."""
+    if n not in MAX_MODULUS_BITS_128:
+        raise SecureParameterError(
+            f"poly_modulus_degree {n} is not one of the standard's degrees {sorted(MAX_MODULUS_BITS_128)}"
+        )
+    bound = MAX_MODULUS_BITS_128[n]
+    if total_bits > bound:
+        raise SecureParameterError(
+            f"insecure CKKS parameters: N={n} with {total_bits} coefficient-modulus bits exceeds the "
+            f"{bound}-bit bound for 128-bit security (HomomorphicEncryption.org standard, ternary secrets)"
+        )
+    if scale_bits + 2 > data_bits:
+        raise SecureParameterError(
+            f"scale 2^{scale_bits} leaves no room for values under the {data_bits}-bit data modulus"
+        )
+
+
+def _degree(ctx: ts.Context) -> int:
+    return int(ctx.seal_context().data.key_context_data().parms().poly_modulus_degree())
+
+
+def _modulus_of(ctx: ts.Context) -> tuple[int, int, int, int]:
+    """(N, total modulus bits, data modulus bits, scale bits) of a context, read from SEAL."""
+    seal = ctx.seal_context().data
+    total = int(seal.key_context_data().total_coeff_modulus_bit_count())
+    data = int(seal.first_context_data().total_coeff_modulus_bit_count())
+    scale_bits = round(math.log2(ctx.global_scale)) if ctx.global_scale > 0 else 0
+    return _degree(ctx), total, data, scale_bits

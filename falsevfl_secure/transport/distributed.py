@@ -1,0 +1,171 @@
+"""The cross-process transport: one process per party, the two primitives over torch.distributed.
+
+Who does what in one stage-1 step (K parties, party `a` is the active party):
+
+| round           | direction                 | payload           | realised by                        |
+| --------------- | ------------------------- | ----------------- | ---------------------------------- |
+| posterior       | every party -> a (sum)    | (B, 2 d_h)        | backend.sum_to_active              |
+| latent          | a -> every party          | (S, B, d_h)       | backend.broadcast                  |
+| likelihood      | every party -> a (sum)    | (S, B)            | backend.sum_to_active              |
+| likelihood_grad | a -> every party          | (S, B)            | backend.broadcast (adjoint of sum) |
+| latent_grad     | every party -> a (sum)    | (S, B, d_h)       | backend.sum_to_active (adjoint)    |
+| posterior_grad  | a -> every party          | (B, 2 d_h)        | backend.broadcast (adjoint of sum) |
+
+At the active party both primitives are autograd functions whose backward performs the adjoint
+round, so `loss.backward()` drives them in the order autograd needs them (likelihood_grad, then
+latent_grad, then posterior_grad). A passive party has no loss: it records its forward rounds and
+`backward(None)` replays their adjoints in reverse order, which is the same order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from torch.autograd import Function
+
+from ..errors import ProtocolError
+from .accounting import CommLog
+from .rounds import ADJOINT, RoundSequencer, check_contributions
+
+
+class Backend(Protocol):
+    """How sums reach the active party and how the active party's values reach every party."""
+
+    protection: str
+
+    def sum_to_active(self, name: str, value: Tensor) -> Tensor | None:
+        """Called by every party with its contribution; the active party gets the sum over all
+        parties (its own included), the others None."""
+
+    def broadcast(self, name: str, value: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """The active party's `value` (of `shape`), delivered to every party."""
+
+
+class _AggregateAtActive(Function):
+    @staticmethod
+    def forward(ctx, transport: DistributedTransport, name: str, own: Tensor):
+        ctx.transport, ctx.name = transport, name
+        return transport._sum(name, own).to(own.device)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        transport = ctx.transport
+        transport._broadcast(ADJOINT[ctx.name], grad.contiguous())
+        return None, None, grad
+
+
+class _BroadcastFromActive(Function):
+    @staticmethod
+    def forward(ctx, transport: DistributedTransport, name: str, value: Tensor):
+        ctx.transport, ctx.name = transport, name
+        transport._broadcast(name, value.detach().contiguous())
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return None, None, ctx.transport._sum(ADJOINT[ctx.name], grad.contiguous()).to(grad.device)
+
+
+class DistributedTransport:
+    """The transport of a process that hosts exactly one party (and maybe the active party)."""
+
+    runtime = "distributed"
+
+    def __init__(self, party: int, n_parties: int, active_party: int, backend: Backend,
+                 log: CommLog | None = None, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.party, self.n_parties, self.active_party = party, n_parties, active_party
+        self.backend = backend
+        self.protocol = getattr(backend, "protocol", "plain")
+        self.log = log if log is not None else CommLog()
+        self.sequencer = RoundSequencer()
+        self._pending: list[tuple[str, str, Tensor]] = []  # passive side: rounds to replay backwards
+
+    @property
+    def is_active(self) -> bool:
+        return self.party == self.active_party
+
+    # -- the two primitives -------------------------------------------------------------------
+
+    def aggregate(self, name: str, contributions: Mapping[int, Tensor]) -> Tensor | None:
+        if set(contributions) != {self.party}:
+            raise ProtocolError(f"round {name!r}: field 'sender': this process hosts party {self.party} "
+                                f"only, got contributions from {sorted(contributions)}")
+        own = contributions[self.party]
+        check_contributions(name, [self.party], [own], self.n_parties)
+        if self.is_active:
+            return _AggregateAtActive.apply(self, name, own)
+        self._sum(name, own.detach().contiguous())
+        if torch.is_grad_enabled() and own.requires_grad:
+            self._pending.append(("aggregate", name, own))
+        return None
+
+    def broadcast(self, name: str, value: Tensor | None, shape: tuple[int, ...] | None = None
+                  ) -> dict[int, Tensor]:
+        if self.is_active:
+            if value is None:
+                raise ProtocolError(f"round {name!r}: field 'payload': the active party has nothing to send")
+            if shape is not None and tuple(value.shape) != tuple(shape):
+                raise ProtocolError(f"round {name!r}: field 'shape': {tuple(value.shape)} != declared {shape}")
+            return {self.party: _BroadcastFromActive.apply(self, name, value)}
+        if shape is None:
+            raise ProtocolError(f"round {name!r}: field 'shape': a receiving party needs the declared shape")
+        received = self._broadcast(name, None, shape).to(self.device)
+        if torch.is_grad_enabled():
+            received.requires_grad_(True)
+            self._pending.append(("broadcast", name, received))
+        return {self.party: received}
+
+    def backward(self, loss: Tensor | None) -> None:
+        """Run the adjoint rounds of the last forward pass."""
+        if self.is_active:
+            if loss is None:
+                raise ProtocolError("the active party must provide the loss for the backward rounds")
+            loss.backward()
+            return
+        pending, self._pending = self._pending, []
+        for kind, name, tensor in reversed(pending):
+            if kind == "aggregate":
+                grad = self._broadcast(ADJOINT[name], None, tuple(tensor.shape)).to(tensor.device)
+                torch.autograd.backward(tensor, grad)
+            else:
+                grad = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
+                self._sum(ADJOINT[name], grad.detach().contiguous())
+
+    def discard_pending(self) -> None:
+        """Forget recorded rounds (after a forward pass that is not followed by a backward)."""
+        self._pending.clear()
+
+    # -- accounting around the backend ---------------------------------------------------------
+
+    def _sum(self, name: str, value: Tensor) -> Tensor | None:
+        self.sequencer.advance(name)
+        self.log.round(name)
+        start = time.perf_counter()
+        before = getattr(self.backend, "bytes_counter", None)
+        sent0, recv0 = (before.sent, before.received) if before else (0, 0)
+        out = self.backend.sum_to_active(name, value)
+        after = getattr(self.backend, "bytes_counter", None)
+        sent, received = (after.sent - sent0, after.received - recv0) if after else (0, 0)
+        self.log.add(name, self.party, sent=sent, received=received, seconds=time.perf_counter() - start)
+        return out
+
+    def _broadcast(self, name: str, value: Tensor | None, shape: tuple[int, ...] | None = None) -> Tensor:
+        self.sequencer.advance(name)
+        self.log.round(name)
+        start = time.perf_counter()
+        counter = getattr(self.backend, "bytes_counter", None)
+        sent0, recv0 = (counter.sent, counter.received) if counter else (0, 0)
+        shape = tuple(value.shape) if value is not None else shape
+        out = self.backend.broadcast(name, value, shape, torch.float32)
+        sent, received = (counter.sent - sent0, counter.received - recv0) if counter else (0, 0)
+        self.log.add(name, self.party, sent=sent, received=received, seconds=time.perf_counter() - start)
+        if tuple(out.shape) != tuple(shape):
+            raise ProtocolError(f"round {name!r}: field 'shape': received {tuple(out.shape)}, expected {shape}")
+        if not bool(torch.isfinite(out).all()):
+            raise ProtocolError(f"round {name!r}: field 'payload': received non-finite values")
+        return out

@@ -10,9 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from synthetic import synthetic_split
 
 from falsevfl_secure.config import Config, StageConfig
+from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError, ProtocolError
 from falsevfl_secure.steps import forward_rounds, predict, stage1_loss
 from falsevfl_secure.train import evaluate, host_split, pretrain, train_discriminator

@@ -5,12 +5,14 @@ receives is masked, unmaskable only by `dst` together with both ring neighbours 
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import time
 
 import pytest
 import torch
 
 from falsevfl_secure.crypten_shim import encode_fixed_point, import_crypten
-from falsevfl_secure.secure.crypten_world import run_crypten_world
+from falsevfl_secure.secure.crypten_world import WorkerError, run_crypten_world
 from falsevfl_secure.secure.errors import SecureRangeError
 from falsevfl_secure.secure.mpc_sum import ReceivedShare, secure_sum
 
@@ -123,3 +125,26 @@ def test_dst_plus_both_neighbours_unmask_a_party_but_dst_plus_one_does_not() -> 
 def test_secure_sum_needs_an_initialised_crypten_world() -> None:
     with pytest.raises(RuntimeError, match="not initialized"):
         secure_sum(torch.zeros(2), 0)
+
+
+def _rank1_fails(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise KeyError("party 1 crashed")
+    secure_sum(torch.zeros(3), 0)  # rank 0 would wait for rank 1 here until its gloo timeout
+
+
+def _stalls(rank: int, world_size: int) -> None:
+    time.sleep(60)
+
+
+@pytest.mark.parametrize(
+    ("fn", "timeout_s", "message"),
+    [(_rank1_fails, 10.0, "rank 1 failed first: KeyError"), (_stalls, 2.0, r"rank\(s\) \[0, 1\] missed")],
+)
+def test_failing_or_stalled_party_is_named_and_every_child_reaped(fn, timeout_s: float, message: str) -> None:
+    before = set(multiprocessing.active_children())
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=message):
+        run_crypten_world(2, fn, timeout_s=timeout_s)
+    assert time.monotonic() - start < timeout_s + 5
+    assert not [p for p in multiprocessing.active_children() if p not in before]

@@ -77,11 +77,27 @@ def make_backend(protocol: str, party: int, cfg: Config, group, view):
     raise FalseVflError(f"unknown protocol {protocol!r}; choose plain, mpc or he")
 
 
-def init_process_group(rank: int, world_size: int) -> None:
+def init_process_group(rank: int, world_size: int, protocol: str = "plain") -> None:
     """gloo over the MASTER_ADDR/MASTER_PORT rendezvous; every collective times out after
-    STALL_TIMEOUT_S so a stalled peer ends the run instead of hanging it."""
+    STALL_TIMEOUT_S so a stalled peer ends the run instead of hanging it. For `mpc` the CrypTen
+    communicator is set up over the same world (all ranks are parties)."""
+    if protocol == "mpc":
+        from ..secure.crypten_world import init_crypten_worker
+
+        init_crypten_worker(rank, world_size, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                            timeout_s=STALL_TIMEOUT_S)
+        return
     dist.init_process_group("gloo", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=STALL_TIMEOUT_S))
+
+
+def shutdown_process_group(protocol: str) -> None:
+    if protocol == "mpc":
+        from ..secure.crypten_world import shutdown_crypten_worker
+
+        shutdown_crypten_worker()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patterns: tuple[str, ...],
@@ -92,7 +108,8 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
 
     torch.set_num_threads(1)
     clock = Stopwatch()
-    init_process_group(rank, world_size)
+    init_process_group(rank, world_size, protocol)
+    backend = None
     try:
         group = dist.new_group(list(range(cfg.parties))) if protocol == "he" else None
         if protocol == "he" and rank == cfg.parties:
@@ -147,8 +164,9 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
             "communication": [row for table in tables for row in table],
         }
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
+        shutdown_process_group(protocol)
 
 
 def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: float | None = None) -> dict:

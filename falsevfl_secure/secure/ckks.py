@@ -7,16 +7,22 @@ Roles:
   addition needs neither; with Galois keys the context is ~35 MB, without them a few hundred kB);
 * passive parties load it (`load_public_context`, which re-checks the parameters' security: weak
   parameters would let the aggregator decrypt) and `encrypt_tensor` their contributions;
-* the aggregator, holding only the public context, folds contributions with `add_encrypted`;
+* the aggregator, holding only the public context, adds contributions (`sum_encrypted`, `add_encrypted`);
 * the active party `decrypt_tensor`s the sum.
 
 Wire format of one chunk (one CKKS ciphertext): a 49-byte header -- magic ``FVCK``, format version,
 chunk index, chunk count, number of values in this chunk (all big-endian uint32) and the SHA-256 of
 the SEAL payload -- followed by TenSEAL's serialised ``CKKSVector``. CKKS ciphertexts are malleable and
-SEAL accepts most bit flips as another valid ciphertext, so the digest is what turns a tampered or
+SEAL accepts most bit flips as another valid ciphertext (measured: 185 of 200 random
+single-bit flips parse and decrypt without error), so the digest is what turns a tampered or
 truncated chunk into a `SecureMessageError` instead of a silently wrong sum. It is an integrity check
 against corruption, not a MAC: an active attacker on the channel can recompute it, so the channels must
 be authenticated for malicious security (the threat models here are semi-honest).
+
+Decrypted sums carry the CKKS noise (~2^-24 here), which depends on the parties' encryption randomness.
+Whoever holds both the ciphertexts (the aggregator) and exact decryptions can mount the Li-Micciancio
+key-recovery attack, so exact decrypted values must never reach the aggregator (round or noise-flood
+anything derived from them that could).
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ class CkksParams:
 
     Default N = 8192 with a [60, 60] chain: one 60-bit data prime plus the 60-bit special prime (120 bits,
     far under the 218-bit bound for 128-bit security). Addition never rescales, so one data prime is all
-    the chain needs; it leaves 60 - 40 = 20 bits above the 2^40 scale, i.e. sums up to |2^18| = 262144
+    the chain needs; it leaves 60 - 40 = 20 bits above the 2^40 scale, i.e. |sums| up to 2^18 = 262144
     with a bit of margin (see `max_safe_abs`), enough for K <= 26 parties of |values| <= 1e4. Measured
     here: the fastest chain ([60, 40, 60] adds a useless level: ~1.8x larger ciphertexts, ~4x slower
     adds), 4096 slots per ciphertext, decryption error ~3e-8 for a sum of 8 values of magnitude 1e4.
@@ -73,6 +79,9 @@ class CkksParams:
     poly_modulus_degree: int = 8192
     coeff_mod_bit_sizes: tuple[int, ...] = field(default=(60, 60))
     global_scale_bits: int = 40
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "coeff_mod_bit_sizes", tuple(int(b) for b in self.coeff_mod_bit_sizes))
 
     @property
     def total_modulus_bits(self) -> int:

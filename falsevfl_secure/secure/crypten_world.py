@@ -25,7 +25,6 @@ deadline and reaping of every child it started.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue as queue_module
 import socket
 import time
@@ -41,6 +40,9 @@ import torch.distributed as dist
 from falsevfl_secure.crypten_shim import import_crypten
 
 __all__ = ["WorkerError", "free_port", "init_crypten_worker", "run_crypten_world", "shutdown_crypten_worker"]
+
+
+_FAILURE_GRACE_S = 2.0
 
 
 class WorkerError(RuntimeError):
@@ -118,13 +120,27 @@ def _worker(
     torch.set_num_threads(1)
     try:
         init_crypten_worker(rank, world_size, "127.0.0.1", port, timeout_s=timeout_s)
+    except BaseException as exc:
+        _report_failure(results, rank, exc)
+        return
+    try:
+        value = fn(rank, world_size, *args)
+    except BaseException as exc:
+        _report_failure(results, rank, exc)  # before the shutdown below makes the peers fail too
+    else:
+        results.put((rank, True, value, time.monotonic()))
+    finally:
         try:
-            value = fn(rank, world_size, *args)
-        finally:
             shutdown_crypten_worker()
-        results.put((rank, True, value))
-    except BaseException as exc:  # reported to the parent, which raises WorkerError naming this rank
-        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except Exception:  # peers already gone: nothing left to tear down cleanly
+            pass
+
+
+def _report_failure(results: Any, rank: int, exc: BaseException) -> None:
+    # CLOCK_MONOTONIC is system-wide on Linux: the parent orders failures by when they happened, so the
+    # party that failed first is named first, not the peers that then lost their connection to it.
+    failed_at = time.monotonic()
+    results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}", failed_at))
 
 
 def run_crypten_world(
@@ -149,18 +165,16 @@ def run_crypten_world(
     ]
     deadline = time.monotonic() + timeout_s
     received: dict[int, tuple[bool, Any]] = {}
+    failed: list[tuple[float, int]] = []  # (when, rank): the earliest is usually the cause
     try:
         for p in procs:
             p.start()
         while len(received) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = sorted(set(range(world_size)) - set(received))
-                raise WorkerError(
-                    f"CrypTen world of {world_size}: rank(s) {missing} missed the {timeout_s} s deadline"
-                )
+                break
             try:
-                rank, ok, value = results.get(timeout=min(remaining, 0.5))
+                rank, ok, value, at = results.get(timeout=min(remaining, 0.5))
             except queue_module.Empty:
                 dead = [r for r, p in enumerate(procs) if r not in received and p.exitcode is not None]
                 if dead and results.empty():
@@ -171,9 +185,23 @@ def run_crypten_world(
                 continue
             received[rank] = (ok, value)
             if not ok:
-                raise WorkerError(f"CrypTen worker rank {rank} failed: {value}")
+                failed.append((at, rank))
+                # Give the peers a moment to report too (they usually fail with "connection closed").
+                deadline = min(deadline, time.monotonic() + _FAILURE_GRACE_S)
+        if failed:
+            first, *rest = [r for _, r in sorted(failed)]
+            others = "; ".join(f"rank {r}: {received[r][1].splitlines()[0]}" for r in rest)
+            raise WorkerError(
+                f"CrypTen world of {world_size}: rank {first} failed first: {received[first][1]}"
+                + (f"\nthen {others}" if others else "")
+            )
+        if len(received) < world_size:
+            missing = sorted(set(range(world_size)) - set(received))
+            raise WorkerError(
+                f"CrypTen world of {world_size}: rank(s) {missing} missed the {timeout_s} s deadline"
+            )
     finally:
-        _reap(procs)
+        _reap(procs, grace_s=5.0 if len(received) == world_size and not failed else 0.0)
     return [received[r][1] for r in range(world_size)]
 
 
@@ -187,6 +215,6 @@ def _reap(procs: Sequence[multiprocessing.process.BaseProcess], grace_s: float =
         if p.is_alive():
             p.terminate()
             p.join(1.0)
-        if p.is_alive() and p.pid is not None:
-            os.kill(p.pid, 9)
+        if p.is_alive():
+            p.kill()
             p.join(1.0)

@@ -1,5 +1,6 @@
-"""Small synthetic vertical splits for unit tests of the model and the protocol (not of the data
-layer): a low-dimensional latent factor model observed through K blocks."""
+"""Synthetic vertical splits of any shape: a low-dimensional latent factor model observed through
+K blocks. Used by the protocol-equivalence tests and the overhead benchmark, where K, the block
+width and the batch size must be free; never for accuracy claims."""
 
 from __future__ import annotations
 

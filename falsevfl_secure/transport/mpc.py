@@ -1,0 +1,33 @@
+"""The `mpc` protocol: sums are computed on CrypTen arithmetic secret shares among the K party
+processes and revealed to the active party only (`secure.mpc_sum.secure_sum`). Broadcasts from
+the active party (latent samples and the gradients of the sums) are the same for every party and
+travel in clear, as in `plain`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..secure.mpc_sum import secure_sum
+from .plain import PlainBackend
+
+
+class MpcBackend(PlainBackend):
+    protocol = "mpc"
+    protection = "secret-shared"
+
+    def sum_to_active(self, name: str, value: Tensor) -> Tensor | None:
+        value = value.detach().to("cpu", torch.float32).contiguous()
+        received: list | None = [] if self.view is not None or self.party == self.active_party else None
+        total = secure_sum(value, dst=self.active_party, view=received)
+        message_bytes = (value.numel() + 1) * 8  # int64 ring elements plus the error flag
+        if self.party != self.active_party:
+            self.bytes_counter.sent += message_bytes
+            return None
+        self.bytes_counter.received += message_bytes * (self.n_parties - 1)
+        if self.view is not None:
+            for share in received:
+                self.view.append({"round": name, "from": share.src, "protection": "secret-shared",
+                                  "value": share.raw})
+        return total.to(torch.float32)

@@ -1,0 +1,189 @@
+"""CKKS aggregation: encrypted sums equal plaintext sums within a tolerance derived from the 2^40 scale,
+the aggregator's public context cannot decrypt, weak parameters are refused, and malformed, tampered,
+truncated or mismatched ciphertexts are refused with SecureMessageError.
+
+Tolerance: a fresh CKKS ciphertext at scale Delta = 2^40, N = 8192 decrypts with an error of about
+(encryption noise ~ 2^10 per coefficient) * sqrt(N) / Delta ~ 2^-23.5 per slot, and additions add the
+errors. We allow K * 2^-20 (~1e-6 per addend, ~10x margin) absolute, for |values| <= 1e3; measured here
+~3e-8 for K = 8 and |values| <= 1e4. The error does not grow with the magnitude of the values.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import tenseal as ts
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from falsevfl_secure.secure import ckks
+from falsevfl_secure.secure.errors import SecureMessageError, SecureParameterError, SecureRangeError
+
+
+@functools.cache
+def _contexts() -> tuple[ts.Context, ts.Context, bytes]:
+    """(active party's secret context, aggregator/party public context, the public bytes), made once."""
+    secret = ckks.make_secret_context()
+    public_bytes = ckks.public_context_bytes(secret)
+    return secret, ckks.load_public_context(public_bytes), public_bytes
+
+
+def _tol(k: int) -> float:
+    return k * 2.0**-20
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    k=st.integers(2, 6),
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    magnitude=st.sampled_from([1e-3, 1.0, 1e3]),
+    seed=st.integers(0, 2**16),
+)
+def test_sum_of_k_encrypted_tensors_matches_plaintext(
+    k: int, shape: list[int], magnitude: float, seed: int
+) -> None:
+    secret, public, _ = _contexts()
+    g = torch.Generator().manual_seed(seed)
+    xs = [(torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * magnitude for _ in range(k)]
+    parts = [ckks.encrypt_tensor(public, x, n_addends=k) for x in xs]
+    summed = ckks.sum_encrypted(public, parts)
+    got = ckks.decrypt_tensor(secret, summed, shape)
+    expected = torch.stack(xs).sum(0)
+    assert got.shape == expected.shape and got.dtype == torch.float64
+    assert (got - expected).abs().max().item() <= _tol(k)
+    # Folding pairwise additions gives the same sum.
+    folded = functools.reduce(lambda a, b: ckks.add_encrypted(public, a, b), parts)
+    assert (ckks.decrypt_tensor(secret, folded, shape) - expected).abs().max().item() <= _tol(k)
+
+
+def test_slot_packing_uses_ceil_numel_over_slots_ciphertexts() -> None:
+    secret, public, _ = _contexts()
+    slots = ckks.slot_count(public)
+    assert slots == 4096
+    for numel in (1, slots - 1, slots, slots + 1, 2 * slots + 1):
+        x = torch.linspace(-5, 5, numel, dtype=torch.float64)
+        chunks = ckks.encrypt_tensor(public, x)
+        assert len(chunks) == math.ceil(numel / slots)
+        assert (ckks.decrypt_tensor(secret, chunks, (numel,)) - x).abs().max() <= _tol(1)
+    empty = ckks.encrypt_tensor(public, torch.zeros(0, 3))
+    assert len(empty) == 1 and ckks.decrypt_tensor(secret, empty, (0, 3)).shape == (0, 3)
+
+
+def test_public_context_has_no_secret_key_and_cannot_decrypt() -> None:
+    secret, public, public_bytes = _contexts()
+    assert secret.has_secret_key() and not public.has_secret_key()
+    assert not public.has_galois_keys() and not public.has_relin_keys()
+    assert len(public_bytes) < 1_000_000  # with Galois keys it would be ~35 MB
+    chunks = ckks.encrypt_tensor(public, torch.tensor([1.5, -2.0]))
+    with pytest.raises(SecureParameterError, match="no secret key"):
+        ckks.decrypt_tensor(public, chunks, (2,))
+    # Not just our check: TenSEAL itself cannot decrypt with the public context.
+    payload = chunks[0][49:]
+    with pytest.raises(ValueError, match="secret"):
+        ts.ckks_vector_from(public, payload).decrypt()
+    # A party refuses a "public" context that carries the secret key.
+    with pytest.raises(SecureMessageError, match="secret key"):
+        ckks.load_public_context(secret.serialize(save_secret_key=True))
+    with pytest.raises(SecureMessageError, match="not a valid TenSEAL context"):
+        ckks.load_public_context(b"\x00" * 64)
+
+
+@pytest.mark.parametrize(
+    ("n", "bits"),
+    [
+        (4096, (60, 60, 60, 60)),
+        (8192, (60, 60, 60, 60)),
+        (2048, (30, 30)),
+        (8192, (40, 40)),
+        (1000, (60, 60)),
+    ],
+)
+def test_weak_or_unworkable_parameters_are_refused(n: int, bits: tuple[int, ...]) -> None:
+    params = ckks.CkksParams(n, bits)
+    with pytest.raises(SecureParameterError):
+        params.check_security()
+    with pytest.raises(SecureParameterError):
+        ckks.make_secret_context(params)
+
+
+def test_default_and_boundary_parameters_are_accepted() -> None:
+    ckks.CkksParams().check_security()
+    ckks.CkksParams(4096, (60, 49)).check_security()  # exactly the 109-bit bound
+    ckks.CkksParams(8192, (60, 40, 60)).check_security()
+    assert ckks.CkksParams(8192, [60, 60]).coeff_mod_bit_sizes == (60, 60)
+
+
+@settings(max_examples=10, deadline=None)
+@given(position=st.integers(0, 10**9), flip=st.integers(1, 255))
+def test_any_tampered_byte_is_refused(position: int, flip: int) -> None:
+    secret, public, _ = _contexts()
+    chunks = ckks.encrypt_tensor(public, torch.arange(10, dtype=torch.float64))
+    data = bytearray(chunks[0])
+    data[position % len(data)] ^= flip
+    tampered = [bytes(data)]
+    with pytest.raises(SecureMessageError):
+        ckks.decrypt_tensor(secret, tampered, (10,))
+    with pytest.raises(SecureMessageError):
+        ckks.add_encrypted(public, chunks, tampered)
+
+
+@settings(max_examples=10, deadline=None)
+@given(keep=st.integers(0, 10**9))
+def test_truncated_ciphertext_is_refused(keep: int) -> None:
+    secret, public, _ = _contexts()
+    chunk = ckks.encrypt_tensor(public, torch.ones(3))[0]
+    with pytest.raises(SecureMessageError):
+        ckks.decrypt_tensor(secret, [chunk[: keep % len(chunk)]], (3,))
+
+
+def test_forged_frame_around_garbage_and_wrong_context_ciphertexts_are_refused() -> None:
+    import hashlib
+    import struct
+
+    secret, public, _ = _contexts()
+    garbage = b"\x01" * 500
+    header = struct.pack(">4sBIII32s", b"FVCK", 1, 0, 1, 3, hashlib.sha256(garbage).digest())
+    with pytest.raises(SecureMessageError, match="not a valid CKKS ciphertext"):
+        ckks.decrypt_tensor(secret, [header + garbage], (3,))
+    # A ciphertext under other parameters (N = 16384) does not belong to this context.
+    other = ckks.make_secret_context(ckks.CkksParams(16384, (60, 60)))
+    with pytest.raises(SecureMessageError):
+        ckks.add_encrypted(
+            public, ckks.encrypt_tensor(public, torch.ones(3)), ckks.encrypt_tensor(other, torch.ones(3))
+        )
+
+
+def test_mismatched_chunk_counts_sizes_and_order_are_refused() -> None:
+    secret, public, _ = _contexts()
+    slots = ckks.slot_count(public)
+    two = ckks.encrypt_tensor(public, torch.ones(slots + 5))
+    one = ckks.encrypt_tensor(public, torch.ones(5))
+    with pytest.raises(SecureMessageError, match="chunks"):
+        ckks.add_encrypted(public, two, one)
+    with pytest.raises(SecureMessageError, match="chunk counts"):
+        ckks.sum_encrypted(public, [two, one])
+    with pytest.raises(SecureMessageError, match="needs 2 chunk"):
+        ckks.decrypt_tensor(secret, two[:1], (slots + 5,))
+    with pytest.raises(SecureMessageError, match="header says chunk"):
+        ckks.decrypt_tensor(secret, two[::-1], (slots + 5,))
+    with pytest.raises(SecureMessageError, match="holds 5 values"):
+        ckks.decrypt_tensor(secret, one, (6,))
+    with pytest.raises(SecureMessageError, match="cannot add 5 values to 6"):
+        ckks.add_encrypted(public, one, ckks.encrypt_tensor(public, torch.ones(6)))
+    with pytest.raises(SecureMessageError, match="no encrypted contributions"):
+        ckks.sum_encrypted(public, [])
+
+
+def test_non_finite_or_wrapping_values_are_refused() -> None:
+    _, public, _ = _contexts()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(SecureRangeError, match="NaN/inf"):
+            ckks.encrypt_tensor(public, torch.tensor([0.0, bad]))
+    limit = ckks.max_safe_abs(public, n_addends=8)
+    assert limit == 2.0**18 / 8  # [60 | 60] chain, scale 2^40, one bit of margin
+    ckks.encrypt_tensor(public, torch.tensor([limit]), n_addends=8)
+    with pytest.raises(SecureRangeError, match="8 addend"):
+        ckks.encrypt_tensor(public, torch.tensor([limit * 1.01]), n_addends=8)

@@ -28,7 +28,6 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/accuracy.py --dataset digits --train mcar:0.2 --variant I --seeds 0 --preset quick --out runs/bench
-	$(BIN)/python bench/overhead.py --protocols plain mpc he --parties 2 4 8 --batch 128 --repeats 5 --out runs/bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check falsevfl_secure tests bench

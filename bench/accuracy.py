@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def summarise(cells: list[dict]) -> dict[tuple, tuple[float, float, int]]:
     groups: dict[tuple, list[float]] = {}
     for c in cells:
-        groups.setdefault((c["dataset"], c["train"], c["variant"], c.get("parties"), c["test"]), []).append(c["accuracy"])
+        key = (c["dataset"], c["train"], c["variant"], c.get("parties"), c["test"])
+        groups.setdefault(key, []).append(c["accuracy"])
     return {k: (float(np.mean(v)), float(np.std(v)), len(v)) for k, v in groups.items()}
 
 

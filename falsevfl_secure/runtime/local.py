@@ -11,7 +11,7 @@ import logging
 import torch
 
 from ..config import Config
-from ..data import TEST_PATTERNS, feature_blocks, load_dataset, make_test_split, make_train_split
+from ..data import TEST_PATTERNS, load_dataset, make_test_split, make_train_split
 from ..train import Stopwatch, evaluate, host_split, pretrain, train_discriminator
 from ..transport import LocalTransport
 from ..world import make_world, resolve_device

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
 from torch import Tensor
 from torch.autograd import Function
 
@@ -67,7 +66,7 @@ class _Broadcast(Function):
         transport, name = ctx.transport, ADJOINT[ctx.name]
         transport._enter(name)
         total = grads[0].clone()
-        for party, grad in zip(ctx.parties[1:], grads[1:], strict=True):
+        for grad in grads[1:]:
             total = total + grad
         for party in ctx.parties:
             if party != transport.active_party:

@@ -1,0 +1,91 @@
+"""The distributed runtime always reaps its processes: after a run, after a party dies, after Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from falsevfl_secure.config import StageConfig, make_config
+from falsevfl_secure.errors import PartyFailure
+from falsevfl_secure.runtime.distributed import run_distributed
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """PIDs of live processes whose command line contains `marker` (our workers carry the run
+    directory in `--job DIR/job.json`)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if marker in cmdline and "zombie" not in state:
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_for_workers(marker: str, count: int, timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [p for p in processes_mentioning(marker) if "runtime.worker" in Path(f"/proc/{p}/cmdline").read_text()]
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.2)
+    raise AssertionError(f"workers did not start within {timeout} s")
+
+
+def tiny_config(epochs: int = 1):
+    cfg = make_config("digits", "quick", parties=2)
+    return replace(cfg, pretrain=StageConfig(2e-3, 128, epochs), train=StageConfig(2e-3, 64, epochs))
+
+
+def test_a_finished_run_leaves_no_process(tmp_path):
+    result = run_distributed(tiny_config(), "plain", ("mcar:0",), progress=False, out_dir=tmp_path)
+    assert 0.0 <= result["accuracy"]["mcar:0"] <= 100.0
+    assert {r["party"] for r in result["communication"]} == {0, 1}
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_killed_party_ends_the_run_with_an_error_naming_it(tmp_path):
+    def kill_party_one():
+        pids = wait_for_workers(str(tmp_path), 2)
+        for pid in pids:
+            if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes():
+                time.sleep(2.0)  # let it get into training
+                os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_party_one, daemon=True)
+    killer.start()
+    start = time.monotonic()
+    with pytest.raises(PartyFailure, match="rank 1"):
+        run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path)
+    assert time.monotonic() - start < 90
+    killer.join(timeout=5)
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    cmd = [sys.executable, "-m", "falsevfl_secure.simulate", "--protocol", "plain", "--runtime", "distributed",
+           "--parties", "2", "--pretrain-epochs", "200", "--quiet", "--out", str(tmp_path)]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for_workers(str(tmp_path), 2)
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, err.decode()
+    assert b"interrupted" in err
+    assert processes_mentioning(str(tmp_path)) == []

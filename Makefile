@@ -24,7 +24,7 @@ simulate: $(STAMP)
 	$(BIN)/python -m falsevfl_secure.simulate --protocol plain --out runs/simulate $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
+	$(BIN)/python -m pytest -p no:cacheprovider $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/accuracy.py --dataset digits --train mcar:0.2 --variant I --seeds 0 --preset quick --out runs/bench

@@ -29,7 +29,7 @@ from torch.autograd import Function
 
 from ..errors import ProtocolError
 from .accounting import CommLog
-from .rounds import ADJOINT, RoundSequencer, check_contributions
+from .rounds import ADJOINT, Message, MessageValidator, check_contributions
 
 
 class Backend(Protocol):
@@ -82,7 +82,7 @@ class DistributedTransport:
         self.backend = backend
         self.protocol = getattr(backend, "protocol", "plain")
         self.log = log if log is not None else CommLog()
-        self.sequencer = RoundSequencer()
+        self.validator = MessageValidator(n_parties, active_party, backend.protection)
         self._pending: list[tuple[str, str, Tensor]] = []  # passive side: rounds to replay backwards
 
     @property
@@ -142,8 +142,14 @@ class DistributedTransport:
 
     # -- accounting around the backend ---------------------------------------------------------
 
+    def _message(self, name: str, sender: int, shape: tuple[int, ...], aggregate: bool) -> Message:
+        receivers = ((self.active_party,) if aggregate
+                     else tuple(k for k in range(self.n_parties) if k != self.active_party))
+        protection = self.backend.protection if aggregate else "clear"
+        return Message(name, sender, receivers, tuple(shape), "float32", protection)
+
     def _sum(self, name: str, value: Tensor) -> Tensor | None:
-        self.sequencer.advance(name)
+        self.validator.check(self._message(name, self.party, tuple(value.shape), aggregate=True))
         self.log.round(name)
         start = time.perf_counter()
         before = getattr(self.backend, "bytes_counter", None)
@@ -155,12 +161,12 @@ class DistributedTransport:
         return out
 
     def _broadcast(self, name: str, value: Tensor | None, shape: tuple[int, ...] | None = None) -> Tensor:
-        self.sequencer.advance(name)
+        shape = tuple(value.shape) if value is not None else shape
+        self.validator.check(self._message(name, self.active_party, shape, aggregate=False))
         self.log.round(name)
         start = time.perf_counter()
         counter = getattr(self.backend, "bytes_counter", None)
         sent0, recv0 = (counter.sent, counter.received) if counter else (0, 0)
-        shape = tuple(value.shape) if value is not None else shape
         out = self.backend.broadcast(name, value, shape, torch.float32)
         sent, received = (counter.sent - sent0, counter.received - recv0) if counter else (0, 0)
         self.log.add(name, self.party, sent=sent, received=received, seconds=time.perf_counter() - start)

@@ -18,7 +18,7 @@ from torch.autograd import Function
 
 from ..errors import ProtocolError
 from .accounting import CommLog
-from .rounds import ADJOINT, RoundSequencer, check_contributions
+from .rounds import ADJOINT, Message, MessageValidator, check_contributions
 
 
 def _nbytes(t: Tensor) -> int:
@@ -29,7 +29,7 @@ class _Aggregate(Function):
     @staticmethod
     def forward(ctx, transport: LocalTransport, name: str, parties: tuple[int, ...], *contributions: Tensor):
         ctx.transport, ctx.name, ctx.parties = transport, name, parties
-        transport._enter(name)
+        transport._enter(name, tuple(contributions[0].shape), aggregate=True, sender=parties[0])
         for party, value in zip(parties, contributions, strict=True):
             if party != transport.active_party:
                 transport.log.add(name, party, sent=_nbytes(value))
@@ -42,7 +42,7 @@ class _Aggregate(Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         transport, name = ctx.transport, ADJOINT[ctx.name]
-        transport._enter(name)
+        transport._enter(name, tuple(grad.shape), aggregate=False)
         for party in ctx.parties:
             if party != transport.active_party:
                 transport.log.add(name, transport.active_party, sent=_nbytes(grad))
@@ -54,7 +54,7 @@ class _Broadcast(Function):
     @staticmethod
     def forward(ctx, transport: LocalTransport, name: str, parties: tuple[int, ...], value: Tensor):
         ctx.transport, ctx.name, ctx.parties = transport, name, parties
-        transport._enter(name)
+        transport._enter(name, tuple(value.shape), aggregate=False)
         for party in parties:
             if party != transport.active_party:
                 transport.log.add(name, transport.active_party, sent=_nbytes(value))
@@ -64,7 +64,7 @@ class _Broadcast(Function):
     @staticmethod
     def backward(ctx, *grads: Tensor):
         transport, name = ctx.transport, ADJOINT[ctx.name]
-        transport._enter(name)
+        transport._enter(name, tuple(grads[0].shape), aggregate=True, sender=ctx.parties[0])
         total = grads[0].clone()
         for grad in grads[1:]:
             total = total + grad
@@ -85,10 +85,13 @@ class LocalTransport:
         self.n_parties = n_parties
         self.active_party = active_party
         self.log = log if log is not None else CommLog()
-        self.sequencer = RoundSequencer()
+        self.validator = MessageValidator(n_parties, active_party, "clear")
 
-    def _enter(self, name: str) -> None:
-        self.sequencer.advance(name)
+    def _enter(self, name: str, shape: tuple[int, ...], aggregate: bool, sender: int | None = None) -> None:
+        receivers = ((self.active_party,) if aggregate
+                     else tuple(k for k in range(self.n_parties) if k != self.active_party))
+        sender = self.active_party if sender is None else sender
+        self.validator.check(Message(name, sender, receivers, tuple(shape), "float32", "clear"))
         self.log.round(name)
 
     def aggregate(self, name: str, contributions: Mapping[int, Tensor]) -> Tensor:

@@ -1,0 +1,83 @@
+"""Message validation: a message that does not match its round is refused with an error that names
+the round and the field; well-formed passes are accepted (fuzzed with hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from falsevfl_secure.errors import ProtocolError
+from falsevfl_secure.transport.rounds import STAGE1_ROUNDS, Message, MessageValidator
+
+K, ACTIVE, B, S, H = 4, 3, 5, 2, 6
+SHAPES = {"posterior": (B, 2 * H), "latent": (S, B, H), "likelihood": (S, B), "likelihood_grad": (S, B),
+          "latent_grad": (S, B, H), "posterior_grad": (B, 2 * H)}
+AGGREGATES = {"posterior", "likelihood", "latent_grad"}
+
+
+def good(name: str, sender: int = 0, protection: str = "secret-shared") -> Message:
+    if name in AGGREGATES:
+        return Message(name, sender, (ACTIVE,), SHAPES[name], "float32", protection)
+    return Message(name, ACTIVE, (0, 1, 2), SHAPES[name], "float32", "clear")
+
+
+def test_a_full_stage1_pass_and_forward_only_passes_are_accepted():
+    v = MessageValidator(K, ACTIVE, "secret-shared")
+    for _ in range(2):
+        for name in STAGE1_ROUNDS:
+            v.check(good(name))
+        for name in ("posterior", "latent", "likelihood"):
+            v.check(good(name))
+
+
+@pytest.mark.parametrize("message, field", [
+    (Message("posterior", 7, (ACTIVE,), (B, 2 * H), "float32", "secret-shared"), "sender"),
+    (Message("posterior", 0, (1,), (B, 2 * H), "float32", "secret-shared"), "receivers"),
+    (Message("posterior", 0, (ACTIVE,), (B, 2 * H + 1), "float32", "secret-shared"), "shape"),
+    (Message("posterior", 0, (ACTIVE,), (B, 2 * H), "float64", "secret-shared"), "dtype"),
+    (Message("posterior", 0, (ACTIVE,), (B, 2 * H), "float32", "clear"), "protection"),
+    (Message("latent", ACTIVE, (0, 1, 2), (S, B, H), "float32", "clear"), "round"),  # out of order
+    (Message("gossip", 0, (ACTIVE,), (B,), "float32", "clear"), "round"),
+])
+def test_bad_messages_are_refused_naming_round_and_field(message, field):
+    v = MessageValidator(K, ACTIVE, "secret-shared")
+    with pytest.raises(ProtocolError, match=rf"round '{message.round}': field '{field}'"):
+        v.check(message)
+
+
+def test_a_passive_party_cannot_send_a_broadcast_round_and_sizes_must_agree():
+    v = MessageValidator(K, ACTIVE, "clear")
+    v.check(good("posterior", protection="clear"))
+    with pytest.raises(ProtocolError, match="'latent': field 'sender'"):
+        v.check(Message("latent", 1, (0, 1, 2), (S, B, H), "float32", "clear"))
+    with pytest.raises(ProtocolError, match="'latent': field 'shape': B"):
+        v.check(Message("latent", ACTIVE, (0, 1, 2), (S, B + 1, H), "float32", "clear"))
+
+
+fields = st.sampled_from(["round", "sender", "receivers", "shape", "dtype", "protection"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(position=st.integers(0, len(STAGE1_ROUNDS) - 1), field=fields, data=st.data())
+def test_fuzzed_corruptions_of_a_valid_pass_are_refused(position, field, data):
+    v = MessageValidator(K, ACTIVE, "ckks")
+    for name in STAGE1_ROUNDS[:position]:
+        v.check(good(name, protection="ckks"))
+    name = STAGE1_ROUNDS[position]
+    m = good(name, protection="ckks")
+    bad = {
+        "round": lambda: data.draw(st.sampled_from([r for r in STAGE1_ROUNDS if r != name] + ["", "posterior "])),
+        "sender": lambda: data.draw(st.sampled_from([-1, K, 99] + ([0, 1, 2] if name not in AGGREGATES else []))),
+        "receivers": lambda: data.draw(st.sampled_from([(), (0,), (0, 1, 2, 3), (ACTIVE, ACTIVE)])),
+        # Wrong rank, an empty axis, or (after the first round fixed B, S, d_h) a size that disagrees.
+        "shape": lambda: data.draw(st.lists(st.integers(0, 9), max_size=4).map(tuple).filter(
+            lambda s: len(s) != len(SHAPES[name]) or 0 in s
+            or (position >= 2 and s != SHAPES[name]) or (name == "posterior" and s[1] % 2 == 1))),
+        "dtype": lambda: data.draw(st.sampled_from(["float64", "int64", "float16", ""])),
+        "protection": lambda: data.draw(st.sampled_from(["clear", "secret-shared", "none"]).filter(
+            lambda p: p != m.protection)),
+    }[field]()
+    corrupted = Message(**{**m.__dict__, field: bad})
+    with pytest.raises(ProtocolError, match=r"round '.*': field '"):
+        v.check(corrupted)

@@ -169,13 +169,17 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
         shutdown_process_group(protocol)
 
 
-def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: float | None = None) -> dict:
+def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: float | None = None,
+           show_rank: int | None = None) -> dict:
     """Start `world_size` workers on this machine, wait for them, and return the active party's
-    result. Any worker failing (or Ctrl-C) terminates all of them; none is left behind."""
+    result. Any worker failing (or Ctrl-C) terminates all of them; none is left behind.
+
+    Each worker's output goes to OUT/rank<k>.log; `show_rank`'s progress bars (stderr) go to the
+    terminal instead."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result_path = Path(tempfile.mkdtemp(dir=out_dir, prefix="result-")) / "result.json"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "FALSEVFL_PROGRESS": os.environ.get("FALSEVFL_PROGRESS", "0"),
+           "FALSEVFL_PROGRESS": "1" if show_rank is not None else "0",
            "WORLD_SIZE": str(world_size), "FALSEVFL_RESULT": str(result_path), "OMP_NUM_THREADS": "1"}
     procs: list[subprocess.Popen] = []
     logs = []
@@ -185,7 +189,8 @@ def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: fl
             logs.append(log_file)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "falsevfl_secure.runtime.worker", *worker_args],
-                env={**env, "RANK": str(rank)}, stdout=log_file, stderr=subprocess.STDOUT,
+                env={**env, "RANK": str(rank)}, stdout=log_file,
+                stderr=None if rank == show_rank else subprocess.STDOUT,
             ))
         start = time.monotonic()
         while True:
@@ -224,7 +229,8 @@ def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], 
     out_dir.mkdir(parents=True, exist_ok=True)
     job.write_text(json.dumps({"config": cfg.to_dict(), "protocol": protocol,
                                "test_patterns": list(test_patterns)}))
-    return launch(["--job", str(job)], world_size_for(protocol, cfg.parties), out_dir, timeout_s)
+    return launch(["--job", str(job)], world_size_for(protocol, cfg.parties), out_dir, timeout_s,
+                  show_rank=cfg.active if progress else None)
 
 
 def config_from_dict(d: dict) -> Config:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..errors import FalseVflError, PartyFailure
+from ..secure.crypten_world import free_port
 from ..train import Stopwatch, evaluate, host_split, pretrain, train_discriminator
 from ..transport.accounting import CommLog
 from ..transport.distributed import DistributedTransport
@@ -41,12 +41,6 @@ STALL_TIMEOUT_S = 30
 
 def world_size_for(protocol: str, parties: int) -> int:
     return parties + 1 if protocol == "he" else parties
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def own_split(split, party: int, is_active: bool):

@@ -34,6 +34,8 @@ def build_job_world(job: dict, rank: int, transport):
 
     cfg = config_from_dict(job["config"])
     split = synthetic_split(**job["split"])
+    if job.get("permute_labels"):  # for the label-privacy audit: same features, permuted labels
+        split.y = np.random.default_rng(12345).permutation(split.y)
     n_classes = job["split"].get("n_classes", 3)
     device = torch.device("cpu")
     if rank is None:  # the local reference hosts everything
@@ -81,6 +83,14 @@ def run_job_step(world, data, job: dict) -> dict:
     return out
 
 
+def _portable(entry: dict) -> dict:
+    """A view entry with its payload as numpy (tensors) or bytes (ciphertexts), for the parent."""
+    value = entry["value"]
+    if hasattr(value, "numpy"):
+        value = value.numpy().copy()
+    return {**entry, "value": value}
+
+
 def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, active: int,
             jobs: mp.Queue, results: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -111,11 +121,14 @@ def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, 
             if job is None:
                 break
             try:
+                backend.view = [] if job.get("record_views") else None
                 transport = DistributedTransport(rank, parties, active, backend, CommLog())
                 world, data = build_job_world(job, rank, transport)
                 start = time.perf_counter()
                 out = run_job_step(world, data, job)
                 out["seconds"] = time.perf_counter() - start
+                if backend.view is not None:
+                    out["view"] = [_portable(entry) for entry in backend.view]
                 results.put((rank, "ok", out))
             except Exception:  # report, keep serving: the parent decides whether to stop
                 results.put((rank, "error", traceback.format_exc()))

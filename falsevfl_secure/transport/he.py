@@ -56,9 +56,9 @@ class HeBackend(PlainBackend):
         dist.recv_object_list(box, src=self.aggregator)
         round_name, chunks = box
         self.bytes_counter.received += sum(len(c) for c in chunks)
-        if self.view is not None:
-            self.view.append({"round": name, "from": self.aggregator, "protection": "ckks", "value": chunks})
         total = decrypt_tensor(self.secret, chunks, tuple(value.shape)).to(torch.float32)
+        if self.view is not None:  # what the active party learns: the decryption of what it received
+            self.view.append({"round": name, "from": self.aggregator, "protection": "ckks", "value": total.clone()})
         return total + value
 
     def close(self) -> None:

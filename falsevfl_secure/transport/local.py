@@ -30,6 +30,7 @@ class _Aggregate(Function):
     def forward(ctx, transport: LocalTransport, name: str, parties: tuple[int, ...], *contributions: Tensor):
         ctx.transport, ctx.name, ctx.parties = transport, name, parties
         transport._enter(name, tuple(contributions[0].shape), aggregate=True, sender=parties[0])
+        transport._shadow(name, parties, contributions)
         for party, value in zip(parties, contributions, strict=True):
             if party != transport.active_party:
                 transport.log.add(name, party, sent=_nbytes(value))
@@ -65,6 +66,7 @@ class _Broadcast(Function):
     def backward(ctx, *grads: Tensor):
         transport, name = ctx.transport, ADJOINT[ctx.name]
         transport._enter(name, tuple(grads[0].shape), aggregate=True, sender=ctx.parties[0])
+        transport._shadow(name, ctx.parties, grads)
         total = grads[0].clone()
         for grad in grads[1:]:
             total = total + grad
@@ -81,9 +83,12 @@ class LocalTransport:
     protocol = "plain"
     runtime = "local"
 
-    def __init__(self, n_parties: int, active_party: int, log: CommLog | None = None) -> None:
+    def __init__(self, n_parties: int, active_party: int, log: CommLog | None = None,
+                 shadow: list | None = None) -> None:
         self.n_parties = n_parties
         self.active_party = active_party
+        # The plaintext shadow for audits: every party's individual contribution to every sum.
+        self.shadow = shadow
         self.log = log if log is not None else CommLog()
         self.validator = MessageValidator(n_parties, active_party, "clear")
 
@@ -93,6 +98,11 @@ class LocalTransport:
         sender = self.active_party if sender is None else sender
         self.validator.check(Message(name, sender, receivers, tuple(shape), "float32", "clear"))
         self.log.round(name)
+
+    def _shadow(self, name: str, parties, values) -> None:
+        if self.shadow is not None:
+            for party, value in zip(parties, values, strict=True):
+                self.shadow.append({"round": name, "party": party, "value": value.detach().clone()})
 
     def aggregate(self, name: str, contributions: Mapping[int, Tensor]) -> Tensor:
         """Sum of every party's contribution, delivered to the active party."""

@@ -51,6 +51,35 @@ class Config:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def validate(self) -> Config:
+        """Refuse settings that would fail deep inside torch or numpy, with a clear `InputError`."""
+        from .data.mechanisms import parse_mechanism
+        from .errors import InputError
+
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise InputError(message)
+
+        need(isinstance(self.parties, int) and self.parties >= 2, f"parties={self.parties}: at least 2 are needed")
+        need(-self.parties <= self.active_party < self.parties,
+             f"active_party={self.active_party} is not one of the {self.parties} parties")
+        need(self.variant in ("I", "II"), f"variant={self.variant!r}: choose I or II")
+        need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
+        need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
+        for name in ("h_dim", "z_dim", "party_hidden", "global_hidden", "discriminator_hidden", "indicator_hidden",
+                     "kappa", "predict_samples", "eval_batch_size"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and value >= 1, f"{name}={value}: must be a positive integer")
+        need(self.min_decoder_std > 0, f"min_decoder_std={self.min_decoder_std}: must be positive")
+        for stage_name in ("pretrain", "train"):
+            stage = getattr(self, stage_name)
+            need(stage.epochs >= 0, f"{stage_name} epochs={stage.epochs}: must be >= 0")
+            need(stage.batch_size >= 1, f"{stage_name} batch_size={stage.batch_size}: must be >= 1")
+            need(stage.lr > 0 and stage.weight_decay >= 0,
+                 f"{stage_name}: lr must be > 0 and weight_decay >= 0 (got {stage.lr}, {stage.weight_decay})")
+        parse_mechanism(self.train_mechanism)
+        return self
+
 
 PRESETS: dict[str, dict[str, dict]] = {
     "isolet": {
@@ -95,4 +124,4 @@ def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> 
     if preset not in PRESETS[key]:
         raise DataError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
     values = {**PRESETS[key][preset], **{k: v for k, v in overrides.items() if v is not None}}
-    return replace(Config(dataset=key), **values)
+    return replace(Config(dataset=key), **values).validate()

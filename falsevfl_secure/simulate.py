@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
         if args.train_epochs is not None:
             cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
+        cfg.validate()
         if runtime == "local":
             from .runtime.local import run_local
 

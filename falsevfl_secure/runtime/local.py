@@ -30,6 +30,7 @@ def make_splits(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS):
 def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progress: bool = True) -> dict:
     """Train both stages and evaluate every test pattern; returns the result record."""
     clock = Stopwatch()
+    cfg.validate()
     device = resolve_device(cfg.device)
     dataset, train_split, tests = make_splits(cfg, test_patterns)
     widths = {k: block.shape[1] for k, block in enumerate(train_split.blocks)}

@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--out", default="runs/simulate", help="output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--checkpoint-dir", default=None, help="per-party checkpoints (default: OUT/checkpoints)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the last epoch that every party completed")
     return parser.parse_args(argv)
 
 
@@ -108,15 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.train_epochs is not None:
             cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
         cfg.validate()
+        checkpoints = Path(args.checkpoint_dir or Path(args.out) / "checkpoints")
         if runtime == "local":
             from .runtime.local import run_local
 
-            result = run_local(cfg, TEST_PATTERNS, progress=not args.quiet)
+            result = run_local(cfg, TEST_PATTERNS, progress=not args.quiet, checkpoint_dir=checkpoints,
+                               resume=args.resume)
         else:
             from .runtime.distributed import run_distributed
 
             result = run_distributed(cfg, args.protocol, TEST_PATTERNS, progress=not args.quiet,
-                                     out_dir=Path(args.out))
+                                     out_dir=Path(args.out), checkpoint_dir=checkpoints, resume=args.resume)
     except FalseVflError as error:  # includes DataError and InputError: a clear message, no traceback
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -193,3 +193,47 @@ class Stopwatch:
 
     def __call__(self) -> float:
         return time.perf_counter() - self.start
+
+
+def common_progress(checkpointers: list, agree=None) -> tuple[int, int] | None:
+    """The latest (stage, epoch) that every hosted party has a checkpoint of; `agree` combines
+    the answer across processes (distributed runtime), None when there is nothing to resume."""
+    from .checkpoint import progress_key
+
+    sets = [set(c.available()) for c in checkpointers]
+    common = set.intersection(*sets) if sets else set()
+    if agree is not None:
+        common = agree(common)
+    return max(common, key=lambda k: progress_key(*k)) if common else None
+
+
+def run_training(world: World, data: HostedData, checkpoint_dir=None, resume: bool = False,
+                 progress: bool = True, agree=None, after_epoch=None) -> tuple[list[float], list[float]]:
+    """Both stages, with a per-party checkpoint at the end of every epoch when `checkpoint_dir` is
+    given; `resume` continues from the last epoch that every party completed."""
+    from .checkpoint import Checkpointer, party_state, restore_party
+
+    checkpointers = ([Checkpointer(checkpoint_dir, k) for k in world.parties] if checkpoint_dir is not None else [])
+    opt1, opt2 = stage1_optimizers(world), stage2_optimizers(world)
+    start1 = start2 = 0
+    if resume and checkpointers:
+        found = common_progress(checkpointers, agree)
+        if found is not None:
+            stage, epoch = found
+            for c in checkpointers:
+                restore_party(world, c.party, c.load(stage, epoch), opt1 if stage == 1 else opt2)
+            start1, start2 = (epoch + 1, 0) if stage == 1 else (world.cfg.pretrain.epochs, epoch + 1)
+
+    def saver(stage: int, optimizers: dict):
+        def on_epoch_end(epoch: int, _optimizers: dict) -> None:
+            for c in checkpointers:
+                c.save(stage, epoch, party_state(world, c.party, optimizers))
+            if after_epoch is not None:
+                after_epoch(stage, epoch)
+        return on_epoch_end
+
+    stage1 = pretrain(world, data, start_epoch=start1, optimizers=opt1, progress=progress,
+                      on_epoch_end=saver(1, opt1))
+    stage2 = train_discriminator(world, data, start_epoch=start2, optimizers=opt2, progress=progress,
+                                 on_epoch_end=saver(2, opt2))
+    return stage1, stage2

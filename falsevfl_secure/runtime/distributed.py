@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import FalseVflError, PartyFailure
 from ..secure.crypten_world import free_port
-from ..train import Stopwatch, evaluate, host_split, pretrain, train_discriminator
+from ..train import Stopwatch, evaluate, host_split, run_training
 from ..transport.accounting import CommLog
 from ..transport.distributed import DistributedTransport
 from ..world import make_world, resolve_device
@@ -95,7 +95,7 @@ def shutdown_process_group(protocol: str) -> None:
 
 
 def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patterns: tuple[str, ...],
-             progress: bool = False) -> dict | None:
+             progress: bool = False, checkpoint_dir: str | None = None, resume: bool = False) -> dict | None:
     """Run one role to the end: party `rank` (the active party returns the result record), or the
     `he` aggregator when rank == K."""
     from .local import make_splits
@@ -131,11 +131,14 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
             n_classes = load_dataset(cfg.dataset, seed=cfg.seed).n_classes
         world = make_world(cfg, {rank: width}, n_classes, transport, device)
         data = host_split(train_view, [rank], is_active, device, n_classes)
+        def agree(common: set) -> set:  # the epochs every party has a checkpoint of
+            sets = [None] * cfg.parties
+            dist.all_gather_object(sets, common, group=group)
+            return set.intersection(*sets)
+
         stage1_start = clock()
-        stage1 = pretrain(world, data, progress=progress and is_active)
-        stage2_start = clock()
-        stage2 = train_discriminator(world, data, progress=progress and is_active)
-        eval_start = clock()
+        stage1, stage2 = run_training(world, data, checkpoint_dir, resume, progress and is_active, agree)
+        stage2_start = eval_start = clock()
         accuracy = {p: evaluate(world, host_split(v, [rank], is_active, device, n_classes))
                     for p, v in test_views.items()}
         # Every party's accounting reaches the active party's report (counters only, no data).
@@ -146,8 +149,7 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
         return {
             "accuracy": accuracy,
             "wall_time_s": round(clock(), 3),
-            "stage_time_s": {"pretrain": round(stage2_start - stage1_start, 3),
-                             "train": round(eval_start - stage2_start, 3),
+            "stage_time_s": {"train_both_stages": round(stage2_start - stage1_start, 3),
                              "evaluate": round(clock() - eval_start, 3)},
             "protocol": protocol,
             "runtime": "distributed",
@@ -173,7 +175,7 @@ def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: fl
     out_dir.mkdir(parents=True, exist_ok=True)
     result_path = Path(tempfile.mkdtemp(dir=out_dir, prefix="result-")) / "result.json"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "FALSEVFL_PROGRESS": "1" if show_rank is not None else "0",
+           "FALSEVFL_PROGRESS": "1" if show_rank is not None else "0", "FALSEVFL_LAUNCHED": "1",
            "WORLD_SIZE": str(world_size), "FALSEVFL_RESULT": str(result_path), "OMP_NUM_THREADS": "1"}
     procs: list[subprocess.Popen] = []
     logs = []
@@ -216,13 +218,15 @@ def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: fl
 
 
 def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], progress: bool = True,
-                    out_dir: Path | None = None, timeout_s: float | None = None) -> dict:
+                    out_dir: Path | None = None, timeout_s: float | None = None,
+                    checkpoint_dir: Path | None = None, resume: bool = False) -> dict:
     """Launch one process per role on this machine and return the active party's result."""
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="falsevfl-"))
     job = out_dir / "job.json"
     out_dir.mkdir(parents=True, exist_ok=True)
-    job.write_text(json.dumps({"config": cfg.to_dict(), "protocol": protocol,
-                               "test_patterns": list(test_patterns)}))
+    job.write_text(json.dumps({"config": cfg.to_dict(), "protocol": protocol, "test_patterns": list(test_patterns),
+                               "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir),
+                               "resume": resume}))
     return launch(["--job", str(job)], world_size_for(protocol, cfg.parties), out_dir, timeout_s,
                   show_rank=cfg.active if progress else None)
 

@@ -12,7 +12,7 @@ import torch
 
 from ..config import Config
 from ..data import TEST_PATTERNS, load_dataset, make_test_split, make_train_split
-from ..train import Stopwatch, evaluate, host_split, pretrain, train_discriminator
+from ..train import Stopwatch, evaluate, host_split, run_training
 from ..transport import LocalTransport
 from ..world import make_world, resolve_device
 
@@ -27,8 +27,10 @@ def make_splits(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS):
     return dataset, train, tests
 
 
-def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progress: bool = True) -> dict:
-    """Train both stages and evaluate every test pattern; returns the result record."""
+def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progress: bool = True,
+              checkpoint_dir=None, resume: bool = False, after_epoch=None) -> dict:
+    """Train both stages and evaluate every test pattern; returns the result record. With
+    `checkpoint_dir`, every party's state is saved after each epoch and `resume` continues from it."""
     clock = Stopwatch()
     cfg.validate()
     device = resolve_device(cfg.device)
@@ -39,18 +41,16 @@ def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progr
     train_data = host_split(train_split, hosted, True, device, dataset.n_classes)
 
     stage1_start = clock()
-    stage1 = pretrain(world, train_data, progress=progress)
-    stage2_start = clock()
-    stage2 = train_discriminator(world, train_data, progress=progress)
-    eval_start = clock()
+    stage1, stage2 = run_training(world, train_data, checkpoint_dir, resume, progress, after_epoch=after_epoch)
+    stage2_start = eval_start = clock()
     accuracy = {}
     for pattern, split in tests.items():
         accuracy[pattern] = evaluate(world, host_split(split, hosted, True, device, dataset.n_classes))
     return {
         "accuracy": accuracy,
         "wall_time_s": round(clock(), 3),
-        "stage_time_s": {"pretrain": round(stage2_start - stage1_start, 3),
-                         "train": round(eval_start - stage2_start, 3), "evaluate": round(clock() - eval_start, 3)},
+        "stage_time_s": {"train_both_stages": round(stage2_start - stage1_start, 3),
+                         "evaluate": round(clock() - eval_start, 3)},
         "protocol": "plain",
         "runtime": "local",
         "device": str(device),

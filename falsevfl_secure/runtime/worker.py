@@ -15,7 +15,18 @@ from ..errors import FalseVflError
 from .distributed import config_from_dict, run_role
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker when the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG),
+    so no worker outlives its launcher. A no-op elsewhere; one role per host does not need it."""
+    if sys.platform.startswith("linux") and os.environ.get("FALSEVFL_LAUNCHED") == "1":
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
     parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.runtime.worker")
     parser.add_argument("--job", required=True, help="JSON with the config, protocol and test patterns")
     args = parser.parse_args(argv)
@@ -28,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_dict(job["config"])
     try:
         result = run_role(cfg, job["protocol"], rank, world_size, tuple(job["test_patterns"]),
-                          progress=os.environ.get("FALSEVFL_PROGRESS") == "1")
+                          progress=os.environ.get("FALSEVFL_PROGRESS") == "1",
+                          checkpoint_dir=job.get("checkpoint_dir"), resume=job.get("resume", False))
     except FalseVflError as error:
         print(f"error (rank {rank}): {error}", file=sys.stderr)
         return 2

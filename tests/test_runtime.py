@@ -57,19 +57,31 @@ def test_a_finished_run_leaves_no_process(tmp_path):
     assert processes_mentioning(str(tmp_path)) == []
 
 
+def party_pid(marker: str, rank: int) -> int:
+    for pid in wait_for_workers(marker, 2):
+        if f"RANK={rank}\0".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+            return pid
+    raise AssertionError(f"no worker with RANK={rank}")
+
+
+def wait_for_training(checkpoints: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not list(checkpoints.glob("party*-stage1-*.pt")):
+        time.sleep(0.05)
+
+
 def test_a_killed_party_ends_the_run_with_an_error_naming_it(tmp_path):
     def kill_party_one():
-        pids = wait_for_workers(str(tmp_path), 2)
-        for pid in pids:
-            if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes():
-                time.sleep(2.0)  # let it get into training
-                os.kill(pid, signal.SIGKILL)
+        pid = party_pid(str(tmp_path), 1)
+        wait_for_training(tmp_path / "ckpt")
+        os.kill(pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_party_one, daemon=True)
     killer.start()
     start = time.monotonic()
-    with pytest.raises(PartyFailure, match="rank 1"):
-        run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path)
+    with pytest.raises(PartyFailure, match=r"rank 1 died \(signal 9\) in round '[a-z_]+'"):
+        run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
+                        checkpoint_dir=tmp_path / "ckpt")
     assert time.monotonic() - start < 90
     killer.join(timeout=5)
     assert processes_mentioning(str(tmp_path)) == []
@@ -88,4 +100,21 @@ def test_ctrl_c_stops_every_process(tmp_path):
             launcher.kill()
     assert launcher.returncode == 130, err.decode()
     assert b"interrupted" in err
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_stalled_party_ends_the_run_within_the_timeout_naming_it(tmp_path):
+    def stop_party_one():
+        pid = party_pid(str(tmp_path), 1)
+        wait_for_training(tmp_path / "ckpt")
+        os.kill(pid, signal.SIGSTOP)
+        return time.monotonic()
+
+    stopped_at = []
+    thread = threading.Thread(target=lambda: stopped_at.append(stop_party_one()), daemon=True)
+    thread.start()
+    with pytest.raises(PartyFailure, match=r"rank 1 stalled .* in round '[a-z_]+'"):
+        run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
+                        checkpoint_dir=tmp_path / "ckpt")
+    assert time.monotonic() - stopped_at[0] < 30
     assert processes_mentioning(str(tmp_path)) == []

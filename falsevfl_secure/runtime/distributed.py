@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from ..transport.accounting import CommLog
 from ..transport.distributed import DistributedTransport
 from ..world import make_world, resolve_device
 
-STALL_TIMEOUT_S = 30
+STALL_TIMEOUT_S = 20  # a peer silent this long ends the run (issue: within 30 s)
 
 
 def world_size_for(protocol: str, parties: int) -> int:
@@ -165,6 +166,44 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
         shutdown_process_group(protocol)
 
 
+def _round_in(text: str) -> str | None:
+    match = re.search(r"round '([a-z_]+)'", text)
+    return match.group(1) if match else None
+
+
+def diagnose(procs: list[subprocess.Popen], out_dir: Path, settle_s: float = STALL_TIMEOUT_S + 3) -> str:
+    """Name the party that failed and the round it happened in.
+
+    A party that dies makes its peers fail at once on the closed connection; a party that stalls
+    makes them fail when the collective timeout (STALL_TIMEOUT_S) expires. Either way the peers'
+    logs name the round. A rank that is still running while the others fail on it is the staller.
+    """
+    def read_logs() -> list[str]:
+        return [(out_dir / f"rank{r}.log").read_text(errors="replace") for r in range(len(procs))]
+
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(_round_in(text) for text in read_logs()):
+            break
+        time.sleep(0.1)
+    codes = [p.poll() for p in procs]
+    logs = read_logs()
+    rounds = [r for r in (_round_in(text) for text in logs) if r]
+    where = f" in round '{rounds[0]}'" if rounds else " during start-up (before the first round)"
+    killed = [r for r, c in enumerate(codes) if c is not None and c < 0]
+    stalled = [r for r, c in enumerate(codes) if c is None]
+    if killed:
+        culprit = f"rank {killed[0]} died (signal {-codes[killed[0]]})"
+    elif stalled:
+        culprit = f"rank {stalled[0]} stalled (no answer within {STALL_TIMEOUT_S} s)"
+    else:
+        first = next(r for r, c in enumerate(codes) if c not in (None, 0))
+        culprit = f"rank {first} exited with code {codes[first]}"
+    details = "\n".join(f"--- rank {r}: {logs[r].strip().splitlines()[-1][:300]}" for r in range(len(procs))
+                        if codes[r] not in (None, 0) and logs[r].strip())
+    return f"{culprit}{where}\n{details}"
+
+
 def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: float | None = None,
            show_rank: int | None = None) -> dict:
     """Start `world_size` workers on this machine, wait for them, and return the active party's
@@ -193,9 +232,7 @@ def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: fl
             codes = [p.poll() for p in procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                rank = failed[0]
-                tail = (out_dir / f"rank{rank}.log").read_text()[-2000:]
-                raise PartyFailure(f"rank {rank} exited with code {codes[rank]}:\n{tail}")
+                raise PartyFailure(diagnose(procs, out_dir))
             if all(c == 0 for c in codes):
                 break
             if timeout_s is not None and time.monotonic() - start > timeout_s:

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import FalseVflError
+from ..errors import FalseVflError, PartyFailure
 from .distributed import config_from_dict, run_role
 
 
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except FalseVflError as error:
         print(f"error (rank {rank}): {error}", file=sys.stderr)
         return 2
+    except PartyFailure as error:
+        print(f"failure (rank {rank}): {error}", file=sys.stderr, flush=True)
+        return 3
     if result is not None and os.environ.get("FALSEVFL_RESULT"):
         path = Path(os.environ["FALSEVFL_RESULT"])
         tmp = path.with_suffix(".tmp")

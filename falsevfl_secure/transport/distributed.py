@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.autograd import Function
 
-from ..errors import ProtocolError
+from ..errors import PartyFailure, ProtocolError
 from .accounting import CommLog
 from .rounds import ADJOINT, Message, MessageValidator, check_contributions
 
@@ -142,6 +142,17 @@ class DistributedTransport:
 
     # -- accounting around the backend ---------------------------------------------------------
 
+    def _guard(self, name: str, call, *args):
+        """A peer that died or stalls makes gloo raise (closed connection, or the collective
+        timeout): report it as a `PartyFailure` that names the round this party was in."""
+        try:
+            return call(*args)
+        except RuntimeError as error:
+            if isinstance(error, PartyFailure):
+                raise
+            first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+            raise PartyFailure(f"round {name!r}: party {self.party} got no answer from a peer ({first})") from error
+
     def _message(self, name: str, sender: int, shape: tuple[int, ...], aggregate: bool) -> Message:
         receivers = ((self.active_party,) if aggregate
                      else tuple(k for k in range(self.n_parties) if k != self.active_party))
@@ -154,7 +165,7 @@ class DistributedTransport:
         start = time.perf_counter()
         before = getattr(self.backend, "bytes_counter", None)
         sent0, recv0 = (before.sent, before.received) if before else (0, 0)
-        out = self.backend.sum_to_active(name, value)
+        out = self._guard(name, self.backend.sum_to_active, name, value)
         after = getattr(self.backend, "bytes_counter", None)
         sent, received = (after.sent - sent0, after.received - recv0) if after else (0, 0)
         self.log.add(name, self.party, sent=sent, received=received, seconds=time.perf_counter() - start)
@@ -167,7 +178,7 @@ class DistributedTransport:
         start = time.perf_counter()
         counter = getattr(self.backend, "bytes_counter", None)
         sent0, recv0 = (counter.sent, counter.received) if counter else (0, 0)
-        out = self.backend.broadcast(name, value, shape, torch.float32)
+        out = self._guard(name, self.backend.broadcast, name, value, shape, torch.float32)
         sent, received = (counter.sent - sent0, counter.received - recv0) if counter else (0, 0)
         self.log.add(name, self.party, sent=sent, received=received, seconds=time.perf_counter() - start)
         if tuple(out.shape) != tuple(shape):

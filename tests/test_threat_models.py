@@ -127,3 +127,32 @@ def test_aggregator_cannot_decrypt():
     chunks = encrypt_tensor(aggregator_context, torch.ones(3, 2))
     with pytest.raises(ValueError):
         decrypt_tensor(aggregator_context, chunks, (3, 2))
+
+
+def test_he_collusion_threshold_active_plus_aggregator_decrypts_individual_contributions():
+    """collusion.toml, he: the aggregator's view (individual ciphertexts) plus the active party's
+    secret key reveals each contribution; the active party alone only ever receives the sum."""
+    import torch
+
+    from falsevfl_secure.secure.ckks import (
+        decrypt_tensor,
+        encrypt_tensor,
+        load_public_context,
+        make_secret_context,
+        public_context_bytes,
+        sum_encrypted,
+    )
+
+    model = load_threat_model("collusion")
+    assert "aggregator" in model["threshold_he"]
+    secret = make_secret_context()
+    public = load_public_context(public_context_bytes(secret))
+    contributions = [torch.randn(4, 3, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    aggregator_view = [encrypt_tensor(public, c, n_addends=3) for c in contributions]
+    # The coalition: the aggregator hands its view to the active party, which decrypts each one.
+    for chunks, c in zip(aggregator_view, contributions, strict=True):
+        assert torch.allclose(decrypt_tensor(secret, chunks, (4, 3)).float(), c, atol=1e-6)
+    # The active party alone: what it receives is the aggregated sum, equal to no single contribution.
+    alone = decrypt_tensor(secret, sum_encrypted(public, aggregator_view), (4, 3)).float()
+    assert torch.allclose(alone, sum(contributions), atol=1e-6)
+    assert not any(torch.allclose(alone, c, atol=1e-3) for c in contributions)

@@ -125,8 +125,8 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
         log = CommLog()
         backend = make_backend(protocol, rank, cfg, group, None)
         transport = DistributedTransport(rank, cfg.parties, cfg.active, backend, log, device)
-        n_classes = int(train_view.y.max()) + 1 if is_active else None
-        if is_active:
+        n_classes = None
+        if is_active:  # the label side needs the number of classes (cached: no second file read)
             from ..data import load_dataset
 
             n_classes = load_dataset(cfg.dataset, seed=cfg.seed).n_classes

@@ -136,10 +136,6 @@ class DistributedTransport:
                 grad = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
                 self._sum(ADJOINT[name], grad.detach().contiguous())
 
-    def discard_pending(self) -> None:
-        """Forget recorded rounds (after a forward pass that is not followed by a backward)."""
-        self._pending.clear()
-
     # -- accounting around the backend ---------------------------------------------------------
 
     def _guard(self, name: str, call, *args):

@@ -86,7 +86,15 @@ def init_process_group(rank: int, world_size: int, protocol: str = "plain") -> N
                             timeout=timedelta(seconds=STALL_TIMEOUT_S))
 
 
-def shutdown_process_group(protocol: str) -> None:
+def shutdown_process_group(protocol: str, clean: bool = False) -> None:
+    """Leave the world. After a successful run every rank first waits at a barrier: tearing gloo
+    down while a peer still closes its side can abort the process ("terminate called without an
+    active exception")."""
+    if clean and dist.is_initialized():
+        try:
+            dist.barrier()
+        except RuntimeError:
+            pass
     if protocol == "mpc":
         from ..secure.crypten_world import shutdown_crypten_worker
 
@@ -105,12 +113,14 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
     clock = Stopwatch()
     init_process_group(rank, world_size, protocol)
     backend = None
+    finished = False
     try:
         group = dist.new_group(list(range(cfg.parties))) if protocol == "he" else None
         if protocol == "he" and rank == cfg.parties:
             from ..transport.he import run_aggregator
 
             run_aggregator(cfg.parties, cfg.active)
+            finished = True
             return None
         device = resolve_device(cfg.device)
         is_active = rank == cfg.active
@@ -145,6 +155,7 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
         # Every party's accounting reaches the active party's report (counters only, no data).
         tables = [None] * cfg.parties
         dist.all_gather_object(tables, log.table(), group=group)
+        finished = True
         if not is_active:
             return None
         return {
@@ -163,7 +174,7 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
     finally:
         if backend is not None and hasattr(backend, "close"):
             backend.close()
-        shutdown_process_group(protocol)
+        shutdown_process_group(protocol, clean=finished)
 
 
 def _round_in(text: str) -> str | None:
@@ -189,7 +200,7 @@ def diagnose(procs: list[subprocess.Popen], out_dir: Path, settle_s: float = STA
     codes = [p.poll() for p in procs]
     logs = read_logs()
     rounds = [r for r in (_round_in(text) for text in logs) if r]
-    where = f" in round '{rounds[0]}'" if rounds else " during start-up (before the first round)"
+    where = f" in round '{rounds[0]}'" if rounds else " outside the rounds (start-up or shut-down)"
     killed = [r for r, c in enumerate(codes) if c is not None and c < 0]
     stalled = [r for r, c in enumerate(codes) if c is None]
     if killed:

@@ -112,6 +112,7 @@ def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, 
             from ..transport.he import run_aggregator
 
             run_aggregator(parties, active)
+            shutdown_process_group(protocol, clean=True)
             results.put((rank, "done", None))
             return
         backend = make_backend(protocol, rank, cfg, group, None)
@@ -134,7 +135,7 @@ def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, 
                 results.put((rank, "error", traceback.format_exc()))
         if hasattr(backend, "close"):
             backend.close()
-        shutdown_process_group(protocol)
+        shutdown_process_group(protocol, clean=True)
     except Exception:
         results.put((rank, "error", traceback.format_exc()))
 

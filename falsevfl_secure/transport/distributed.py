@@ -36,6 +36,7 @@ class Backend(Protocol):
     """How sums reach the active party and how the active party's values reach every party."""
 
     protection: str
+    bytes_counter: object  # `.sent` / `.received`: bytes this party put on and took off the wire
 
     def sum_to_active(self, name: str, value: Tensor) -> Tensor | None:
         """Called by every party with its contribution; the active party gets the sum over all
@@ -157,26 +158,22 @@ class DistributedTransport:
 
     def _sum(self, name: str, value: Tensor) -> Tensor | None:
         self.validator.check(self._message(name, self.party, tuple(value.shape), aggregate=True))
+        return self._accounted(name, self.backend.sum_to_active, name, value)
+
+    def _accounted(self, name: str, call, *args):
+        """Run one round through the backend, logging its bytes (from the backend's counter) and time."""
         self.log.round(name)
-        start = time.perf_counter()
-        before = getattr(self.backend, "bytes_counter", None)
-        sent0, recv0 = (before.sent, before.received) if before else (0, 0)
-        out = self._guard(name, self.backend.sum_to_active, name, value)
-        after = getattr(self.backend, "bytes_counter", None)
-        sent, received = (after.sent - sent0, after.received - recv0) if after else (0, 0)
-        self.log.add(name, self.party, sent=sent, received=received, seconds=time.perf_counter() - start)
+        counter = self.backend.bytes_counter
+        sent0, received0, start = counter.sent, counter.received, time.perf_counter()
+        out = self._guard(name, call, *args)
+        self.log.add(name, self.party, sent=counter.sent - sent0, received=counter.received - received0,
+                     seconds=time.perf_counter() - start)
         return out
 
     def _broadcast(self, name: str, value: Tensor | None, shape: tuple[int, ...] | None = None) -> Tensor:
         shape = tuple(value.shape) if value is not None else shape
         self.validator.check(self._message(name, self.active_party, shape, aggregate=False))
-        self.log.round(name)
-        start = time.perf_counter()
-        counter = getattr(self.backend, "bytes_counter", None)
-        sent0, recv0 = (counter.sent, counter.received) if counter else (0, 0)
-        out = self._guard(name, self.backend.broadcast, name, value, shape, torch.float32)
-        sent, received = (counter.sent - sent0, counter.received - recv0) if counter else (0, 0)
-        self.log.add(name, self.party, sent=sent, received=received, seconds=time.perf_counter() - start)
+        out = self._accounted(name, self.backend.broadcast, name, value, shape, torch.float32)
         if tuple(out.shape) != tuple(shape):
             raise ProtocolError(f"round {name!r}: field 'shape': received {tuple(out.shape)}, expected {shape}")
         if not bool(torch.isfinite(out).all()):

@@ -42,6 +42,11 @@ class Config:
     n_aligned: int | None = None
     seed: int = 0
     device: str = "auto"
+    # Parties hosted by one process (the local runtime) with equal block widths: "always" evaluates
+    # them as batched products (model.party_stack), "never" one network after the other (same
+    # results to float rounding), "auto" batches on CUDA only: on the CPU the sequential products
+    # measured faster (bench/local_speed.py).
+    stack_parties: str = "auto"
     eval_batch_size: int = 500
 
     @property
@@ -64,6 +69,8 @@ class Config:
         need(-self.parties <= self.active_party < self.parties,
              f"active_party={self.active_party} is not one of the {self.parties} parties")
         need(self.variant in ("I", "II"), f"variant={self.variant!r}: choose I or II")
+        need(self.stack_parties in ("auto", "always", "never"),
+             f"stack_parties={self.stack_parties!r}: choose auto, always or never")
         need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
         need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
         for name in ("h_dim", "z_dim", "party_hidden", "global_hidden", "discriminator_hidden", "indicator_hidden",

@@ -47,10 +47,7 @@ def forward_rounds(world: World, batch: Batch, n_samples: int) -> tuple[Tensor |
     at the active party, (None, None) elsewhere."""
     check_batch(world, batch)
     transport = world.transport
-    posterior_terms = {
-        k: party.posterior_contribution(batch.x[k], batch.held[k]) for k, party in world.parties.items()
-    }
-    sum_posterior = transport.aggregate("posterior", posterior_terms)
+    sum_posterior = transport.aggregate("posterior", world.posterior_contributions(batch))
 
     h = log_q_h = None
     if world.hosts_active:
@@ -59,12 +56,7 @@ def forward_rounds(world: World, batch: Batch, n_samples: int) -> tuple[Tensor |
     batch_size = next(iter(batch.held.values())).shape[0]
     h_at_party = transport.broadcast("latent", h, shape=(n_samples, batch_size, world.cfg.h_dim))
 
-    likelihood_terms = {
-        k: party.log_likelihood_contribution(h_at_party[k], batch.x[k], batch.held[k],
-                                             world.party_generator(k))
-        for k, party in world.parties.items()
-    }
-    sum_likelihood = transport.aggregate("likelihood", likelihood_terms)
+    sum_likelihood = transport.aggregate("likelihood", world.likelihood_contributions(h_at_party, batch))
 
     if not world.hosts_active:
         return None, None

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .config import Config
 from .errors import InputError
-from .model import ActiveModel, PartyModel
+from .model import ActiveModel, PartyModel, PartyStack
 
 ACTIVE_STREAM = 1_000_003
 
@@ -76,6 +76,7 @@ class World:
     transport: object
     device: torch.device
     generators: dict[int, torch.Generator] = field(default_factory=dict)
+    party_stack: PartyStack | None = None  # the hosted parties as batched products (local runtime)
 
     @property
     def hosts_active(self) -> bool:
@@ -87,6 +88,19 @@ class World:
     @property
     def active_generator(self) -> torch.Generator:
         return self.generators[ACTIVE_STREAM]
+
+    def posterior_contributions(self, batch: Batch) -> dict[int, Tensor]:
+        """Each hosted party's posterior contribution, computed from its own block only."""
+        if self.party_stack is not None:
+            return self.party_stack.posterior_contributions(batch.x, batch.held)
+        return {k: party.posterior_contribution(batch.x[k], batch.held[k]) for k, party in self.parties.items()}
+
+    def likelihood_contributions(self, h: dict[int, Tensor], batch: Batch) -> dict[int, Tensor]:
+        """Each hosted party's log-likelihood contribution for its copy h[k] of the latent samples."""
+        if self.party_stack is not None:
+            return self.party_stack.log_likelihood_contributions(h, batch.x, batch.held, self.generators)
+        return {k: party.log_likelihood_contribution(h[k], batch.x[k], batch.held[k], self.party_generator(k))
+                for k, party in self.parties.items()}
 
     def reseed(self, stream: int) -> None:
         """Reset every hosted role's generator to (seed, role, stream): used before evaluation so
@@ -104,4 +118,6 @@ def make_world(cfg: Config, widths: dict[int, int], n_classes: int | None, trans
     generators = {k: role_generator(cfg.seed, k, device) for k in parties}
     if active is not None:
         generators[ACTIVE_STREAM] = role_generator(cfg.seed, ACTIVE_STREAM, device)
-    return World(cfg, cfg.parties, cfg.active, parties, active, transport, device, generators)
+    batched = cfg.stack_parties == "always" or (cfg.stack_parties == "auto" and device.type == "cuda")
+    stack = PartyStack(parties) if batched and PartyStack.can_stack(parties) else None
+    return World(cfg, cfg.parties, cfg.active, parties, active, transport, device, generators, stack)

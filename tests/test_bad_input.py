@@ -66,7 +66,8 @@ def test_fuzzed_cli_values_are_refused_cleanly(option, text):
 
 
 @pytest.mark.parametrize("overrides", [dict(kappa=0), dict(h_dim=-1), dict(variant="X"), dict(seed=-3),
-                                       dict(active_party=9), dict(task="ranking"), dict(predict_samples=0)])
+                                       dict(active_party=9), dict(task="ranking"), dict(predict_samples=0),
+                                       dict(stack_parties="sometimes")])
 def test_config_validation(overrides):
     with pytest.raises(InputError):
         make_config("digits", "quick", **overrides)

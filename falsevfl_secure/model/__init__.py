@@ -3,5 +3,6 @@
 from .active import ActiveModel
 from .mlp import mlp
 from .party import PartyModel
+from .party_stack import PartyStack
 
-__all__ = ["ActiveModel", "PartyModel", "mlp"]
+__all__ = ["ActiveModel", "PartyModel", "PartyStack", "mlp"]

@@ -1,27 +1,42 @@
 """Accuracy against the paper: train with a preset and evaluate the seven test patterns.
 
     python bench/accuracy.py --dataset isolet --train mcar:0.2 --variant I --seeds 0 1 2 --preset paper --out DIR
+    python bench/accuracy.py --dataset isolet --train mcar:0.2 mnar:0.7 --parties 4 6 8 10 12 --out DIR   # K ablation
 
-Writes DIR/accuracy.json (a list of cells {"dataset", "train", "test", "variant", "seed", "accuracy",
-"wall_time_s"}) after every finished run, so a killed benchmark resumes where it stopped (finished
-runs are not recomputed), and DIR/accuracy.png (mean and std per test pattern, one panel per
-training mechanism). Prints a table next to the paper's numbers where DESIGN.md gives them.
+Every (dataset, training mechanism, variant, K, seed, overrides) run is one cell group. Writes, after
+every finished run, DIR/accuracy.json (a list of cells {"dataset", "train", "test", "variant", "seed",
+"parties", "preset", "overrides", "accuracy", "wall_time_s", "stage_time_s", "device"}), so a killed
+benchmark resumes where it stopped (finished runs are never recomputed); at the end DIR/accuracy.md
+(mean ± std per test pattern, next to the paper where DESIGN.md gives its numbers), DIR/accuracy.png
+(one figure per dataset and variant, like the paper's: bars per test pattern, one panel per
+training mechanism) and, when several K were run, DIR/parties.png (accuracy against K, trained and
+tested under the same mechanism, as in the paper's ablation).
+
+`--jobs N` runs N cells at once in separate processes (each with `--threads` torch threads): on a
+GPU machine the small networks leave most of the device idle, so several runs share it well.
+`--readme FILE` rewrites the generated results section of FILE (between its markers
+`<!-- results:NAME:start -->` and `<!-- results:NAME:end -->`, NAME being the --out folder's name)
+from the JSON, so the README never holds hand-typed numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as futures
 import json
+import multiprocessing as mp
+import os
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from falsevfl_secure.config import make_config  # noqa: E402
+from falsevfl_secure.config import Config, make_config  # noqa: E402
 from falsevfl_secure.data import TEST_PATTERNS  # noqa: E402
-from falsevfl_secure.runtime.local import run_local  # noqa: E402
 from falsevfl_secure.simulate import write_json_atomic  # noqa: E402
 
 # The paper's FALSE-VFL-I accuracy (%), trained under MCAR 0.2, mean of 5 runs (DESIGN.md).
@@ -29,6 +44,20 @@ PAPER = {
     ("isolet", "mcar:0.2", "I"): dict(zip(TEST_PATTERNS, (86.3, 82.6, 65.2, 52.0, 55.4, 65.5, 64.7), strict=True)),
     ("hapt", "mcar:0.2", "I"): dict(zip(TEST_PATTERNS, (89.0, 85.4, 73.3, 73.8, 73.7, 69.8, 68.5), strict=True)),
 }
+PAPER_K = 8  # the paper's number of parties for these rows
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """`name=value` for a Config field; the value is read as JSON (numbers, true/false) or kept as text."""
+    name, sep, raw = text.partition("=")
+    if not sep or name not in Config.__dataclass_fields__ or name in ("pretrain", "train"):
+        raise argparse.ArgumentTypeError(f"--set {text!r}: expected FIELD=VALUE with FIELD a Config field "
+                                         "(use --pretrain-epochs / --train-epochs for the schedules)")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return name, value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,101 +67,278 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variant", nargs="+", default=["I"], choices=["I", "II"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--preset", choices=["paper", "quick"], default="paper")
-    p.add_argument("--parties", type=int, default=None)
+    p.add_argument("--parties", nargs="+", type=int, default=[None], help="K (default: the preset's)")
     p.add_argument("--pretrain-epochs", type=int, default=None)
     p.add_argument("--train-epochs", type=int, default=None)
+    p.add_argument("--set", dest="overrides", action="append", type=parse_override, default=[],
+                   metavar="FIELD=VALUE", help="override a Config field, e.g. --set party_hidden=128")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--jobs", type=int, default=1, help="cells run at once, one process each")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run")
     p.add_argument("--out", default="runs/accuracy")
+    p.add_argument("--readme", default=None, help="rewrite this file's generated results section")
+    p.add_argument("--report-only", action="store_true", help="no training: tables and plots from the JSON")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
+
+
+def cell_key(c: dict) -> tuple:
+    return (c["dataset"], c["train"], c["variant"], c["seed"], c.get("parties"), c.get("preset"),
+            json.dumps(c.get("overrides") or {}, sort_keys=True))
+
+
+def run_key(c: dict) -> tuple:
+    """What a table row or plot series is: everything but the seed and the test pattern."""
+    return (c["dataset"], c["train"], c["variant"], c.get("parties"), c.get("preset"),
+            json.dumps(c.get("overrides") or {}, sort_keys=True))
+
+
+def planned_configs(args) -> list[tuple[Config, dict]]:
+    configs = []
+    overrides = dict(args.overrides)
+    for variant in args.variant:
+        for train in args.train:
+            for parties in args.parties:
+                for seed in args.seeds:
+                    cfg = make_config(args.dataset, args.preset, parties=parties, variant=variant,
+                                      train_mechanism=train, seed=seed, device=args.device)
+                    if args.pretrain_epochs is not None:
+                        cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
+                    if args.train_epochs is not None:
+                        cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
+                    cfg = replace(cfg, **overrides).validate()
+                    configs.append((cfg, overrides))
+    return configs
+
+
+def run_cell(cfg: Config, threads: int | None, progress: bool) -> dict:
+    """One training run (in a worker process when --jobs > 1): the accuracy per test pattern."""
+    import torch
+
+    from falsevfl_secure.runtime.local import run_local
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    result = run_local(cfg, progress=progress)
+    return {k: result[k] for k in ("accuracy", "wall_time_s", "stage_time_s", "device", "threads")}
 
 
 def summarise(cells: list[dict]) -> dict[tuple, tuple[float, float, int]]:
     groups: dict[tuple, list[float]] = {}
     for c in cells:
-        key = (c["dataset"], c["train"], c["variant"], c.get("parties"), c["test"])
-        groups.setdefault(key, []).append(c["accuracy"])
+        groups.setdefault((*run_key(c), c["test"]), []).append(c["accuracy"])
     return {k: (float(np.mean(v)), float(np.std(v)), len(v)) for k, v in groups.items()}
 
 
-def print_table(cells: list[dict]) -> None:
+def paper_row(run: tuple) -> dict | None:
+    dataset, train, variant, parties, _, overrides = run
+    return PAPER.get((dataset, train, variant)) if parties == PAPER_K else None
+
+
+TRAIN_ORDER = ("mcar:0.2", "mcar:0.5", "mar1", "mar2", "mnar:0.7", "mnar:0.9")
+
+
+def run_order(run: tuple) -> tuple:
+    """Tables and figures list runs by dataset, variant, training mechanism (the paper's order), K."""
+    dataset, train, variant, parties, preset, overrides = run
+    position = TRAIN_ORDER.index(train) if train in TRAIN_ORDER else len(TRAIN_ORDER)
+    return dataset, variant, overrides, position, train, parties or 0, preset
+
+
+def describe(run: tuple) -> str:
+    dataset, train, variant, parties, preset, overrides = run
+    extra = ", ".join(f"{k}={v}" for k, v in json.loads(overrides).items())
+    return f"{dataset} FALSE-VFL-{variant}, trained {train}, K={parties}, preset {preset}" + (
+        f", {extra}" if extra else "")
+
+
+def markdown(cells: list[dict]) -> str:
+    """Mean ± std (n seeds) per test pattern, one row per run; the paper's row under ours where known."""
     stats = summarise(cells)
-    runs = sorted({k[:4] for k in stats}, key=str)
-    for run in runs:
-        dataset, train, variant, parties = run
-        paper = PAPER.get((dataset, train, variant)) if parties in (None, 8) else None
-        print(f"\n{dataset} FALSE-VFL-{variant} trained {train}" + (f" K={parties}" if parties else ""))
-        print(f"{'test':<10}{'ours (mean ± std, n)':>24}{'paper':>8}{'diff':>8}")
-        for test in TEST_PATTERNS:
-            if (*run, test) not in stats:
-                continue
-            mean, std, n = stats[(*run, test)]
-            ref = paper.get(test) if paper else None
-            ref_s = f"{ref:8.1f}{mean - ref:+8.1f}" if ref is not None else f"{'-':>8}{'':>8}"
-            print(f"{test:<10}{mean:>14.1f} ± {std:4.1f} ({n}){ref_s}")
+    runs = sorted({k[:-1] for k in stats}, key=run_order)
+    lines = []
+    for dataset in sorted({r[0] for r in runs}):
+        lines += [f"**{dataset}** (accuracy %, mean ± std over seeds; n = seeds)", "",
+                  "| run | " + " | ".join(TEST_PATTERNS) + " | n | wall time per run (s) |",
+                  "|---|" + "---|" * (len(TEST_PATTERNS) + 2)]
+        for run in (r for r in runs if r[0] == dataset):
+            values = [stats.get((*run, t)) for t in TEST_PATTERNS]
+            n = max((v[2] for v in values if v), default=0)
+            walls = [c["wall_time_s"] for c in cells if run_key(c) == run and c["test"] == TEST_PATTERNS[0]]
+            label = describe(run).removeprefix(f"{dataset} ")
+            lines.append(f"| {label} | " + " | ".join(f"{v[0]:.1f} ± {v[1]:.1f}" if v else "-" for v in values)
+                         + f" | {n} | {np.mean(walls):.0f} |")
+            paper = paper_row(run)
+            if paper:
+                lines.append("| paper (mean of 5) | " + " | ".join(f"{paper[t]:.1f}" for t in TEST_PATTERNS)
+                             + " | 5 | |")
+                lines.append("| ours − paper | " + " | ".join(
+                    f"{values[i][0] - paper[t]:+.1f}" if values[i] else "-" for i, t in enumerate(TEST_PATTERNS))
+                             + " | | |")
+        lines.append("")
+    return "\n".join(lines)
 
 
-def plot(cells: list[dict], path: Path) -> None:
+def plot_grid(cells: list[dict], path: Path) -> None:
+    """The paper's figure layout: per (dataset, variant, K, overrides) one row of panels, one panel
+    per training mechanism, bars per test pattern (mean ± std over seeds), the paper's where known."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     stats = summarise(cells)
-    panels = sorted({k[:4] for k in stats}, key=str)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
-    for ax, run in zip(axes[0], panels, strict=True):
-        tests = [t for t in TEST_PATTERNS if (*run, t) in stats]
-        means = [stats[(*run, t)][0] for t in tests]
-        stds = [stats[(*run, t)][1] for t in tests]
-        x = np.arange(len(tests))
-        ax.bar(x - 0.2, means, 0.4, yerr=stds, label="ours", color="#4c72b0", capsize=2)
-        paper = PAPER.get(run[:3]) if run[3] in (None, 8) else None
-        if paper:
-            ax.bar(x + 0.2, [paper[t] for t in tests], 0.4, label="paper", color="#dd8452")
-            ax.legend(fontsize=7)
-        ax.set_xticks(x, tests, rotation=45, fontsize=7)
-        ax.set_ylim(0, 100)
-        ax.set_title(f"{run[0]} {run[2]} train {run[1]}", fontsize=8)
-        ax.set_ylabel("accuracy (%)")
+    runs = sorted({k[:-1] for k in stats}, key=run_order)
+    rows = list(dict.fromkeys((r[0], r[2], r[3], r[4], r[5]) for r in runs))
+    trains = list(dict.fromkeys(r[1] for r in sorted(runs, key=lambda r: run_order(r)[3:5])))
+    fig, axes = plt.subplots(len(rows), len(trains), figsize=(3.3 * len(trains), 2.8 * len(rows)), squeeze=False)
+    x = np.arange(len(TEST_PATTERNS))
+    for i, (dataset, variant, parties, preset, overrides) in enumerate(rows):
+        for j, train in enumerate(trains):
+            ax = axes[i][j]
+            run = (dataset, train, variant, parties, preset, overrides)
+            if (*run, TEST_PATTERNS[0]) not in stats:
+                ax.axis("off")
+                continue
+            means = [stats.get((*run, t), (np.nan, 0, 0))[0] for t in TEST_PATTERNS]
+            stds = [stats.get((*run, t), (0, 0, 0))[1] for t in TEST_PATTERNS]
+            n = stats[(*run, TEST_PATTERNS[0])][2]
+            paper = paper_row(run)
+            width = 0.4 if paper else 0.7
+            ax.bar(x - (0.2 if paper else 0), means, width, yerr=stds, capsize=2, color="#4c72b0",
+                   label=f"ours (n={n})")
+            if paper:
+                ax.bar(x + 0.2, [paper[t] for t in TEST_PATTERNS], width, color="#dd8452", label="paper")
+            ax.set_xticks(x, TEST_PATTERNS, rotation=50, fontsize=6)
+            ax.set_ylim(0, 100)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.set_title(f"{dataset} {variant} K={parties}: train {train}", fontsize=7)
+            ax.legend(fontsize=6, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_parties(cells: list[dict], path: Path) -> bool:
+    """Accuracy against K, each line trained and tested under the same mechanism (the paper's
+    ablation); False when fewer than two K were run."""
+    stats = summarise(cells)
+    series: dict[tuple, list[tuple[int, float, float]]] = {}
+    for (dataset, train, variant, parties, preset, overrides, test), (mean, std, _) in stats.items():
+        if test == train:
+            series.setdefault((dataset, train, variant, preset, overrides), []).append((parties, mean, std))
+    series = {k: sorted(v) for k, v in series.items() if len({p for p, _, _ in v}) >= 2}
+    if not series:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for (dataset, train, variant, preset, overrides), points in sorted(series.items(), key=str):
+        ks, means, stds = (np.array(v) for v in zip(*points, strict=True))
+        extra = "".join(f", {k}={v}" for k, v in json.loads(overrides).items())
+        ax.plot(ks, means, marker="o", label=f"{dataset} {variant} ({preset}{extra}), train = test = {train}")
+        ax.fill_between(ks, means - stds, means + stds, alpha=0.2)
+    ax.set_xlabel("number of parties K")
+    ax.set_ylabel("test accuracy (%)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True
+
+
+def update_readme(readme: Path, name: str, text: str) -> None:
+    """Replace the text between the README's markers for result set `name` (the --out folder's
+    name; the markers must exist) with `text`."""
+    start, end = f"<!-- results:{name}:start -->", f"<!-- results:{name}:end -->"
+    content = readme.read_text()
+    if start not in content or end not in content:
+        raise SystemExit(f"error: {readme} has no {start} ... {end} section")
+    head, rest = content.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{text}\n{end}{tail}")
+
+
+def report(cells: list[dict], out: Path, readme: str | None) -> None:
+    table = markdown(cells)
+    (out / "accuracy.md").write_text(table + "\n")
+    plot_grid(cells, out / "accuracy.png")
+    has_parties = plot_parties(cells, out / "parties.png")
+    print("\n" + table)
+    print(f"results: {out / 'accuracy.json'}, {out / 'accuracy.md'}, {out / 'accuracy.png'}"
+          + (f" and {out / 'parties.png'}" if has_parties else ""))
+    if readme:
+        readme_path = Path(readme)
+        rel = Path(os.path.relpath(out.resolve(), readme_path.resolve().parent))
+        images = f"![accuracy]({rel / 'accuracy.png'})" + (f"\n\n![parties]({rel / 'parties.png'})"
+                                                            if has_parties else "")
+        update_readme(readme_path, out.resolve().name, f"{table}\n{images}\n")
+        print(f"rewrote the results section of {readme_path}")
+
+
+def execute(todo: list[tuple[Config, dict]], args):
+    """Yield (meta, result or the exception it raised) per run as runs finish: in this process for
+    --jobs 1, else in a pool of spawned processes (never fork a process that may hold a CUDA context)."""
+    if args.jobs == 1:
+        for cfg, meta in todo:
+            try:
+                yield meta, run_cell(cfg, args.threads, not args.quiet)
+            except KeyboardInterrupt:
+                raise
+            except Exception as error:  # one failed run must not lose the others
+                yield meta, error
+        return
+    with futures.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        pending = {pool.submit(run_cell, cfg, args.threads, False): meta for cfg, meta in todo}
+        for future in futures.as_completed(pending):
+            error = future.exception()
+            yield pending[future], error if error is not None else future.result()
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        print("error: --jobs and --threads must be at least 1", file=sys.stderr)
+        return 2
     out = Path(args.out)
     path = out / "accuracy.json"
     cells: list[dict] = json.loads(path.read_text()) if path.exists() else []
-    done = {(c["dataset"], c["train"], c["variant"], c["seed"], c.get("parties"), c.get("preset")) for c in cells}
-    for variant in args.variant:
-        for train in args.train:
-            for seed in args.seeds:
-                cfg = make_config(args.dataset, args.preset, parties=args.parties, variant=variant,
-                                  train_mechanism=train, seed=seed)
-                key = (cfg.dataset, train, variant, seed, cfg.parties, args.preset)
-                if key in done:
-                    continue
-                from dataclasses import replace
-
-                if args.pretrain_epochs is not None:
-                    cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
-                if args.train_epochs is not None:
-                    cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
-                print(f"== {cfg.dataset} variant {variant} train {train} seed {seed} K={cfg.parties}", flush=True)
-                result = run_local(cfg, progress=not args.quiet)
-                for test, acc in result["accuracy"].items():
-                    cells.append({"dataset": cfg.dataset, "train": train, "test": test, "variant": variant,
-                                  "seed": seed, "parties": cfg.parties, "preset": args.preset,
-                                  "accuracy": acc, "wall_time_s": result["wall_time_s"],
-                                  "stage_time_s": result["stage_time_s"]})
-                write_json_atomic(path, cells)
-                print("   " + "  ".join(f"{t}={a:.1f}" for t, a in result["accuracy"].items())
-                      + f"  ({result['wall_time_s']:.0f} s)", flush=True)
-    print_table(cells)
-    plot(cells, out / "accuracy.png")
-    print(f"\nresults: {path} and {out / 'accuracy.png'}")
-    return 0
+    failures = 0
+    if not args.report_only:
+        done = {cell_key(c) for c in cells}
+        todo = []
+        for cfg, overrides in planned_configs(args):
+            meta = {"dataset": cfg.dataset, "train": cfg.train_mechanism, "variant": cfg.variant, "seed": cfg.seed,
+                    "parties": cfg.parties, "preset": args.preset, "overrides": overrides}
+            if cell_key(meta) not in done:
+                todo.append((cfg, meta))
+        print(f"{len(todo)} runs to do ({len(done)} already in {path})", flush=True)
+        started = time.perf_counter()
+        for meta, result in execute(todo, args):
+            name = f"{meta['dataset']} {meta['variant']} {meta['train']} K={meta['parties']} seed {meta['seed']}"
+            if isinstance(result, BaseException):
+                failures += 1
+                print(f"[{time.perf_counter() - started:6.0f} s] {name}: FAILED: {result}", file=sys.stderr, flush=True)
+                continue
+            for test, acc in result["accuracy"].items():
+                cells.append({**meta, "test": test, "accuracy": acc, "wall_time_s": result["wall_time_s"],
+                              "stage_time_s": result["stage_time_s"], "device": result["device"],
+                              "threads": result["threads"]})
+            write_json_atomic(path, cells)
+            print(f"[{time.perf_counter() - started:6.0f} s] {name}: "
+                  + " ".join(f"{t}={a:.1f}" for t, a in result["accuracy"].items())
+                  + f" ({result['wall_time_s']:.0f} s)", flush=True)
+        if failures:
+            print(f"error: {failures} runs failed (see above); rerun to retry them", file=sys.stderr)
+    if not cells:
+        print(f"error: no results in {path}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    report(cells, out, args.readme)
+    return 1 if not args.report_only and failures else 0
 
 
 if __name__ == "__main__":

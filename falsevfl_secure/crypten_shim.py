@@ -16,7 +16,7 @@ Why a shim:
   ``2**16``; some negatives come back 1.0 too low (raw ``-131071`` = -1.99998 decodes to -2.99998;
   in general about n-1 of the 2^16 raw values just above each negative integer -n are affected).
   `decode_fixed_point` is the exact replacement. CrypTen's encoder also truncates toward zero in the
-  input's dtype (float32 loses bits above 2^24); `encode_fixed_point` rounds to nearest in float64
+  input's dtype (float32 loses bits above 2^24); `encode_fixed_point` rounds to nearest exactly
   and refuses values whose sum could wrap the ring.
 """
 
@@ -91,14 +91,17 @@ def encode_fixed_point(
         raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
     if n_addends < 1:
         raise ValueError(f"n_addends must be >= 1, got {n_addends}")
-    xd = x.detach().to(device="cpu", dtype=torch.float64)
+    # float32 stays float32: scaling by 2^precision_bits is exact (a shift of the exponent), and
+    # rounding a float32 to an integer is exact (from 2^23 up every float32 already is one), so this
+    # gives bit for bit the float64 result at a third of the memory traffic. Other dtypes go to float64.
+    xd = x.detach().to(device="cpu", dtype=torch.float32 if x.dtype == torch.float32 else torch.float64)
     if xd.numel() == 0:
         return torch.zeros(xd.shape, dtype=torch.int64)
-    if not bool(torch.isfinite(xd).all()):
+    max_abs = float(xd.abs().max())  # NaN if any value is NaN, inf if any is inf: one pass checks both
+    if not math.isfinite(max_abs):
         bad = int((~torch.isfinite(xd)).sum())
         raise SecureRangeError(f"cannot fixed-point encode a tensor with {bad} NaN/inf value(s)")
     scale = 2**precision_bits
-    max_abs = float(xd.abs().max())
     # Python ints: exact, no float rounding in the bound itself.
     worst_sum = n_addends * (math.floor(max_abs * scale) + 1)
     if worst_sum > 2 ** (RING_BITS - 1) - 1:

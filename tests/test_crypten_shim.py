@@ -113,3 +113,13 @@ def test_encode_refuses_non_finite_and_ring_wrapping_values() -> None:
     encode_fixed_point(x, n_addends=1)
     with pytest.raises(SecureRangeError):
         encode_fixed_point(x, n_addends=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(min_value=-2.0**40, max_value=2.0**40, allow_nan=False, width=32), min_size=1, max_size=40),
+       st.integers(0, 30))
+def test_float32_encoding_equals_the_exact_float64_rounding(values, exponent) -> None:
+    """The float32 fast path is not an approximation: same integers as rounding in float64."""
+    x = torch.tensor(values, dtype=torch.float32) / 2.0**exponent
+    expected = torch.round(x.double() * SCALE).to(torch.int64)
+    assert torch.equal(encode_fixed_point(x, n_addends=2), expected)

@@ -14,7 +14,7 @@ import torch
 from falsevfl_secure.crypten_shim import encode_fixed_point, import_crypten
 from falsevfl_secure.secure.crypten_world import WorkerError, run_crypten_world
 from falsevfl_secure.secure.errors import SecureRangeError
-from falsevfl_secure.secure.mpc_sum import ReceivedShare, secure_sum
+from falsevfl_secure.secure.mpc_sum import ReceivedShare, secure_sum, zero_share
 
 SCALE = 2**16
 SHAPES = ((4, 3), (2, 5, 7))
@@ -148,3 +148,43 @@ def test_failing_or_stalled_party_is_named_and_every_child_reaped(fn, timeout_s:
         run_crypten_world(2, fn, timeout_s=timeout_s)
     assert time.monotonic() - start < timeout_s + 5
     assert not [p for p in multiprocessing.active_children() if p not in before]
+
+
+def _zero_share_and_crypten_przs(rank: int, world_size: int) -> dict:
+    crypten = import_crypten()
+    cpu = torch.device("cpu")
+    states = {kind: crypten.generators[kind][cpu].get_state() for kind in ("prev", "next")}
+    ours = zero_share(crypten, 37)
+    for kind, state in states.items():
+        crypten.generators[kind][cpu].set_state(state)
+    theirs = crypten.mpc.primitives.ArithmeticSharedTensor.PRZS((37,)).share
+    return {"ours": ours.tolist(), "theirs": theirs.tolist()}
+
+
+def test_zero_share_draws_exactly_crypten_przs_and_the_shares_cancel() -> None:
+    results = run_crypten_world(3, _zero_share_and_crypten_przs, timeout_s=60)
+    for r in results:
+        assert r["ours"] == r["theirs"]
+        assert any(v != 0 for v in r["ours"])  # a share is not itself zero
+    totals = [sum(column) % 2**64 for column in zip(*(r["ours"] for r in results), strict=True)]
+    assert totals == [0] * 37
+
+
+def _stream_versus_draws_on_demand(rank: int, world_size: int) -> dict:
+    from falsevfl_secure.secure.mpc_sum import ZeroShareStream
+
+    crypten = import_crypten()
+    cpu = torch.device("cpu")
+    states = {kind: crypten.generators[kind][cpu].get_state() for kind in ("prev", "next")}
+    sizes = [5, 17, 3, 40, 40, 1]
+    stream = ZeroShareStream(crypten)
+    ahead = [stream.take(n).tolist() for n in sizes]
+    stream.close()  # no draw may still run when the generators are rewound
+    for kind, state in states.items():
+        crypten.generators[kind][cpu].set_state(state)
+    return {"ahead": ahead, "now": [zero_share(crypten, n).tolist() for n in sizes]}
+
+
+def test_shares_drawn_ahead_are_the_shares_drawn_on_demand() -> None:
+    for r in run_crypten_world(3, _stream_versus_draws_on_demand, timeout_s=60):
+        assert r["ahead"] == r["now"]

@@ -55,6 +55,7 @@ def run_job_step(world, data, job: dict) -> dict:
 
     batch = data.batch(np.asarray(job["rows"]))
     out: dict = {}
+    start = time.perf_counter()
     if job["stage"] == "pretrain":
         loss = stage1_loss(world, batch)
         world.transport.backward(loss)
@@ -67,6 +68,8 @@ def run_job_step(world, data, job: dict) -> dict:
         probs = predict(world, batch)
         if probs is not None:
             out["predictions"] = probs.numpy()
+    out["seconds"] = time.perf_counter() - start  # the step and its rounds only
+    out["communication"] = world.transport.log.table()
     if loss is not None:
         out["loss"] = float(loss.item())
     grads = {}
@@ -125,9 +128,10 @@ def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, 
                 backend.view = [] if job.get("record_views") else None
                 transport = DistributedTransport(rank, parties, active, backend, CommLog())
                 world, data = build_job_world(job, rank, transport)
-                start = time.perf_counter()
+                # Every party starts the step together, so a step's time is the step and its rounds,
+                # not the wait for the slowest party to build its models.
+                dist.barrier(group=group)
                 out = run_job_step(world, data, job)
-                out["seconds"] = time.perf_counter() - start
                 if backend.view is not None:
                     out["view"] = [_portable(entry) for entry in backend.view]
                 results.put((rank, "ok", out))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..secure.mpc_sum import secure_sum
+from ..crypten_shim import import_crypten
+from ..secure.mpc_sum import ZeroShareStream, secure_sum
 from .plain import PlainBackend
 
 
@@ -17,10 +18,14 @@ class MpcBackend(PlainBackend):
     protocol = "mpc"
     protection = "secret-shared"
 
+    def __init__(self, party: int, n_parties: int, active_party: int, group=None, view: list | None = None) -> None:
+        super().__init__(party, n_parties, active_party, group=group, view=view)
+        self.shares = ZeroShareStream(import_crypten())  # zero shares drawn while this party waits
+
     def sum_to_active(self, name: str, value: Tensor) -> Tensor | None:
         value = value.detach().to("cpu", torch.float32).contiguous()
         received: list | None = [] if self.view is not None or self.party == self.active_party else None
-        total = secure_sum(value, dst=self.active_party, view=received)
+        total = secure_sum(value, dst=self.active_party, view=received, shares=self.shares)
         message_bytes = (value.numel() + 1) * 8  # int64 ring elements plus the error flag
         if self.party != self.active_party:
             self.bytes_counter.sent += message_bytes
@@ -32,3 +37,6 @@ class MpcBackend(PlainBackend):
                                   "value": share.raw})
             self.view.append({"round": name, "from": -1, "protection": "revealed-sum", "value": total.float()})
         return total.to(torch.float32)
+
+    def close(self) -> None:
+        self.shares.close()

@@ -25,7 +25,6 @@ import argparse
 import concurrent.futures as futures
 import json
 import multiprocessing as mp
-import os
 import sys
 import time
 from dataclasses import replace
@@ -34,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.config import Config, make_config  # noqa: E402
 from falsevfl_secure.data import TEST_PATTERNS  # noqa: E402
@@ -250,18 +251,6 @@ def plot_parties(cells: list[dict], path: Path) -> bool:
     return True
 
 
-def update_readme(readme: Path, name: str, text: str) -> None:
-    """Replace the text between the README's markers for result set `name` (the --out folder's
-    name; the markers must exist) with `text`."""
-    start, end = f"<!-- results:{name}:start -->", f"<!-- results:{name}:end -->"
-    content = readme.read_text()
-    if start not in content or end not in content:
-        raise SystemExit(f"error: {readme} has no {start} ... {end} section")
-    head, rest = content.split(start, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{text}\n{end}{tail}")
-
-
 def report(cells: list[dict], out: Path, readme: str | None) -> None:
     table = markdown(cells)
     (out / "accuracy.md").write_text(table + "\n")
@@ -272,9 +261,8 @@ def report(cells: list[dict], out: Path, readme: str | None) -> None:
           + (f" and {out / 'parties.png'}" if has_parties else ""))
     if readme:
         readme_path = Path(readme)
-        rel = Path(os.path.relpath(out.resolve(), readme_path.resolve().parent))
-        images = f"![accuracy]({rel / 'accuracy.png'})" + (f"\n\n![parties]({rel / 'parties.png'})"
-                                                            if has_parties else "")
+        images = f"![accuracy]({relative_link(out / 'accuracy.png', readme_path)})" + (
+            f"\n\n![parties]({relative_link(out / 'parties.png', readme_path)})" if has_parties else "")
         update_readme(readme_path, out.resolve().name, f"{table}\n{images}\n")
         print(f"rewrote the results section of {readme_path}")
 

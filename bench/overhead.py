@@ -33,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from falsevfl_secure.audit import audit_active_view  # noqa: E402
+from readme_section import relative_link, update_readme  # noqa: E402
+
+from falsevfl_secure.audit import AUDIT_RTOL, ENCODING_ATOL, audit_active_view  # noqa: E402
 from falsevfl_secure.config import Config, StageConfig  # noqa: E402
 from falsevfl_secure.runtime.session import WorldSession, build_job_world, run_job_step  # noqa: E402
 from falsevfl_secure.simulate import write_json_atomic  # noqa: E402
@@ -41,8 +43,6 @@ from falsevfl_secure.transport import LocalTransport  # noqa: E402
 
 STAGES = ("pretrain", "train", "predict")
 WIDTH = 77  # Isolet's features per party
-# Audit tolerance per protocol (the encoding precision of one revealed addend): see test_threat_models.
-AUDIT_ATOL = {"plain": 1e-6, "mpc": 2.0**-16, "he": 1e-6}
 
 
 def make_job(parties: int, batch: int, stage: str, seed: int = 0) -> dict:
@@ -105,7 +105,7 @@ def audit_cell(world: WorldSession, protocol: str, parties: int, batch: int) -> 
     local_world, data = build_job_world(job, None, LocalTransport(parties, parties - 1, shadow=shadow))
     run_job_step(local_world, data, job)
     report = audit_active_view(reports[parties - 1]["view"], shadow, parties - 1,
-                               atol=parties * AUDIT_ATOL[protocol], rtol=1e-6)
+                               atol=parties * ENCODING_ATOL[protocol], rtol=AUDIT_RTOL)
     return {"protocol": protocol, "parties": parties, "batch": batch, "views_audited": report.views_audited,
             "entries_checked": report.entries_checked, "leaks_found": len(report.leaks),
             "disclosed_by_design_rows": report.disclosed_by_design_rows,
@@ -158,6 +158,53 @@ def plot(cells: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def markdown(cells: list[dict], summary: dict) -> str:
+    """Per stage: step time (median ms) per protocol and K x batch, the ratios to plain, the bytes one
+    passive party moves per step; then plain distributed / local, and the audits."""
+    by = {(c["protocol"], c["parties"], c["batch"], c["stage"]): c for c in cells}
+    protocols = [p for p in ("plain", "mpc", "he") if any(c["protocol"] == p for c in cells)]
+    lines = []
+    for stage in STAGES:
+        keys = sorted({(c["parties"], c["batch"]) for c in cells if c["stage"] == stage})
+        if not keys:
+            continue
+        head = " | ".join(f"{p} ms" + ("" if p == "plain" else f" ({p}/plain)") for p in protocols)
+        lines += [f"**{stage}** (median of the timed steps; MiB one passive party sends + receives per step)", "",
+                  f"| K | batch | {head} | " + " | ".join(f"{p} MiB" for p in protocols) + " |",
+                  "|---|---|" + "---|" * (2 * len(protocols))]
+        for parties, batch in keys:
+            plain = by.get(("plain", parties, batch, stage))
+            times, sizes = [], []
+            for p in protocols:
+                c = by.get((p, parties, batch, stage))
+                if c is None:
+                    times.append("-")
+                    sizes.append("-")
+                    continue
+                ratio = f" ({c['step_ms_median'] / plain['step_ms_median']:.2f}x)" if plain and p != "plain" else ""
+                times.append(f"{c['step_ms_median']:.0f}{ratio}")
+                sizes.append(f"{c['bytes_per_party'] / 2**20:.2f}")
+            lines.append(f"| {parties} | {batch} | " + " | ".join(times) + " | " + " | ".join(sizes) + " |")
+        lines.append("")
+    if summary.get("local"):
+        lines += ["**plain distributed step / the same step in the local runtime (one process)**", "",
+                  "| K | batch | stage | distributed ms | local ms | ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['parties']} | {r['batch']} | {r['stage']} | {r['plain_distributed_ms']:.0f} | "
+                  f"{r['local_ms']:.0f} | {r['distributed_over_local']:.2f} |"
+                  for r in sorted(summary["local"], key=lambda r: (r["parties"], r["batch"], STAGES.index(r["stage"])))]
+        lines.append("")
+    if summary.get("audit"):
+        lines += ["**audit of one recorded stage-1 step per protocol and K** (the active party's view against a "
+                  "plaintext shadow of the same step)", "",
+                  "| protocol | K | entries checked | leaks found | rows disclosed by design | expected |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {a['protocol']} | {a['parties']} | {a['entries_checked']} | {a['leaks_found']} | "
+                  f"{a['disclosed_by_design_rows']} | {a['expected']} |"
+                  for a in sorted(summary["audit"], key=lambda a: (a["parties"], a["protocol"]))]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--protocols", nargs="+", default=["plain", "mpc", "he"], choices=["plain", "mpc", "he"])
@@ -168,6 +215,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-audit", action="store_true", help="skip the recorded-view audit")
     p.add_argument("--out", default="runs/overhead")
+    p.add_argument("--readme", default=None, help="rewrite this file's generated section <!-- results:NAME:... -->, "
+                   "NAME the --out folder's name")
+    p.add_argument("--report-only", action="store_true", help="no measurements: tables and plot from the JSON")
     return p.parse_args(argv)
 
 
@@ -182,7 +232,7 @@ def main(argv=None) -> int:
     summary: dict = json.loads(summary_path.read_text()) if summary_path.exists() else {"local": [], "audit": []}
     done = {(c["protocol"], c["parties"], c["batch"], c["stage"]) for c in cells}
     audited = {(a["protocol"], a["parties"]) for a in summary["audit"]}
-    for parties in args.parties:
+    for parties in [] if args.report_only else args.parties:
         todo = [(b, st) for b in args.batch for st in args.stages
                 if any((p, parties, b, st) not in done for p in args.protocols)]
         need_audit = [p for p in args.protocols if not args.no_audit and (p, parties) not in audited]
@@ -212,7 +262,7 @@ def main(argv=None) -> int:
         summary["ratios"] = ratios(cells)
         write_json_atomic(summary_path, summary)
     local_done = {(r["parties"], r["batch"], r["stage"]) for r in summary["local"]}
-    for parties in args.parties:
+    for parties in [] if args.report_only else args.parties:
         for batch in args.batch:
             for stage in args.stages:
                 plain = next((c for c in cells if (c["protocol"], c["parties"], c["batch"], c["stage"])
@@ -232,7 +282,14 @@ def main(argv=None) -> int:
     for r in summary["local"]:
         print(f"plain distributed / local  K={r['parties']} B={r['batch']} {r['stage']}: "
               f"{r['plain_distributed_ms']:.1f} / {r['local_ms']:.1f} ms = {r['distributed_over_local']:.2f}")
-    print(f"\nresults: {path}, {summary_path} and {out / 'overhead.png'}")
+    table = markdown(cells, summary)
+    (out / "overhead.md").write_text(table + "\n")
+    print(f"\nresults: {path}, {summary_path}, {out / 'overhead.md'} and {out / 'overhead.png'}")
+    if args.readme:
+        readme = Path(args.readme)
+        update_readme(readme, out.resolve().name,
+                      f"{table}\n![overhead]({relative_link(out / 'overhead.png', readme)})\n")
+        print(f"rewrote the results section of {readme}")
     return 0
 
 

@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", default=None, help="per-party checkpoints (default: OUT/checkpoints)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the last epoch that every party completed")
+    parser.add_argument("--audit", action="store_true",
+                        help="record every role's view of one probe step and audit it against the threat "
+                             "models (distributed runtime; results under \"audit\" in result.json)")
     return parser.parse_args(argv)
 
 
@@ -102,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         if runtime == "local" and args.protocol != "plain":
             raise FalseVflError(f"--protocol {args.protocol} needs --runtime distributed "
                                 "(secure protocols run one process per party)")
+        if runtime == "local" and args.audit:
+            raise FalseVflError("--audit needs --runtime distributed: in the local runtime no party "
+                                "receives anything (all roles share one process)")
         cfg = make_config(args.dataset, args.preset, parties=args.parties, variant=args.variant,
                           train_mechanism=args.train_mechanism, seed=args.seed, device=args.device)
         from dataclasses import replace
@@ -121,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             from .runtime.distributed import run_distributed
 
             result = run_distributed(cfg, args.protocol, TEST_PATTERNS, progress=not args.quiet,
-                                     out_dir=Path(args.out), checkpoint_dir=checkpoints, resume=args.resume)
+                                     out_dir=Path(args.out), checkpoint_dir=checkpoints, resume=args.resume,
+                                     audit=args.audit)
     except FalseVflError as error:  # includes DataError and InputError: a clear message, no traceback
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -136,6 +143,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"trained {cfg.train_mechanism}, {result['protocol']}/{result['runtime']}", out / "result.png")
     print_report(result)
     print(f"results: {out / 'result.json'} and {out / 'result.png'}")
+    audit = result.get("audit")
+    if audit is not None:
+        print(f"\naudit ({audit['protocol']}): {audit['views_audited']} views, {audit['entries_checked']} entries "
+              f"checked, {audit['leaks_found']} leaks found, {audit['disclosed_by_design_rows']} rows disclosed "
+              f"by design (held by one passive party); expected: {audit['expected']}")
+        for leak in audit["leaks"][:5]:
+            print(f"  leak: {leak}")
+        if not audit["passed"] and args.protocol != "plain":
+            print("error: the audit found leaks in a secure protocol", file=sys.stderr)
+            return 1
     return 0
 
 

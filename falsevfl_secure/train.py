@@ -166,6 +166,20 @@ def train_discriminator(world: World, data: HostedData, epochs: int | None = Non
     return history
 
 
+def probe_step(world: World, data: HostedData) -> None:
+    """The rounds of one stage-1 step (forward and backward) on the first mini-batch of epoch 0,
+    leaving the parameters and every generator as they were: the step whose messages `--audit`
+    records and audits, without changing the training that follows. Its traffic is counted in the
+    run's communication table."""
+    states = {role: generator.get_state() for role, generator in world.generators.items()}
+    rows = epoch_batches(np.arange(data.n), world.cfg.pretrain.batch_size, world.cfg.seed, 1, 0)[0]
+    world.transport.backward(stage1_loss(world, data.batch(rows)))
+    for module in [*world.parties.values(), *([world.active] if world.active is not None else [])]:
+        module.zero_grad(set_to_none=True)
+    for role, state in states.items():
+        world.generators[role].set_state(state)
+
+
 def predict_split(world: World, data: HostedData) -> Tensor | None:
     """SNIS predictions for every row of a split, in evaluation batches (active party only)."""
     world.reseed(stream=99)

@@ -70,7 +70,7 @@ def test_each_party_stores_only_its_own_state_atomically(tmp_path):
 
 
 def test_distributed_run_interrupted_by_ctrl_c_resumes_to_the_same_parameters(tmp_path):
-    cfg = replace(small_config(), pretrain=StageConfig(2e-3, 256, 8))
+    cfg = replace(small_config(), pretrain=StageConfig(2e-3, 256, 40))  # long enough to interrupt
     run_distributed(cfg, "plain", PATTERNS, progress=False, out_dir=tmp_path / "ref",
                     checkpoint_dir=tmp_path / "a")
     out = tmp_path / "run"
@@ -79,7 +79,7 @@ def test_distributed_run_interrupted_by_ctrl_c_resumes_to_the_same_parameters(tm
         "import sys; from pathlib import Path; from dataclasses import replace;"
         "from falsevfl_secure.config import StageConfig, make_config;"
         "from falsevfl_secure.runtime.distributed import run_distributed;"
-        "cfg = replace(make_config('digits', 'quick', parties=2), pretrain=StageConfig(2e-3, 256, 8),"
+        "cfg = replace(make_config('digits', 'quick', parties=2), pretrain=StageConfig(2e-3, 256, 40),"
         " train=StageConfig(2e-3, 64, 3));"
         f"run_distributed(cfg, 'plain', ('mcar:0',), progress=False, out_dir=Path({str(out)!r}),"
         f" checkpoint_dir=Path({str(tmp_path / 'b')!r}))"

@@ -94,7 +94,14 @@ def test_ctrl_c_stops_every_process(tmp_path):
     try:
         wait_for_workers(str(tmp_path), 2)
         launcher.send_signal(signal.SIGINT)
-        _, err = launcher.communicate(timeout=30)
+        try:
+            _, err = launcher.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            _, err = launcher.communicate()
+            logs = {p.name: p.read_text()[-400:] for p in tmp_path.glob("rank*.log")}
+            pytest.fail(f"the launcher was still running 30 s after Ctrl-C; stderr: {err.decode()[-1500:]}; "
+                        f"worker logs: {logs}")
     finally:
         if launcher.poll() is None:
             launcher.kill()

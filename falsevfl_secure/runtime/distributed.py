@@ -29,10 +29,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..audit import AGGREGATE_ROUNDS, save_view
 from ..config import Config
 from ..errors import FalseVflError, PartyFailure
 from ..secure.crypten_world import free_port
-from ..train import Stopwatch, evaluate, host_split, run_training
+from ..train import Stopwatch, evaluate, host_split, probe_step, run_training
 from ..transport.accounting import CommLog
 from ..transport.distributed import DistributedTransport
 from ..world import make_world, resolve_device
@@ -104,9 +105,11 @@ def shutdown_process_group(protocol: str, clean: bool = False) -> None:
 
 
 def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patterns: tuple[str, ...],
-             progress: bool = False, checkpoint_dir: str | None = None, resume: bool = False) -> dict | None:
+             progress: bool = False, checkpoint_dir: str | None = None, resume: bool = False,
+             views_dir: str | None = None) -> dict | None:
     """Run one role to the end: party `rank` (the active party returns the result record), or the
-    `he` aggregator when rank == K."""
+    `he` aggregator when rank == K. With `views_dir`, every role first runs one probe step
+    (`train.probe_step`) and writes what it received in it to VIEWS_DIR/rank<r>.pkl for the audit."""
     from .local import make_splits
 
     torch.set_num_threads(1)
@@ -119,7 +122,12 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
         if protocol == "he" and rank == cfg.parties:
             from ..transport.he import run_aggregator
 
-            run_aggregator(cfg.parties, cfg.active)
+            def save(view: list) -> None:
+                save_view(Path(views_dir) / f"rank{rank}.pkl", view)
+
+            recording = views_dir is not None
+            run_aggregator(cfg.parties, cfg.active, view=[] if recording else None,
+                           record_rounds=len(AGGREGATE_ROUNDS) if recording else None, on_recorded=save)
             finished = True
             return None
         device = resolve_device(cfg.device)
@@ -142,6 +150,11 @@ def run_role(cfg: Config, protocol: str, rank: int, world_size: int, test_patter
             n_classes = load_dataset(cfg.dataset, seed=cfg.seed).n_classes
         world = make_world(cfg, {rank: width}, n_classes, transport, device)
         data = host_split(train_view, [rank], is_active, device, n_classes)
+        if views_dir is not None:  # --audit: record what this role receives in one probe step
+            backend.view = []
+            probe_step(world, data)
+            save_view(Path(views_dir) / f"rank{rank}.pkl", backend.view)
+            backend.view = None
         def agree(common: set) -> set:  # the epochs every party has a checkpoint of
             sets = [None] * cfg.parties
             dist.all_gather_object(sets, common, group=group)
@@ -215,6 +228,21 @@ def diagnose(procs: list[subprocess.Popen], out_dir: Path, settle_s: float = STA
     return f"{culprit}{where}\n{details}"
 
 
+def _hold_sigint() -> bool:
+    """Block SIGINT for this thread (main thread only, POSIX); True when it was blocked here."""
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        return False
+    return signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _release_sigint(held: bool) -> None:
+    """Unblock SIGINT again; one that came in the meantime is delivered now (KeyboardInterrupt)."""
+    if held:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: float | None = None,
            show_rank: int | None = None) -> dict:
     """Start `world_size` workers on this machine, wait for them, and return the active party's
@@ -226,18 +254,25 @@ def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: fl
     result_path = Path(tempfile.mkdtemp(dir=out_dir, prefix="result-")) / "result.json"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "FALSEVFL_PROGRESS": "1" if show_rank is not None else "0", "FALSEVFL_LAUNCHED": "1",
-           "WORLD_SIZE": str(world_size), "FALSEVFL_RESULT": str(result_path), "OMP_NUM_THREADS": "1"}
+           "WORLD_SIZE": str(world_size), "FALSEVFL_RESULT": str(result_path), "OMP_NUM_THREADS": "1",
+           "FALSEVFL_LAUNCHER_PID": str(os.getpid())}
     procs: list[subprocess.Popen] = []
     logs = []
     try:
-        for rank in range(world_size):
-            log_file = open(out_dir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
-            logs.append(log_file)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "falsevfl_secure.runtime.worker", *worker_args],
-                env={**env, "RANK": str(rank)}, stdout=log_file,
-                stderr=None if rank == show_rank else subprocess.STDOUT,
-            ))
+        # Ctrl-C is held while the workers are being started: interrupted in the middle of a
+        # Popen, the launcher would lose track of a worker that already runs. It arrives after.
+        held = _hold_sigint()
+        try:
+            for rank in range(world_size):
+                log_file = open(out_dir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
+                logs.append(log_file)
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "falsevfl_secure.runtime.worker", *worker_args],
+                    env={**env, "RANK": str(rank)}, stdout=log_file,
+                    stderr=None if rank == show_rank else subprocess.STDOUT,
+                ))
+        finally:
+            _release_sigint(held)
         start = time.monotonic()
         while True:
             codes = [p.poll() for p in procs]
@@ -267,16 +302,24 @@ def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: fl
 
 def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], progress: bool = True,
                     out_dir: Path | None = None, timeout_s: float | None = None,
-                    checkpoint_dir: Path | None = None, resume: bool = False) -> dict:
-    """Launch one process per role on this machine and return the active party's result."""
+                    checkpoint_dir: Path | None = None, resume: bool = False, audit: bool = False) -> dict:
+    """Launch one process per role on this machine and return the active party's result. With
+    `audit`, every role records its view of one probe step and the result gets an "audit" record:
+    those views checked against the threat models and a plaintext shadow of the same step."""
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="falsevfl-"))
     job = out_dir / "job.json"
     out_dir.mkdir(parents=True, exist_ok=True)
+    views_dir = out_dir / "views" if audit else None
     job.write_text(json.dumps({"config": cfg.to_dict(), "protocol": protocol, "test_patterns": list(test_patterns),
                                "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir),
-                               "resume": resume}))
-    return launch(["--job", str(job)], world_size_for(protocol, cfg.parties), out_dir, timeout_s,
-                  show_rank=cfg.active if progress else None)
+                               "resume": resume, "views_dir": None if views_dir is None else str(views_dir)}))
+    result = launch(["--job", str(job)], world_size_for(protocol, cfg.parties), out_dir, timeout_s,
+                    show_rank=cfg.active if progress else None)
+    if audit:
+        from ..audit import audit_recorded_views, load_views
+
+        result["audit"] = audit_recorded_views(cfg, protocol, load_views(views_dir))
+    return result
 
 
 def config_from_dict(d: dict) -> Config:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..audit import portable_entry
 from ..errors import PartyFailure
 
 JOB_TIMEOUT_S = 120
@@ -86,14 +87,6 @@ def run_job_step(world, data, job: dict) -> dict:
     return out
 
 
-def _portable(entry: dict) -> dict:
-    """A view entry with its payload as numpy (tensors) or bytes (ciphertexts), for the parent."""
-    value = entry["value"]
-    if hasattr(value, "numpy"):
-        value = value.numpy().copy()
-    return {**entry, "value": value}
-
-
 def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, active: int,
             jobs: mp.Queue, results: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -133,7 +126,7 @@ def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, 
                 dist.barrier(group=group)
                 out = run_job_step(world, data, job)
                 if backend.view is not None:
-                    out["view"] = [_portable(entry) for entry in backend.view]
+                    out["view"] = [portable_entry(entry) for entry in backend.view]
                 results.put((rank, "ok", out))
             except Exception:  # report, keep serving: the parent decides whether to stop
                 results.put((rank, "error", traceback.format_exc()))

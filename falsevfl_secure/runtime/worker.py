@@ -11,22 +11,31 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import FalseVflError, PartyFailure
-from .distributed import config_from_dict, run_role
-
 
 def die_with_parent() -> None:
     """Ask Linux to SIGTERM this worker when the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG),
-    so no worker outlives its launcher. A no-op elsewhere; one role per host does not need it."""
+    so no worker outlives its launcher. A no-op elsewhere; one role per host does not need it.
+
+    Called before the heavy imports (torch takes seconds to import): a launcher that dies in that
+    window would otherwise leave the worker behind. If it died even earlier, this worker has already
+    been re-parented, and it leaves at once."""
     if sys.platform.startswith("linux") and os.environ.get("FALSEVFL_LAUNCHED") == "1":
         import ctypes
         import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        launcher = os.environ.get("FALSEVFL_LAUNCHER_PID")
+        if launcher is not None and os.getppid() != int(launcher):
+            sys.exit(143)  # the launcher is gone already: the signal above will never come
+
+
+die_with_parent()
+
+from ..errors import FalseVflError, PartyFailure  # noqa: E402 - after the parent-death signal is armed
+from .distributed import config_from_dict, run_role  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    die_with_parent()
     parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.runtime.worker")
     parser.add_argument("--job", required=True, help="JSON with the config, protocol and test patterns")
     args = parser.parse_args(argv)
@@ -40,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_role(cfg, job["protocol"], rank, world_size, tuple(job["test_patterns"]),
                           progress=os.environ.get("FALSEVFL_PROGRESS") == "1",
-                          checkpoint_dir=job.get("checkpoint_dir"), resume=job.get("resume", False))
+                          checkpoint_dir=job.get("checkpoint_dir"), resume=job.get("resume", False),
+                          views_dir=job.get("views_dir"))
     except FalseVflError as error:
         print(f"error (rank {rank}): {error}", file=sys.stderr)
         return 2

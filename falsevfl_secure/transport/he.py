@@ -66,22 +66,31 @@ class HeBackend(PlainBackend):
             dist.send_object_list([_STOP, []], dst=self.aggregator)
 
 
-def run_aggregator(n_parties: int, active: int, view: list | None = None) -> None:
+def run_aggregator(n_parties: int, active: int, view: list | None = None, record_rounds: int | None = None,
+                   on_recorded=None) -> None:
     """The aggregator's loop: for every round, add the passive parties' ciphertexts and forward the
     sum to the active party, until every passive party has said stop. It holds the public context
-    only, so it cannot decrypt anything it handles."""
+    only, so it cannot decrypt anything it handles.
+
+    `view` records what it receives: every round, or only the first `record_rounds`, after which
+    `on_recorded(view)` is called once (how `simulate --audit` saves the aggregator's view)."""
     _, public = _exchange_context(n_parties, active, False)
     context = load_public_context(public)
     passive = [k for k in range(n_parties) if k != active]
+    rounds = 0
     while True:
         parts, names = [], set()
+        recording = view is not None and (record_rounds is None or rounds < record_rounds)
         for k in passive:
             box = [None, None]
             dist.recv_object_list(box, src=k)
             names.add(box[0])
             parts.append(box[1])
-            if view is not None:
+            if recording:
                 view.append({"round": box[0], "from": k, "protection": "ckks", "value": box[1]})
+        rounds += 1
+        if recording and rounds == record_rounds and on_recorded is not None:
+            on_recorded(view)
         if names == {_STOP}:
             return
         if len(names) != 1:

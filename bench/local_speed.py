@@ -21,6 +21,7 @@ Timings are measurements on the machine that runs it, never asserted anywhere.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from readme_section import update_readme  # noqa: E402
 
 from falsevfl_secure.bounds import iwae_bound  # noqa: E402
 from falsevfl_secure.config import Config, StageConfig  # noqa: E402
@@ -157,6 +160,27 @@ def plot(cells: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def summary_table(root: Path) -> str:
+    """One row per local_speed.json below `root`: device, widths, the three step times, the ratios
+    and the projected Isolet stage 1."""
+    lines = ["| run | device (threads) | hidden party/global | sequential ms | stacked ms | fused ms | "
+             "stacked/fused | sequential/stacked | projected Isolet stage 1 (faster runtime mode) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted(root.glob("*/local_speed.json")):
+        record = json.loads(path.read_text())
+        config, by = record["config"], {c["mode"]: c["step_ms_median"] for c in record["cells"]}
+        fastest = min((m for m in ("sequential", "stacked") if m in by), key=by.get)
+        projected = record["schedule"][fastest]["stage1_projected_s"] / 60
+
+        sequential, stacked, fused = (f"{by[m]:.1f}" if m in by else "-" for m in ("sequential", "stacked", "fused"))
+        lines.append(f"| {path.parent.name} | {config['device']} ({config['threads']}) | {config['party_hidden']}/"
+                     f"{config['global_hidden']} | {sequential} | {stacked} | {fused} | "
+                     f"{record['ratios'].get('stacked/fused', float('nan')):.2f} | "
+                     f"{record['ratios'].get('sequential/stacked', float('nan')):.2f} | "
+                     f"{projected:.1f} min ({fastest}) |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parties", type=int, default=8)
@@ -173,11 +197,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="runs/local_speed")
+    p.add_argument("--summarise", default=None, metavar="DIR",
+                   help="no measurement: tabulate every DIR/*/local_speed.json (with --readme: into its section "
+                        "<!-- results:NAME:... -->, NAME the folder's name)")
+    p.add_argument("--readme", default=None)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.summarise:
+        root = Path(args.summarise)
+        table = summary_table(root)
+        print(table)
+        if args.readme:
+            update_readme(Path(args.readme), root.resolve().name, table)
+        return 0
     if min(args.parties - 1, args.width, args.batch, args.kappa, args.repeats) < 1:
         print("error: --parties must be >= 2 and --width, --batch, --kappa, --repeats >= 1", file=sys.stderr)
         return 2

@@ -222,9 +222,11 @@ def common_progress(checkpointers: list, agree=None) -> tuple[int, int] | None:
 
 
 def run_training(world: World, data: HostedData, checkpoint_dir=None, resume: bool = False,
-                 progress: bool = True, agree=None, after_epoch=None) -> tuple[list[float], list[float]]:
+                 progress: bool = True, agree=None, after_epoch=None,
+                 seconds: dict | None = None) -> tuple[list[float], list[float]]:
     """Both stages, with a per-party checkpoint at the end of every epoch when `checkpoint_dir` is
-    given; `resume` continues from the last epoch that every party completed."""
+    given; `resume` continues from the last epoch that every party completed. `seconds`, when given,
+    receives the wall time of each stage ("pretrain", "train")."""
     from .checkpoint import Checkpointer, party_state, restore_party
 
     checkpointers = ([Checkpointer(checkpoint_dir, k) for k in world.parties] if checkpoint_dir is not None else [])
@@ -246,8 +248,12 @@ def run_training(world: World, data: HostedData, checkpoint_dir=None, resume: bo
                 after_epoch(stage, epoch)
         return on_epoch_end
 
+    clock = Stopwatch()
     stage1 = pretrain(world, data, start_epoch=start1, optimizers=opt1, progress=progress,
                       on_epoch_end=saver(1, opt1))
+    stage1_end = clock()
     stage2 = train_discriminator(world, data, start_epoch=start2, optimizers=opt2, progress=progress,
                                  on_epoch_end=saver(2, opt2))
+    if seconds is not None:
+        seconds.update(pretrain=round(stage1_end, 3), train=round(clock() - stage1_end, 3))
     return stage1, stage2

@@ -36,10 +36,11 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("argv", BAD_OPTIONS, ids=[" ".join(a) for a in BAD_OPTIONS])
-def test_bad_cli_arguments_give_one_clear_error(argv):
+def test_bad_cli_arguments_give_one_clear_error(argv, refused):
     code, err = run_cli(argv)
     assert code == 2
     assert "error" in err and "Traceback" not in err
+    refused("cli option")
 
 
 def _invalid_mechanism(text: str) -> bool:
@@ -53,7 +54,7 @@ def _invalid_mechanism(text: str) -> bool:
 @settings(max_examples=60, deadline=None)
 @given(option=st.sampled_from(["--train-mechanism", "--dataset", "--parties", "--seed", "--pretrain-epochs"]),
        text=st.text(st.characters(codec="ascii", exclude_characters="\x00"), max_size=12))
-def test_fuzzed_cli_values_are_refused_cleanly(option, text):
+def test_fuzzed_cli_values_are_refused_cleanly(option, text, refused):
     if option == "--train-mechanism" and not _invalid_mechanism(text):
         return
     if option == "--dataset" and text in ("digits", "isolet", "hapt", "fashion-mnist", "fashion_mnist", "fmnist"):
@@ -63,14 +64,16 @@ def test_fuzzed_cli_values_are_refused_cleanly(option, text):
     code, err = run_cli([option, text])
     assert code == 2, err
     assert "Traceback" not in err
+    refused("cli value (fuzzed)")
 
 
 @pytest.mark.parametrize("overrides", [dict(kappa=0), dict(h_dim=-1), dict(variant="X"), dict(seed=-3),
                                        dict(active_party=9), dict(task="ranking"), dict(predict_samples=0),
                                        dict(stack_parties="sometimes")])
-def test_config_validation(overrides):
+def test_config_validation(overrides, refused):
     with pytest.raises(InputError):
         make_config("digits", "quick", **overrides)
+    refused("config")
 
 
 def test_documented_types_are_value_errors():

@@ -99,20 +99,23 @@ def test_encode_decode_round_trip_within_half_a_step(x: float) -> None:
     assert abs(decode_fixed_point(encode_fixed_point(t)).item() - x) <= 0.5 / SCALE
 
 
-def test_encode_refuses_non_finite_and_ring_wrapping_values() -> None:
+def test_encode_refuses_non_finite_and_ring_wrapping_values(refused) -> None:
     for bad in (float("nan"), float("inf"), -float("inf")):
         with pytest.raises(SecureRangeError, match="NaN/inf"):
             encode_fixed_point(torch.tensor([1.0, bad]))
+        refused("value beyond range (mpc)")
     limit = max_safe_abs(n_addends=8)
     encode_fixed_point(torch.tensor([-limit * 0.999], dtype=torch.float64), n_addends=8)
     with pytest.raises(SecureRangeError, match="safe fixed-point range") as err:
         encode_fixed_point(torch.tensor([limit * 1.001], dtype=torch.float64), n_addends=8)
+    refused("value beyond range (mpc)")
     assert isinstance(err.value, ValueError) and "8 addend" in str(err.value)
     # A value that is fine alone can wrap once summed over many parties.
     x = torch.tensor([2.0**44])
     encode_fixed_point(x, n_addends=1)
     with pytest.raises(SecureRangeError):
         encode_fixed_point(x, n_addends=8)
+    refused("value beyond range (mpc)")
 
 
 @settings(max_examples=100, deadline=None)

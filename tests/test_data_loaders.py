@@ -99,9 +99,10 @@ def test_fashion_mnist_counts_and_aliases():
     assert load_dataset("fmnist") is data and load_dataset("fashion_mnist") is data
 
 
-def test_unknown_dataset():
+def test_unknown_dataset(refused):
     with pytest.raises(DataError, match="valid names"):
         load_dataset("mnist")
+    refused("dataset file or name")
 
 
 def test_missing_file_names_path(tmp_path):
@@ -120,7 +121,7 @@ def test_data_root_env(tmp_path, monkeypatch):
 
 
 @needs_isolet
-def test_checksum_mismatch(tmp_path):
+def test_checksum_mismatch(tmp_path, refused):
     folder = tmp_path / "isolet"
     folder.mkdir()
     for name in ("isolet1+2+3+4.data.gz", "isolet5.data.gz"):
@@ -131,6 +132,7 @@ def test_checksum_mismatch(tmp_path):
     target.write_bytes(bytes(raw))
     with pytest.raises(DataError) as info:
         load_dataset("isolet", root=tmp_path)
+    refused("dataset file or name")
     message = str(info.value)
     assert "checksum mismatch" in message and str(target) in message
     assert "3bf63a31fe454d3d28cf491823b32e36dad9b0b0fe78548555c6c2b6077a0f5a" in message
@@ -147,35 +149,39 @@ def test_hapt_fixture_loads(tmp_path):
         load_dataset("hapt", root=tmp_path, strict_counts=True)
 
 
-def test_hapt_wrong_columns(tmp_path):
+def test_hapt_wrong_columns(tmp_path, refused):
     write_hapt(tmp_path, features=560)
     with pytest.raises(DataError, match="X_train.txt.*561"):
         load_dataset("hapt", root=tmp_path)
+    refused("dataset file or name")
 
 
-def test_hapt_bad_labels_and_nan(tmp_path):
+def test_hapt_bad_labels_and_nan(tmp_path, refused):
     write_hapt(tmp_path)
     labels = tmp_path / "hapt" / "Test" / "y_test.txt"
     labels.write_text(labels.read_text().replace("12\n", "13\n"))
     with pytest.raises(DataError, match="y_test.txt"):
         load_dataset("hapt", root=tmp_path)
+    refused("dataset file or name")
     write_hapt(tmp_path)
     x = tmp_path / "hapt" / "Train" / "X_train.txt"
     text = x.read_text().split(" ", 1)
     x.write_text("NaN " + text[1])
     with pytest.raises(DataError, match="X_train.txt"):
         load_dataset("hapt", root=tmp_path)
+    refused("dataset file or name")
 
 
-def test_hapt_row_mismatch(tmp_path):
+def test_hapt_row_mismatch(tmp_path, refused):
     write_hapt(tmp_path)
     labels = tmp_path / "hapt" / "Train" / "y_train.txt"
     labels.write_text("\n".join(labels.read_text().split("\n")[:-2]) + "\n")
     with pytest.raises(DataError, match="rows"):
         load_dataset("hapt", root=tmp_path)
+    refused("dataset file or name")
 
 
-def test_fmnist_bad_magic(tmp_path):
+def test_fmnist_bad_magic(tmp_path, refused):
     import gzip
 
     folder = tmp_path / "fashion-mnist"
@@ -186,3 +192,4 @@ def test_fmnist_bad_magic(tmp_path):
             handle.write(b"\x00\x00\x08\x04" + b"\x00" * 16)
     with pytest.raises(DataError, match="train-images-idx3-ubyte.gz.*magic"):
         load_dataset("fashion-mnist", root=tmp_path, verify_checksums=False)
+    refused("dataset file or name")

@@ -153,9 +153,10 @@ def test_dirichlet_rates(alpha):
 @pytest.mark.parametrize("spec", ["mcar", "mcar:", "mcar:x", "mcar:1.5", "mcar:-0.1", "mcar:nan", "mnar:2",
                                   "mar3", "mar1:0.2", "dirichlet:0", "dirichlet:-1", "dirichlet:abc", "foo:1",
                                   "", "mar2:0"])
-def test_bad_specs(spec):
+def test_bad_specs(spec, refused):
     with pytest.raises(DataError):
         parse_mechanism(spec)
+    refused("mechanism")
 
 
 def test_canonical_specs():
@@ -167,8 +168,10 @@ def test_canonical_specs():
     assert parse_mechanism("mar1").spec == "mar1"
 
 
-def test_bad_blocks():
+def test_bad_blocks(refused):
     with pytest.raises(DataError):
         parse_mechanism("mcar:0.2").sample([], np.random.default_rng(0))
+    refused("mechanism")
     with pytest.raises(DataError, match="rows"):
         parse_mechanism("mar1").sample([np.zeros((3, 2)), np.zeros((4, 2))], np.random.default_rng(0))
+    refused("mechanism")

@@ -64,14 +64,17 @@ def test_digits_rows(k):
         assert set(np.unique(block // 8)) == set(range(i * 8 // k, (i + 1) * 8 // k))
 
 
-def test_bad_party_counts():
+def test_bad_party_counts(refused):
     digits = load_dataset("digits")
     with pytest.raises(DataError, match="divide"):
         feature_blocks(digits, 3)
+    refused("partition")
     with pytest.raises(DataError, match="at least 2"):
         feature_blocks(digits, 1)
+    refused("partition")
     tiny = Dataset("tiny", np.zeros((4, 5), np.float32), np.zeros(4, np.int64), np.zeros((2, 5), np.float32),
                    np.zeros(2, np.int64), 2, None)
     with pytest.raises(DataError, match="exceeds the number of features"):
         feature_blocks(tiny, 6)
+    refused("partition")
     assert [len(b) for b in feature_blocks(tiny, 5)] == [1] * 5

@@ -113,16 +113,20 @@ def test_dirichlet_rates_reported(digits):
     assert np.isclose(split.party_rates.mean(), 0.2) and split.party_rates.max() <= 1
 
 
-def test_bad_arguments(digits):
+def test_bad_arguments(digits, refused):
     with pytest.raises(DataError, match="n_aligned"):
         make_train_split(digits, 4, "mcar:0.2", 0, n_labeled=10, n_aligned=20)
+    refused("split")
     with pytest.raises(DataError, match="n_labeled"):
         make_train_split(digits, 4, "mcar:0.2", 0, n_labeled=10**6)
+    refused("split")
     with pytest.raises(DataError, match="unknown mechanism"):
         make_test_split(digits, 4, "mcar0.2", 0)
+    refused("split")
     split = make_test_split(digits, 4, "mcar:0.2", 0)
     with pytest.raises(DataError, match="party 4"):
         split.party_block(4)
+    refused("split")
 
 
 @needs_isolet

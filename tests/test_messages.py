@@ -40,10 +40,11 @@ def test_a_full_stage1_pass_and_forward_only_passes_are_accepted():
     (Message("latent", ACTIVE, (0, 1, 2), (S, B, H), "float32", "clear"), "round"),  # out of order
     (Message("gossip", 0, (ACTIVE,), (B,), "float32", "clear"), "round"),
 ])
-def test_bad_messages_are_refused_naming_round_and_field(message, field):
+def test_bad_messages_are_refused_naming_round_and_field(message, field, refused):
     v = MessageValidator(K, ACTIVE, "secret-shared")
     with pytest.raises(ProtocolError, match=rf"round '{message.round}': field '{field}'"):
         v.check(message)
+    refused("message")
 
 
 def test_a_passive_party_cannot_send_a_broadcast_round_and_sizes_must_agree():
@@ -60,7 +61,7 @@ fields = st.sampled_from(["round", "sender", "receivers", "shape", "dtype", "pro
 
 @settings(max_examples=300, deadline=None)
 @given(position=st.integers(0, len(STAGE1_ROUNDS) - 1), field=fields, data=st.data())
-def test_fuzzed_corruptions_of_a_valid_pass_are_refused(position, field, data):
+def test_fuzzed_corruptions_of_a_valid_pass_are_refused(position, field, data, refused):
     v = MessageValidator(K, ACTIVE, "ckks")
     for name in STAGE1_ROUNDS[:position]:
         v.check(good(name, protection="ckks"))
@@ -81,3 +82,4 @@ def test_fuzzed_corruptions_of_a_valid_pass_are_refused(position, field, data):
     corrupted = Message(**{**m.__dict__, field: bad})
     with pytest.raises(ProtocolError, match=r"round '.*': field '"):
         v.check(corrupted)
+    refused("message (fuzzed)")

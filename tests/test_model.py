@@ -132,7 +132,7 @@ def test_classification_learns_on_synthetic_data():
     assert evaluate(world, data) > 60.0  # three balanced classes: chance is 33 %
 
 
-def test_bad_input_is_refused_with_clear_errors():
+def test_bad_input_is_refused_with_clear_errors(refused):
     split = synthetic_split(n=8, parties=2, seed=5)
     cfg = small_config(2)
     world, data = world_and_data(cfg, split)
@@ -140,24 +140,32 @@ def test_bad_input_is_refused_with_clear_errors():
     wrong_width = replace(batch, x={**batch.x, 0: batch.x[0][:, :3]})
     with pytest.raises(InputError, match="party 0.*feature block"):
         stage1_loss(world, wrong_width)
+    refused("batch or split")
     with pytest.raises(InputError, match="empty batch"):
         stage1_loss(world, data.batch(np.arange(0)))
+    refused("batch or split")
     no_party = replace(batch, n_observed=torch.zeros(8))
     with pytest.raises(InputError, match="no observed party"):
         stage1_loss(world, no_party)
+    refused("batch or split")
     nan_split = replace(split, blocks=[split.blocks[0].copy(), split.blocks[1]])
     nan_split.blocks[0][0, 0] = np.nan
     with pytest.raises(InputError, match="NaN"):
         host_split(nan_split, range(2), True, CPU, 3)
+    refused("batch or split")
     with pytest.raises(InputError, match="labels must lie"):
         host_split(replace(split, y=split.y + 10), range(2), True, CPU, 3)
+    refused("batch or split")
     empty_rows = replace(split, missing=np.ones_like(split.missing))
     with pytest.raises(InputError, match="no observed party"):
         host_split(empty_rows, range(2), True, CPU, 3)
+    refused("batch or split")
     with pytest.raises(InputError, match="labels must be integers"):
         from falsevfl_secure.steps import stage2_loss
 
         stage2_loss(world, replace(batch, y=batch.y + 7))
+    refused("batch or split")
     inf_batch = replace(batch, x={**batch.x, 1: batch.x[1].clone().fill_(float("inf"))})
     with pytest.raises(ProtocolError, match="posterior.*non-finite"):
         stage1_loss(world, inf_batch)
+    refused("batch or split")

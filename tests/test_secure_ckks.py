@@ -101,12 +101,14 @@ def test_public_context_has_no_secret_key_and_cannot_decrypt() -> None:
         (1000, (60, 60)),
     ],
 )
-def test_weak_or_unworkable_parameters_are_refused(n: int, bits: tuple[int, ...]) -> None:
+def test_weak_or_unworkable_parameters_are_refused(n: int, bits: tuple[int, ...], refused) -> None:
     params = ckks.CkksParams(n, bits)
     with pytest.raises(SecureParameterError):
         params.check_security()
+    refused("ckks parameters")
     with pytest.raises(SecureParameterError):
         ckks.make_secret_context(params)
+    refused("ckks parameters")
 
 
 def test_default_and_boundary_parameters_are_accepted() -> None:
@@ -118,7 +120,7 @@ def test_default_and_boundary_parameters_are_accepted() -> None:
 
 @settings(max_examples=10, deadline=None)
 @given(position=st.integers(0, 10**9), flip=st.integers(1, 255))
-def test_any_tampered_byte_is_refused(position: int, flip: int) -> None:
+def test_any_tampered_byte_is_refused(position: int, flip: int, refused) -> None:
     secret, public, _ = _contexts()
     chunks = ckks.encrypt_tensor(public, torch.arange(10, dtype=torch.float64))
     data = bytearray(chunks[0])
@@ -126,20 +128,23 @@ def test_any_tampered_byte_is_refused(position: int, flip: int) -> None:
     tampered = [bytes(data)]
     with pytest.raises(SecureMessageError):
         ckks.decrypt_tensor(secret, tampered, (10,))
+    refused("ciphertext (tampered)")
     with pytest.raises(SecureMessageError):
         ckks.add_encrypted(public, chunks, tampered)
+    refused("ciphertext (tampered)")
 
 
 @settings(max_examples=10, deadline=None)
 @given(keep=st.integers(0, 10**9))
-def test_truncated_ciphertext_is_refused(keep: int) -> None:
+def test_truncated_ciphertext_is_refused(keep: int, refused) -> None:
     secret, public, _ = _contexts()
     chunk = ckks.encrypt_tensor(public, torch.ones(3))[0]
     with pytest.raises(SecureMessageError):
         ckks.decrypt_tensor(secret, [chunk[: keep % len(chunk)]], (3,))
+    refused("ciphertext (truncated)")
 
 
-def test_forged_frame_around_garbage_and_wrong_context_ciphertexts_are_refused() -> None:
+def test_forged_frame_around_garbage_and_wrong_context_ciphertexts_are_refused(refused) -> None:
     import hashlib
     import struct
 
@@ -148,42 +153,53 @@ def test_forged_frame_around_garbage_and_wrong_context_ciphertexts_are_refused()
     header = struct.pack(">4sBIII32s", b"FVCK", 1, 0, 1, 3, hashlib.sha256(garbage).digest())
     with pytest.raises(SecureMessageError, match="not a valid CKKS ciphertext"):
         ckks.decrypt_tensor(secret, [header + garbage], (3,))
+    refused("ciphertext (forged)")
     # A ciphertext under other parameters (N = 16384) does not belong to this context.
     other = ckks.make_secret_context(ckks.CkksParams(16384, (60, 60)))
     with pytest.raises(SecureMessageError):
         ckks.add_encrypted(
             public, ckks.encrypt_tensor(public, torch.ones(3)), ckks.encrypt_tensor(other, torch.ones(3))
         )
+    refused("ciphertext (forged)")
 
 
-def test_mismatched_chunk_counts_sizes_and_order_are_refused() -> None:
+def test_mismatched_chunk_counts_sizes_and_order_are_refused(refused) -> None:
     secret, public, _ = _contexts()
     slots = ckks.slot_count(public)
     two = ckks.encrypt_tensor(public, torch.ones(slots + 5))
     one = ckks.encrypt_tensor(public, torch.ones(5))
     with pytest.raises(SecureMessageError, match="chunks"):
         ckks.add_encrypted(public, two, one)
+    refused("ciphertext (mismatched)")
     with pytest.raises(SecureMessageError, match="chunk counts"):
         ckks.sum_encrypted(public, [two, one])
+    refused("ciphertext (mismatched)")
     with pytest.raises(SecureMessageError, match="needs 2 chunk"):
         ckks.decrypt_tensor(secret, two[:1], (slots + 5,))
+    refused("ciphertext (mismatched)")
     with pytest.raises(SecureMessageError, match="header says chunk"):
         ckks.decrypt_tensor(secret, two[::-1], (slots + 5,))
+    refused("ciphertext (mismatched)")
     with pytest.raises(SecureMessageError, match="holds 5 values"):
         ckks.decrypt_tensor(secret, one, (6,))
+    refused("ciphertext (mismatched)")
     with pytest.raises(SecureMessageError, match="cannot add 5 values to 6"):
         ckks.add_encrypted(public, one, ckks.encrypt_tensor(public, torch.ones(6)))
+    refused("ciphertext (mismatched)")
     with pytest.raises(SecureMessageError, match="no encrypted contributions"):
         ckks.sum_encrypted(public, [])
+    refused("ciphertext (mismatched)")
 
 
-def test_non_finite_or_wrapping_values_are_refused() -> None:
+def test_non_finite_or_wrapping_values_are_refused(refused) -> None:
     _, public, _ = _contexts()
     for bad in (float("nan"), float("inf")):
         with pytest.raises(SecureRangeError, match="NaN/inf"):
             ckks.encrypt_tensor(public, torch.tensor([0.0, bad]))
+        refused("value beyond range (ckks)")
     limit = ckks.max_safe_abs(public, n_addends=8)
     assert limit == 2.0**18 / 8  # [60 | 60] chain, scale 2^40, one bit of margin
     ckks.encrypt_tensor(public, torch.tensor([limit]), n_addends=8)
     with pytest.raises(SecureRangeError, match="8 addend"):
         ckks.encrypt_tensor(public, torch.tensor([limit * 1.01]), n_addends=8)
+    refused("value beyond range (ckks)")

@@ -16,7 +16,7 @@ from falsevfl_secure.audit import (
     share_bits_uniform,
 )
 from falsevfl_secure.runtime.session import WorldSession, build_job_world, run_job_step
-from falsevfl_secure.transport import LocalTransport
+from falsevfl_secure.transport import STAGE1_ROUNDS, LocalTransport
 
 PARTIES, ACTIVE = 4, 3
 # Encoding precision of a revealed sum: mpc rounds each of K addends to 2^-16; CKKS at 2^40 is ~1e-8.
@@ -166,8 +166,7 @@ def test_he_collusion_threshold_active_plus_aggregator_decrypts_individual_contr
 
 def test_a_recorded_training_run_is_audited_and_the_audit_is_not_vacuous(tmp_path):
     """`simulate --audit`: every role of a real distributed run records its view of one probe step;
-    the secure protocols pass the audit, plain fails it (it sends every contribution in clear), and
-    the probe step does not change the training (same accuracy as the same run without it)."""
+    the secure protocols pass the audit, and plain fails it (it sends every contribution in clear)."""
     import json
 
     from falsevfl_secure.simulate import main
@@ -189,8 +188,30 @@ def test_a_recorded_training_run_is_audited_and_the_audit_is_not_vacuous(tmp_pat
     assert audits["he"]["views_audited"] == 5  # four parties and the aggregator
     assert audits["mpc"]["shares_uniform"]
     assert not audits["plain"]["passed"] and audits["plain"]["leaks_found"] >= 3
-    # The probe step leaves the training as it was: the same run without --audit gives the same numbers.
-    assert main(["--protocol", "plain", *common, "--out", str(tmp_path / "plain-no-audit")]) == 0
-    with_audit = json.loads((tmp_path / "plain" / "result.json").read_text())["accuracy"]
-    without = json.loads((tmp_path / "plain-no-audit" / "result.json").read_text())["accuracy"]
-    assert with_audit == without
+
+
+def test_the_probe_step_leaves_parameters_and_random_streams_as_they_were():
+    """--audit's probe step must not change the training that follows (test_model checks the same
+    training twice gives the same result; here the state before and after the probe is compared)."""
+    import torch
+
+    from falsevfl_secure.config import make_config
+    from falsevfl_secure.runtime.local import make_splits
+    from falsevfl_secure.train import host_split, probe_step
+    from falsevfl_secure.world import make_world
+
+    cfg = make_config("digits", "quick", variant="II")
+    dataset, split, _ = make_splits(cfg, ())
+    cpu = torch.device("cpu")
+    world = make_world(cfg, {k: b.shape[1] for k, b in enumerate(split.blocks)}, dataset.n_classes,
+                       LocalTransport(cfg.parties, cfg.active), cpu)
+    data = host_split(split, range(cfg.parties), True, cpu, dataset.n_classes)
+    modules = [*world.parties.values(), world.active]
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
+    streams = {role: g.get_state().clone() for role, g in world.generators.items()}
+    probe_step(world, data)
+    assert world.transport.log.trace == list(STAGE1_ROUNDS)  # it did run the rounds of a stage-1 step
+    for module, state in zip(modules, before, strict=True):
+        assert all(torch.equal(v, state[k]) for k, v in module.state_dict().items())
+        assert all(p.grad is None for p in module.parameters())
+    assert all(torch.equal(g.get_state(), streams[role]) for role, g in world.generators.items())

@@ -160,22 +160,26 @@ def markdown(cells: list[dict]) -> str:
     lines = []
     for dataset in sorted({r[0] for r in runs}):
         lines += [f"**{dataset}** (accuracy %, mean ± std over seeds; n = seeds)", "",
-                  "| run | " + " | ".join(TEST_PATTERNS) + " | n | wall time per run (s) |",
-                  "|---|" + "---|" * (len(TEST_PATTERNS) + 2)]
+                  "| run | " + " | ".join(TEST_PATTERNS) + " | n | wall time per run (s) | stage 1 / stage 2 / "
+                  "evaluation (s) |",
+                  "|---|" + "---|" * (len(TEST_PATTERNS) + 3)]
         for run in (r for r in runs if r[0] == dataset):
             values = [stats.get((*run, t)) for t in TEST_PATTERNS]
             n = max((v[2] for v in values if v), default=0)
-            walls = [c["wall_time_s"] for c in cells if run_key(c) == run and c["test"] == TEST_PATTERNS[0]]
+            firsts = [c for c in cells if run_key(c) == run and c["test"] == TEST_PATTERNS[0]]
+            stages = [c["stage_time_s"] for c in firsts if "pretrain" in c.get("stage_time_s", {})]
+            split = " / ".join(f"{np.mean([t[k] for t in stages]):.0f}" for k in ("pretrain", "train", "evaluate")
+                               ) if stages else "-"
             label = describe(run).removeprefix(f"{dataset} ")
             lines.append(f"| {label} | " + " | ".join(f"{v[0]:.1f} ± {v[1]:.1f}" if v else "-" for v in values)
-                         + f" | {n} | {np.mean(walls):.0f} |")
+                         + f" | {n} | {np.mean([c['wall_time_s'] for c in firsts]):.0f} | {split} |")
             paper = paper_row(run)
             if paper:
                 lines.append("| paper (mean of 5) | " + " | ".join(f"{paper[t]:.1f}" for t in TEST_PATTERNS)
-                             + " | 5 | |")
+                             + " | 5 | | |")
                 lines.append("| ours − paper | " + " | ".join(
                     f"{values[i][0] - paper[t]:+.1f}" if values[i] else "-" for i, t in enumerate(TEST_PATTERNS))
-                             + " | | |")
+                             + " | | | |")
         lines.append("")
     return "\n".join(lines)
 

@@ -1,0 +1,50 @@
+"""The benchmarks' reports: the README's results sections are generated from the JSON files, so the
+generation itself must be right (means and stds over seeds, the paper row, marker handling)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import accuracy  # noqa: E402
+from readme_section import update_readme  # noqa: E402
+
+from falsevfl_secure.data import TEST_PATTERNS  # noqa: E402
+
+
+def cells(seeds: dict[int, float]) -> list[dict]:
+    return [{"dataset": "isolet", "train": "mcar:0.2", "variant": "I", "seed": seed, "parties": 8, "preset": "paper",
+             "overrides": {}, "test": test, "accuracy": value + i, "wall_time_s": 100.0 + seed,
+             "stage_time_s": {"pretrain": 80.0, "train": 15.0, "evaluate": 5.0 + seed}, "device": "cpu", "threads": 2}
+            for seed, value in seeds.items() for i, test in enumerate(TEST_PATTERNS)]
+
+
+def test_the_accuracy_report_is_the_mean_and_std_over_seeds_next_to_the_paper(tmp_path):
+    out = tmp_path / "isolet"
+    out.mkdir()
+    (out / "accuracy.json").write_text(json.dumps(cells({0: 80.0, 1: 84.0})))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:isolet:start -->\nstale\n<!-- results:isolet:end -->\nend\n")
+    assert accuracy.main(["--report-only", "--out", str(out), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "stale" not in text and text.startswith("intro\n") and text.endswith("end\n")
+    row = next(line for line in text.splitlines() if line.startswith("| FALSE-VFL-I, trained mcar:0.2, K=8"))
+    assert row.split(" | ")[1] == "82.0 ± 2.0"  # MCAR0: seeds 80 and 84
+    assert "| 2 | 100 | 80 / 15 / 6 |" in row  # n, mean wall time, mean stage times
+    paper = accuracy.PAPER[("isolet", "mcar:0.2", "I")]
+    diff = next(line for line in text.splitlines() if line.startswith("| ours − paper"))
+    assert diff.split(" | ")[1] == f"{82.0 - paper['mcar:0']:+.1f}"
+    assert (out / "accuracy.png").stat().st_size > 0 and (out / "accuracy.md").read_text() in text
+
+
+def test_a_readme_without_the_section_is_refused(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    with pytest.raises(SystemExit, match="no <!-- results:x:start -->"):
+        update_readme(readme, "x", "table")

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.config import Config, make_config  # noqa: E402
-from falsevfl_secure.data import TEST_PATTERNS  # noqa: E402
+from falsevfl_secure.data import TEST_PATTERNS, TRAIN_MECHANISMS  # noqa: E402
 from falsevfl_secure.simulate import write_json_atomic  # noqa: E402
 
 # The paper's FALSE-VFL-I accuracy (%), trained under MCAR 0.2, mean of 5 runs (DESIGN.md).
@@ -83,15 +83,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def cell_key(c: dict) -> tuple:
-    return (c["dataset"], c["train"], c["variant"], c["seed"], c.get("parties"), c.get("preset"),
-            json.dumps(c.get("overrides") or {}, sort_keys=True))
-
-
 def run_key(c: dict) -> tuple:
     """What a table row or plot series is: everything but the seed and the test pattern."""
     return (c["dataset"], c["train"], c["variant"], c.get("parties"), c.get("preset"),
             json.dumps(c.get("overrides") or {}, sort_keys=True))
+
+
+def cell_key(c: dict) -> tuple:
+    """One training run: its series and its seed (a finished run is never recomputed)."""
+    return (*run_key(c), c["seed"])
 
 
 def planned_configs(args) -> list[tuple[Config, dict]]:
@@ -136,13 +136,10 @@ def paper_row(run: tuple) -> dict | None:
     return PAPER.get((dataset, train, variant)) if parties == PAPER_K else None
 
 
-TRAIN_ORDER = ("mcar:0.2", "mcar:0.5", "mar1", "mar2", "mnar:0.7", "mnar:0.9")
-
-
 def run_order(run: tuple) -> tuple:
     """Tables and figures list runs by dataset, variant, training mechanism (the paper's order), K."""
     dataset, train, variant, parties, preset, overrides = run
-    position = TRAIN_ORDER.index(train) if train in TRAIN_ORDER else len(TRAIN_ORDER)
+    position = TRAIN_MECHANISMS.index(train) if train in TRAIN_MECHANISMS else len(TRAIN_MECHANISMS)
     return dataset, variant, overrides, position, train, parties or 0, preset
 
 

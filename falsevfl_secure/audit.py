@@ -184,6 +184,7 @@ def audit_recorded_views(cfg, protocol: str, views: dict[int, list[dict]]) -> di
            "disclosed_by_design_rows": active_report.disclosed_by_design_rows}
     if protocol == "mpc":
         shares = [e["value"] for e in views[active] if e["protection"] == "secret-shared"]
+        out["shares_uniform"] = None  # stays None when the step's shares are too few to test
         if sum(np.asarray(v).size for v in shares) >= 10 * 256:
             uniform, worst = share_bits_uniform(shares)
             out["shares_uniform"], out["shares_worst_z"] = uniform, round(worst, 2)

@@ -79,7 +79,7 @@ def test_parties_of_different_widths_are_not_stacked():
     assert world.party_stack is None  # falls back to one network after the other
 
 
-def test_auto_stacks_on_cuda_only():
+def test_auto_does_not_stack_on_the_cpu():
     cfg = Config(dataset="synthetic", parties=3, h_dim=4, z_dim=2, party_hidden=8, global_hidden=8)
     world = make_world(cfg, {0: 3, 1: 3, 2: 3}, 3, LocalTransport(3, 2), CPU)
     assert cfg.stack_parties == "auto" and world.party_stack is None

@@ -54,8 +54,12 @@ def test_stacked_parties_equal_sequential_parties(parties, variant, batch, kappa
     assert np.isclose(loss_a, loss_b, rtol=1e-5, atol=1e-5)
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
-        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-5, msg=name)
-    torch.testing.assert_close(pred_b, pred_a, rtol=1e-4, atol=1e-6)
+        # float32 sums in a different order: an element's rounding error scales with the largest terms of
+        # the tensor it is summed into, not with the element itself, so the absolute tolerance does too.
+        # A batching bug (a party's rows sent through another party's weights, a dropped term) is O(scale).
+        scale = max(grads_a[name].abs().max().item(), 1.0)
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=5e-5 * scale, msg=name)
+    torch.testing.assert_close(pred_b, pred_a, rtol=1e-4, atol=1e-5)
 
 
 def test_stacked_mlp_applies_each_party_its_own_network():

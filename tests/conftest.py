@@ -7,6 +7,7 @@ how many cases were exercised, not just how many test functions passed."""
 from __future__ import annotations
 
 import collections
+import signal
 
 import pytest
 
@@ -22,6 +23,20 @@ def refused(request):
         counter[kind] += 1
 
     return record
+
+
+@pytest.fixture
+def terminal_ctrl_c():
+    """Children started in this test get SIGINT as at an interactive terminal.
+
+    A non-interactive shell that starts a command in the background (`make test &`, `( ... & )`,
+    some CI runners) sets SIGINT to *ignored*, and an ignored signal stays ignored across fork and
+    exec: a launcher we interrupt would never see the Ctrl-C, and the test would fail for a reason
+    outside the code under test. With a handler installed here, exec resets it to the default in
+    the children, and Python installs KeyboardInterrupt there as it does at a terminal."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

@@ -69,7 +69,7 @@ def test_each_party_stores_only_its_own_state_atomically(tmp_path):
     assert "active_module" in active and "discriminator" in active["optimizers"]
 
 
-def test_distributed_run_interrupted_by_ctrl_c_resumes_to_the_same_parameters(tmp_path):
+def test_distributed_run_interrupted_by_ctrl_c_resumes_to_the_same_parameters(tmp_path, terminal_ctrl_c):
     cfg = replace(small_config(), pretrain=StageConfig(2e-3, 256, 40))  # long enough to interrupt
     run_distributed(cfg, "plain", PATTERNS, progress=False, out_dir=tmp_path / "ref",
                     checkpoint_dir=tmp_path / "a")

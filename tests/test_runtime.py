@@ -87,7 +87,7 @@ def test_a_killed_party_ends_the_run_with_an_error_naming_it(tmp_path):
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
+def test_ctrl_c_stops_every_process(tmp_path, terminal_ctrl_c):
     cmd = [sys.executable, "-m", "falsevfl_secure.simulate", "--protocol", "plain", "--runtime", "distributed",
            "--parties", "2", "--pretrain-epochs", "200", "--quiet", "--out", str(tmp_path)]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -261,6 +261,8 @@ def launch(worker_args: list[str], world_size: int, out_dir: Path, timeout_s: fl
     try:
         # Ctrl-C is held while the workers are being started: interrupted in the middle of a
         # Popen, the launcher would lose track of a worker that already runs. It arrives after.
+        # The workers inherit the blocked mask and keep it: a Ctrl-C at the terminal reaches the
+        # whole process group, and only the launcher acts on it (it stops every worker, below).
         held = _hold_sigint()
         try:
             for rank in range(world_size):

@@ -69,8 +69,12 @@ def test_iwae_bound_below_log_marginal_grows_with_kappa_and_approaches_it(seed, 
     bounds = {k: iwae_bound(log_weights(a, b, sh, sx, x, k, 4000, shift, g)).mean().item()
               for k in (1, 10, 300)}
     assert bounds[1] < bounds[10] < bounds[300] < truth + 0.02
-    assert truth - bounds[300] < 0.5 * (truth - bounds[1])
-    assert truth - bounds[300] < 0.25
+    # "Approaches" relative to the single-sample gap: the gaps' absolute size depends on the model and
+    # proposal drawn (the 1-sample gap ranged 1 to 38 nats over 150 draws, the 300-sample gap up to 0.37).
+    # Over those draws kappa = 300 closed at least 98.5 % of the 1-sample gap and 91 % of the 10-sample gap.
+    gap = {k: truth - bound for k, bound in bounds.items()}
+    assert gap[300] < 0.05 * gap[1]
+    assert gap[300] < 0.25 * gap[10]
 
 
 def test_exact_proposal_gives_log_marginal_for_every_kappa():

@@ -16,9 +16,9 @@ def die_with_parent() -> None:
     """Ask Linux to SIGTERM this worker when the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG),
     so no worker outlives its launcher. A no-op elsewhere; one role per host does not need it.
 
-    Called before the heavy imports (torch takes seconds to import): a launcher that dies in that
-    window would otherwise leave the worker behind. If it died even earlier, this worker has already
-    been re-parented, and it leaves at once."""
+    `main` calls it before its heavy imports (torch takes seconds to import): a launcher that dies
+    in that window would otherwise leave the worker behind. If it died even earlier, this worker has
+    already been re-parented, and it leaves at once."""
     if sys.platform.startswith("linux") and os.environ.get("FALSEVFL_LAUNCHED") == "1":
         import ctypes
         import signal
@@ -29,13 +29,12 @@ def die_with_parent() -> None:
             sys.exit(143)  # the launcher is gone already: the signal above will never come
 
 
-die_with_parent()
-
-from ..errors import FalseVflError, PartyFailure  # noqa: E402 - after the parent-death signal is armed
-from .distributed import config_from_dict, run_role  # noqa: E402
-
-
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    # Imported here, after the parent-death signal is armed (and not at import time of this module).
+    from ..errors import FalseVflError, PartyFailure
+    from .distributed import config_from_dict, run_role
+
     parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.runtime.worker")
     parser.add_argument("--job", required=True, help="JSON with the config, protocol and test patterns")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.config import Config, make_config  # noqa: E402
 from falsevfl_secure.data import TEST_PATTERNS, TRAIN_MECHANISMS  # noqa: E402
-from falsevfl_secure.simulate import write_json_atomic  # noqa: E402
+from falsevfl_secure.fsio import write_json  # noqa: E402
 
 # The paper's FALSE-VFL-I accuracy (%), trained under MCAR 0.2, mean of 5 runs (DESIGN.md).
 PAPER = {
@@ -121,7 +121,8 @@ def run_cell(cfg: Config, threads: int | None, progress: bool) -> dict:
     if threads is not None:
         torch.set_num_threads(threads)
     result = run_local(cfg, progress=progress)
-    return {k: result[k] for k in ("accuracy", "wall_time_s", "stage_time_s", "device", "threads")}
+    return {"accuracy": result.accuracy, "wall_time_s": result.wall_time_s, "stage_time_s": result.stage_time_s,
+            "device": result.device, "threads": torch.get_num_threads()}
 
 
 def summarise(cells: list[dict]) -> dict[tuple, tuple[float, float, int]]:
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
                 cells.append({**meta, "test": test, "accuracy": acc, "wall_time_s": result["wall_time_s"],
                               "stage_time_s": result["stage_time_s"], "device": result["device"],
                               "threads": result["threads"]})
-            write_json_atomic(path, cells)
+            write_json(path, cells)
             print(f"[{time.perf_counter() - started:6.0f} s] {name}: "
                   + " ".join(f"{t}={a:.1f}" for t, a in result["accuracy"].items())
                   + f" ({result['wall_time_s']:.0f} s)", flush=True)

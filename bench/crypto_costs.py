@@ -29,52 +29,60 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from readme_section import update_readme  # noqa: E402
 
-from falsevfl_secure.simulate import write_json_atomic  # noqa: E402
+from falsevfl_secure.fsio import write_json  # noqa: E402
 
 
-def _mpc_rank(rank: int, world_size: int, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
-    """One CrypTen party: the median ms of each piece, barrier to barrier (so: the slowest rank)."""
+def _mpc_rank(role, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
+    """One mpc party: the median ms of each piece, barrier to barrier (so: the slowest rank)."""
     import torch
     import torch.distributed as dist
 
-    from falsevfl_secure.crypten_shim import encode_fixed_point, import_crypten
-    from falsevfl_secure.secure.mpc_sum import secure_sum, zero_share
+    from falsevfl_secure.randomness import KeyStream
+    from falsevfl_secure.secure.fixed_point import encode_fixed_point
+    from falsevfl_secure.secure.masks import X25519Agreement, zero_share
+    from falsevfl_secure.secure.mpc_sum import secure_sum
+    from falsevfl_secure.transport.mpc import exchange_public_keys
 
-    torch.set_num_threads(1)
-    crypten = import_crypten()
-    group = crypten.communicator.get().main_group
-    value = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))
+    rank, world_size = role.spec.rank, role.spec.n_parties
+    value = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))  # benchmark input, not a secret
     numel, dst = value.numel() + 1, world_size - 1
+    streams = {peer: KeyStream(bytes(32)) for peer in range(world_size) if peer != rank}
+
+    def agree() -> None:
+        agreement = X25519Agreement()
+        agreement.pair_keys(rank, exchange_public_keys(agreement.public_key(), world_size))
 
     def gather(payload: torch.Tensor) -> None:
         buffers = [torch.empty_like(payload) for _ in range(world_size)] if rank == dst else None
-        dist.gather(payload, buffers, dst=dst, group=group)
+        dist.gather(payload, buffers, dst=dst)
 
     pieces = {
-        "mpc: zero share, CrypTen PRZS": lambda: crypten.mpc.primitives.ArithmeticSharedTensor.PRZS((numel,)),
-        "mpc: zero share, zero_share": lambda: zero_share(crypten, numel),
+        "mpc: X25519 key agreement with every other party (once, at start-up)": agree,
+        f"mpc: zero share, {world_size - 1} AES-256-CTR pair streams, drawn now":
+            lambda: zero_share(rank, streams, numel),
         "mpc: fixed-point encoding": lambda: encode_fixed_point(value, 16, n_addends=world_size),
         "plain: gather float32 payload": lambda: gather(value.reshape(-1)),
         "mpc: gather int64 payload": lambda: gather(torch.zeros(numel, dtype=torch.int64)),
-        "mpc: secure_sum, all of it (shares drawn on demand)": lambda: secure_sum(value, dst=dst),
+        "mpc: secure_sum, all of it (shares drawn ahead while waiting)":
+            lambda: secure_sum(value, dst, role.backend.shares),
     }
     out = {}
     for name, piece in pieces.items():
         times = []
         for _ in range(repeats):
-            dist.barrier(group=group)
+            dist.barrier()
             start = time.perf_counter()
             piece()
-            dist.barrier(group=group)
+            dist.barrier()
             times.append(1000 * (time.perf_counter() - start))
         out[name] = statistics.median(times)
     return out
 
 
 def mpc_costs(parties: int, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
-    from falsevfl_secure.secure.crypten_world import run_crypten_world
+    from falsevfl_secure.runtime.worlds import run_world
 
-    per_rank = run_crypten_world(parties, _mpc_rank, args=(shape, repeats), timeout_s=600)
+    per_rank = run_world("mpc", parties, _mpc_rank, args=(shape, repeats), timeout_s=900)
     return {name: round(max(r[name] for r in per_rank), 2) for name in per_rank[0]}
 
 
@@ -145,7 +153,7 @@ def main(argv=None) -> int:
     record = {"config": {**vars(args), "threads": torch.get_num_threads()},
               "costs": {**mpc_costs(args.parties, tuple(args.shape), args.repeats), **he_costs(args.repeats)}}
     out = Path(args.out)
-    write_json_atomic(out / "crypto_costs.json", record)
+    write_json(out / "crypto_costs.json", record)
     table = markdown(record)
     (out / "crypto_costs.md").write_text(table)
     print(table)

@@ -36,14 +36,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import update_readme  # noqa: E402
 
 from falsevfl_secure.bounds import iwae_bound  # noqa: E402
-from falsevfl_secure.config import Config, StageConfig  # noqa: E402
+from falsevfl_secure.config import (  # noqa: E402
+    Config,
+    Stage,  # noqa: E402
+    StageConfig,
+)
 from falsevfl_secure.data.synthetic import synthetic_split  # noqa: E402
+from falsevfl_secure.fsio import write_json  # noqa: E402
 from falsevfl_secure.model.party import likelihood_terms, posterior_terms  # noqa: E402
-from falsevfl_secure.simulate import write_json_atomic  # noqa: E402
+from falsevfl_secure.node import build_node, resolve_device  # noqa: E402
+from falsevfl_secure.randomness import RoleSecret  # noqa: E402
 from falsevfl_secure.steps import stage1_loss  # noqa: E402
-from falsevfl_secure.train import host_split, stage1_optimizers  # noqa: E402
+from falsevfl_secure.train import host_split, optimizers_for  # noqa: E402
 from falsevfl_secure.transport import LocalTransport  # noqa: E402
-from falsevfl_secure.world import make_world, resolve_device  # noqa: E402
 
 ISOLET_TRAIN_ROWS, ISOLET_EPOCHS = 6238, 300
 
@@ -75,11 +80,11 @@ def world_step(cfg: Config, width: int):
     device = resolve_device(cfg.device)
     split = synthetic_split(n=cfg.pretrain.batch_size, parties=cfg.parties, width=width, p_missing=0.2,
                             seed=0, n_classes=26)
-    world = make_world(cfg, {k: width for k in range(cfg.parties)}, 26, LocalTransport(cfg.parties, cfg.active),
-                       device)
-    data = host_split(split, range(cfg.parties), True, device, 26)
+    world = build_node(cfg, {k: width for k in range(cfg.parties)}, 26,
+                       LocalTransport(cfg.parties, cfg.active_index), device)
+    data = host_split(split.view(range(cfg.parties), True), device, 26)
     batch = data.batch(np.arange(data.n))
-    optimizers = stage1_optimizers(world)
+    optimizers = optimizers_for(world, Stage.PRETRAIN)
 
     def step() -> None:
         for opt in optimizers.values():
@@ -95,10 +100,11 @@ def world_step(cfg: Config, width: int):
 def fused_step(cfg: Config, width: int):
     """The same FLOPs through ONE party network over the concatenated blocks (K B rows)."""
     device = resolve_device(cfg.device)
-    world = make_world(replace(cfg, parties=2, active_party=-1), {0: width}, 26, None, device)
-    party, active = world.parties[0], world.active
+    world = build_node(replace(cfg, parties=2, active_party=0), {0: width}, 26, None, device)
+    party, active = world.parties[0].model, world.active.get().model
     k, b = cfg.parties, cfg.pretrain.batch_size
-    generator = world.active_generator
+    generator = torch.Generator(device=device).manual_seed(0)  # the benchmark's synthetic inputs, not secrets
+    noise = RoleSecret.fresh().stream("bench/noise")
     x = torch.randn(k * b, width, device=device, generator=generator)
     held = torch.rand(k * b, device=device, generator=generator) > 0.2
     n_observed = held.view(k, b).sum(0).clamp(min=1).float()
@@ -108,15 +114,13 @@ def fused_step(cfg: Config, width: int):
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         sum_posterior = posterior_terms(party.encoder(x), held).view(k, b, -1).sum(0)
-        h, log_q_h = active.sample_latent(sum_posterior, n_observed, cfg.kappa, generator)
+        h, log_q_h = active.sample_latent(sum_posterior, n_observed, cfg.kappa, noise)
         h_all = h.unsqueeze(1).expand(cfg.kappa, k, b, cfg.h_dim).reshape(cfg.kappa, k * b, cfg.h_dim)
         mean, std = party.decode(h_all)
-        noise = None
-        if party.indicator is not None:
-            noise = torch.randn(mean.shape, generator=generator, device=device)
-        terms = likelihood_terms(mean, std, x, held, party.indicator, noise)
+        draws = noise.normal(tuple(mean.shape), mean.dtype, device) if party.indicator is not None else None
+        terms = likelihood_terms(mean, std, x, held, party.indicator, draws)
         log_lik = terms.view(cfg.kappa, k, b).sum(1)
-        loss = -iwae_bound(active.log_weights(h, log_q_h, log_lik, generator)).mean()
+        loss = -iwae_bound(active.log_weights(h, log_q_h, log_lik, noise)).mean()
         loss.backward()
         optimizer.step()
 
@@ -244,7 +248,7 @@ def main(argv=None) -> int:
     record = {"config": {**vars(args), "device": str(device), "threads": torch.get_num_threads()},
               "cells": cells, "ratios": ratios, "schedule": schedule}
     out = Path(args.out)
-    write_json_atomic(out / "local_speed.json", record)
+    write_json(out / "local_speed.json", record)
     plot(cells, out / "local_speed.png", f"K={args.parties} x {args.width} features, B={args.batch}, "
          f"kappa={args.kappa}, hidden {args.party_hidden}/{args.global_hidden}, {device} "
          f"({torch.get_num_threads()} threads)")

@@ -35,23 +35,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from readme_section import relative_link, update_readme  # noqa: E402
 
-from falsevfl_secure.audit import AUDIT_RTOL, ENCODING_ATOL, audit_active_view  # noqa: E402
-from falsevfl_secure.config import Config, StageConfig  # noqa: E402
-from falsevfl_secure.runtime.session import WorldSession, build_job_world, run_job_step  # noqa: E402
-from falsevfl_secure.simulate import write_json_atomic  # noqa: E402
-from falsevfl_secure.transport import LocalTransport  # noqa: E402
+from falsevfl_secure.audit import ADDEND_ATOL, audit_active_view, contributions  # noqa: E402
+from falsevfl_secure.config import Config, Stage, StageConfig  # noqa: E402
+from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.runtime.session import StepJob, StepSession, local_reference  # noqa: E402
+from falsevfl_secure.transport.views import Entry, View  # noqa: E402
 
 STAGES = ("pretrain", "train", "predict")
 WIDTH = 77  # Isolet's features per party
 
 
-def make_job(parties: int, batch: int, stage: str, seed: int = 0) -> dict:
-    """One step of `stage` on a synthetic split with Isolet's shapes; 20 % of the blocks missing."""
+def make_job(parties: int, batch: int, stage: str, seed: int = 0, record: bool = False) -> StepJob:
+    """One step of `stage` on a synthetic split with Isolet's shapes; 20 % of the blocks missing; every
+    party's secret drawn afresh, as in a real run."""
     cfg = Config(dataset="synthetic", parties=parties, h_dim=128, z_dim=64, party_hidden=256, global_hidden=256,
                  discriminator_hidden=256, kappa=10, predict_samples=10,
                  pretrain=StageConfig(5e-4, batch, 1), train=StageConfig(2e-4, batch, 1), seed=seed)
     split = dict(n=batch, parties=parties, width=WIDTH, p_missing=0.2, seed=seed, n_classes=26)
-    return {"config": cfg.to_dict(), "split": split, "rows": list(range(batch)), "stage": stage}
+    return StepJob(cfg, split, tuple(range(batch)), Stage[stage.upper()], secret_seed=None, record=record)
 
 
 def passive_bytes(reports: dict[int, dict], active: int) -> int:
@@ -61,13 +62,13 @@ def passive_bytes(reports: dict[int, dict], active: int) -> int:
     return max(totals) if totals else 0
 
 
-def step_ms(world: WorldSession, job: dict) -> tuple[float, dict[int, dict]]:
+def step_ms(world: StepSession, job: dict) -> tuple[float, dict[int, dict]]:
     """One step on every role: its critical-path time (the longest any role spent in it) and the reports."""
     reports = world.run(job)
     return 1000 * max(report["seconds"] for report in reports.values()), reports
 
 
-def time_cells(worlds: dict[str, WorldSession], job: dict, warmup: int, repeats: int) -> dict[str, dict]:
+def time_cells(worlds: dict[str, StepSession], job: dict, warmup: int, repeats: int) -> dict[str, dict]:
     """The same step on every protocol's world, the protocols taking turns; one cell per protocol."""
     for world in worlds.values():
         for _ in range(warmup):
@@ -78,7 +79,7 @@ def time_cells(worlds: dict[str, WorldSession], job: dict, warmup: int, repeats:
         for protocol, world in worlds.items():
             elapsed, reports[protocol] = step_ms(world, job)
             ms[protocol].append(elapsed)
-    active = job["config"]["parties"] - 1
+    active = job.config.parties - 1
     return {protocol: {"step_ms_median": round(statistics.median(values), 2), "step_ms_min": round(min(values), 2),
                        "step_ms_max": round(max(values), 2),
                        "bytes_per_party": passive_bytes(reports[protocol], active),
@@ -86,26 +87,18 @@ def time_cells(worlds: dict[str, WorldSession], job: dict, warmup: int, repeats:
             for protocol, values in ms.items()}
 
 
-def time_local(job: dict, warmup: int, repeats: int) -> float:
+def time_local(job: StepJob, warmup: int, repeats: int) -> float:
     """Median ms of the same step in the local runtime (one process, this process's threads)."""
-    ms = []
-    for i in range(warmup + repeats):
-        world, data = build_job_world(job, None, LocalTransport(job["config"]["parties"], job["config"]["parties"] - 1))
-        out = run_job_step(world, data, job)
-        if i >= warmup:
-            ms.append(1000 * out["seconds"])
-    return round(statistics.median(ms), 2)
+    ms = [1000 * local_reference(job)["seconds"] for _ in range(warmup + repeats)]
+    return round(statistics.median(ms[warmup:]), 2)
 
 
-def audit_cell(world: WorldSession, protocol: str, parties: int, batch: int) -> dict:
-    """Record the active party's view of one stage-1 step and audit it against a plaintext shadow."""
-    job = make_job(parties, batch, "pretrain", seed=1)
-    reports = world.run({**job, "record_views": True})
-    shadow: list[dict] = []
-    local_world, data = build_job_world(job, None, LocalTransport(parties, parties - 1, shadow=shadow))
-    run_job_step(local_world, data, job)
-    report = audit_active_view(reports[parties - 1]["view"], shadow, parties - 1,
-                               atol=parties * ENCODING_ATOL[protocol], rtol=AUDIT_RTOL)
+def audit_cell(world: StepSession, protocol: str, parties: int, batch: int) -> dict:
+    """Record every party's view of one stage-1 step and audit the active party's against the parties'
+    own records of what they sent."""
+    reports = world.run(make_job(parties, batch, "pretrain", seed=1, record=True))
+    views = {r: View(Entry(**e) for e in report["view"]) for r, report in reports.items()}
+    report = audit_active_view(views[parties - 1], contributions(views), parties - 1, atol=parties * ADDEND_ATOL)
     return {"protocol": protocol, "parties": parties, "batch": batch, "views_audited": report.views_audited,
             "entries_checked": report.entries_checked, "leaks_found": len(report.leaks),
             "disclosed_by_design_rows": report.disclosed_by_design_rows,
@@ -240,7 +233,7 @@ def main(argv=None) -> int:
             continue
         started = time.perf_counter()
         with contextlib.ExitStack() as stack:
-            worlds = {p: stack.enter_context(WorldSession(p, parties)) for p in args.protocols}
+            worlds = {p: stack.enter_context(StepSession(p, parties)) for p in args.protocols}
             for batch, stage in todo:
                 measured = time_cells(worlds, make_job(parties, batch, stage), args.warmup, args.repeats)
                 for protocol, timing in measured.items():
@@ -251,7 +244,7 @@ def main(argv=None) -> int:
                     print(f"{protocol:>5} K={parties:<3} B={batch:<4} {stage:<8} {cell['step_ms_median']:9.1f} ms "
                           f"(min {cell['step_ms_min']:.1f}, max {cell['step_ms_max']:.1f})  "
                           f"{cell['bytes_per_party'] / 2**20:8.2f} MiB/party  {cell['rounds']} rounds", flush=True)
-                write_json_atomic(path, cells)
+                write_json(path, cells)
             for protocol in need_audit:
                 audit = audit_cell(worlds[protocol], protocol, parties, min(args.batch))
                 summary["audit"].append(audit)
@@ -260,7 +253,7 @@ def main(argv=None) -> int:
                       f"({audit['expected']})", flush=True)
         print(f"      ({time.perf_counter() - started:.0f} s for K={parties})", flush=True)
         summary["ratios"] = ratios(cells)
-        write_json_atomic(summary_path, summary)
+        write_json(summary_path, summary)
     local_done = {(r["parties"], r["batch"], r["stage"]) for r in summary["local"]}
     for parties in [] if args.report_only else args.parties:
         for batch in args.batch:
@@ -274,7 +267,7 @@ def main(argv=None) -> int:
                                          "plain_distributed_ms": plain["step_ms_median"],
                                          "distributed_over_local": round(plain["step_ms_median"] / local_ms, 3)})
     summary["ratios"] = ratios(cells)
-    write_json_atomic(summary_path, summary)
+    write_json(summary_path, summary)
     plot(cells, out / "overhead.png")
     print(f"\n{'ratio':<12}{'K':>4}{'batch':>7}{'stage':>10}{'value':>8}")
     for r in summary["ratios"]:

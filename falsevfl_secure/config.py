@@ -6,7 +6,31 @@ paper's parentheses). Hidden widths are not given by the paper; ours are stated 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import IntEnum
+
+from .data.loaders import canonical_name
+from .data.mechanisms import parse_mechanism
+from .errors import InputError
+
+
+class Stage(IntEnum):
+    """The stages of a run: one name per stage for training, checkpoints, jobs and protocol specs."""
+
+    PRETRAIN = 1  # stage 1: the IWAE bound over every generative parameter, no labels
+    TRAIN = 2  # stage 2: the discriminator only, generative part frozen
+    PREDICT = 3  # inference: SNIS predictions
+
+    @property
+    def key(self) -> str:
+        """The name used in files and specs: "pretrain", "train", "predict"."""
+        return self.name.lower()
+
+
+# Settings that do not change what training computes: a checkpoint may be resumed with others.
+NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
 
 
 @dataclass(frozen=True)
@@ -50,16 +74,37 @@ class Config:
     eval_batch_size: int = 500
 
     @property
-    def active(self) -> int:
+    def active_index(self) -> int:
+        """The active party's index (the `active_party` setting may count from the end)."""
         return self.active_party % self.parties
+
+    def schedule(self, stage: Stage) -> StageConfig:
+        """The optimiser settings and epochs of a training stage."""
+        return {Stage.PRETRAIN: self.pretrain, Stage.TRAIN: self.train}[stage]
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        """The inverse of `to_dict`; unknown settings are refused by name."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise InputError(f"unknown settings {unknown}")
+        stages = {name: StageConfig(**d[name]) for name in ("pretrain", "train") if name in d}
+        return replace(cls(), **{**d, **stages})
+
+    def training_settings(self) -> dict:
+        """The settings that determine what training computes (what a checkpoint belongs to)."""
+        return {k: v for k, v in self.to_dict().items() if k not in NOT_TRAINING_SETTINGS}
+
+    def fingerprint(self) -> str:
+        """A short hash of `training_settings`, recorded in every checkpoint."""
+        text = json.dumps(self.training_settings(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     def validate(self) -> Config:
         """Refuse settings that would fail deep inside torch or numpy, with a clear `InputError`."""
-        from .data.mechanisms import parse_mechanism
-        from .errors import InputError
 
         def need(ok: bool, message: str) -> None:
             if not ok:
@@ -121,14 +166,15 @@ PRESETS: dict[str, dict[str, dict]] = {
 }
 
 
+# "default" is what a run gets unless it asks for another schedule: the paper's for the paper's datasets.
+for _presets in PRESETS.values():
+    _presets.setdefault("default", _presets["paper"])
+
+
 def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> Config:
     """The preset for `dataset`, with explicit overrides (None values are ignored)."""
-    from .data.errors import DataError  # local import: the data layer is optional for config users
-
-    key = {"fashion_mnist": "fashion-mnist", "fmnist": "fashion-mnist"}.get(dataset, dataset)
-    if key not in PRESETS:
-        raise DataError(f"unknown dataset {dataset!r}; choose one of {sorted(PRESETS)}")
+    key = canonical_name(dataset)
     if preset not in PRESETS[key]:
-        raise DataError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
+        raise InputError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
     values = {**PRESETS[key][preset], **{k: v for k, v in overrides.items() if v is not None}}
     return replace(Config(dataset=key), **values).validate()

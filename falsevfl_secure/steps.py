@@ -1,9 +1,9 @@
 """One FALSE-VFL step, written once for every runtime.
 
-Each function runs the forward rounds in order (`posterior`, `latent`, `likelihood`); stage 1
-then runs their adjoints through the transport's backward. Code inside a party only touches that
-party's batch entries; the only values that cross a party boundary are the arguments of
-`transport.aggregate` and `transport.broadcast`.
+`forward_rounds` is the protocol: the `posterior` sum, the `latent` broadcast, the `likelihood` sum.
+Stage 1 then runs their adjoints through the transport's backward. Code inside a party only touches
+that party's batch entries; the only values that cross a party boundary are the arguments of
+`transport.aggregate` and `transport.broadcast`, and what only the active party holds is `Active`.
 """
 
 from __future__ import annotations
@@ -12,29 +12,30 @@ import torch
 from torch import Tensor
 
 from .bounds import conditional_bound, iwae_bound, snis_predict
+from .config import Stage
 from .errors import InputError
-from .world import Batch, World
+from .node import ActiveRole, Batch, Node
+from .placement import Active, apply
+from .transport.rounds import LATENT, LIKELIHOOD, POSTERIOR
 
 
-def check_batch(world: World, batch: Batch) -> None:
-    """Refuse a batch that the networks would choke on, with a message that says what is wrong
-    (instead of a shape error from inside torch)."""
+def check_batch(node: Node, batch: Batch) -> None:
+    """Refuse a batch the networks would choke on, with a message that says what is wrong."""
     sizes = set()
-    for k, party in world.parties.items():
+    for k, role in node.parties.items():
         if k not in batch.x or k not in batch.held:
             raise InputError(f"party {k}: the batch has no feature block for it")
         x, held = batch.x[k], batch.held[k]
-        if x.dim() != 2 or x.shape[1] != party.n_features:
-            raise InputError(f"party {k}: expected a (B, {party.n_features}) feature block, got {tuple(x.shape)}")
+        if x.dim() != 2 or x.shape[1] != role.model.n_features:
+            raise InputError(f"party {k}: expected a (B, {role.model.n_features}) feature block, got {tuple(x.shape)}")
         if held.dtype != torch.bool or held.shape != x.shape[:1]:
             raise InputError(f"party {k}: the held-rows mask must be bool of shape ({x.shape[0]},), "
                              f"got {held.dtype} {tuple(held.shape)}")
         sizes.add(x.shape[0])
-    if world.hosts_active:
-        if batch.n_observed is None or batch.n_observed.dim() != 1:
-            raise InputError("the active party needs the number of observed parties per row")
-        sizes.add(batch.n_observed.shape[0])
-        if batch.n_observed.numel() and float(batch.n_observed.min()) < 1:
+    if batch.n_observed.present:
+        n_observed = batch.n_observed.get()
+        sizes.add(n_observed.shape[0] if n_observed.dim() == 1 else -1)
+        if n_observed.numel() and float(n_observed.min()) < 1:
             raise InputError("a sample in the batch has no observed party; it cannot reach the model")
     if len(sizes) > 1:
         raise InputError(f"the parties' batch blocks disagree on the batch size: {sorted(sizes)}")
@@ -42,55 +43,56 @@ def check_batch(world: World, batch: Batch) -> None:
         raise InputError("empty batch: no samples to process")
 
 
-def forward_rounds(world: World, batch: Batch, n_samples: int) -> tuple[Tensor | None, Tensor | None]:
-    """The three forward rounds. Returns (log importance weights (S, B), latent samples (S, B, d_h))
-    at the active party, (None, None) elsewhere."""
-    check_batch(world, batch)
-    transport = world.transport
-    sum_posterior = transport.aggregate("posterior", world.posterior_contributions(batch))
-
-    h = log_q_h = None
-    if world.hosts_active:
-        h, log_q_h = world.active.sample_latent(sum_posterior, batch.n_observed, n_samples,
-                                                world.active_generator)
-    batch_size = next(iter(batch.held.values())).shape[0]
-    h_at_party = transport.broadcast("latent", h, shape=(n_samples, batch_size, world.cfg.h_dim))
-
-    sum_likelihood = transport.aggregate("likelihood", world.likelihood_contributions(h_at_party, batch))
-
-    if not world.hosts_active:
-        return None, None
-    return world.active.log_weights(h, log_q_h, sum_likelihood, world.active_generator), h
+def _sample(role: ActiveRole, posterior: Tensor, n_observed: Tensor, n_samples: int, stage: Stage):
+    return role.model.sample_latent(posterior, n_observed, n_samples, role.noise(stage))
 
 
-def stage1_loss(world: World, batch: Batch) -> Tensor | None:
-    """Negative kappa-sample IWAE bound of log p(x_obs) (FALSE-VFL-II: of log p(x_obs, m)),
-    averaged over the batch; None on processes that do not host the active party."""
-    log_w, _ = forward_rounds(world, batch, world.cfg.kappa)
-    return None if log_w is None else -iwae_bound(log_w).mean()
+def _weigh(role: ActiveRole, latent: tuple[Tensor, Tensor], likelihood: Tensor, stage: Stage):
+    h, log_q_h = latent
+    return role.model.log_weights(h, log_q_h, likelihood, role.noise(stage)), h
 
 
-def stage2_loss(world: World, batch: Batch) -> Tensor | None:
-    """Negative conditional bound L'_kappa over the discriminator only: the forward rounds run
-    without gradients (the generative part is frozen), so no backward round ever leaves the
-    active party and no label-dependent value reaches a passive party."""
+def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Active[tuple[Tensor, Tensor]]:
+    """The three forward rounds; at the active party the log importance weights (S, B) and the latent
+    samples (S, B, d_h)."""
+    check_batch(node, batch)
+    posterior = node.transport.aggregate(POSTERIOR, node.posterior_contributions(batch))
+    latent = apply(_sample, node.active, posterior, batch.n_observed, n_samples, stage)
+    h = node.transport.broadcast(LATENT, latent.map(lambda s: s[0]), (n_samples, batch.size, node.cfg.h_dim))
+    likelihood = node.transport.aggregate(LIKELIHOOD, node.likelihood_contributions(h, batch, stage))
+    return apply(_weigh, node.active, latent, likelihood, stage)
+
+
+def stage1_loss(node: Node, batch: Batch) -> Active[Tensor]:
+    """Negative kappa-sample IWAE bound of log p(x_obs) (FALSE-VFL-II: of log p(x_obs, m)), batch mean."""
+    weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.PRETRAIN)
+    return weighted.map(lambda w: -iwae_bound(w[0]).mean())
+
+
+def _conditional_loss(role: ActiveRole, weighted: tuple[Tensor, Tensor], y: Tensor) -> Tensor:
+    log_w, h = weighted
+    return -conditional_bound(log_w, role.model.label_log_prob(h, y)).mean()
+
+
+def stage2_loss(node: Node, batch: Batch) -> Active[Tensor]:
+    """Negative conditional bound L'_kappa over the discriminator only: the forward rounds run without
+    gradients (the generative part is frozen), so no backward round ever leaves the active party and no
+    label-dependent value reaches a passive party."""
     with torch.no_grad():
-        log_w, h = forward_rounds(world, batch, world.cfg.kappa)
-    if log_w is None:
-        return None
-    if batch.y is None:
-        raise InputError("stage 2 needs the labels of the batch at the active party")
-    return -conditional_bound(log_w, world.active.label_log_prob(h, batch.y)).mean()
+        weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.TRAIN)
+    return apply(_conditional_loss, node.active, weighted, batch.y)
+
+
+def _snis(role: ActiveRole, weighted: tuple[Tensor, Tensor]) -> Tensor:
+    log_w, h = weighted
+    out = role.model.label_distribution(h)
+    if role.model.task == "classification":
+        return snis_predict(log_w, out)
+    return snis_predict(log_w, out[..., :1]).squeeze(-1)
 
 
 @torch.no_grad()
-def predict(world: World, batch: Batch) -> Tensor | None:
-    """SNIS prediction with L = cfg.predict_samples: class probabilities (B, C) at the active
-    party (for regression: (B,) predicted means), None elsewhere."""
-    log_w, h = forward_rounds(world, batch, world.cfg.predict_samples)
-    if log_w is None:
-        return None
-    out = world.active.label_distribution(h)
-    if world.cfg.task == "classification":
-        return snis_predict(log_w, out)
-    return snis_predict(log_w, out[..., :1]).squeeze(-1)
+def predict(node: Node, batch: Batch) -> Active[Tensor]:
+    """SNIS prediction with L = cfg.predict_samples: class probabilities (B, C) at the active party (for
+    regression: (B,) predicted means)."""
+    return apply(_snis, node.active, forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT))

@@ -1,259 +1,241 @@
 """The two training stages and evaluation, readable top to bottom.
 
-Stage 1 maximises the IWAE bound on every training sample (labeled or not, aligned or not) over
-the generative parameters of every party and of the active party. Stage 2 freezes all of them and
-maximises the conditional bound over the discriminator, on labeled samples only.
+Stage 1 maximises the IWAE bound on every training sample (labeled or not, aligned or not) over the
+generative parameters of every party and of the active party. Stage 2 freezes all of them and maximises
+the conditional bound over the discriminator, on labeled samples only.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .config import Stage
+from .data import PartyView
 from .errors import InputError
+from .node import Batch, Node
+from .placement import Active, apply
+from .randomness import public_rng
 from .steps import predict, stage1_loss, stage2_loss
-from .world import Batch, World
+
+EpochHook = Callable[[Stage, int, dict], None]
 
 
 @dataclass
 class HostedData:
-    """The part of one split this process holds: its parties' blocks and held-row masks; at the
-    active party also the number of observed parties per row and the labels.
-
-    `labeled_index` (sample identifiers of the labeled rows, not the labels) is what the active
-    party announces to the parties before stage 2 so they know which rows to encode.
-    """
+    """A split as this process holds it, as tensors: its parties' blocks and held rows and, at the active
+    party, the number of observed parties per row and the labels. `labeled_index` is public."""
 
     n: int
     x: dict[int, Tensor]
     held: dict[int, Tensor]
-    n_observed: Tensor | None
-    y: Tensor | None
+    n_observed: Active[Tensor]
+    y: Active[Tensor]
     labeled_index: np.ndarray
 
     def batch(self, rows: np.ndarray) -> Batch:
-        index = torch.from_numpy(rows).to(next(iter(self.x.values())).device)
-        return Batch(
-            x={k: v.index_select(0, index) for k, v in self.x.items()},
-            held={k: v.index_select(0, index) for k, v in self.held.items()},
-            n_observed=None if self.n_observed is None else self.n_observed.index_select(0, index),
-            y=None if self.y is None else self.y.index_select(0, index),
-        )
+        index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(next(iter(self.x.values())).device)
+        return Batch(x={k: v.index_select(0, index) for k, v in self.x.items()},
+                     held={k: v.index_select(0, index) for k, v in self.held.items()},
+                     n_observed=self.n_observed.map(lambda t: t.index_select(0, index)),
+                     y=self.y.map(lambda t: t.index_select(0, index)))
 
 
-def host_split(split, parties: Iterable[int], hosts_active: bool, device: torch.device,
-               n_classes: int | None = None) -> HostedData:
-    """Load what the given roles hold of `split` (a `data.VerticalSplit`), validating it."""
+def host_split(view: PartyView, device: torch.device, n_classes: int | None = None) -> HostedData:
+    """The tensors of what a process holds of a split, validated."""
     x, held = {}, {}
-    for k in parties:
-        block, held_rows = split.party_block(k)
+    for k, (block, held_rows) in view.blocks.items():
         if not np.isfinite(block).all():
             raise InputError(f"party {k}: its feature block contains NaN or inf values")
         x[k] = torch.as_tensor(np.ascontiguousarray(block), dtype=torch.float32, device=device)
         held[k] = torch.as_tensor(np.asarray(held_rows, dtype=bool), device=device)
-    n_observed = y = None
-    if hosts_active:
-        observed = (~np.asarray(split.missing)).sum(axis=1)
-        if split.n and observed.min() == 0:
+    n_observed, y = Active.absent(), Active.absent()
+    if view.labels is not None:
+        observed, labels = view.labels.n_observed, np.asarray(view.labels.y)
+        if view.n and observed.min() == 0:
             raise InputError(f"{int((observed == 0).sum())} samples have no observed party; "
                              "the split must apply the empty-row rule first")
-        n_observed = torch.as_tensor(observed, dtype=torch.float32, device=device)
-        labels = np.asarray(split.y)
         if n_classes is not None and labels.size and (labels.min() < 0 or labels.max() >= n_classes):
             raise InputError(f"labels must lie in 0..{n_classes - 1}; got {labels.min()}..{labels.max()}")
-        y = torch.as_tensor(labels, device=device)
-    return HostedData(split.n, x, held, n_observed, y, np.flatnonzero(np.asarray(split.labeled)))
+        n_observed = Active(torch.as_tensor(observed, dtype=torch.float32, device=device))
+        y = Active(torch.as_tensor(labels, device=device))
+    return HostedData(view.n, x, held, n_observed, y, np.asarray(view.labeled_index))
 
 
-def epoch_batches(rows: np.ndarray, batch_size: int, seed: int, stage: int, epoch: int) -> list[np.ndarray]:
-    """The shuffled mini-batches of one epoch; every process derives the same order from the seed."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, stage, epoch]))
-    order = rows[rng.permutation(len(rows))]
+def epoch_batches(rows: np.ndarray, batch_size: int, seed: int, stage: Stage, epoch: int) -> list[np.ndarray]:
+    """The shuffled mini-batches of one epoch; every process derives the same (public) order from the seed."""
+    order = rows[public_rng(seed, int(stage), epoch).permutation(len(rows))]
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _adam(params, stage) -> torch.optim.Adam:
-    return torch.optim.Adam(params, lr=stage.lr, weight_decay=stage.weight_decay)
+def optimizers_for(node: Node, stage: Stage) -> dict[str, torch.optim.Optimizer]:
+    """One Adam per role and stage, so each party keeps (and checkpoints) only its own optimiser state.
+    Stage 1 trains every generative parameter; stage 2 the discriminator only."""
+    settings = node.cfg.schedule(stage)
 
+    def adam(params) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
 
-def stage1_optimizers(world: World) -> dict[str, torch.optim.Optimizer]:
-    """One Adam per role, so each party keeps (and checkpoints) only its own optimiser state."""
-    stage = world.cfg.pretrain
-    optimizers = {f"party{k}": _adam(p.parameters(), stage) for k, p in world.parties.items()}
-    if world.hosts_active:
-        optimizers["active"] = _adam(world.active.generative_parameters(), stage)
+    if stage is Stage.TRAIN:
+        label_side = node.active.map(lambda role: {"discriminator": adam(role.model.discriminator.parameters())})
+        return label_side.get() if label_side.present else {}
+    optimizers = {f"party{k}": adam(role.model.parameters()) for k, role in node.parties.items()}
+    if node.active.present:
+        optimizers["active"] = adam(node.active.get().model.generative_parameters())
     return optimizers
 
 
-def stage2_optimizers(world: World) -> dict[str, torch.optim.Optimizer]:
-    if not world.hosts_active:
-        return {}
-    return {"discriminator": _adam(world.active.discriminator.parameters(), world.cfg.train)}
+def _step(node: Node, batch: Batch, stage: Stage, optimizers: dict) -> Active[Tensor]:
+    """One optimiser step of `stage`; the loss at the active party."""
+    for opt in optimizers.values():
+        opt.zero_grad(set_to_none=True)
+    if stage is Stage.PRETRAIN:
+        loss = stage1_loss(node, batch)
+        node.transport.backward(loss)  # every process runs the adjoint rounds
+    else:
+        loss = stage2_loss(node, batch)
+        loss.map(Tensor.backward)  # the discriminator's gradient never leaves the active party
+    for opt in optimizers.values():
+        opt.step()
+    return loss
 
 
-def _check_loss(loss: Tensor | None, stage: str, epoch: int) -> None:
-    if loss is not None and not torch.isfinite(loss):
-        raise InputError(f"{stage}: the loss became {loss.item()} in epoch {epoch}; "
-                         "lower the learning rate or check the input data")
-
-
-def pretrain(world: World, data: HostedData, epochs: int | None = None, start_epoch: int = 0,
-             optimizers: dict | None = None, progress: bool = True,
-             on_epoch_end: Callable[[int, dict], None] | None = None) -> list[float]:
-    """Stage 1. Returns the mean loss per epoch (NaN on processes without the active party)."""
-    cfg = world.cfg
-    epochs = cfg.pretrain.epochs if epochs is None else epochs
-    optimizers = optimizers or stage1_optimizers(world)
-    for module in world.parties.values():
+def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, start_epoch: int = 0,
+              progress: bool = True, on_epoch_end: EpochHook | None = None) -> list[float]:
+    """Train one stage from `start_epoch`; the mean loss per epoch (NaN where the active party is not hosted)."""
+    cfg, settings = node.cfg, node.cfg.schedule(stage)
+    rows = np.arange(data.n) if stage is Stage.PRETRAIN else data.labeled_index
+    if stage is Stage.TRAIN and len(rows) == 0:
+        raise InputError("stage 2 needs labeled samples; the training split has none")
+    for module in node.modules():
         module.train()
     history = []
-    bar = tqdm(range(start_epoch, epochs), desc="stage 1 (IWAE pretraining)", disable=not progress,
-               initial=start_epoch, total=epochs, unit="ep")
+    desc = "stage 1 (IWAE pretraining)" if stage is Stage.PRETRAIN else "stage 2 (discriminator)"
+    bar = tqdm(range(start_epoch, settings.epochs), desc=desc, disable=not progress, initial=start_epoch,
+               total=settings.epochs, unit="ep")
     for epoch in bar:
-        total, count = 0.0, 0
-        for rows in epoch_batches(np.arange(data.n), cfg.pretrain.batch_size, cfg.seed, 1, epoch):
-            for opt in optimizers.values():
-                opt.zero_grad(set_to_none=True)
-            loss = stage1_loss(world, data.batch(rows))
-            _check_loss(loss, "stage 1", epoch)
-            world.transport.backward(loss)
-            for opt in optimizers.values():
-                opt.step()
-            if loss is not None:
-                total, count = total + loss.item() * len(rows), count + len(rows)
-        history.append(total / count if count else math.nan)
-        bar.set_postfix(loss=f"{history[-1]:.2f}")
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, optimizers)
-    return history
-
-
-def train_discriminator(world: World, data: HostedData, epochs: int | None = None, start_epoch: int = 0,
-                        optimizers: dict | None = None, progress: bool = True,
-                        on_epoch_end: Callable[[int, dict], None] | None = None) -> list[float]:
-    """Stage 2: the generative parameters are frozen; only the discriminator learns."""
-    cfg = world.cfg
-    epochs = cfg.train.epochs if epochs is None else epochs
-    optimizers = optimizers or stage2_optimizers(world)
-    if len(data.labeled_index) == 0:
-        raise InputError("stage 2 needs labeled samples; the training split has none")
-    history = []
-    bar = tqdm(range(start_epoch, epochs), desc="stage 2 (discriminator)", disable=not progress,
-               initial=start_epoch, total=epochs, unit="ep")
-    for epoch in bar:
-        total, count = 0.0, 0
-        for rows in epoch_batches(data.labeled_index, cfg.train.batch_size, cfg.seed, 2, epoch):
-            for opt in optimizers.values():
-                opt.zero_grad(set_to_none=True)
-            loss = stage2_loss(world, data.batch(rows))
-            _check_loss(loss, "stage 2", epoch)
-            if loss is not None:
-                loss.backward()
-                total, count = total + loss.item() * len(rows), count + len(rows)
-            for opt in optimizers.values():
-                opt.step()
-        history.append(total / count if count else math.nan)
+        losses = [(_step(node, data.batch(b), stage, optimizers), len(b))
+                  for b in epoch_batches(rows, settings.batch_size, cfg.seed, stage, epoch)]
+        history.append(_epoch_mean(losses, stage, epoch))
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if on_epoch_end is not None:
-            on_epoch_end(epoch, optimizers)
+            on_epoch_end(stage, epoch, optimizers)
     return history
 
 
-def probe_step(world: World, data: HostedData) -> None:
-    """The rounds of one stage-1 step (forward and backward) on the first mini-batch of epoch 0,
-    leaving the parameters and every generator as they were: the step whose messages `--audit`
-    records and audits, without changing the training that follows. Its traffic is counted in the
-    run's communication table."""
-    states = {role: generator.get_state() for role, generator in world.generators.items()}
-    rows = epoch_batches(np.arange(data.n), world.cfg.pretrain.batch_size, world.cfg.seed, 1, 0)[0]
-    world.transport.backward(stage1_loss(world, data.batch(rows)))
-    for module in [*world.parties.values(), *([world.active] if world.active is not None else [])]:
+def _epoch_mean(losses: list[tuple[Active[Tensor], int]], stage: Stage, epoch: int) -> float:
+    """The row-weighted mean loss of an epoch; a non-finite loss ends the run with a clear error."""
+    total, count = 0.0, 0
+    for loss, rows in losses:
+        if loss.present:
+            value = loss.get().item()
+            if not math.isfinite(value):
+                raise InputError(f"stage {int(stage)}: the loss became {value} in epoch {epoch}; "
+                                 "lower the learning rate or check the input data")
+            total, count = total + value * rows, count + rows
+    return total / count if count else math.nan
+
+
+def pretrain(node: Node, data: HostedData, progress: bool = False) -> list[float]:
+    """Stage 1 from scratch (a convenience for tests and notebooks)."""
+    return run_stage(node, data, Stage.PRETRAIN, optimizers_for(node, Stage.PRETRAIN), progress=progress)
+
+
+def train_discriminator(node: Node, data: HostedData, progress: bool = False) -> list[float]:
+    """Stage 2 from scratch (a convenience for tests and notebooks)."""
+    return run_stage(node, data, Stage.TRAIN, optimizers_for(node, Stage.TRAIN), progress=progress)
+
+
+def probe_step(node: Node, data: HostedData) -> None:
+    """The rounds of one stage-1 step (forward and backward) on the first mini-batch of epoch 0, leaving
+    every parameter and random stream as it was: the step `--audit` records. Its traffic is counted."""
+    states = [rand.state() for rand in node.randomness()]
+    rows = epoch_batches(np.arange(data.n), node.cfg.pretrain.batch_size, node.cfg.seed, Stage.PRETRAIN, 0)[0]
+    node.transport.backward(stage1_loss(node, data.batch(rows)))
+    for module in node.modules():
         module.zero_grad(set_to_none=True)
-    for role, state in states.items():
-        world.generators[role].set_state(state)
+    for rand, state in zip(node.randomness(), states, strict=True):
+        rand.restore(state)
 
 
-def predict_split(world: World, data: HostedData) -> Tensor | None:
-    """SNIS predictions for every row of a split, in evaluation batches (active party only)."""
-    world.reseed(stream=99)
-    outputs = []
-    for start in range(0, data.n, world.cfg.eval_batch_size):
-        out = predict(world, data.batch(np.arange(start, min(start + world.cfg.eval_batch_size, data.n))))
-        if out is not None:
-            outputs.append(out)
-    return torch.cat(outputs) if outputs else None
+def predict_split(node: Node, data: HostedData) -> Active[Tensor]:
+    """SNIS predictions for every row of a split, in evaluation batches (at the active party)."""
+    node.restart_noise(Stage.PREDICT)
+    size = node.cfg.eval_batch_size
+    outputs = [predict(node, data.batch(np.arange(start, min(start + size, data.n))))
+               for start in range(0, data.n, size)]
+    return Active(torch.cat([o.get() for o in outputs])) if node.active.present else Active.absent()
 
 
-def evaluate(world: World, data: HostedData) -> float | None:
-    """Accuracy in percent (classification) or RMSE (regression) at the active party."""
-    out = predict_split(world, data)
-    if out is None:
-        return None
-    if world.cfg.task == "classification":
-        return 100.0 * (out.argmax(-1) == data.y).double().mean().item()
-    return (out - data.y.to(out.dtype)).pow(2).mean().sqrt().item()
+def score(node: Node, predictions: Tensor, y: Tensor) -> float:
+    """Accuracy in percent (classification) or RMSE (regression)."""
+    if node.cfg.task == "classification":
+        return 100.0 * (predictions.argmax(-1) == y).double().mean().item()
+    return (predictions - y.to(predictions.dtype)).pow(2).mean().sqrt().item()
 
 
-class Stopwatch:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.start
+def evaluate(node: Node, data: HostedData) -> Active[float]:
+    """`score` of the predictions of a split, at the active party."""
+    return apply(lambda p, y: score(node, p, y), predict_split(node, data), data.y)
 
 
-def common_progress(checkpointers: list, agree=None) -> tuple[int, int] | None:
-    """The latest (stage, epoch) that every hosted party has a checkpoint of; `agree` combines
-    the answer across processes (distributed runtime), None when there is nothing to resume."""
-    from .checkpoint import progress_key
+@dataclass
+class Fit:
+    """What training produced: the mean loss per epoch and the wall time of each stage."""
 
-    sets = [set(c.available()) for c in checkpointers]
-    common = set.intersection(*sets) if sets else set()
-    if agree is not None:
-        common = agree(common)
-    return max(common, key=lambda k: progress_key(*k)) if common else None
+    losses: dict[str, list[float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
-def run_training(world: World, data: HostedData, checkpoint_dir=None, resume: bool = False,
-                 progress: bool = True, agree=None, after_epoch=None,
-                 seconds: dict | None = None) -> tuple[list[float], list[float]]:
-    """Both stages, with a per-party checkpoint at the end of every epoch when `checkpoint_dir` is
-    given; `resume` continues from the last epoch that every party completed. `seconds`, when given,
-    receives the wall time of each stage ("pretrain", "train")."""
-    from .checkpoint import Checkpointer, party_state, restore_party
+Agree = Callable[[set], set]  # combines the resumable epochs across processes (distributed runtime)
 
-    checkpointers = ([Checkpointer(checkpoint_dir, k) for k in world.parties] if checkpoint_dir is not None else [])
-    opt1, opt2 = stage1_optimizers(world), stage2_optimizers(world)
-    start1 = start2 = 0
-    if resume and checkpointers:
-        found = common_progress(checkpointers, agree)
-        if found is not None:
-            stage, epoch = found
-            for c in checkpointers:
-                restore_party(world, c.party, c.load(stage, epoch), opt1 if stage == 1 else opt2)
-            start1, start2 = (epoch + 1, 0) if stage == 1 else (world.cfg.pretrain.epochs, epoch + 1)
 
-    def saver(stage: int, optimizers: dict):
-        def on_epoch_end(epoch: int, _optimizers: dict) -> None:
-            for c in checkpointers:
-                c.save(stage, epoch, party_state(world, c.party, optimizers))
-            if after_epoch is not None:
-                after_epoch(stage, epoch)
-        return on_epoch_end
+def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, resume: bool = False,
+        progress: bool = True, agree: Agree | None = None, after_epoch: EpochHook | None = None) -> Fit:
+    """Both stages, with each hosted party's checkpoint at the end of every epoch when `checkpoint_dir` is
+    given; `resume` continues from the last epoch that every party completed."""
+    from .checkpoint import Checkpointer, party_state
 
-    clock = Stopwatch()
-    stage1 = pretrain(world, data, start_epoch=start1, optimizers=opt1, progress=progress,
-                      on_epoch_end=saver(1, opt1))
-    stage1_end = clock()
-    stage2 = train_discriminator(world, data, start_epoch=start2, optimizers=opt2, progress=progress,
-                                 on_epoch_end=saver(2, opt2))
-    if seconds is not None:
-        seconds.update(pretrain=round(stage1_end, 3), train=round(clock() - stage1_end, 3))
-    return stage1, stage2
+    checkpointers = [Checkpointer(checkpoint_dir, k) for k in node.parties] if checkpoint_dir is not None else []
+    optimizers = {stage: optimizers_for(node, stage) for stage in (Stage.PRETRAIN, Stage.TRAIN)}
+    start = _resume(node, checkpointers, optimizers, agree) if resume else {Stage.PRETRAIN: 0, Stage.TRAIN: 0}
+    for c in checkpointers if not resume else []:
+        c.clear()  # an earlier run's files would outrank this run's in the keep-the-latest rule
+
+    def on_epoch_end(stage: Stage, epoch: int, opts: dict) -> None:
+        for c in checkpointers:
+            c.save((stage, epoch), party_state(node, c.party, opts))
+        if after_epoch is not None:
+            after_epoch(stage, epoch, opts)
+
+    result = Fit()
+    for stage in (Stage.PRETRAIN, Stage.TRAIN):
+        began = time.perf_counter()
+        result.losses[stage.key] = run_stage(node, data, stage, optimizers[stage], start[stage], progress,
+                                             on_epoch_end)
+        result.seconds[stage.key] = round(time.perf_counter() - began, 3)
+    return result
+
+
+def _resume(node: Node, checkpointers: list, optimizers: dict, agree: Agree | None) -> dict[Stage, int]:
+    """Restore every hosted party from the latest epoch all parties completed; the epochs to start from."""
+    from .checkpoint import progress_key, restore_party
+
+    common = set.intersection(*(set(c.available()) for c in checkpointers)) if checkpointers else set()
+    common = agree(common) if agree is not None else common
+    if not common:
+        raise InputError("--resume: there is no checkpoint that every party completed; nothing to resume")
+    stage, epoch = max(common, key=progress_key)
+    for c in checkpointers:
+        restore_party(node, c.party, c.load((stage, epoch)), optimizers[stage])
+    if stage is Stage.PRETRAIN:
+        return {Stage.PRETRAIN: epoch + 1, Stage.TRAIN: 0}
+    return {Stage.PRETRAIN: node.cfg.pretrain.epochs, Stage.TRAIN: epoch + 1}

@@ -25,6 +25,28 @@ def refused(request):
     return record
 
 
+@pytest.fixture(scope="session")
+def sessions():
+    """`sessions(protocol, parties)`: a `StepSession` kept alive across tests (one per protocol; a request
+    with another K replaces it), so process start-up and protocol set-up are paid once."""
+    from falsevfl_secure.runtime.session import StepSession
+
+    open_: dict[str, StepSession] = {}
+
+    def get(protocol: str, parties: int) -> StepSession:
+        current = open_.get(protocol)
+        if current is not None and current.parties != parties:
+            current.close()
+            current = None
+        if current is None:
+            current = open_[protocol] = StepSession(protocol, parties).__enter__()
+        return current
+
+    yield get
+    for session in open_.values():
+        session.close()
+
+
 @pytest.fixture
 def terminal_ctrl_c():
     """Children started in this test get SIGINT as at an interactive terminal.

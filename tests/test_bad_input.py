@@ -79,3 +79,54 @@ def test_config_validation(overrides, refused):
 def test_documented_types_are_value_errors():
     assert issubclass(DataError, FalseVflError) and issubclass(InputError, FalseVflError)
     assert issubclass(FalseVflError, ValueError)
+
+
+@pytest.mark.parametrize("protocol", ["mpc", "he"])
+def test_secure_protocols_refuse_two_parties_unless_the_disclosure_is_acknowledged(protocol, refused):
+    """At K = 2 the sum minus the active party's own contribution is the other party's: refused by default."""
+    code, err = run_cli(["--protocol", protocol, "--parties", "2"])
+    assert code == 2 and "hides nothing" in err and "--allow-two-party-disclosure" in err
+    refused("cli option")
+    from falsevfl_secure.transport.protocols import PROTOCOLS
+
+    PROTOCOLS[protocol].check_parties(2, acknowledged=True)  # the flag lets it run
+    PROTOCOLS["plain"].check_parties(2)  # plain claims nothing
+    assert "hide nothing from the active party" in " ".join(_help().split())  # the help states the disclosure
+
+
+def _help() -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        simulate.parse_args(["--help"])
+    return out.getvalue()
+
+
+def test_unusable_output_and_checkpoint_folders_are_refused_before_any_work(tmp_path, refused):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for argv, message in ((["--out", str(blocker)], "is a file"),
+                          (["--checkpoint-dir", str(blocker)], "is a file"),
+                          (["--out", str(blocker / "sub")], "cannot be written")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = simulate.main([*argv, "--quiet", "--pretrain-epochs", "0", "--train-epochs", "0"])
+        assert code == 2 and message in err.getvalue() and "Traceback" not in err.getvalue(), err.getvalue()
+        refused("cli option")
+
+
+def test_resume_refuses_another_configuration_naming_it_and_says_when_there_is_nothing(tmp_path, refused):
+    def cli(*argv: str) -> tuple[int, str]:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = simulate.main([*argv, "--quiet", "--preset", "quick", "--out", str(tmp_path / "run")])
+        return code, err.getvalue()
+
+    code, err = cli("--resume")
+    assert code == 2 and "nothing to resume" in err
+    refused("cli option")
+    assert cli("--pretrain-epochs", "1", "--train-epochs", "1")[0] == 0
+    for argv, setting in ((["--seed", "3"], "seed: 0 -> 3"), (["--variant", "II"], "variant: 'I' -> 'II'"),
+                          (["--parties", "2"], "parties: 4 -> 2")):
+        code, err = cli("--resume", "--pretrain-epochs", "1", "--train-epochs", "1", *argv)
+        assert code == 2 and "another configuration" in err and setting in err and "Traceback" not in err, err
+        refused("cli option")

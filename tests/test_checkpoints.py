@@ -14,11 +14,14 @@ import pytest
 import torch
 
 from falsevfl_secure.checkpoint import Checkpointer
-from falsevfl_secure.config import StageConfig, make_config
+from falsevfl_secure.config import Stage, StageConfig, make_config
+from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.runtime.distributed import run_distributed
 from falsevfl_secure.runtime.local import run_local
 
 PATTERNS = ("mcar:0",)
+# Both runs of a comparison use the same per-party secrets (a real run draws fresh ones).
+SECRETS = {k: RoleSecret.for_tests(11, k) for k in range(2)}
 
 
 def small_config(parties: int = 2):
@@ -27,7 +30,7 @@ def small_config(parties: int = 2):
 
 
 def final_states(directory: Path, parties: int) -> list[dict]:
-    return [Checkpointer(directory, k).load(2, 2) for k in range(parties)]
+    return [Checkpointer(directory, k).load((Stage.TRAIN, 2)) for k in range(parties)]
 
 
 def assert_same_states(a: list[dict], b: list[dict]) -> None:
@@ -45,17 +48,17 @@ class Interrupt(Exception):
 @pytest.mark.parametrize("kill_at", [(1, 0), (1, 1), (2, 0)])
 def test_local_resume_equals_an_uninterrupted_run(tmp_path, kill_at):
     cfg = small_config()
-    reference = run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "a")
+    reference = run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "a", secrets=SECRETS)
 
-    def killer(stage, epoch):
-        if (stage, epoch) == kill_at:
+    def killer(stage, epoch, optimizers):
+        if (int(stage), epoch) == kill_at:
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", after_epoch=killer)
+        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", after_epoch=killer, secrets=SECRETS)
     resumed = run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", resume=True)
     assert_same_states(final_states(tmp_path / "a", 2), final_states(tmp_path / "b", 2))
-    assert resumed["accuracy"] == reference["accuracy"]
+    assert resumed.accuracy == reference.accuracy
 
 
 def test_each_party_stores_only_its_own_state_atomically(tmp_path):
@@ -64,25 +67,27 @@ def test_each_party_stores_only_its_own_state_atomically(tmp_path):
     assert not [f for f in files if f.endswith(".tmp")]
     assert files == ["party0-stage2-epoch00001.pt", "party0-stage2-epoch00002.pt",
                      "party1-stage2-epoch00001.pt", "party1-stage2-epoch00002.pt"]  # the last two epochs
-    passive, active = (Checkpointer(tmp_path, k).load(2, 2) for k in (0, 1))
+    passive, active = (Checkpointer(tmp_path, k).load((Stage.TRAIN, 2)) for k in (0, 1))
     assert "active_module" not in passive and set(passive["optimizers"]) <= {"party0"}
     assert "active_module" in active and "discriminator" in active["optimizers"]
+    assert not torch.equal(passive["secret"], active["secret"])  # each file holds its own party's secret only
 
 
 def test_distributed_run_interrupted_by_ctrl_c_resumes_to_the_same_parameters(tmp_path, terminal_ctrl_c):
     cfg = replace(small_config(), pretrain=StageConfig(2e-3, 256, 40))  # long enough to interrupt
     run_distributed(cfg, "plain", PATTERNS, progress=False, out_dir=tmp_path / "ref",
-                    checkpoint_dir=tmp_path / "a")
+                    checkpoint_dir=tmp_path / "a", secrets=SECRETS)
     out = tmp_path / "run"
     # Interrupt a real distributed run (a child process we can SIGINT) after stage-1 epoch 1.
     script = (
         "import sys; from pathlib import Path; from dataclasses import replace;"
         "from falsevfl_secure.config import StageConfig, make_config;"
         "from falsevfl_secure.runtime.distributed import run_distributed;"
+        "from falsevfl_secure.randomness import RoleSecret;"
         "cfg = replace(make_config('digits', 'quick', parties=2), pretrain=StageConfig(2e-3, 256, 40),"
         " train=StageConfig(2e-3, 64, 3));"
         f"run_distributed(cfg, 'plain', ('mcar:0',), progress=False, out_dir=Path({str(out)!r}),"
-        f" checkpoint_dir=Path({str(tmp_path / 'b')!r}))"
+        f" checkpoint_dir=Path({str(tmp_path / 'b')!r}), secrets={{k: RoleSecret.for_tests(11, k) for k in range(2)}})"
     )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 90

@@ -1,24 +1,21 @@
-"""The CrypTen import shim and exact fixed-point coding: CrypTen imports on this torch, a real 3-process
-CrypTen sum through CrypTen's own launcher is right, and our decoder fixes CrypTen's off-by-one."""
+"""The CrypTen import shim and our fixed-point coding: CrypTen imports on this torch, the shares of our mpc
+sum are valid CrypTen shares (CrypTen's own reveal gives the exact sum of our encodings), and our decoder
+fixes CrypTen's off-by-one."""
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
-import threading
 
 import pytest
 import torch
+from crypten_compat import attach_crypten
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from falsevfl_secure.crypten_shim import (
-    decode_fixed_point,
-    encode_fixed_point,
-    import_crypten,
-    max_safe_abs,
-)
+from falsevfl_secure.runtime.worlds import run_world
+from falsevfl_secure.secure.crypten_shim import import_crypten
 from falsevfl_secure.secure.errors import SecureRangeError
+from falsevfl_secure.secure.fixed_point import decode_fixed_point, encode_fixed_point, max_safe_abs
 
 SCALE = 2**16
 WORLD = 3
@@ -34,19 +31,13 @@ def _rank_input(rank: int) -> torch.Tensor:
     return x
 
 
-def _crypten_sum_worker() -> dict[str, list]:
-    """Runs in each of CrypTen's launcher processes: share every rank's input, add, reveal to all."""
-    crypten = import_crypten()
-    torch.set_num_threads(1)
-    rank = crypten.communicator.get().get_rank()
-    total = None
-    for src in range(WORLD):
-        x = _rank_input(rank) if src == rank else torch.empty(SHAPE, dtype=torch.float64)
-        share = crypten.cryptensor(x, src=src)
-        total = share if total is None else total + share
-    raw = total.reveal()
-    # Plain Python values only: returning tensors through CrypTen's launcher crashes it.
-    return {"raw": raw.tolist(), "crypten_decoded": total.get_plain_text().double().tolist()}
+def _reveal_with_crypten(role) -> dict:
+    """Each party's masked share of its input (what it would send in a secure sum), revealed by CrypTen."""
+    crypten = attach_crypten()
+    x = _rank_input(role.spec.rank)
+    share = encode_fixed_point(x) + role.backend.shares.take(x.numel()).reshape(SHAPE)
+    tensor = crypten.mpc.primitives.ArithmeticSharedTensor.from_shares(share, precision=16)
+    return {"share": share.numpy(), "raw": tensor.reveal().numpy(), "decoded": tensor.get_plain_text().double().numpy()}
 
 
 def test_import_crypten_is_cached_and_aliases_the_moved_torch_module() -> None:
@@ -58,29 +49,16 @@ def test_import_crypten_is_cached_and_aliases_the_moved_torch_module() -> None:
     assert "torchvision" not in sys.modules and "tensorboard" not in sys.modules
 
 
-def test_three_process_crypten_sum_matches_plaintext() -> None:
-    crypten = import_crypten()
-    launcher = crypten.mpc.run_multiprocess(world_size=WORLD)(_crypten_sum_worker)
-    before = set(multiprocessing.active_children())
-    out: list = []
-    thread = threading.Thread(target=lambda: out.append(launcher()), daemon=True)
-    thread.start()
-    thread.join(timeout=30)
-    leftovers = [p for p in multiprocessing.active_children() if p not in before]
-    for p in leftovers:  # CrypTen's launcher joins without a timeout: reap its children ourselves
-        p.kill()
-        p.join(5)
-    assert not thread.is_alive() and not leftovers, "CrypTen's launcher did not finish within 30 s"
-    results = out[0]
-    assert results is not None and len(results) == WORLD, "a CrypTen worker failed"
-
+def test_our_masked_shares_are_crypten_shares_of_the_exact_sum() -> None:
+    results = run_world("mpc", WORLD, _reveal_with_crypten, timeout_s=90)
+    encoded = sum(encode_fixed_point(_rank_input(r)) for r in range(WORLD))
+    for rank, res in enumerate(results):
+        assert torch.equal(torch.as_tensor(res["raw"]), encoded)  # CrypTen's ring, CrypTen's reveal
+        assert (torch.as_tensor(res["share"]) != encode_fixed_point(_rank_input(rank))).all()  # masked
     expected = sum(_rank_input(r) for r in range(WORLD))
-    for res in results:
-        ours = decode_fixed_point(torch.tensor(res["raw"], dtype=torch.int64))
-        assert torch.allclose(ours, expected, rtol=0, atol=WORLD / SCALE)
-    # CrypTen's decoder of the very same revealed integers is off by 1.0 somewhere.
-    crypten_decoded = torch.tensor(results[0]["crypten_decoded"], dtype=torch.float64)
-    assert (crypten_decoded - expected).abs().max() > 0.99
+    assert torch.allclose(decode_fixed_point(encoded), expected, rtol=0, atol=WORLD / SCALE)
+    # CrypTen's decoder of the very same revealed integers is off by 1.0 somewhere; ours is exact.
+    assert (torch.as_tensor(results[0]["decoded"]) - expected).abs().max() > 0.99
 
 
 def test_our_decoder_is_exact_where_cryptens_is_off_by_one() -> None:
@@ -106,7 +84,7 @@ def test_encode_refuses_non_finite_and_ring_wrapping_values(refused) -> None:
         refused("value beyond range (mpc)")
     limit = max_safe_abs(n_addends=8)
     encode_fixed_point(torch.tensor([-limit * 0.999], dtype=torch.float64), n_addends=8)
-    with pytest.raises(SecureRangeError, match="safe fixed-point range") as err:
+    with pytest.raises(SecureRangeError, match="outside the range") as err:
         encode_fixed_point(torch.tensor([limit * 1.001], dtype=torch.float64), n_addends=8)
     refused("value beyond range (mpc)")
     assert isinstance(err.value, ValueError) and "8 addend" in str(err.value)

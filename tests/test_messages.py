@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure.errors import ProtocolError
-from falsevfl_secure.transport.rounds import STAGE1_ROUNDS, Message, MessageValidator
+from falsevfl_secure.transport.rounds import AGGREGATES as AGGREGATE_ROUNDS
+from falsevfl_secure.transport.rounds import ROUNDS, Message, MessageValidator
 
 K, ACTIVE, B, S, H = 4, 3, 5, 2, 6
-SHAPES = {"posterior": (B, 2 * H), "latent": (S, B, H), "likelihood": (S, B), "likelihood_grad": (S, B),
-          "latent_grad": (S, B, H), "posterior_grad": (B, 2 * H)}
-AGGREGATES = {"posterior", "likelihood", "latent_grad"}
+SIZES = {"B": B, "S": S, "H": H, "2H": 2 * H}
+SHAPES = {r.name: tuple(SIZES[symbol] for symbol in r.payload) for r in ROUNDS}  # from the round table
+AGGREGATES = {r.name for r in AGGREGATE_ROUNDS}
+STAGE1_ROUNDS = tuple(r.name for r in ROUNDS)
 
 
 def good(name: str, sender: int = 0, protection: str = "secret-shared") -> Message:

@@ -16,10 +16,17 @@ from falsevfl_secure.config import Config, StageConfig
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.model import PartyModel, PartyStack
 from falsevfl_secure.model.party_stack import stacked_mlp
+from falsevfl_secure.node import build_node
+from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.steps import predict, stage1_loss
 from falsevfl_secure.train import host_split
 from falsevfl_secure.transport import LocalTransport
-from falsevfl_secure.world import make_world
+
+
+def make_world(cfg: Config, widths: dict, n_classes: int, transport, device):
+    """Every party's node with its secret fixed, so the stacked and sequential builds are the same models."""
+    secrets = {k: RoleSecret.for_tests(cfg.seed, k) for k in widths}
+    return build_node(cfg, widths, n_classes, transport, device, secrets)
 
 CPU = torch.device("cpu")
 
@@ -27,8 +34,8 @@ CPU = torch.device("cpu")
 def build(cfg: Config, split, stack: str):
     cfg = replace(cfg, stack_parties=stack)
     world = make_world(cfg, {k: b.shape[1] for k, b in enumerate(split.blocks)}, 3,
-                       LocalTransport(cfg.parties, cfg.active), CPU)
-    return world, host_split(split, range(cfg.parties), True, CPU, 3)
+                       LocalTransport(cfg.parties, cfg.active_index), CPU)
+    return world, host_split(split.view(range(cfg.parties), True), CPU, 3)
 
 
 @settings(max_examples=25, deadline=None)
@@ -44,12 +51,12 @@ def test_stacked_parties_equal_sequential_parties(parties, variant, batch, kappa
     results = {}
     for stack in ("never", "always"):
         world, data = build(cfg, split, stack)
-        assert (world.party_stack is not None) == (stack == "always")
+        assert (world.stack is not None) == (stack == "always")
         b = data.batch(np.arange(batch))
-        loss = stage1_loss(world, b)
+        loss = stage1_loss(world, b).get()
         loss.backward()
-        grads = {f"{k}.{n}": p.grad.clone() for k, m in world.parties.items() for n, p in m.named_parameters()}
-        results[stack] = (loss.item(), grads, predict(world, b))
+        grads = {f"{k}.{n}": p.grad.clone() for k, r in world.parties.items() for n, p in r.model.named_parameters()}
+        results[stack] = (loss.item(), grads, predict(world, b).get())
     (loss_a, grads_a, pred_a), (loss_b, grads_b, pred_b) = results["never"], results["always"]
     assert np.isclose(loss_a, loss_b, rtol=1e-5, atol=1e-5)
     assert grads_a.keys() == grads_b.keys()
@@ -80,10 +87,10 @@ def test_parties_of_different_widths_are_not_stacked():
         PartyStack(models)
     cfg = Config(dataset="synthetic", parties=2, stack_parties="always")
     world = make_world(cfg, {0: 4, 1: 5}, 3, LocalTransport(2, 1), CPU)
-    assert world.party_stack is None  # falls back to one network after the other
+    assert world.stack is None  # falls back to one network after the other
 
 
 def test_auto_does_not_stack_on_the_cpu():
     cfg = Config(dataset="synthetic", parties=3, h_dim=4, z_dim=2, party_hidden=8, global_hidden=8)
     world = make_world(cfg, {0: 3, 1: 3, 2: 3}, 3, LocalTransport(3, 2), CPU)
-    assert cfg.stack_parties == "auto" and world.party_stack is None
+    assert cfg.stack_parties == "auto" and world.stack is None

@@ -1,4 +1,5 @@
-"""Each protocol executes exactly the rounds its reviewed spec in protocols/ lists."""
+"""Each protocol executes exactly the rounds of the round table, and its reviewed spec in protocols/ names
+those rounds with the protection its protocol object gives them."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from falsevfl_secure.runtime.session import WorldSession
-from falsevfl_secure.transport import STAGE1_ROUNDS, LocalTransport
-from falsevfl_secure.transport.mpc import MpcBackend
-from falsevfl_secure.transport.plain import PlainBackend
+from falsevfl_secure.config import Stage
+from falsevfl_secure.runtime.session import StepSession, local_reference
+from falsevfl_secure.transport import PROTOCOLS, ROUNDS, STAGE_ROUNDS, LocalTransport
 
 SPECS = Path(__file__).resolve().parents[1] / "protocols"
 
@@ -19,38 +19,42 @@ def load_spec(protocol: str) -> dict:
     return tomllib.loads((SPECS / f"{protocol}.toml").read_text())
 
 
-def job(stage: str) -> dict:
+def job(stage: Stage):
     from test_equivalence import make_job
 
-    return make_job(3, "II", 6, 2, 11, 0.3, stage)
+    return make_job(3, "II", 6, 2, 11, 0.3, stage.key)
+
+
+def test_stage_rounds_are_the_forward_rounds_then_their_adjoints_in_reverse():
+    forward = STAGE_ROUNDS[Stage.PRETRAIN][:3]
+    assert [r.primitive.value for r in forward] == ["aggregate", "broadcast", "aggregate"]
+    assert list(STAGE_ROUNDS[Stage.PRETRAIN][3:]) == [r.adjoint for r in reversed(forward)]
+    assert all(r.adjoint.adjoint is r and r.adjoint.primitive is not r.primitive for r in ROUNDS)
+    assert STAGE_ROUNDS[Stage.TRAIN] == STAGE_ROUNDS[Stage.PREDICT] == forward  # no gradient leaves stage 2
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
-def test_executed_rounds_equal_the_spec(protocol):
-    spec = load_spec(protocol)
-    assert [r["name"] for r in spec["rounds"]] == list(STAGE1_ROUNDS)
-    with WorldSession(protocol, 3) as world:
-        for stage in ("pretrain", "train", "predict"):
+def test_executed_rounds_equal_the_table(protocol):
+    with StepSession(protocol, 3) as world:
+        for stage in (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT):
             reports = world.run(job(stage))
             for rank, report in reports.items():
-                assert report["trace"] == spec["stages"][stage], (protocol, stage, rank)
+                assert report["trace"] == [r.name for r in STAGE_ROUNDS[stage]], (protocol, stage, rank)
 
 
-def test_spec_protection_matches_the_backends():
-    from falsevfl_secure.transport.he import HeBackend
+@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+def test_spec_names_the_table_rounds_with_the_protocol_protection(protocol):
+    spec = load_spec(protocol)
+    assert spec["protocol"] == protocol and set(spec["runtimes"]) == set(PROTOCOLS[protocol].runtimes)
+    assert list(spec["rounds"]) == [r.name for r in ROUNDS]
+    for r in ROUNDS:
+        expected = PROTOCOLS[protocol].protection if r.is_aggregate else "clear"
+        assert spec["rounds"][r.name]["protection"] == expected, (protocol, r.name)
+        assert spec["rounds"][r.name]["realised_by"] and spec["rounds"][r.name]["learns"]
+    assert ("aggregator" in spec["roles"]) == bool(PROTOCOLS[protocol].helpers)
 
-    for protocol, backend in (("plain", PlainBackend), ("mpc", MpcBackend), ("he", HeBackend)):
-        spec = load_spec(protocol)
-        for r in spec["rounds"]:
-            expected = backend.protection if r["senders"] == "every party" else "clear"
-            assert r["protection"] == expected, (protocol, r["name"])
 
-
-def test_local_runtime_executes_the_plain_spec():
-    from test_equivalence import local_reference
-
-    spec = load_spec("plain")
-    assert "local" in spec["runtimes"]
-    for stage in ("pretrain", "train", "predict"):
-        assert local_reference(job(stage))["trace"] == spec["stages"][stage]
-    assert LocalTransport.protocol == "plain"
+def test_local_runtime_executes_the_table():
+    for stage in (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT):
+        assert local_reference(job(stage))["trace"] == [r.name for r in STAGE_ROUNDS[stage]]
+    assert LocalTransport.protection == "clear" and "local" in PROTOCOLS["plain"].runtimes

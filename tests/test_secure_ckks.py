@@ -1,11 +1,11 @@
-"""CKKS aggregation: encrypted sums equal plaintext sums within a tolerance derived from the 2^40 scale,
-the aggregator's public context cannot decrypt, weak parameters are refused, and malformed, tampered,
-truncated or mismatched ciphertexts are refused with SecureMessageError.
+"""CKKS aggregation: an encrypted sum decrypts to exactly the sum of the addends' fixed-point values (every
+value is rounded onto the 2^-16 grid before encryption and every decryption back onto it, so no CKKS noise
+survives), for magnitudes up to the documented range; the aggregator's public context cannot decrypt, weak
+parameters are refused, and malformed, tampered, truncated or mismatched ciphertexts are refused.
 
-Tolerance: a fresh CKKS ciphertext at scale Delta = 2^40, N = 8192 decrypts with an error of about
-(encryption noise ~ 2^10 per coefficient) * sqrt(N) / Delta ~ 2^-23.5 per slot, and additions add the
-errors. We allow K * 2^-20 (~1e-6 per addend, ~10x margin) absolute, for |values| <= 1e3; measured here
-~3e-8 for K = 8 and |values| <= 1e4. The error does not grow with the magnitude of the values.
+Independent truth: the sum of `round(x * 2^16) / 2^16` over the addends, computed in float64 here. The
+decryption noise (~5e-9 at scale 2^40) is far below the quarter grid step (2^-18) that the decryption
+checks, also with a value near the range in the same ciphertext (float64 decoding error grows with it).
 """
 
 from __future__ import annotations
@@ -31,32 +31,32 @@ def _contexts() -> tuple[ts.Context, ts.Context, bytes]:
     return secret, ckks.load_public_context(public_bytes), public_bytes
 
 
-def _tol(k: int) -> float:
-    return k * 2.0**-20
+def _grid_sum(xs: list[torch.Tensor]) -> torch.Tensor:
+    return sum(torch.round(x.double() * 2**16) / 2**16 for x in xs)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
-    k=st.integers(2, 6),
+    k=st.integers(2, 8),
     shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
-    magnitude=st.sampled_from([1e-3, 1.0, 1e3]),
+    magnitude=st.sampled_from([1e-3, 1.0, 1e3, 1e6, "range"]),
     seed=st.integers(0, 2**16),
 )
-def test_sum_of_k_encrypted_tensors_matches_plaintext(
-    k: int, shape: list[int], magnitude: float, seed: int
-) -> None:
+def test_sum_of_k_encrypted_tensors_is_the_exact_sum_of_grid_values(k: int, shape: list[int], magnitude,
+                                                                     seed: int) -> None:
     secret, public, _ = _contexts()
     g = torch.Generator().manual_seed(seed)
-    xs = [(torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * magnitude for _ in range(k)]
+    scale = 0.999 * ckks.max_safe_abs(public, k) if magnitude == "range" else magnitude
+    xs = [(torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * scale for _ in range(k)]
+    xs[0].view(-1)[-1] = 1e-3  # a small value beside large ones in the same ciphertext
     parts = [ckks.encrypt_tensor(public, x, n_addends=k) for x in xs]
-    summed = ckks.sum_encrypted(public, parts)
-    got = ckks.decrypt_tensor(secret, summed, shape)
-    expected = torch.stack(xs).sum(0)
-    assert got.shape == expected.shape and got.dtype == torch.float64
-    assert (got - expected).abs().max().item() <= _tol(k)
+    got = ckks.decrypt_tensor(secret, ckks.sum_encrypted(public, parts), shape)
+    assert got.shape == tuple(shape) and got.dtype == torch.float64
+    assert torch.equal(got, _grid_sum(xs))
+    assert (got - torch.stack(xs).sum(0)).abs().max() <= k * 2.0**-17  # within half a step per addend
     # Folding pairwise additions gives the same sum.
     folded = functools.reduce(lambda a, b: ckks.add_encrypted(public, a, b), parts)
-    assert (ckks.decrypt_tensor(secret, folded, shape) - expected).abs().max().item() <= _tol(k)
+    assert torch.equal(ckks.decrypt_tensor(secret, folded, shape), _grid_sum(xs))
 
 
 def test_slot_packing_uses_ceil_numel_over_slots_ciphertexts() -> None:
@@ -67,7 +67,7 @@ def test_slot_packing_uses_ceil_numel_over_slots_ciphertexts() -> None:
         x = torch.linspace(-5, 5, numel, dtype=torch.float64)
         chunks = ckks.encrypt_tensor(public, x)
         assert len(chunks) == math.ceil(numel / slots)
-        assert (ckks.decrypt_tensor(secret, chunks, (numel,)) - x).abs().max() <= _tol(1)
+        assert torch.equal(ckks.decrypt_tensor(secret, chunks, (numel,)), _grid_sum([x]))
     empty = ckks.encrypt_tensor(public, torch.zeros(0, 3))
     assert len(empty) == 1 and ckks.decrypt_tensor(secret, empty, (0, 3)).shape == (0, 3)
 
@@ -198,8 +198,23 @@ def test_non_finite_or_wrapping_values_are_refused(refused) -> None:
             ckks.encrypt_tensor(public, torch.tensor([0.0, bad]))
         refused("value beyond range (ckks)")
     limit = ckks.max_safe_abs(public, n_addends=8)
-    assert limit == 2.0**18 / 8  # [60 | 60] chain, scale 2^40, one bit of margin
-    ckks.encrypt_tensor(public, torch.tensor([limit]), n_addends=8)
+    assert limit == ckks.SUM_RANGE / 8 == 2.0**27  # the documented range of a sum, shared by 8 addends
+    ckks.encrypt_tensor(public, torch.tensor([limit * 0.999]), n_addends=8)
     with pytest.raises(SecureRangeError, match="8 addend"):
         ckks.encrypt_tensor(public, torch.tensor([limit * 1.01]), n_addends=8)
+    refused("value beyond range (ckks)")
+    # A single 60-bit data prime leaves 2^18 above the scale: such a context carries less.
+    small = ckks.make_secret_context(ckks.CkksParams(8192, (60, 60)))
+    assert ckks.max_safe_abs(small, 8) == 2.0**18 / 8
+
+
+def test_a_decryption_off_the_grid_is_refused(refused) -> None:
+    """What the rounding guards against: a sum that is not a sum of grid values (here a raw CKKS vector)."""
+    secret, public, _ = _contexts()
+    chunk = ckks.encrypt_tensor(public, torch.tensor([0.5]))
+    payload = ts.ckks_vector(public, [0.5 + 2.0**-17]).serialize()
+    forged = ckks._frame(0, 1, 1, payload)
+    assert torch.equal(ckks.decrypt_tensor(secret, chunk, (1,)), torch.tensor([0.5], dtype=torch.float64))
+    with pytest.raises(SecureRangeError, match="from the fixed-point grid"):
+        ckks.decrypt_tensor(secret, [forged], (1,))
     refused("value beyond range (ckks)")

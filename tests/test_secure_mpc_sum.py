@@ -1,23 +1,37 @@
-"""Secure sum over real CrypTen worlds of K = 2, 3, 4 forked processes: the sum reaches `dst` only, within
-K * 2^-16; out-of-range input fails loudly on every rank that must know (nobody hangs); and what `dst`
-receives is masked, unmaskable only by `dst` together with both ring neighbours of a party."""
+"""The mpc secure sum over real worlds of K = 2, 3, 4 processes: the sum reaches `dst` only, exactly the sum of
+the fixed-point encodings; out-of-range input fails loudly on every rank that must know (nobody hangs); what
+`dst` receives is masked by pairwise keys, and unmasking one party takes every other party together."""
 
 from __future__ import annotations
 
-import functools
-import multiprocessing
 import time
 
 import pytest
 import torch
 
-from falsevfl_secure.crypten_shim import encode_fixed_point, import_crypten
-from falsevfl_secure.secure.crypten_world import WorkerError, run_crypten_world
+from falsevfl_secure.randomness import KeyStream
+from falsevfl_secure.runtime.worlds import WorkerError, run_world
 from falsevfl_secure.secure.errors import SecureRangeError
-from falsevfl_secure.secure.mpc_sum import ReceivedShare, secure_sum, zero_share
+from falsevfl_secure.secure.fixed_point import encode_fixed_point
+from falsevfl_secure.secure.masks import X25519Agreement, ZeroShares, zero_share
+from falsevfl_secure.secure.mpc_sum import ReceivedShare, secure_sum
+from falsevfl_secure.transport.protocols import Mpc
 
 SCALE = 2**16
 SHAPES = ((4, 3), (2, 5, 7))
+PAIR_KEYS: dict[int, bytes] = {}  # filled inside each rank's process by the recording agreement
+
+
+class RecordingAgreement(X25519Agreement):
+    """The shipped X25519 agreement that also remembers its pair keys: what a member of a coalition pools."""
+
+    def pair_keys(self, rank, public_keys):
+        PAIR_KEYS.clear()
+        PAIR_KEYS.update(super().pair_keys(rank, public_keys))
+        return dict(PAIR_KEYS)
+
+
+RECORDING = Mpc(agreement=RecordingAgreement)
 
 
 def _value(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -29,162 +43,137 @@ def _value(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
     return x
 
 
-def _draws(generator: torch.Generator, n: int) -> list[int]:
-    """What a PRZS draw of n ring elements from `generator` gives (CrypTen's generate_random_ring_element)."""
-    crypten = import_crypten()
-    return crypten.common.rng.generate_random_ring_element((n,), generator=generator).tolist()
-
-
-def _saved(kind: str) -> torch.Generator:
-    crypten = import_crypten()
-    g = torch.Generator()
-    g.set_state(crypten.generators[kind][torch.device("cpu")].get_state())
-    return g
-
-
-def _run_sums(rank: int, world_size: int) -> dict:
-    """One CrypTen party: sums for both shapes to different dsts, then a refused sum, then one more sum."""
-    out: dict = {"sums": [], "views": []}
+def _run_sums(role) -> dict:
+    """One party: sums for both shapes to different dsts, then a refused sum, then one more sum."""
+    rank, size, shares = role.spec.rank, role.spec.n_parties, role.backend.shares
+    out: dict = {"sums": [], "views": [], "keys": {str(k): v.hex() for k, v in PAIR_KEYS.items()}}
     for i, shape in enumerate(SHAPES):
-        dst = (world_size - 1) if i == 0 else 0
-        prev, nxt = _saved("prev"), _saved("next")
+        dst = (size - 1) if i == 0 else 0
         view: list[ReceivedShare] = []
-        res = secure_sum(_value(rank, shape).float() if i else _value(rank, shape), dst, view=view)
-        numel = torch.Size(shape).numel() + 1
-        out["sums"].append(None if res is None else res.tolist())
-        out["views"].append([(v.src, v.raw.tolist()) for v in view])
-        # This party's own PRZS draws for the sum, so the test can play colluding neighbours.
-        out.setdefault("prev_draws", []).append(_draws(prev, numel))
-        out.setdefault("next_draws", []).append(_draws(nxt, numel))
-    # Rank 1 brings a value that could wrap the ring: it and dst must raise, nobody may hang.
+        res = secure_sum(_value(rank, shape).float() if i else _value(rank, shape), dst, shares, view=view)
+        out["sums"].append(None if res is None else res.numpy())
+        out["views"].append([[v.src, v.raw.numpy()] for v in view])
     bad = torch.full((4, 3), 1.0)
-    if rank == 1:
+    if rank == 1:  # a value that could wrap the ring: it and dst must raise, nobody may hang
         bad[2, 1] = 1e15
     try:
-        out["refused"] = secure_sum(bad, 0)
+        out["refused"] = secure_sum(bad, 0, shares)
     except SecureRangeError as exc:
         out["refused"] = f"SecureRangeError: {exc}"
-    # The world is still in step afterwards.
-    res = secure_sum(torch.full((2, 2), float(rank) - 0.25), 0)
-    out["after"] = None if res is None else res.tolist()
+    res = secure_sum(torch.full((2, 2), float(rank) - 0.25), 0, shares)  # the world is still in step
+    out["after"] = None if res is None else res.numpy()
     return out
 
 
-@functools.cache
-def _world(world_size: int) -> list[dict]:
+_RESULTS: dict[int, list[dict]] = {}
+
+
+def _world(size: int) -> list[dict]:
     """Run the parties once per world size; several tests read the same run."""
-    return run_crypten_world(world_size, _run_sums, timeout_s=60)
+    if size not in _RESULTS:
+        _RESULTS[size] = run_world(RECORDING, size, _run_sums, timeout_s=90)
+    return _RESULTS[size]
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_secure_sum_reaches_dst_only_and_is_exact_to_fixed_point(world_size: int) -> None:
-    results = _world(world_size)
-    for i, shape in enumerate(SHAPES):
-        dst = (world_size - 1) if i == 0 else 0
-        inputs = [_value(r, shape).float().double() if i else _value(r, shape) for r in range(world_size)]
-        expected = torch.stack(inputs).sum(0)
+def _inputs(i: int, size: int) -> list[torch.Tensor]:
+    shape = SHAPES[i]
+    return [_value(r, shape).float().double() if i else _value(r, shape) for r in range(size)]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_secure_sum_reaches_dst_only_and_is_the_exact_sum_of_encodings(size: int) -> None:
+    results = _world(size)
+    for i, _shape in enumerate(SHAPES):
+        dst = (size - 1) if i == 0 else 0
+        inputs = _inputs(i, size)
+        encoded = sum(encode_fixed_point(x) for x in inputs)
         for rank, res in enumerate(results):
             if rank != dst:
                 assert res["sums"][i] is None and res["views"][i] == []  # non-dst ranks receive nothing
                 continue
-            got = torch.tensor(res["sums"][i], dtype=torch.float64)
-            assert got.shape == expected.shape
-            assert torch.allclose(got, expected, rtol=0, atol=world_size / SCALE)
-            view = res["views"][i]
-            assert sorted(src for src, _ in view) == sorted(set(range(world_size)) - {dst})
-            for src, raw in view:  # every message dst received is masked, not the party's encoded value
-                encoded = encode_fixed_point(inputs[src]).reshape(-1)
-                assert (torch.tensor(raw[:-1]) != encoded).all()
-
-    assert all(isinstance(r["refused"], str) for r in (results[0], results[1]))
-    assert "rank 1" in results[1]["refused"] and "safe fixed-point range" in results[1]["refused"]
-    assert "refused" in results[0]["refused"] and "1 party" in results[0]["refused"]
+            got = torch.as_tensor(res["sums"][i])
+            assert torch.equal(got, encoded.double() / SCALE)  # exact: the sum of the encodings
+            assert torch.allclose(got, torch.stack(inputs).sum(0), rtol=0, atol=size / SCALE)
+            assert sorted(src for src, _ in res["views"][i]) == sorted(set(range(size)) - {dst})
+            for src, raw in res["views"][i]:  # every message dst received is masked
+                assert (torch.as_tensor(raw)[:-1] != encode_fixed_point(inputs[src]).reshape(-1)).all()
+    assert "the input of 1 party" in results[0]["refused"]
+    assert "outside the range" in results[1]["refused"]
     assert all(r["refused"] is None for r in results[2:])
-    after = torch.tensor(results[0]["after"])
-    assert torch.allclose(after, torch.full((2, 2), sum(r - 0.25 for r in range(world_size))), atol=1e-9)
+    expected = torch.full((2, 2), sum(r - 0.25 for r in range(size)))
+    assert torch.allclose(torch.as_tensor(results[0]["after"]).float(), expected)
 
 
-def test_dst_plus_both_neighbours_unmask_a_party_but_dst_plus_one_does_not() -> None:
-    """The collusion threshold of CrypTen's zero sharing, on the K = 4 world (dst 0, target party 2)."""
-    world_size, target, shape_index = 4, 2, 1
-    results = _world(world_size)
-    dst = 0
-    share = dict(results[dst]["views"][shape_index])[target]
-    # Party r's mask is draw(prev seed shared with r-1) - draw(next seed shared with r+1); rank r-1 holds the
-    # first as its "next" draw, rank r+1 the second as its "prev" draw.
-    from_left = torch.tensor(results[target - 1]["next_draws"][shape_index])
-    from_right = torch.tensor(results[target + 1]["prev_draws"][shape_index])
-    encoded = encode_fixed_point(_value(target, SHAPES[shape_index]).float()).reshape(-1)
-    unmasked = torch.tensor(share) - from_left + from_right
-    assert torch.equal(unmasked[:-1], encoded)
-    assert unmasked[-1] == 0  # no error flag
-    assert ((torch.tensor(share) - from_left)[:-1] != encoded).all()  # one neighbour is not enough
-    assert ((torch.tensor(share) + from_right)[:-1] != encoded).all()
+def _mask_from(keys_of: dict, offset: int, owner: int, peer: int, n: int) -> torch.Tensor:
+    """What pair (owner, peer) adds to the owner's share, from the pooled key: every party consumes the
+    same number of stream elements per sum, so a sum's range starts after the earlier sums' elements."""
+    draw = torch.from_numpy(KeyStream(bytes.fromhex(keys_of[str(peer)]), 8 * offset).integers(n).copy())
+    return draw if peer > owner else -draw
 
 
-def test_secure_sum_needs_an_initialised_crypten_world() -> None:
-    with pytest.raises(RuntimeError, match="not initialized"):
-        secure_sum(torch.zeros(2), 0)
+def test_unmasking_a_party_takes_every_other_party_together() -> None:
+    """collusion.toml, mpc: dst plus all other parties unmask party 2 exactly; any smaller coalition does not."""
+    size, target, i, dst = 4, 2, 1, 0
+    results = _world(size)
+    share = torch.as_tensor(dict((s, r) for s, r in results[dst]["views"][i])[target])
+    encoded = encode_fixed_point(_inputs(i, size)[target].float()).reshape(-1)
+    keys, offset = results[target]["keys"], sum(torch.Size(shape).numel() + 1 for shape in SHAPES[:i])
+    masks = {peer: _mask_from(keys, offset, target, peer, share.numel()) for peer in range(size) if peer != target}
+    unmasked = share - sum(masks.values())
+    assert torch.equal(unmasked[:-1], encoded) and unmasked[-1] == 0  # everyone else together: exact
+    # The pooled keys of every coalition that lacks one other party leave the share masked.
+    for missing in (p for p in range(size) if p != target):
+        partial = share - sum(m for peer, m in masks.items() if peer != missing)
+        assert (partial[:-1] != encoded).all(), missing
+    # Both ends of a pair derive the same key (the agreement is symmetric).
+    assert results[target]["keys"][str(dst)] == results[dst]["keys"][str(target)]
 
 
-def _rank1_fails(rank: int, world_size: int) -> None:
-    if rank == 1:
+def test_secure_sum_needs_a_world() -> None:
+    shares = ZeroShares(0, {})
+    with pytest.raises((RuntimeError, ValueError)):
+        secure_sum(torch.zeros(2), 0, shares)
+    shares.close()
+
+
+def _rank1_fails(role) -> None:
+    if role.spec.rank == 1:
         raise KeyError("party 1 crashed")
-    secure_sum(torch.zeros(3), 0)  # rank 0 would wait for rank 1 here until its gloo timeout
+    secure_sum(torch.zeros(3), 0, role.backend.shares)  # rank 0 would wait for rank 1 here
 
 
-def _stalls(rank: int, world_size: int) -> None:
+def _stalls(role) -> None:
     time.sleep(60)
 
 
-@pytest.mark.parametrize(
-    ("fn", "timeout_s", "message"),
-    [(_rank1_fails, 10.0, "rank 1 failed first: KeyError"), (_stalls, 2.0, r"rank\(s\) \[0, 1\] missed")],
-)
+@pytest.mark.parametrize(("fn", "timeout_s", "message"),
+                         [(_rank1_fails, 30.0, "rank 1 failed first: KeyError"),
+                          (_stalls, 8.0, r"rank\(s\) \[0, 1\] missed")])
 def test_failing_or_stalled_party_is_named_and_every_child_reaped(fn, timeout_s: float, message: str) -> None:
+    import multiprocessing
+
     before = set(multiprocessing.active_children())
     start = time.monotonic()
     with pytest.raises(WorkerError, match=message):
-        run_crypten_world(2, fn, timeout_s=timeout_s)
-    assert time.monotonic() - start < timeout_s + 5
+        run_world("mpc", 2, fn, timeout_s=timeout_s)
+    assert time.monotonic() - start < timeout_s + 10
     assert not [p for p in multiprocessing.active_children() if p not in before]
 
 
-def _zero_share_and_crypten_przs(rank: int, world_size: int) -> dict:
-    crypten = import_crypten()
-    cpu = torch.device("cpu")
-    states = {kind: crypten.generators[kind][cpu].get_state() for kind in ("prev", "next")}
-    ours = zero_share(crypten, 37)
-    for kind, state in states.items():
-        crypten.generators[kind][cpu].set_state(state)
-    theirs = crypten.mpc.primitives.ArithmeticSharedTensor.PRZS((37,)).share
-    return {"ours": ours.tolist(), "theirs": theirs.tolist()}
-
-
-def test_zero_share_draws_exactly_crypten_przs_and_the_shares_cancel() -> None:
-    results = run_crypten_world(3, _zero_share_and_crypten_przs, timeout_s=60)
-    for r in results:
-        assert r["ours"] == r["theirs"]
-        assert any(v != 0 for v in r["ours"])  # a share is not itself zero
-    totals = [sum(column) % 2**64 for column in zip(*(r["ours"] for r in results), strict=True)]
-    assert totals == [0] * 37
-
-
-def _stream_versus_draws_on_demand(rank: int, world_size: int) -> dict:
-    from falsevfl_secure.secure.mpc_sum import ZeroShareStream
-
-    crypten = import_crypten()
-    cpu = torch.device("cpu")
-    states = {kind: crypten.generators[kind][cpu].get_state() for kind in ("prev", "next")}
+def _shares_of(role) -> dict:
+    shares = role.backend.shares
     sizes = [5, 17, 3, 40, 40, 1]
-    stream = ZeroShareStream(crypten)
-    ahead = [stream.take(n).tolist() for n in sizes]
-    stream.close()  # no draw may still run when the generators are rewound
-    for kind, state in states.items():
-        crypten.generators[kind][cpu].set_state(state)
-    return {"ahead": ahead, "now": [zero_share(crypten, n).tolist() for n in sizes]}
+    ahead = [shares.take(n).numpy() for n in sizes]  # the first takes of fresh streams (position 0)
+    replay = {k: KeyStream(s._key) for k, s in shares._streams.items()}
+    now = [zero_share(role.spec.rank, replay, n).numpy() for n in sizes]
+    return {"ahead": ahead, "now": now}
 
 
-def test_shares_drawn_ahead_are_the_shares_drawn_on_demand() -> None:
-    for r in run_crypten_world(3, _stream_versus_draws_on_demand, timeout_s=60):
-        assert r["ahead"] == r["now"]
+def test_zero_shares_cancel_and_shares_drawn_ahead_are_the_shares_drawn_on_demand() -> None:
+    results = run_world("mpc", 3, _shares_of, timeout_s=90)
+    for r in results:
+        assert all((a == b).all() for a, b in zip(r["ahead"], r["now"], strict=True))
+        assert any(v != 0 for part in r["ahead"] for v in part)  # a share is not itself zero
+    for j in range(6):
+        total = sum(torch.as_tensor(r["ahead"][j]) for r in results)  # int64 addition wraps: the ring
+        assert (total == 0).all()

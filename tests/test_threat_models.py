@@ -1,4 +1,5 @@
-"""Executable threat models: audits of the views recorded in real distributed runs."""
+"""Executable threat models: audits of the views recorded in real distributed runs, and the audit itself
+shown not to be vacuous (it fails on plain, on unmasked shares, and when there are too few shares to test)."""
 
 from __future__ import annotations
 
@@ -6,48 +7,59 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from test_equivalence import make_job
 
 from falsevfl_secure.audit import (
+    MIN_SHARE_VALUES,
     AuditReport,
     audit_active_view,
     audit_passive_view,
+    audit_recorded_views,
+    contributions,
     load_threat_model,
     share_bits_uniform,
 )
-from falsevfl_secure.runtime.session import WorldSession, build_job_world, run_job_step
-from falsevfl_secure.transport import STAGE1_ROUNDS, LocalTransport
+from falsevfl_secure.runtime.session import local_reference
+from falsevfl_secure.secure.fixed_point import encode_fixed_point
+from falsevfl_secure.transport import ROUNDS
+from falsevfl_secure.transport.views import Entry, View
 
 PARTIES, ACTIVE = 4, 3
-# Encoding precision of a revealed sum: mpc rounds each of K addends to 2^-16; CKKS at 2^40 is ~1e-8.
-TOLERANCE = {"plain": (1e-6, 1e-6), "mpc": (PARTIES * 2.0**-16, 1e-6), "he": (1e-6, 1e-6)}
+ATOL = PARTIES * 2.0**-16  # a revealed sum is the exact sum of K encodings, each within 2^-17
 
 
-def shadow_of(job: dict) -> list[dict]:
-    shadow: list[dict] = []
-    world, data = build_job_world(job, None, LocalTransport(PARTIES, ACTIVE, shadow=shadow))
-    run_job_step(world, data, job)
-    return shadow
+def as_view(entries: list[dict]) -> View:
+    return View(Entry(e["round"], e["kind"], e["peer"], e["protection"], np.asarray(e["value"])) for e in entries)
 
 
-def recorded(protocol: str, job: dict) -> dict[int, dict]:
-    with WorldSession(protocol, PARTIES) as world:
-        return world.run({**job, "record_views": True})
+def shadow_of(job) -> dict:
+    """Every party's own contribution to every sum, from the plaintext reference of the same step."""
+    record = View()
+    local_reference(job, record)
+    return contributions({0: record})
 
 
-def stage1_job(variant: str = "I", seed: int = 3) -> dict:
-    return make_job(PARTIES, variant, 24, 3, seed, 0.3, "pretrain")
+def recorded(sessions, protocol: str, job) -> dict[int, View]:
+    reports = sessions(protocol, PARTIES).run(job)
+    return {rank: as_view(report["view"]) for rank, report in reports.items()}
+
+
+def stage1_job(variant: str = "I", seed: int = 3, batch: int = 24, kappa: int = 3):
+    return make_job(PARTIES, variant, batch, kappa, seed, 0.3, "pretrain", record=True)
 
 
 def test_every_threat_model_file_is_complete():
     names = [p.stem for p in Path(__file__).resolve().parents[1].joinpath("threat_models").glob("*.toml")]
     assert {"active_semi_honest", "passive_semi_honest", "aggregator_he", "collusion", "labels",
-            "eavesdropper_plain"} <= set(names)
+            "eavesdropper", "alignment"} <= set(names)
     root = Path(__file__).resolve().parents[1]
     for name in names:
         model = load_threat_model(name)
-        assert model["enforced_by"], name
-        for reference in model["enforced_by"]:  # every named test exists, so the files cannot rot
+        assert model["enforced_by"] and model["threshold" if "threshold" in model else "threshold_mpc"], name
+        attacks = [item["attack"] for item in model["must_not_learn"] if isinstance(item, dict)]
+        assert len(attacks) == len(model["must_not_learn"]), f"{name}: every 'must not learn' names its attack"
+        for reference in [*model["enforced_by"], *attacks]:  # every named test exists, so the files cannot rot
             path, _, test = reference.split(" ")[0].partition("::")
             assert (root / path).is_file(), (name, reference)
             if test:
@@ -56,60 +68,77 @@ def test_every_threat_model_file_is_complete():
 
 @pytest.mark.parametrize("protocol", ["mpc", "he"])
 @pytest.mark.parametrize("variant", ["I", "II"])
-def test_active_party_learns_only_sums(protocol, variant):
-    model = load_threat_model("active_semi_honest")
-    assert protocol in model["protocols"]
+def test_active_party_learns_only_sums(sessions, protocol, variant):
+    assert protocol in load_threat_model("active_semi_honest")["protocols"]
     job = stage1_job(variant)
-    reports = recorded(protocol, job)
-    atol, rtol = TOLERANCE[protocol]
-    report = audit_active_view(reports[ACTIVE]["view"], shadow_of(job), ACTIVE, atol, rtol)
-    assert report.entries_checked >= 3  # posterior, likelihood, latent_grad
+    views = recorded(sessions, protocol, job)
+    truth = contributions(views)  # the parties' own records of what they sent
+    assert set(truth) == {"posterior", "likelihood", "latent_grad"}
+    for name, parts in shadow_of(job).items():  # ... which are what the plaintext reference computes
+        for k, value in parts.items():
+            np.testing.assert_allclose(truth[name][k], value, rtol=1e-4, atol=1e-5)
+    report = audit_active_view(views[ACTIVE], truth, ACTIVE, ATOL)
+    assert report.entries_checked >= 3 * PARTIES if protocol == "mpc" else report.entries_checked >= 3
     assert report.passed, report.leaks
 
 
-def test_the_audit_catches_the_plain_leak():
-    job = stage1_job()
-    reports = recorded("plain", job)
-    report = audit_active_view(reports[ACTIVE]["view"], shadow_of(job), ACTIVE, *TOLERANCE["plain"])
+def test_the_audit_catches_the_plain_leak(sessions):
+    views = recorded(sessions, "plain", stage1_job())
+    report = audit_active_view(views[ACTIVE], contributions(views), ACTIVE, ATOL)
     assert not report.passed
     assert {leak.split("'")[1] for leak in report.leaks} == {"posterior", "likelihood", "latent_grad"}
 
 
-def test_mpc_shares_are_uniform():
-    job = make_job(PARTIES, "I", 96, 4, 9, 0.3, "pretrain")
-    reports = recorded("mpc", job)
-    shares = [e["value"] for e in reports[ACTIVE]["view"] if e["protection"] == "secret-shared"]
-    assert len(shares) == 3 * (PARTIES - 1)
+def test_the_audit_decodes_shares_per_row_and_catches_unmasked_ones(sessions):
+    """Shares are checked like any view: an mpc view whose shares were not masked fails the audit."""
+    views = recorded(sessions, "mpc", stage1_job())
+    truth = contributions(views)
+    assert audit_active_view(views[ACTIVE], truth, ACTIVE, ATOL).passed
+    def unmask(e: Entry) -> Entry:  # what the share would be without the pairwise masks
+        encoded = encode_fixed_point(torch.as_tensor(truth[e.round][e.peer])).reshape(-1).numpy()
+        return Entry(e.round, e.kind, e.peer, e.protection, np.append(encoded, 0))
+
+    unmasked = View(unmask(e) if e.kind == "received" else e for e in views[ACTIVE])
+    report = audit_active_view(unmasked, truth, ACTIVE, ATOL)
+    assert not report.passed and all("received from" in leak for leak in report.leaks)
+
+
+def test_mpc_shares_are_uniform_and_too_few_to_test_is_a_failure(sessions):
+    views = recorded(sessions, "mpc", make_job(PARTIES, "I", 96, 4, 9, 0.3, "pretrain", record=True))
+    shares = [e.value for e in views[ACTIVE].of("received")]
+    assert len(shares) == 3 * (PARTIES - 1) and sum(s.size for s in shares) >= MIN_SHARE_VALUES
     ok, worst = share_bits_uniform(shares)
     assert ok, worst
-    # The check is not vacuous: encoded plaintext (the same amount of fixed-point values) fails it.
+    # Not vacuous: encoded plaintext (the same number of fixed-point values) fails it ...
     n = sum(s.size for s in shares)
     plain_encoded = [np.round(np.random.default_rng(0).normal(size=n) * 2**16).astype(np.int64)]
     assert not share_bits_uniform(plain_encoded)[0]
+    # ... and too few values to test is a failure, not a skip.
+    assert share_bits_uniform([shares[0][:MIN_SHARE_VALUES - 1]]) == (False, float("inf"))
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
-def test_passive_party_receives_only_broadcasts(protocol):
-    job = stage1_job()
-    reports = recorded(protocol, job)
-    shadow = shadow_of(job)
+def test_passive_party_receives_only_broadcasts(sessions, protocol):
+    views = recorded(sessions, protocol, stage1_job())
+    truth = contributions(views)
     combined = AuditReport()
     for party in range(PARTIES - 1):
-        view = reports[party]["view"]
-        assert [e["round"] for e in view] == ["latent", "likelihood_grad", "posterior_grad"]
-        report = audit_passive_view(view, shadow, party)
-        combined.leaks += report.leaks
+        assert [e.round for e in views[party].of("received")] == ["latent", "likelihood_grad", "posterior_grad"]
+        combined.leaks += audit_passive_view(views[party], truth, party).leaks
     assert combined.passed, combined.leaks
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "train", "predict"])
-def test_no_label_dependent_message_reaches_a_passive_party(stage):
-    job = make_job(PARTIES, "II", 16, 3, 5, 0.3, stage)
-    with WorldSession("plain", PARTIES) as world:
-        original = world.run({**job, "record_views": True})
-        permuted = world.run({**job, "record_views": True, "permute_labels": True})
+def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage):
+    job = make_job(PARTIES, "II", 16, 3, 5, 0.3, stage, record=True)
+    session = sessions("plain", PARTIES)
+    original = session.run(job)
+    from dataclasses import replace
+
+    permuted = session.run(replace(job, permute_labels=True))
     for party in range(PARTIES - 1):
-        a, b = original[party]["view"], permuted[party]["view"]
+        a = [e for e in original[party]["view"] if e["kind"] == "received"]
+        b = [e for e in permuted[party]["view"] if e["kind"] == "received"]
         assert [e["round"] for e in a] == [e["round"] for e in b]
         assert all(np.array_equal(x["value"], y["value"]) for x, y in zip(a, b, strict=True)), party
         if stage != "pretrain":
@@ -136,8 +165,8 @@ def test_aggregator_cannot_decrypt():
 
 
 def test_he_collusion_threshold_active_plus_aggregator_decrypts_individual_contributions():
-    """collusion.toml, he: the aggregator's view (individual ciphertexts) plus the active party's
-    secret key reveals each contribution; the active party alone only ever receives the sum."""
+    """collusion.toml, he: the aggregator's view (individual ciphertexts) plus the active party's secret
+    key reveals each contribution; the active party alone only ever receives the sum."""
     import torch
 
     from falsevfl_secure.secure.ckks import (
@@ -149,69 +178,85 @@ def test_he_collusion_threshold_active_plus_aggregator_decrypts_individual_contr
         sum_encrypted,
     )
 
-    model = load_threat_model("collusion")
-    assert "aggregator" in model["threshold_he"]
+    assert "aggregator" in load_threat_model("collusion")["threshold_he"]
     secret = make_secret_context()
     public = load_public_context(public_context_bytes(secret))
-    contributions = [torch.randn(4, 3, generator=torch.Generator().manual_seed(k)) for k in range(3)]
-    aggregator_view = [encrypt_tensor(public, c, n_addends=3) for c in contributions]
-    # The coalition: the aggregator hands its view to the active party, which decrypts each one.
-    for chunks, c in zip(aggregator_view, contributions, strict=True):
-        assert torch.allclose(decrypt_tensor(secret, chunks, (4, 3)).float(), c, atol=1e-6)
-    # The active party alone: what it receives is the aggregated sum, equal to no single contribution.
+    parts = [torch.randn(4, 3, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    aggregator_view = [encrypt_tensor(public, c, n_addends=3) for c in parts]
+    for chunks, c in zip(aggregator_view, parts, strict=True):  # the coalition decrypts each one
+        assert torch.allclose(decrypt_tensor(secret, chunks, (4, 3)).float(), c, atol=2.0**-16)
     alone = decrypt_tensor(secret, sum_encrypted(public, aggregator_view), (4, 3)).float()
-    assert torch.allclose(alone, sum(contributions), atol=1e-6)
-    assert not any(torch.allclose(alone, c, atol=1e-3) for c in contributions)
+    assert torch.allclose(alone, sum(parts), atol=3 * 2.0**-16)
+    assert not any(torch.allclose(alone, c, atol=1e-3) for c in parts)
 
 
-def test_a_recorded_training_run_is_audited_and_the_audit_is_not_vacuous(tmp_path):
-    """`simulate --audit`: every role of a real distributed run records its view of one probe step;
-    the secure protocols pass the audit, and plain fails it (it sends every contribution in clear)."""
+def _simulate(tmp_path: Path, protocol: str, name: str):
     import json
 
     from falsevfl_secure.simulate import main
 
-    common = ["--runtime", "distributed", "--parties", "4", "--pretrain-epochs", "1", "--train-epochs", "2",
-              "--quiet"]
+    out = tmp_path / name
+    argv = ["--protocol", protocol, "--runtime", "distributed", "--parties", "4", "--preset", "quick",
+            "--pretrain-epochs", "1", "--train-epochs", "2", "--quiet", "--audit", "--out", str(out)]
+    assert main(argv) == 0, protocol  # plain fails its audit as expected, and that is no error
+    return json.loads((out / "result.json").read_text())["audit"], out
+
+
+def test_a_recorded_training_run_is_audited_and_the_audit_is_not_vacuous(tmp_path):
+    """`simulate --audit`: every role of a real distributed run records its view of one probe step; the
+    secure protocols pass the audit, plain fails it, and two runs with the same public seed record
+    different active-party views (every secret is drawn afresh)."""
     audits = {}
     for protocol in ("plain", "mpc", "he"):
-        out = tmp_path / protocol
-        code = main(["--protocol", protocol, *common, "--audit", "--out", str(out)])
-        assert code == 0, protocol
-        result = json.loads((out / "result.json").read_text())
-        audits[protocol] = result["audit"]
-        assert sorted(p.name for p in (out / "views").glob("rank*.pkl")) == [
-            f"rank{r}.pkl" for r in range(5 if protocol == "he" else 4)]
+        audits[protocol], out = _simulate(tmp_path, protocol, protocol)
+        assert sorted(p.name for p in (out / "views").glob("rank*.npz")) == [
+            f"rank{r}.npz" for r in range(5 if protocol == "he" else 4)]
     for protocol in ("mpc", "he"):
         assert audits[protocol]["passed"], audits[protocol]["leaks"]
         assert audits[protocol]["entries_checked"] >= 3 + 3 * 3  # active: 3 sums; passive: 3 broadcasts each
     assert audits["he"]["views_audited"] == 5  # four parties and the aggregator
-    assert audits["mpc"]["shares_uniform"]
+    assert audits["mpc"]["shares_uniform"] and audits["mpc"]["shares_tested"] >= MIN_SHARE_VALUES
     assert not audits["plain"]["passed"] and audits["plain"]["leaks_found"] >= 3
+    _, again = _simulate(tmp_path, "mpc", "mpc-again")
+    from falsevfl_secure.transport.views import load_view
+
+    first, second = (load_view(folder / "views" / f"rank{ACTIVE}.npz") for folder in (tmp_path / "mpc", again))
+    assert [e.round for e in first] == [e.round for e in second]
+    assert not any(np.array_equal(a.value, b.value) for a, b in zip(first, second, strict=True) if a.kind != "sent")
+
+
+def test_audit_of_recorded_views_needs_enough_shares():
+    """A recorded mpc step whose shares are too few to test fails the audit (it is not skipped)."""
+    small = View()
+    small.add("posterior", "sent", ACTIVE, "secret-shared", np.zeros((2, 4), dtype=np.float32))
+    small.add("posterior", "received", 0, "secret-shared", np.zeros(9, dtype=np.int64))
+    views = {ACTIVE: small, **{k: View() for k in range(PARTIES - 1)}}
+    audit = audit_recorded_views(views, PARTIES, ACTIVE, "mpc")
+    assert not audit["passed"] and "too few" in audit["leaks"][0]
 
 
 def test_the_probe_step_leaves_parameters_and_random_streams_as_they_were():
-    """--audit's probe step must not change the training that follows (test_model checks the same
-    training twice gives the same result; here the state before and after the probe is compared)."""
+    """--audit's probe step must not change the training that follows."""
     import torch
 
     from falsevfl_secure.config import make_config
-    from falsevfl_secure.runtime.local import make_splits
+    from falsevfl_secure.data import make_splits
+    from falsevfl_secure.node import build_node
     from falsevfl_secure.train import host_split, probe_step
-    from falsevfl_secure.world import make_world
+    from falsevfl_secure.transport import LocalTransport
 
     cfg = make_config("digits", "quick", variant="II")
     dataset, split, _ = make_splits(cfg, ())
     cpu = torch.device("cpu")
-    world = make_world(cfg, {k: b.shape[1] for k, b in enumerate(split.blocks)}, dataset.n_classes,
-                       LocalTransport(cfg.parties, cfg.active), cpu)
-    data = host_split(split, range(cfg.parties), True, cpu, dataset.n_classes)
-    modules = [*world.parties.values(), world.active]
+    node = build_node(cfg, {k: b.shape[1] for k, b in enumerate(split.blocks)}, dataset.n_classes,
+                      LocalTransport(cfg.parties, cfg.active_index), cpu)
+    data = host_split(split.view(range(cfg.parties), True), cpu, dataset.n_classes)
+    modules = node.modules()
     before = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
-    streams = {role: g.get_state().clone() for role, g in world.generators.items()}
-    probe_step(world, data)
-    assert world.transport.log.trace == list(STAGE1_ROUNDS)  # it did run the rounds of a stage-1 step
+    streams = [rand.state() for rand in node.randomness()]
+    probe_step(node, data)
+    assert node.transport.log.trace == [r.name for r in ROUNDS]  # it did run the rounds of a stage-1 step
     for module, state in zip(modules, before, strict=True):
         assert all(torch.equal(v, state[k]) for k, v in module.state_dict().items())
         assert all(p.grad is None for p in module.parameters())
-    assert all(torch.equal(g.get_state(), streams[role]) for role, g in world.generators.items())
+    assert [rand.state() for rand in node.randomness()] == streams

@@ -18,14 +18,18 @@ from .split import (
     DEFAULT_LABELED,
     TEST_PATTERNS,
     TRAIN_MECHANISMS,
+    LabelSide,
+    PartyView,
     VerticalSplit,
+    make_splits,
     make_test_split,
     make_train_split,
 )
 
 __all__ = [
     "CHECKSUMS", "DATASETS", "DEFAULT_LABELED", "MAR", "MCAR", "MNAR", "TEST_PATTERNS", "TRAIN_MECHANISMS",
-    "DataError", "Dataset", "Dirichlet", "Mechanism", "VerticalSplit", "canonical_name", "data_root",
-    "feature_blocks", "load_dataset", "make_test_split", "make_train_split", "mar_visit", "parse_mechanism",
+    "DataError", "Dataset", "Dirichlet", "LabelSide", "Mechanism", "PartyView", "VerticalSplit", "canonical_name",
+    "data_root", "feature_blocks", "load_dataset", "make_splits", "make_test_split", "make_train_split", "mar_visit",
+    "parse_mechanism",
     "piece_variances", "split_blocks",
 ]

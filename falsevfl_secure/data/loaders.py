@@ -8,8 +8,10 @@ instead, and the official counts are enforced only on request (`strict_counts=Tr
 fixture in the UCI layout can be loaded by the tests.
 
 Features are standardised with training statistics only (the test split never leaks into the
-mean/std). Loaded datasets are cached per process and their arrays are read-only, because tests
-and benchmarks load the same data many times and must not mutate each other's copies.
+mean/std), robustly: a floored scale and clipped values (`data.standardize`), so a feature that is
+(nearly) constant in training cannot turn a test value into a huge number. Loaded datasets are
+cached per process and their arrays are read-only, because tests and benchmarks load the same data
+many times and must not mutate each other's copies.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
+from .standardize import Standardizer
 
 #: Official sha256 of each stored file (relative to the data root), from shared/data/SOURCES.md.
 CHECKSUMS: dict[str, str] = {
@@ -165,33 +168,10 @@ def _verify_sha256(path: Path, expected: str) -> None:
     _verified[key] = actual
 
 
-def _standardise(x_train: np.ndarray, x_test: np.ndarray, chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-    """float32 copies standardised with the training mean/std (float64 statistics, chunked for memory).
-
-    A constant training feature gets std 1, so it maps to 0 instead of dividing by zero.
-    """
-    n, d = x_train.shape
-    total = np.zeros(d)
-    for start in range(0, n, chunk):
-        total += x_train[start:start + chunk].sum(axis=0, dtype=np.float64)
-    mean = total / n
-    squares = np.zeros(d)
-    for start in range(0, n, chunk):
-        squares += np.square(x_train[start:start + chunk] - mean).sum(axis=0)
-    std = np.sqrt(squares / n)
-    std[std < 1e-12] = 1.0
-    out = []
-    for x in (x_train, x_test):
-        z = np.empty(x.shape, dtype=np.float32)
-        for start in range(0, len(x), chunk):
-            z[start:start + chunk] = (x[start:start + chunk] - mean) / std
-        out.append(z)
-    return out[0], out[1]
-
-
 def _make(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
           n_classes: int, image_shape: tuple[int, int] | None) -> Dataset:
-    z_train, z_test = _standardise(x_train, x_test)
+    scaler = Standardizer.fit(x_train)  # training statistics only: the test split never leaks into them
+    z_train, z_test = scaler.transform(x_train), scaler.transform(x_test)
     arrays = [z_train, np.asarray(y_train, dtype=np.int64), z_test, np.asarray(y_test, dtype=np.int64)]
     for array in arrays:
         array.flags.writeable = False

@@ -27,14 +27,20 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..randomness import SPLIT_LABELED, SPLIT_TEST_MASK, SPLIT_TRAIN_MASK, public_rng
 from .errors import DataError
-from .loaders import Dataset
+from .loaders import Dataset, load_dataset
 from .mechanisms import Dirichlet, Mechanism, parse_mechanism
 from .partition import feature_blocks, split_blocks
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +52,25 @@ DEFAULT_LABELED: dict[str, tuple[int, int]] = {
     "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (200, 40)}
 TABULAR_DEFAULT = (500, 100)
 
-_STREAM_LABELED = 1
-_STREAM_TRAIN_MASK = 2
-_STREAM_TEST_MASK = 3
+@dataclass(frozen=True)
+class LabelSide:
+    """What only the active party holds of a split: how many parties hold each row, and the labels."""
+
+    n_observed: np.ndarray  # int64 (N,)
+    y: np.ndarray  # (N,): class indices, or float targets for regression
+
+
+@dataclass(frozen=True)
+class PartyView:
+    """What one process holds of a split: its parties' blocks and held rows, and, at the active party,
+    the label side. `labeled_index` (row numbers of the labeled rows, not the labels) is public: the
+    active party announces it before stage 2 so every party knows which rows to encode."""
+
+    n: int
+    blocks: dict[int, tuple[np.ndarray, np.ndarray]]  # party -> (features (N, d_k), held rows (N,))
+    labels: LabelSide | None
+    labeled_index: np.ndarray
+    dropped: int = 0
 
 
 @dataclass
@@ -79,9 +101,13 @@ class VerticalSplit:
             raise DataError(f"party {k} does not exist; parties are 0..{self.parties - 1}")
         return self.blocks[k], ~self.missing[:, k]
 
-
-def _rng(seed: int, *stream: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([int(seed), *stream]))
+    def view(self, parties: Iterable[int], with_labels: bool) -> PartyView:
+        """What a process hosting `parties` may hold; the label side only `with_labels` (the active party)."""
+        labels = None
+        if with_labels:
+            labels = LabelSide((~self.missing).sum(axis=1).astype(np.int64), np.asarray(self.y))
+        blocks = {k: self.party_block(k) for k in parties}
+        return PartyView(self.n, blocks, labels, np.flatnonzero(self.labeled), self.dropped)
 
 
 def _spec_stream(mechanism: Mechanism) -> int:
@@ -131,12 +157,12 @@ def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
     if not 0 <= n_aligned <= n_labeled:
         raise DataError(f"n_aligned={n_aligned} must lie in 0..n_labeled={n_labeled}")
     blocks = split_blocks(dataset.x_train, feature_blocks(dataset, parties))
-    chosen = _rng(seed, _STREAM_LABELED).permutation(n)[:n_labeled]
+    chosen = public_rng(seed, SPLIT_LABELED).permutation(n)[:n_labeled]
     labeled = np.zeros(n, dtype=bool)
     labeled[chosen] = True
     aligned = np.zeros(n, dtype=bool)
     aligned[chosen[:n_aligned]] = True
-    missing, rates = _draw(mech, blocks, _rng(seed, _STREAM_TRAIN_MASK, _spec_stream(mech)))
+    missing, rates = _draw(mech, blocks, public_rng(seed, SPLIT_TRAIN_MASK, _spec_stream(mech)))
     missing = np.asarray(missing, dtype=bool)
     missing[aligned] = False
     return _assemble(blocks, missing, np.asarray(dataset.y_train), labeled, aligned, mech.spec, rates,
@@ -148,6 +174,15 @@ def make_test_split(dataset: Dataset, parties: int, mechanism: str, seed: int) -
     mech = parse_mechanism(mechanism)
     n = len(dataset.y_test)
     blocks = split_blocks(dataset.x_test, feature_blocks(dataset, parties))
-    missing, rates = _draw(mech, blocks, _rng(seed, _STREAM_TEST_MASK, _spec_stream(mech)))
+    missing, rates = _draw(mech, blocks, public_rng(seed, SPLIT_TEST_MASK, _spec_stream(mech)))
     return _assemble(blocks, np.asarray(missing, dtype=bool), np.asarray(dataset.y_test),
                      np.ones(n, dtype=bool), np.zeros(n, dtype=bool), mech.spec, rates, "test")
+
+
+def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, VerticalSplit, dict[str, VerticalSplit]]:
+    """The simulated federation of a run: the dataset, its training split under cfg.train_mechanism and one
+    test split per pattern (all public: they follow from cfg.seed)."""
+    dataset = load_dataset(cfg.dataset, seed=cfg.seed)
+    train = make_train_split(dataset, cfg.parties, cfg.train_mechanism, cfg.seed, cfg.n_labeled, cfg.n_aligned)
+    tests = {p: make_test_split(dataset, cfg.parties, p, cfg.seed) for p in test_patterns}
+    return dataset, train, tests

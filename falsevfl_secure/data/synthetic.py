@@ -1,33 +1,18 @@
-"""Synthetic vertical splits of any shape: a low-dimensional latent factor model observed through
-K blocks. Used by the protocol-equivalence tests and the overhead benchmark, where K, the block
-width and the batch size must be free; never for accuracy claims."""
+"""Synthetic vertical splits of any shape: a low-dimensional latent factor model observed through K blocks.
+Used by the protocol-equivalence tests and the overhead benchmark, where K, the block width and the batch
+size must be free; never for accuracy claims."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass
-class SyntheticSplit:
-    blocks: list[np.ndarray]
-    missing: np.ndarray
-    y: np.ndarray
-    labeled: np.ndarray
-    dropped: int = 0
-
-    @property
-    def n(self) -> int:
-        return len(self.y)
-
-    def party_block(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.blocks[k], ~self.missing[:, k]
+from .split import VerticalSplit
 
 
 def synthetic_split(n: int = 64, parties: int = 3, width: int = 4, p_missing: float = 0.3, seed: int = 0,
-                    n_classes: int = 3, regression: bool = False, n_labeled: int | None = None
-                    ) -> SyntheticSplit:
+                    n_classes: int = 3, regression: bool = False, n_labeled: int | None = None) -> VerticalSplit:
+    """A public, seeded split: every row has at least one observed party; the first `n_labeled` rows
+    (default: all) are labeled."""
     rng = np.random.default_rng(seed)
     latent = rng.standard_normal((n, 2))
     features = latent @ rng.standard_normal((2, parties * width)) + 0.3 * rng.standard_normal((n, parties * width))
@@ -44,4 +29,4 @@ def synthetic_split(n: int = 64, parties: int = 3, width: int = 4, p_missing: fl
         y = np.digitize(latent[:, 0], np.quantile(latent[:, 0], np.linspace(0, 1, n_classes + 1)[1:-1]))
     labeled = np.zeros(n, dtype=bool)
     labeled[: n if n_labeled is None else n_labeled] = True
-    return SyntheticSplit(blocks, missing, y, labeled)
+    return VerticalSplit(blocks, missing, y, labeled, np.arange(n), 0, "synthetic")

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ..bounds import diagonal_gaussian_log_prob, latent_posterior, log_importance_weights
 from ..errors import InputError
+from ..randomness import KeyStream
 from .mlp import mlp
 
 MIN_STD = 1e-3
@@ -44,27 +45,22 @@ class ActiveModel(nn.Module):
         """theta_s and gamma_s: frozen in stage 2 together with every party's parameters."""
         return [*self.global_encoder.parameters(), *self.global_decoder.parameters()]
 
-    def sample_latent(
-        self, sum_posterior: Tensor, n_observed: Tensor, kappa: int, generator: torch.Generator | None
-    ) -> tuple[Tensor, Tensor]:
-        """Draw h_1..h_kappa ~ q(h | x_obs) (reparameterised) and return (h, log q(h | x_obs)).
+    def sample_latent(self, sum_posterior: Tensor, n_observed: Tensor, kappa: int,
+                      noise: KeyStream) -> tuple[Tensor, Tensor]:
+        """Draw h_1..h_kappa ~ q(h | x_obs) (reparameterised, from the active party's secret `noise`
+        stream) and return (h, log q(h | x_obs)).
 
         `sum_posterior` is the aggregate of the parties' [mu_k, precision_k], shape (B, 2 d_h).
         """
         sum_mean, sum_precision = sum_posterior.split(self.h_dim, dim=-1)
         q_h = latent_posterior(sum_mean, sum_precision, n_observed)
-        noise = torch.randn((kappa, *q_h.loc.shape), generator=generator, device=q_h.loc.device,
-                            dtype=q_h.loc.dtype)
-        h = q_h.loc + q_h.scale * noise
+        h = q_h.loc + q_h.scale * noise.normal((kappa, *q_h.loc.shape), q_h.loc.dtype, q_h.loc.device)
         return h, diagonal_gaussian_log_prob(h, q_h.loc, q_h.scale)
 
-    def log_weights(
-        self, h: Tensor, log_q_h: Tensor, log_likelihood: Tensor, generator: torch.Generator | None
-    ) -> Tensor:
+    def log_weights(self, h: Tensor, log_q_h: Tensor, log_likelihood: Tensor, noise: KeyStream) -> Tensor:
         """log w_j of the IWAE bound, (kappa, B): draws z_j ~ q(z | h_j) and scores p(h|z) p(z)."""
         z_mean, z_std = _gaussian_head(self.global_encoder(h))
-        noise = torch.randn(z_mean.shape, generator=generator, device=h.device, dtype=h.dtype)
-        z = z_mean + z_std * noise
+        z = z_mean + z_std * noise.normal(tuple(z_mean.shape), h.dtype, h.device)
         log_q_z = diagonal_gaussian_log_prob(z, z_mean, z_std)
         h_mean, h_std = _gaussian_head(self.global_decoder(z))
         log_p_h = diagonal_gaussian_log_prob(h, h_mean, h_std)

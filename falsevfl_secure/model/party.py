@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..bounds import diagonal_gaussian_log_prob
+from ..randomness import KeyStream
 from .mlp import mlp
 
 MIN_PRECISION = 1e-3
@@ -97,13 +98,11 @@ class PartyModel(nn.Module):
         """Mean and standard deviation of p(x^k | h)."""
         return decoder_gaussian(self.decoder(h), self.min_decoder_std)
 
-    def log_likelihood_contribution(
-        self, h: Tensor, x: Tensor, held: Tensor, generator: torch.Generator | None = None
-    ) -> Tensor:
+    def log_likelihood_contribution(self, h: Tensor, x: Tensor, held: Tensor, noise: KeyStream | None = None) -> Tensor:
         """This party's term of the summed log-likelihood, shape (kappa, B) (see `likelihood_terms`);
-        FALSE-VFL-II draws the imputation noise from this party's own generator."""
+        FALSE-VFL-II draws the imputation noise from this party's own secret `noise` stream."""
         mean, std = self.decode(h)
-        noise = None
+        draws = None
         if self.indicator is not None:
-            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        return likelihood_terms(mean, std, x, held, self.indicator, noise)
+            draws = noise.normal(tuple(mean.shape), mean.dtype, mean.device)
+        return likelihood_terms(mean, std, x, held, self.indicator, draws)

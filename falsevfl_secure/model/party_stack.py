@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..randomness import KeyStream
 from .party import PartyModel, decoder_gaussian, likelihood_terms, posterior_terms
 
 
@@ -71,11 +72,10 @@ class PartyStack:
         return self._per_party(posterior_terms(encoded, self._stack(held)))
 
     def log_likelihood_contributions(self, h: Mapping[int, Tensor], x: Mapping[int, Tensor],
-                                     held: Mapping[int, Tensor],
-                                     generators: Mapping[int, torch.Generator]) -> dict[int, Tensor]:
+                                     held: Mapping[int, Tensor], noises: Mapping[int, KeyStream]) -> dict[int, Tensor]:
         """Every hosted party's `log_likelihood_contribution` for its copy of the latent samples
         h[k] (S, B, d_h), (S, B) each; FALSE-VFL-II draws each party's imputation noise from that
-        party's own generator, the same numbers the sequential path draws."""
+        party's own secret stream, the same numbers the sequential path draws."""
         hs = self._stack(h)
         n_parties, n_samples, batch, _ = hs.shape
 
@@ -87,8 +87,8 @@ class PartyStack:
                                      self.min_decoder_std)
         indicator = noise = None
         if self.has_indicator:
-            noise = torch.stack([torch.randn(mean.shape[1:], generator=generators[k], device=mean.device,
-                                             dtype=mean.dtype) for k in self.parties])
+            noise = torch.stack([noises[k].normal(tuple(mean.shape[1:]), mean.dtype, mean.device)
+                                 for k in self.parties])
 
             def indicator(values: Tensor) -> Tensor:
                 return per_sample([m.indicator for m in self.parties.values()], values)

@@ -1,202 +1,172 @@
-"""A long-lived process world for many single steps: one process per role that stays up and runs
-jobs sent by the parent (used by the protocol-equivalence tests and the overhead benchmark, so
-that process start-up, CrypTen set-up and CKKS key generation are paid once, not per example).
+"""Long-lived role processes for many single steps (the protocol-equivalence tests, the attack tests and
+the overhead benchmark), so that process start-up and protocol set-up are paid once, not per step.
 
-A job names a config, a synthetic split and a batch; every worker rebuilds the (seeded) models,
-runs one stage-1 step, stage-2 step or prediction, and reports back what its own role computed:
-the loss and predictions at the active party, its own parameters' gradients, and the round trace.
+A `StepJob` names a configuration, a synthetic split, a batch and a stage; every party process rebuilds
+its models (each party's secret is derived from the job's `secret_seed`, so the local reference can
+build the very same models), runs one step and reports what its own role computed: the loss and
+predictions at the active party, its own parameters' gradients, the round trace and, when asked, its
+view. Processes start through the same `runtime.role.joined` path as every other role; reports come
+back as fixed-schema bytes (`runtime.codec`), never pickles.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
-import os
-import queue
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
-from ..audit import portable_entry
+from ..config import Config, Stage
+from ..data.synthetic import synthetic_split
 from ..errors import PartyFailure
+from ..node import Node, build_node
+from ..randomness import RoleSecret, public_rng
+from ..steps import predict, stage1_loss, stage2_loss
+from ..train import HostedData, host_split
+from ..transport.protocols import Protocol, protocol_named
+from ..transport.views import View
+from . import codec, liveness
+from .role import RoleSpec, joined
 
 JOB_TIMEOUT_S = 120
+CPU = torch.device("cpu")
 
 
-def build_job_world(job: dict, rank: int, transport):
-    """The world and hosted data of role `rank` for a job (also used for the local reference)."""
-    import torch
+@dataclass(frozen=True)
+class StepJob:
+    config: Config
+    split: dict  # the arguments of `data.synthetic.synthetic_split`
+    rows: tuple[int, ...]
+    stage: Stage
+    secret_seed: int | None = 0  # each party's secret: RoleSecret.for_tests(secret_seed, party); None: fresh
+    record: bool = False  # every party reports its view of the step
+    permute_labels: bool = False  # the label-privacy test: same features, permuted labels
 
-    from ..data.synthetic import synthetic_split
-    from ..train import host_split
-    from ..world import make_world
-    from .distributed import config_from_dict, own_split
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "config": self.config.to_dict(), "stage": int(self.stage)})
 
-    cfg = config_from_dict(job["config"])
-    split = synthetic_split(**job["split"])
-    if job.get("permute_labels"):  # for the label-privacy audit: same features, permuted labels
-        split.y = np.random.default_rng(12345).permutation(split.y)
-    n_classes = job["split"].get("n_classes", 3)
-    device = torch.device("cpu")
-    if rank is None:  # the local reference hosts everything
-        widths = {k: b.shape[1] for k, b in enumerate(split.blocks)}
-        world = make_world(cfg, widths, n_classes, transport, device)
-        return world, host_split(split, range(cfg.parties), True, device, n_classes)
-    is_active = rank == cfg.active
-    view = own_split(split, rank, is_active)
-    world = make_world(cfg, {rank: split.blocks[rank].shape[1]}, n_classes if is_active else None,
-                       transport, device)
-    return world, host_split(view, [rank], is_active, device, n_classes)
+    @classmethod
+    def from_json(cls, text: str | bytes) -> StepJob:
+        d = json.loads(text)
+        return cls(**{**d, "config": Config.from_dict(d["config"]), "rows": tuple(d["rows"]),
+                      "stage": Stage(d["stage"])})
 
 
-def run_job_step(world, data, job: dict) -> dict:
-    """One step of the job's stage; returns plain numpy/python values."""
-    from ..steps import predict, stage1_loss, stage2_loss
+def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -> tuple[Node, HostedData]:
+    """The node and data of a process hosting `parties` for a job (all parties: the local reference)."""
+    split = synthetic_split(**job.split)
+    if job.permute_labels:
+        split.y = public_rng(job.config.seed, 12345).permutation(split.y)
+    n_classes = job.split.get("n_classes", 3) if with_labels else None
+    secrets = {k: RoleSecret.for_tests(job.secret_seed, k) for k in parties} if job.secret_seed is not None else None
+    node = build_node(job.config, {k: split.blocks[k].shape[1] for k in parties}, n_classes, transport, CPU, secrets)
+    return node, host_split(split.view(parties, with_labels), CPU, n_classes)
 
-    batch = data.batch(np.asarray(job["rows"]))
-    out: dict = {}
-    start = time.perf_counter()
-    if job["stage"] == "pretrain":
-        loss = stage1_loss(world, batch)
-        world.transport.backward(loss)
-    elif job["stage"] == "train":
-        loss = stage2_loss(world, batch)
-        if loss is not None:
-            loss.backward()
+
+def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
+    """One step of the job's stage; plain numbers and arrays only."""
+    batch, start, out = data.batch(np.asarray(job.rows)), time.perf_counter(), {}
+    if job.stage is Stage.PRETRAIN:
+        loss = stage1_loss(node, batch)
+        node.transport.backward(loss)
+    elif job.stage is Stage.TRAIN:
+        loss = stage2_loss(node, batch)
+        loss.map(torch.Tensor.backward)
     else:
-        loss = None
-        probs = predict(world, batch)
-        if probs is not None:
-            out["predictions"] = probs.numpy()
+        loss = predict(node, batch)
+        out.update({"predictions": loss.get().numpy()} if loss.present else {})
     out["seconds"] = time.perf_counter() - start  # the step and its rounds only
-    out["communication"] = world.transport.log.table()
-    if loss is not None:
-        out["loss"] = float(loss.item())
-    grads = {}
-    for k, party in world.parties.items():
-        for name, p in party.named_parameters():
-            if p.grad is not None:
-                grads[f"party{k}.{name}"] = p.grad.numpy().copy()
-    if world.active is not None:
-        for name, p in world.active.named_parameters():
-            if p.grad is not None:
-                grads[f"active.{name}"] = p.grad.numpy().copy()
-    out["grads"] = grads
-    out["trace"] = list(world.transport.log.trace)
+    if loss.present and job.stage is not Stage.PREDICT:
+        out["loss"] = float(loss.get().item())
+    out["grads"] = {f"{owner}.{name}": p.grad.numpy().copy() for owner, module in _owned(node)
+                    for name, p in module.named_parameters() if p.grad is not None}
+    out.update(communication=node.transport.log.table(), trace=list(node.transport.log.trace))
     return out
 
 
-def _worker(rank: int, world_size: int, port: int, protocol: str, parties: int, active: int,
-            jobs: mp.Queue, results: mp.Queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size))
-    import torch
-    import torch.distributed as dist
+def _owned(node: Node):
+    yield from ((f"party{k}", role.model) for k, role in node.parties.items())
+    if node.active.present:
+        yield "active", node.active.get().model
 
-    from ..config import Config
-    from ..transport.accounting import CommLog
-    from ..transport.distributed import DistributedTransport
-    from .distributed import init_process_group, make_backend, shutdown_process_group
 
+def _serve(spec: RoleSpec, conn) -> None:
+    """A session role: join, say ready, then run jobs until told to stop (helpers serve their protocol)."""
     torch.set_num_threads(1)
     try:
-        init_process_group(rank, world_size, protocol)
-        group = dist.new_group(list(range(parties))) if protocol == "he" else None
-        cfg = Config(parties=parties, active_party=active)
-        if protocol == "he" and rank == parties:
-            from ..transport.he import run_aggregator
+        with joined(spec) as role:
+            conn.send_bytes(codec.pack({"ready": True}))
+            if not role.is_party:
+                role.spec.protocol.serve(role.membership)
+                return
+            while (data := conn.recv_bytes()) != b"stop":
+                conn.send_bytes(codec.pack(_job(StepJob.from_json(data), role)))
+    except Exception:  # report it; the parent decides
+        conn.send_bytes(codec.pack({"error": traceback.format_exc()}))
 
-            run_aggregator(parties, active)
-            shutdown_process_group(protocol, clean=True)
-            results.put((rank, "done", None))
-            return
-        backend = make_backend(protocol, rank, cfg, group, None)
-        results.put((rank, "ready", None))
-        while True:
-            job = jobs.get()
-            if job is None:
-                break
-            try:
-                backend.view = [] if job.get("record_views") else None
-                transport = DistributedTransport(rank, parties, active, backend, CommLog())
-                world, data = build_job_world(job, rank, transport)
-                # Every party starts the step together, so a step's time is the step and its rounds,
-                # not the wait for the slowest party to build its models.
-                dist.barrier(group=group)
-                out = run_job_step(world, data, job)
-                if backend.view is not None:
-                    out["view"] = [portable_entry(entry) for entry in backend.view]
-                results.put((rank, "ok", out))
-            except Exception:  # report, keep serving: the parent decides whether to stop
-                results.put((rank, "error", traceback.format_exc()))
-        if hasattr(backend, "close"):
-            backend.close()
-        shutdown_process_group(protocol, clean=True)
+
+def _job(job: StepJob, role) -> dict:
+    try:
+        role.backend.view = View() if job.record else None
+        node, data = build_step(job, [role.spec.rank], role.is_active, role.transport(CPU))
+        torch.distributed.barrier(group=role.membership.group)  # every party starts the step together
+        out = run_step(node, data, job)
+        if job.record:
+            out["view"] = [{**asdict(e)} for e in role.backend.view]
+        return {"ok": out}
     except Exception:
-        results.put((rank, "error", traceback.format_exc()))
+        return {"error": traceback.format_exc()}
 
 
 @dataclass
-class WorldSession:
-    """`with WorldSession("mpc", parties=3) as world: world.run(job)`: a world kept alive."""
+class StepSession:
+    """`with StepSession("mpc", parties=3) as session: session.run(job)`: role processes kept alive."""
 
-    protocol: str
+    protocol: str | Protocol
     parties: int
     active: int = -1
-    _procs: list = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.active %= self.parties
-        self.world_size = self.parties + (1 if self.protocol == "he" else 0)
-
-    def __enter__(self) -> WorldSession:
-        from .distributed import free_port
-
-        ctx = mp.get_context("spawn")
-        self._jobs = [ctx.Queue() for _ in range(self.parties)]
-        self._results = ctx.Queue()
-        port = free_port()
-        for rank in range(self.world_size):
-            jobs = self._jobs[rank] if rank < self.parties else ctx.Queue()
-            p = ctx.Process(target=_worker, args=(rank, self.world_size, port, self.protocol, self.parties,
-                                                  self.active, jobs, self._results), daemon=True)
-            p.start()
-            self._procs.append(p)
-        ready = 0
-        while ready < self.parties:
-            rank, status, payload = self._get()
-            if status != "ready":
-                self.close()
-                raise PartyFailure(f"rank {rank} failed to start:\n{payload}")
-            ready += 1
+    def __enter__(self) -> StepSession:
+        self.proto, self.active = protocol_named(self.protocol), self.active % self.parties
+        self.store = liveness.connect_store("127.0.0.1", 0, host=True)
+        ctx, size = mp.get_context("spawn"), self.proto.world_size(self.parties)
+        self._conns, self._procs = [], []
+        for rank in range(size):
+            parent, child = ctx.Pipe()
+            spec = RoleSpec(rank, self.parties, self.active, self.proto, "127.0.0.1", self.store.port)
+            self._procs.append(ctx.Process(target=_serve, args=(spec, child), daemon=True))
+            self._procs[-1].start()
+            self._conns.append(parent)
+        for rank in range(size):
+            self._answer(rank, "ready")
         return self
 
-    def _get(self):
-        try:
-            return self._results.get(timeout=JOB_TIMEOUT_S)
-        except queue.Empty:
-            dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
-            raise PartyFailure(f"no answer within {JOB_TIMEOUT_S} s (dead ranks: {dead})") from None
+    def _answer(self, rank: int, key: str):
+        if not self._conns[rank].poll(JOB_TIMEOUT_S):
+            self.close()
+            raise PartyFailure(f"rank {rank} gave no answer within {JOB_TIMEOUT_S} s")
+        report = codec.unpack(self._conns[rank].recv_bytes())
+        if key not in report:
+            self.close()
+            raise PartyFailure(f"rank {rank} failed:\n{report.get('error')}")
+        return report[key]
 
-    def run(self, job: dict) -> dict[int, dict]:
-        """Run one job on every party; returns each party's report."""
-        for q in self._jobs:
-            q.put(job)
-        reports: dict[int, dict] = {}
-        while len(reports) < self.parties:
-            rank, status, payload = self._get()
-            if status != "ok":
-                self.close()
-                raise PartyFailure(f"rank {rank} failed:\n{payload}")
-            reports[rank] = payload
-        return reports
+    def run(self, job: StepJob) -> dict[int, dict]:
+        """Run one job on every party; each party's report."""
+        text = job.to_json().encode()
+        for rank in range(self.parties):
+            self._conns[rank].send_bytes(text)
+        return {rank: self._answer(rank, "ok") for rank in range(self.parties)}
 
     def close(self) -> None:
-        for q in getattr(self, "_jobs", []):
+        for conn in self._conns[: self.parties]:
             try:
-                q.put(None)
-            except (ValueError, OSError):
+                conn.send_bytes(b"stop")
+            except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + 10
         for p in self._procs:
@@ -208,3 +178,13 @@ class WorldSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def local_reference(job: StepJob, record: View | None = None) -> dict:
+    """The same step in one process (the plaintext reference); `record` receives every contribution."""
+    from ..transport.local import LocalTransport
+
+    cfg = job.config
+    node, data = build_step(job, list(range(cfg.parties)), True, LocalTransport(cfg.parties, cfg.active_index,
+                                                                                  record=record))
+    return run_step(node, data, job)

@@ -1,4 +1,4 @@
-"""Exception types of the cryptographic building blocks (`falsevfl_secure.secure`, `crypten_shim`).
+"""Exception types of the cryptographic building blocks (`falsevfl_secure.secure`).
 
 They subclass the project's `FalseVflError` (itself a `ValueError`), so callers that catch bad input
 generically still catch them, and no raw CrypTen / TenSEAL / torch.distributed exception escapes a
@@ -9,10 +9,10 @@ from falsevfl_secure.errors import FalseVflError
 
 
 class SecureRangeError(FalseVflError):
-    """A value cannot be fixed-point encoded without wrapping the 64-bit ring (or is NaN/inf).
+    """A value outside the range a secure sum carries (or NaN/inf).
 
-    Secret sharing works modulo 2^64: a sum that leaves the signed 64-bit range comes back as a
-    silently wrong number, so out-of-range inputs are refused before they are shared.
+    Secret sharing works modulo 2^64 and CKKS modulo its data modulus: a sum beyond the documented
+    range would come back as a silently wrong number, so such inputs are refused before they are sent.
     """
 
 

@@ -1,7 +1,10 @@
-"""Transports implement the two differentiable cross-party primitives, `aggregate` and `broadcast`."""
+"""Transports carry the two differentiable cross-party primitives, `aggregate` and `broadcast`, round by round."""
 
 from .accounting import CommLog
+from .base import Transport
 from .local import LocalTransport
-from .rounds import ADJOINT, FORWARD_ROUNDS, STAGE1_ROUNDS
+from .protocols import PROTOCOLS, Protocol, protocol_named
+from .rounds import AGGREGATES, FORWARD, ROUNDS, STAGE_ROUNDS, Round
 
-__all__ = ["ADJOINT", "FORWARD_ROUNDS", "STAGE1_ROUNDS", "CommLog", "LocalTransport"]
+__all__ = ["AGGREGATES", "FORWARD", "PROTOCOLS", "ROUNDS", "STAGE_ROUNDS", "CommLog", "LocalTransport", "Protocol",
+           "Round", "Transport", "protocol_named"]

@@ -1,44 +1,73 @@
-"""Communication accounting: which rounds ran, and per party and round the messages, bytes and time."""
+"""Communication accounting: which rounds ran, and per round and party the messages, bytes and time."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import torch
+
+from .rounds import ROUNDS
+
+FIELDS = ("messages", "bytes_sent", "bytes_received", "seconds")
+
 
 @dataclass
 class CommLog:
     """Per (round, party) counters plus the ordered trace of executed rounds.
 
-    `trace` holds one entry per executed round (forward or adjoint), in execution order, so a test
-    can compare it with the protocol spec. Counters are per party: bytes a party sent and received.
-    """
+    `trace` holds one entry per executed round (forward or adjoint) in execution order, so a test can
+    compare it with the protocol's table. `timed` says whether `seconds` were measured (a distributed
+    transport times every round; the local one has nothing to time)."""
 
+    timed: bool = False
     trace: list[str] = field(default_factory=list)
-    _counters: dict[tuple[str, int], list[float]] = field(
-        default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0])
-    )
-    enabled_trace: bool = True
+    _counters: dict[tuple[str, int], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0]))
 
     def round(self, name: str) -> None:
-        if self.enabled_trace:
-            self.trace.append(name)
+        self.trace.append(name)
 
     def add(self, name: str, party: int, sent: int = 0, received: int = 0, seconds: float = 0.0,
             messages: int = 1) -> None:
         counter = self._counters[(name, party)]
-        counter[0] += messages
-        counter[1] += sent
-        counter[2] += received
-        counter[3] += seconds
+        for i, value in enumerate((messages, sent, received, seconds)):
+            counter[i] += value
 
     def table(self) -> list[dict]:
-        """Rows `{"round", "party", "messages", "bytes_sent", "bytes_received", "seconds"}`."""
-        return [
-            {"round": name, "party": party, "messages": int(c[0]), "bytes_sent": int(c[1]),
-             "bytes_received": int(c[2]), "seconds": round(c[3], 6)}
-            for (name, party), c in sorted(self._counters.items(), key=lambda kv: (kv[0][0], kv[0][1]))
-        ]
+        """One row per (round, party): {"round", "party", "messages", "bytes_sent", "bytes_received", "seconds"}."""
+        order = {r.name: i for i, r in enumerate(ROUNDS)}
+        rows = []
+        for (name, party), c in sorted(self._counters.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+            rows.append({"round": name, "party": party, "messages": int(c[0]), "bytes_sent": int(c[1]),
+                         "bytes_received": int(c[2]), "seconds": round(c[3], 6)})
+        return rows
 
-    def reset_trace(self) -> None:
-        self.trace.clear()
+    def counters(self, party: int) -> torch.Tensor:
+        """This party's counters as a fixed (rounds x fields) float64 tensor: how they reach the active party."""
+        out = torch.zeros(len(ROUNDS), len(FIELDS), dtype=torch.float64)
+        for i, r in enumerate(ROUNDS):
+            if (r.name, party) in self._counters:
+                out[i] = torch.tensor(self._counters[(r.name, party)], dtype=torch.float64)
+        return out
+
+    def merge(self, party: int, counters: torch.Tensor) -> None:
+        """Add another party's `counters` (the inverse of `counters`)."""
+        for i, r in enumerate(ROUNDS):
+            messages, sent, received, seconds = counters[i].tolist()
+            if messages or sent or received:
+                self.add(r.name, party, int(sent), int(received), float(seconds), int(messages))
+
+
+def per_round(rows: list[dict], timed: bool) -> list[dict]:
+    """The table a reader needs: per round, the messages and bytes over all parties, and the time
+    (the slowest party's) only where it was measured."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        entry = out.setdefault(row["round"], {"round": row["round"], "messages": 0, "bytes": 0, "seconds": 0.0})
+        entry["messages"] += row["messages"]
+        entry["bytes"] += row["bytes_sent"]
+        entry["seconds"] = max(entry["seconds"], row.get("seconds", 0.0))
+    if not timed:
+        for entry in out.values():
+            entry.pop("seconds")
+    return list(out.values())

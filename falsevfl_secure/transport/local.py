@@ -1,12 +1,9 @@
-"""The in-process plain transport of the local runtime: all parties live in one process.
+"""The in-process transport of the local runtime: all parties live in one process, sums in clear.
 
-`aggregate` and `broadcast` are the only way values cross a party boundary. Both are autograd
-functions whose backward is the adjoint collective (as in `torch.distributed.nn.functional`):
-
-| primitive   | forward                              | backward (adjoint round)                 |
-| ----------- | ------------------------------------ | ---------------------------------------- |
-| aggregate   | parties -> active: sum of the inputs | active -> parties: the same gradient     |
-| broadcast   | active -> parties: one copy each     | parties -> active: sum of the gradients  |
+It is the plaintext reference that every distributed and secure transport must reproduce. Both
+primitives are autograd functions whose backward applies the adjoint primitive, as in
+`torch.distributed.nn.functional`: the backward of `_Aggregate` is a `_Broadcast` of the gradient, the
+backward of `_Broadcast` an `_Aggregate` of the gradients.
 """
 
 from __future__ import annotations
@@ -17,111 +14,81 @@ from torch import Tensor
 from torch.autograd import Function
 
 from ..errors import ProtocolError
+from ..placement import Active
 from .accounting import CommLog
-from .rounds import ADJOINT, Message, MessageValidator, check_contributions
-
-
-def _nbytes(t: Tensor) -> int:
-    return t.numel() * t.element_size()
+from .base import nbytes
+from .rounds import Message, MessageValidator, Round, check_contributions
+from .views import View
 
 
 class _Aggregate(Function):
     @staticmethod
-    def forward(ctx, transport: LocalTransport, name: str, parties: tuple[int, ...], *contributions: Tensor):
-        ctx.transport, ctx.name, ctx.parties = transport, name, parties
-        transport._enter(name, tuple(contributions[0].shape), aggregate=True, sender=parties[0])
-        transport._shadow(name, parties, contributions)
-        for party, value in zip(parties, contributions, strict=True):
-            if party != transport.active_party:
-                transport.log.add(name, party, sent=_nbytes(value))
-                transport.log.add(name, transport.active_party, received=_nbytes(value), messages=0)
+    def forward(ctx, transport: LocalTransport, round: Round, parties: tuple[int, ...], *contributions: Tensor):
+        ctx.transport, ctx.round, ctx.parties = transport, round, parties
+        transport._enter(round, contributions[0], parties, contributions)
         total = contributions[0].clone()
-        for value in contributions[1:]:
+        for value in contributions[1:]:  # in party order, exactly as the distributed plain sum
             total = total + value
         return total
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        transport, name = ctx.transport, ADJOINT[ctx.name]
-        transport._enter(name, tuple(grad.shape), aggregate=False)
-        for party in ctx.parties:
-            if party != transport.active_party:
-                transport.log.add(name, transport.active_party, sent=_nbytes(grad))
-                transport.log.add(name, party, received=_nbytes(grad), messages=0)
-        return (None, None, None, *(grad for _ in ctx.parties))
+        return (None, None, None, *_Broadcast.apply(ctx.transport, ctx.round.adjoint, ctx.parties, grad))
 
 
 class _Broadcast(Function):
     @staticmethod
-    def forward(ctx, transport: LocalTransport, name: str, parties: tuple[int, ...], value: Tensor):
-        ctx.transport, ctx.name, ctx.parties = transport, name, parties
-        transport._enter(name, tuple(value.shape), aggregate=False)
-        for party in parties:
-            if party != transport.active_party:
-                transport.log.add(name, transport.active_party, sent=_nbytes(value))
-                transport.log.add(name, party, received=_nbytes(value), messages=0)
+    def forward(ctx, transport: LocalTransport, round: Round, parties: tuple[int, ...], value: Tensor):
+        ctx.transport, ctx.round, ctx.parties = transport, round, parties
+        transport._enter(round, value, parties)
         return tuple(value.view_as(value) for _ in parties)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
-        transport, name = ctx.transport, ADJOINT[ctx.name]
-        transport._enter(name, tuple(grads[0].shape), aggregate=True, sender=ctx.parties[0])
-        transport._shadow(name, ctx.parties, grads)
-        total = grads[0].clone()
-        for grad in grads[1:]:
-            total = total + grad
-        for party in ctx.parties:
-            if party != transport.active_party:
-                transport.log.add(name, party, sent=_nbytes(grads[0]))
-                transport.log.add(name, transport.active_party, received=_nbytes(grads[0]), messages=0)
-        return None, None, None, total
+        return None, None, None, _Aggregate.apply(ctx.transport, ctx.round.adjoint, ctx.parties, *grads)
 
 
 class LocalTransport:
-    """Plain, in-process transport: every party and the active party live in this process."""
+    """Every party and the active party in one process. `record`, when given, receives every party's
+    own contribution to every sum (the plaintext truth the audits and attack tests compare against)."""
 
-    protocol = "plain"
+    protection = "clear"
     runtime = "local"
 
-    def __init__(self, n_parties: int, active_party: int, log: CommLog | None = None,
-                 shadow: list | None = None) -> None:
-        self.n_parties = n_parties
-        self.active_party = active_party
-        # The plaintext shadow for audits: every party's individual contribution to every sum.
-        self.shadow = shadow
+    def __init__(self, n_parties: int, active: int, log: CommLog | None = None, record: View | None = None) -> None:
+        self.n_parties, self.active = n_parties, active
         self.log = log if log is not None else CommLog()
-        self.validator = MessageValidator(n_parties, active_party, "clear")
+        self.record = record
+        self.validator = MessageValidator(n_parties, active, self.protection)
 
-    def _enter(self, name: str, shape: tuple[int, ...], aggregate: bool, sender: int | None = None) -> None:
-        receivers = ((self.active_party,) if aggregate
-                     else tuple(k for k in range(self.n_parties) if k != self.active_party))
-        sender = self.active_party if sender is None else sender
-        self.validator.check(Message(name, sender, receivers, tuple(shape), "float32", "clear"))
-        self.log.round(name)
-
-    def _shadow(self, name: str, parties, values) -> None:
-        if self.shadow is not None:
-            for party, value in zip(parties, values, strict=True):
-                self.shadow.append({"round": name, "party": party, "value": value.detach().clone()})
-
-    def aggregate(self, name: str, contributions: Mapping[int, Tensor]) -> Tensor:
-        """Sum of every party's contribution, delivered to the active party."""
+    def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         parties = tuple(sorted(contributions))
         values = [contributions[k] for k in parties]
-        check_contributions(name, parties, values, self.n_parties)
-        return _Aggregate.apply(self, name, parties, *values)
+        check_contributions(round, parties, values, self.n_parties)
+        return Active(_Aggregate.apply(self, round, parties, *values))
 
-    def broadcast(self, name: str, value: Tensor | None, shape: tuple[int, ...] | None = None,
-                  parties: tuple[int, ...] | None = None) -> dict[int, Tensor]:
-        """One copy of the active party's `value` for each party (`parties`: all by default)."""
-        if value is None:
-            raise ProtocolError(f"round {name!r}: field 'payload': the active party has nothing to broadcast")
-        if shape is not None and tuple(value.shape) != tuple(shape):
-            raise ProtocolError(f"round {name!r}: field 'shape': {tuple(value.shape)} != declared {tuple(shape)}")
-        parties = tuple(range(self.n_parties)) if parties is None else parties
-        return dict(zip(parties, _Broadcast.apply(self, name, parties, value), strict=True))
+    def broadcast(self, round: Round, value: Active[Tensor], shape: tuple[int, ...]) -> dict[int, Tensor]:
+        tensor = value.get()
+        if tuple(tensor.shape) != tuple(shape):
+            raise ProtocolError(f"round {round.name!r}: field 'shape': {tuple(tensor.shape)} "
+                                f"!= declared {tuple(shape)}")
+        parties = tuple(range(self.n_parties))
+        return dict(zip(parties, _Broadcast.apply(self, round, parties, tensor), strict=True))
 
-    def backward(self, loss: Tensor | None) -> None:
-        """Run the backward rounds: in one process, autograd drives every adjoint."""
-        if loss is not None:
-            loss.backward()
+    def backward(self, loss: Active[Tensor]) -> None:
+        loss.get().backward()  # in one process, autograd drives every adjoint round
+
+    def _enter(self, round: Round, value: Tensor, parties: tuple[int, ...], sent: tuple[Tensor, ...] = ()) -> None:
+        """Validate and account one round: each passive party's message to or from the active party."""
+        sender = parties[0] if round.is_aggregate else self.active
+        receivers = round.receivers(self.n_parties, self.active)
+        self.validator.check(Message(round.name, sender, receivers, tuple(value.shape), "float32", self.protection))
+        self.log.round(round.name)
+        for party in parties:
+            if party != self.active:
+                src, dst = (party, self.active) if round.is_aggregate else (self.active, party)
+                self.log.add(round.name, src, sent=nbytes(value))
+                self.log.add(round.name, dst, received=nbytes(value), messages=0)
+        for party, contribution in zip(parties, sent, strict=False):
+            if self.record is not None:
+                self.record.add(round.name, "sent", party, self.protection, contribution)

@@ -1,96 +1,115 @@
-"""The named rounds of the protocol and the checks every message must pass.
+"""The protocol's rounds, defined once: the table every check, spec and audit derives from.
 
-Stage 1 (pretraining) executes `posterior`, `latent`, `likelihood` and then their adjoints in
-reverse: `likelihood_grad`, `latent_grad`, `posterior_grad`. Stage 2 and inference execute the
-three forward rounds only, so no gradient that depends on labels ever reaches a passive party.
+FALSE-VFL's cross-party protocol is two primitives. `aggregate` sends every party's contribution to the
+active party as one sum; `broadcast` sends the active party's value to every other party. Each forward
+round has an adjoint of the other primitive that carries its gradient back (as in
+`torch.distributed.nn.functional`: the adjoint of a broadcast is a sum, and vice versa). Stage 1 runs the
+three forward rounds and then their adjoints in reverse; stage 2 and inference run the forward rounds
+only, so no gradient that depends on labels ever reaches a passive party.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 from torch import Tensor
 
+from ..config import Stage
 from ..errors import ProtocolError
 
-FORWARD_ROUNDS = ("posterior", "latent", "likelihood")
-ADJOINT = {"posterior": "posterior_grad", "latent": "latent_grad", "likelihood": "likelihood_grad"}
-STAGE1_ROUNDS = (*FORWARD_ROUNDS, "likelihood_grad", "latent_grad", "posterior_grad")
-ALL_ROUNDS = STAGE1_ROUNDS
 
-# Which round may follow which: a forward pass is posterior -> latent -> likelihood; after it comes
-# either the next forward pass (stage 2, inference) or the adjoints in reverse order (stage 1).
-NEXT_ROUNDS = {
-    None: ("posterior",),
-    "posterior": ("latent",),
-    "latent": ("likelihood",),
-    "likelihood": ("posterior", "likelihood_grad"),
-    "likelihood_grad": ("latent_grad",),
-    "latent_grad": ("posterior_grad",),
-    "posterior_grad": ("posterior",),
-}
+class Primitive(Enum):
+    AGGREGATE = "aggregate"  # every party -> the active party, as one sum
+    BROADCAST = "broadcast"  # the active party -> every other party, the same tensor
 
 
-class RoundSequencer:
-    """Refuses a round that is out of order (for example a `latent` before any `posterior`)."""
+@dataclass(frozen=True)
+class Round:
+    """One round: its primitive, its payload's symbolic shape (B batch rows, S importance samples,
+    H the latent width d_h), the axis that indexes batch rows, and the round that is its adjoint."""
 
-    def __init__(self) -> None:
-        self.last: str | None = None
+    name: str
+    primitive: Primitive
+    payload: tuple[str, ...]
+    batch_axis: int
+    adjoint_name: str
 
-    def advance(self, name: str) -> None:
-        if name not in NEXT_ROUNDS:
-            raise ProtocolError(f"round {name!r}: field 'round': unknown round; rounds are {ALL_ROUNDS}")
-        allowed = NEXT_ROUNDS[self.last]
-        if name not in allowed:
-            raise ProtocolError(f"round {name!r}: field 'round': out of order after {self.last!r} "
-                                f"(expected {' or '.join(allowed)})")
-        self.last = name
+    @property
+    def adjoint(self) -> Round:
+        return by_name(self.adjoint_name)
 
-    def reset(self) -> None:
-        self.last = None
+    @property
+    def is_aggregate(self) -> bool:
+        return self.primitive is Primitive.AGGREGATE
+
+    def receivers(self, n_parties: int, active: int) -> tuple[int, ...]:
+        """Who receives this round: the active party for a sum, every other party for a broadcast."""
+        if self.is_aggregate:
+            return (active,)
+        return tuple(k for k in range(n_parties) if k != active)
 
 
-def check_contributions(name: str, parties: Sequence[int], values: Sequence[Tensor], n_parties: int) -> None:
-    """Refuse contributions that do not fit the round: unknown senders, mismatched shapes or
-    dtypes, non-finite values. The error names the round and the field."""
+AGGREGATE, BROADCAST = Primitive.AGGREGATE, Primitive.BROADCAST
+POSTERIOR = Round("posterior", AGGREGATE, ("B", "2H"), 0, "posterior_grad")
+LATENT = Round("latent", BROADCAST, ("S", "B", "H"), 1, "latent_grad")
+LIKELIHOOD = Round("likelihood", AGGREGATE, ("S", "B"), 1, "likelihood_grad")
+LIKELIHOOD_GRAD = Round("likelihood_grad", BROADCAST, ("S", "B"), 1, "likelihood")
+LATENT_GRAD = Round("latent_grad", AGGREGATE, ("S", "B", "H"), 1, "latent")
+POSTERIOR_GRAD = Round("posterior_grad", BROADCAST, ("B", "2H"), 0, "posterior")
+
+ROUNDS: tuple[Round, ...] = (POSTERIOR, LATENT, LIKELIHOOD, LIKELIHOOD_GRAD, LATENT_GRAD, POSTERIOR_GRAD)
+FORWARD: tuple[Round, ...] = ROUNDS[:3]
+AGGREGATES: tuple[Round, ...] = tuple(r for r in ROUNDS if r.is_aggregate)
+STAGE_ROUNDS: dict[Stage, tuple[Round, ...]] = {Stage.PRETRAIN: ROUNDS, Stage.TRAIN: FORWARD, Stage.PREDICT: FORWARD}
+_BY_NAME = {r.name: r for r in ROUNDS}
+
+
+def by_name(name: str) -> Round:
+    if name not in _BY_NAME:
+        raise ProtocolError(f"round {name!r}: field 'round': unknown round; rounds are {tuple(_BY_NAME)}")
+    return _BY_NAME[name]
+
+
+def _successors() -> dict[str | None, tuple[str, ...]]:
+    """Which round may follow which: each stage's rounds in order, and after a pass the next pass."""
+    follows: dict[str | None, set[str]] = {None: {ROUNDS[0].name}}
+    for rounds in STAGE_ROUNDS.values():
+        names = [r.name for r in rounds]
+        for before, after in zip(names, [*names[1:], names[0]], strict=True):
+            follows.setdefault(before, set()).add(after)
+    return {k: tuple(sorted(v, key=lambda n: ROUNDS.index(_BY_NAME[n]))) for k, v in follows.items()}
+
+
+NEXT_ROUNDS = _successors()
+
+
+def check_contributions(round: Round, parties: Sequence[int], values: Sequence[Tensor], n_parties: int) -> None:
+    """Refuse contributions that do not fit the round: unknown senders, mismatched shapes or dtypes,
+    non-finite values. The error names the round and the field."""
     if not values:
-        raise ProtocolError(f"round {name!r}: no contribution to aggregate")
-    for party in parties:
-        if not 0 <= party < n_parties:
-            raise ProtocolError(f"round {name!r}: field 'sender': {party} is not a party (0..{n_parties - 1})")
+        raise ProtocolError(f"round {round.name!r}: no contribution to aggregate")
     shape, dtype = values[0].shape, values[0].dtype
     for party, value in zip(parties, values, strict=True):
+        if not 0 <= party < n_parties:
+            raise ProtocolError(f"round {round.name!r}: field 'sender': {party} is not a party (0..{n_parties - 1})")
         if value.shape != shape:
-            raise ProtocolError(
-                f"round {name!r}: field 'shape': party {party} sent {tuple(value.shape)}, expected {tuple(shape)}"
-            )
+            raise ProtocolError(f"round {round.name!r}: field 'shape': party {party} sent {tuple(value.shape)}, "
+                                f"expected {tuple(shape)}")
         if value.dtype != dtype:
-            raise ProtocolError(f"round {name!r}: field 'dtype': party {party} sent {value.dtype}, expected {dtype}")
+            raise ProtocolError(f"round {round.name!r}: field 'dtype': party {party} sent {value.dtype}, "
+                                f"expected {dtype}")
         if not bool(torch.isfinite(value).all()):
-            raise ProtocolError(f"round {name!r}: field 'payload': party {party} sent non-finite values")
-
-
-# Per round: the primitive, who sends, and the symbolic payload shape (B batch rows, S importance
-# samples, H = d_h latent width). Matches protocols/*.toml.
-ROUND_TABLE = {
-    "posterior": ("aggregate", "party", ("B", "2H")),
-    "latent": ("broadcast", "active", ("S", "B", "H")),
-    "likelihood": ("aggregate", "party", ("S", "B")),
-    "likelihood_grad": ("broadcast", "active", ("S", "B")),
-    "latent_grad": ("aggregate", "party", ("S", "B", "H")),
-    "posterior_grad": ("broadcast", "active", ("B", "2H")),
-}
-PROTECTIONS = ("clear", "secret-shared", "ckks")
+            raise ProtocolError(f"round {round.name!r}: field 'payload': party {party} sent non-finite values")
 
 
 @dataclass(frozen=True)
 class Message:
-    """One cross-party message as the protocol sees it (the payload itself travels separately).
+    """One cross-party message as the protocol sees it (the payload travels separately).
 
-    `sender` and `receivers` are party indices; the active party's index for the active role.
-    """
+    `sender` and `receivers` are party indices; `round` is the round's name as it is on the wire."""
 
     round: str
     sender: int
@@ -101,54 +120,57 @@ class Message:
 
 
 class MessageValidator:
-    """Checks every message against its round: known round, in order, the right sender and
-    receivers, the declared shape (consistent B, S, d_h within a pass), float32, a protection the
-    protocol allows. Refusals name the round and the field."""
+    """Checks every message against its round: known round, in order, the right sender and receivers,
+    the declared shape (consistent B, S, d_h within a pass), float32, the protection the protocol
+    gives the round. Refusals name the round and the field."""
 
-    def __init__(self, n_parties: int, active_party: int, protection: str) -> None:
-        self.n_parties, self.active_party, self.protection = n_parties, active_party, protection
-        self.sequencer = RoundSequencer()
+    def __init__(self, n_parties: int, active: int, protection: str) -> None:
+        self.n_parties, self.active, self.protection = n_parties, active, protection
+        self.last: str | None = None
         self.sizes: dict[str, int] = {}
 
     def check(self, message: Message) -> None:
-        name = message.round
-        if name not in ROUND_TABLE:
-            raise ProtocolError(f"round {name!r}: field 'round': unknown round; rounds are {ALL_ROUNDS}")
-        primitive, sender_role, symbols = ROUND_TABLE[name]
+        round = by_name(message.round)
+        fail = _failure(round)
         if not isinstance(message.sender, int) or not 0 <= message.sender < self.n_parties:
-            raise ProtocolError(f"round {name!r}: field 'sender': {message.sender!r} is not a party "
-                                f"(0..{self.n_parties - 1})")
-        if sender_role == "active" and message.sender != self.active_party:
-            raise ProtocolError(f"round {name!r}: field 'sender': only the active party "
-                                f"({self.active_party}) sends this round, not {message.sender}")
-        expected_receivers = ((self.active_party,) if primitive == "aggregate"
-                              else tuple(k for k in range(self.n_parties) if k != self.active_party))
-        if tuple(message.receivers) != expected_receivers:
-            raise ProtocolError(f"round {name!r}: field 'receivers': {tuple(message.receivers)} "
-                                f"!= {expected_receivers}")
+            fail("sender", f"{message.sender!r} is not a party (0..{self.n_parties - 1})")
+        if not round.is_aggregate and message.sender != self.active:
+            fail("sender", f"only the active party ({self.active}) sends this round, not {message.sender}")
+        expected = round.receivers(self.n_parties, self.active)
+        if tuple(message.receivers) != expected:
+            fail("receivers", f"{tuple(message.receivers)} != {expected}")
         if message.dtype != "float32":
-            raise ProtocolError(f"round {name!r}: field 'dtype': {message.dtype} is not float32")
-        allowed = "clear" if primitive == "broadcast" else self.protection
+            fail("dtype", f"{message.dtype} is not float32")
+        allowed = self.protection if round.is_aggregate else "clear"
         if message.protection != allowed:
-            raise ProtocolError(f"round {name!r}: field 'protection': {message.protection!r}, "
-                                f"the protocol requires {allowed!r}")
-        self._check_shape(name, symbols, tuple(message.shape))
-        self.sequencer.advance(name)
+            fail("protection", f"{message.protection!r}, the protocol requires {allowed!r}")
+        self._check_shape(round, tuple(message.shape))
+        self._advance(round)
 
-    def _check_shape(self, name: str, symbols: tuple[str, ...], shape: tuple[int, ...]) -> None:
-        if name == "posterior":  # a new pass: B and d_h are set by its first round
+    def _advance(self, round: Round) -> None:
+        allowed = NEXT_ROUNDS[self.last]
+        if round.name not in allowed:
+            _failure(round)("round", f"out of order after {self.last!r} (expected {' or '.join(allowed)})")
+        self.last = round.name
+
+    def _check_shape(self, round: Round, shape: tuple[int, ...]) -> None:
+        if round is ROUNDS[0]:  # a new pass: B and d_h are set by its first round
             self.sizes = {}
-        if len(shape) != len(symbols) or any((not isinstance(d, int)) or d < 1 for d in shape):
-            raise ProtocolError(f"round {name!r}: field 'shape': {shape} does not match ({', '.join(symbols)})")
-        for symbol, size in zip(symbols, shape, strict=True):
+        mismatch = f"{shape} does not match ({', '.join(round.payload)})"
+        if len(shape) != len(round.payload) or any(not isinstance(d, int) or d < 1 for d in shape):
+            _failure(round)("shape", mismatch)
+        for symbol, size in zip(round.payload, shape, strict=True):
             key, factor = (symbol[1:], 2) if symbol.startswith("2") else (symbol, 1)
             if size % factor:
-                raise ProtocolError(f"round {name!r}: field 'shape': {shape} does not match ({', '.join(symbols)})")
-            value = size // factor
-            if self.sizes.setdefault(key, value) != value:
-                raise ProtocolError(f"round {name!r}: field 'shape': {key} = {value} here but "
-                                    f"{self.sizes[key]} earlier in this pass")
+                _failure(round)("shape", mismatch)
+            if self.sizes.setdefault(key, size // factor) != size // factor:
+                _failure(round)("shape", f"{key} = {size // factor} here but {self.sizes[key]} earlier in this pass")
 
     def reset(self) -> None:
-        self.sequencer.reset()
-        self.sizes = {}
+        self.last, self.sizes = None, {}
+
+
+def _failure(round: Round):
+    def fail(field: str, detail: str) -> None:
+        raise ProtocolError(f"round {round.name!r}: field {field!r}: {detail}")
+    return fail

@@ -1,0 +1,176 @@
+"""Speed of the private record alignment (falsevfl_secure/secure/align.py): K real processes over gloo.
+
+    python bench/align_speed.py [--parties 4] [--ids 100000] [--overlap 0.5] [--active K-1] [--threads 1] --out DIR
+
+Every party holds `--ids` string IDs; a fraction `--overlap` of them is common to all parties and
+the rest are its own, so the union has overlap*n + K*(1-overlap)*n records (the script checks it).
+The K processes share this machine's cores, like bench/overhead.py. The alignment is timed from a
+barrier before `align` to the slowest party's return; `phases` are each party's own seconds per
+phase (setup, hash_and_blind, ring, union_and_positions; waiting for peers included), `cpu_s` its
+process CPU time, and `wall_s_if_the_cores_were_free` the total CPU time divided by the cores the
+parties could use (what the wall time would be without other load on the machine).
+
+Writes DIR/align_speed.json ({"config", "wall_s", "ids_per_s_per_party", "n_union", "correct",
+"parties": [{"rank", "seconds", "ids_per_s", "phases", "bytes_sent", "bytes_received"}], ...}) and
+prints a one-line summary. Timings are measurements on the machine that runs it, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def party_ids(rank: int, n: int, overlap: float) -> list[str]:
+    """`n` IDs: the first round(overlap * n) common to every party, the rest this party's own."""
+    shared = round(overlap * n)
+    return [f"shared-{i:010d}" for i in range(shared)] + [f"party{rank}-{i:010d}" for i in range(n - shared)]
+
+
+def party(rank: int, size: int, port: int, n: int, overlap: float, active: int, threads: int, results) -> None:
+    """One party process: align once, report its timings (or its error) on `results`."""
+    try:
+        results.put((rank, _timed_alignment(rank, size, port, n, overlap, active, threads)))
+    except BaseException as exc:  # noqa: BLE001 - the launcher reports it in one line
+        results.put((rank, {"error": f"{type(exc).__name__}: {exc}"}))
+
+
+def _timed_alignment(rank: int, size: int, port: int, n: int, overlap: float, active: int, threads: int) -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from falsevfl_secure.secure.align import align
+    from falsevfl_secure.secure.ristretto import sodium_version
+    from falsevfl_secure.transport.channel import GlooChannel
+
+    torch.set_num_threads(1)
+    ids = party_ids(rank, n, overlap)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=600))
+    try:
+        channel, phases = GlooChannel(), {}
+        dist.barrier()
+        start, cpu = time.perf_counter(), time.process_time()
+        result = align(channel, ids, active, timings=phases, threads=threads)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        dist.barrier()
+        return {"rank": rank, "seconds": seconds, "cpu_s": cpu, "ids_per_s": n / seconds if seconds else None,
+                "phases": phases, "bytes_sent": channel.bytes_sent, "bytes_received": channel.bytes_received,
+                "n_union": result.n_union, "positions_ok": bool((result.positions >= 0).all()),
+                "libsodium": sodium_version()}
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(k: int, n: int, overlap: float, active: int, threads: int, timeout: float = 900.0) -> dict[int, dict]:
+    """Spawn the K parties, collect {rank: report} (stopping at the first error), reap every child."""
+    ctx, port = mp.get_context("spawn"), free_port()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=party, args=(r, k, port, n, overlap, active, threads, results)) for r in range(k)]
+    reports: dict[int, dict] = {}
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        while len(reports) < k and time.monotonic() < deadline:
+            try:
+                rank, report = results.get(timeout=1.0)
+                reports[rank] = report
+                if "error" in report:  # the others fail soon (or wait for the gloo timeout): collect 3 s more
+                    deadline = min(deadline, time.monotonic() + 3.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    break
+    finally:
+        for proc in procs:
+            proc.join(timeout=30 if len(reports) == k else 1)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    missing = [r for r in range(k) if r not in reports]
+    if missing and not any("error" in r for r in reports.values()):
+        raise RuntimeError(f"parties {missing} did not report (exit codes {[p.exitcode for p in procs]})")
+    return reports if len(reports) < k else {r: reports[r] for r in range(k)}
+
+
+def summarise(args: argparse.Namespace, reports: list[dict], total: float) -> dict:
+    """The JSON report: config, the slowest party's wall time, per-party figures, correctness."""
+    k, n = args.parties, args.ids
+    shared = round(args.overlap * n)
+    expected = shared + k * (n - shared)
+    wall = max(r["seconds"] for r in reports)
+    cpu = sum(r["cpu_s"] for r in reports)
+    return {"config": {"parties": k, "ids_per_party": n, "overlap": args.overlap, "active": args.active,
+                       "threads": args.threads, "cpus": os.cpu_count(), "libsodium": reports[0]["libsodium"]},
+            "wall_s": wall, "ids_per_s_per_party": n / wall if wall else None,
+            "cpu_s_all_parties": cpu, "wall_s_if_the_cores_were_free": cpu / min(k * args.threads, os.cpu_count() or 1),
+            "n_union": reports[0]["n_union"], "expected_n_union": expected,
+            "correct": all(r["n_union"] == expected and r["positions_ok"] for r in reports),
+            "launch_and_teardown_s": total - wall, "parties": reports}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parties", type=int, default=4)
+    parser.add_argument("--ids", type=int, default=100_000)
+    parser.add_argument("--overlap", type=float, default=0.5)
+    parser.add_argument("--active", type=int, default=None, help="the active party's index (default K-1)")
+    parser.add_argument("--threads", type=int, default=1, help="threads per party for the group operations")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.error = lambda message: _fail(message)  # one line, no usage block
+    args = parser.parse_args(argv)
+    args.active = args.parties - 1 if args.active is None else args.active
+    if args.parties < 2 or args.ids < 0 or not 0.0 <= args.overlap <= 1.0 or not 0 <= args.active < args.parties \
+            or args.threads < 1:
+        _fail("--parties must be >= 2, --ids >= 0, --overlap in [0, 1], --active in 0..K-1 and --threads >= 1")
+    if args.out.exists() and not args.out.is_dir():
+        _fail(f"--out {args.out} exists and is not a directory")
+    return args
+
+
+def _fail(message: str, code: int = 2):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        reports = run_world(args.parties, args.ids, args.overlap, args.active, args.threads)
+        errors = [f"party {i}: {r['error']}" for i, r in sorted(reports.items()) if "error" in r]
+        if errors:
+            _fail("; ".join(errors), 1)
+        report = summarise(args, list(reports.values()), time.perf_counter() - start)
+        tmp = args.out / "align_speed.json.tmp"
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(tmp, args.out / "align_speed.json")
+    except (OSError, RuntimeError) as exc:
+        _fail(str(exc), 1)
+    print(f"align K={args.parties}, {args.ids} IDs per party, overlap {args.overlap}: N={report['n_union']} "
+          f"({'correct' if report['correct'] else 'WRONG'}), {report['wall_s']:.2f} s wall, "
+          f"{report['ids_per_s_per_party'] or 0:.0f} IDs/s per party, {report['cpu_s_all_parties']:.1f} CPU s "
+          f"in all -> {args.out / 'align_speed.json'}")
+    return 0 if report["correct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

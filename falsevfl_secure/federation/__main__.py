@@ -1,0 +1,142 @@
+"""Command line of a federation on separately held tables.
+
+    python -m falsevfl_secure.federation demo --dataset digits|isolet --parties K --out DIR [--seed N]
+    python -m falsevfl_secure.federation train --config DIR/federation.toml [--party NAME] [--protocol P]
+    python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME]
+        [--absent NAME ...] --out PREDICTIONS.csv
+    python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv
+
+Without --party, every listed party (and the he aggregator) runs as its own local process, each reading
+only its own files; with --party, this process is that party alone (one host per party; the active
+party serves the rendezvous). Every expected failure ends with one `error:` line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+from ..errors import FalseVflError, InputError, PartyFailure
+from ..transport.protocols import PROTOCOLS, protocol_named
+from .config import load_federation
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.federation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="write per-party tables of a benchmark dataset and a federation.toml")
+    demo.add_argument("--dataset", choices=("digits", "isolet", "fashion-mnist", "hapt"), default="digits")
+    demo.add_argument("--parties", type=int, default=4)
+    demo.add_argument("--out", required=True)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--protocol", choices=tuple(PROTOCOLS), default="mpc")
+    demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
+    for name in ("train", "predict"):
+        sub = commands.add_parser(name, help=f"{name} the federation")
+        sub.add_argument("--config", required=True, help="the federation.toml")
+        sub.add_argument("--party", default=None, help="run this party only (one host per party)")
+        sub.add_argument("--protocol", choices=tuple(PROTOCOLS), default=None, help="override [federation] protocol")
+        sub.add_argument("--quiet", action="store_true", help="no progress bars")
+    commands.choices["train"].add_argument("--resume", action="store_true")
+    commands.choices["predict"].add_argument("--absent", nargs="*", default=[], help="listed parties that are away")
+    commands.choices["predict"].add_argument("--out", required=True, help="the predictions CSV (active party)")
+    score = commands.add_parser("score", help="accuracy of a predictions CSV against a truth CSV")
+    score.add_argument("--predictions", required=True)
+    score.add_argument("--truth", required=True)
+    return parser.parse_args(argv)
+
+
+def demo(args: argparse.Namespace) -> int:
+    from .demo import write_demo
+
+    if args.parties < 2:
+        raise InputError(f"--parties {args.parties}: a federation needs at least 2 parties")
+    path = write_demo(args.dataset, args.parties, Path(args.out), args.seed, args.protocol, args.test_pattern)
+    print(f"wrote {path}, one folder per party and {Path(args.out) / 'truth.csv'}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """train or predict: one party here, or all of them as local processes."""
+    from .launch import present_parties, run_all, run_party
+
+    fed = load_federation(args.config)
+    protocol = args.protocol or fed.protocol
+    present = present_parties(fed, getattr(args, "absent", []))
+    if len(present) == 1:
+        protocol = "plain"  # one party alone: nothing crosses a party boundary, nothing to protect
+    protocol_named(protocol).check_parties(len(present), fed.allow_two_party_disclosure)
+    options = {"resume": getattr(args, "resume", False), "progress": not args.quiet, "out": getattr(args, "out", None)}
+    if args.party is not None:
+        return run_party(fed, args.party, args.command, protocol, present, **options)
+    run_all(fed, args.command, protocol, present, _forwarded(args), progress=not args.quiet)
+    _summarise(fed, args)
+    return 0
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    argv = ["--quiet"] if args.quiet else []
+    if args.command == "train" and args.resume:
+        argv.append("--resume")
+    if args.command == "predict":
+        argv += ["--out", str(Path(args.out).resolve()), *(["--absent", *args.absent] if args.absent else [])]
+    return argv
+
+
+def _summarise(fed, args: argparse.Namespace) -> None:
+    if args.command == "predict":
+        print(f"predictions: {args.out}")
+        return
+    record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
+    alignment = record["alignment"]
+    print(f"trained {len(fed.parties)} parties under {record['protocol']} in {record['wall_time_s']:.1f} s: "
+          f"{alignment['union_size']} records aligned in {alignment['seconds']:.1f} s "
+          f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}), "
+          f"{alignment['labeled']} labeled; models in each party's folder")
+
+
+def score(args: argparse.Namespace) -> int:
+    truth = _column(Path(args.truth), "label")
+    predicted = _column(Path(args.predictions), "prediction")
+    missing = [i for i in truth if i not in predicted]
+    if missing:
+        raise InputError(f"{args.predictions} has no row for {len(missing)} IDs of {args.truth} (e.g. {missing[0]!r})")
+    scored = [i for i in truth if predicted[i] != ""]
+    accuracy = 100.0 * sum(predicted[i] == truth[i] for i in scored) / max(len(scored), 1)
+    print(f"accuracy {accuracy:.2f} % on {len(scored)} records ({len(truth) - len(scored)} held by no present party)")
+    return 0
+
+
+def _column(path: Path, name: str) -> dict[str, str]:
+    try:
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as error:
+        raise InputError(f"{path}: {error.strerror}") from error
+    if not rows or "id" not in rows[0] or name not in rows[0]:
+        raise InputError(f"{path}: expected the columns 'id' and {name!r}")
+    return {row["id"]: row[name] for row in rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = {"demo": demo, "train": run, "predict": run, "score": score}[args.command]
+    try:
+        return command(args)
+    except (FalseVflError, PartyFailure) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2 if isinstance(error, FalseVflError) else 3
+    except OSError as error:
+        print(f"error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

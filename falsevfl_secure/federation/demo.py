@@ -1,0 +1,91 @@
+"""`federation demo`: per-party tables from a benchmark dataset, as separately held data would look.
+
+The demo takes the simulation's split of the same dataset, party count and seed (`data.make_splits`),
+and writes for each party the rows it holds under the training mechanism (the active party also every
+labeled row, with empty features where it does not hold them), with string IDs, each party's rows in
+its own shuffled order, and a separate prediction set under one test pattern, plus a
+`federation.toml` and `truth.csv` (id, label of every prediction record). Training through the
+federation therefore sees the same records, labels and mask as `simulate`, so their accuracies can be
+compared (bench/federation_equivalence.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ..config import make_config
+from ..data import VerticalSplit, make_splits
+from ..fsio import atomic_write
+from ..randomness import public_rng
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def label_name(dataset: str, y: int) -> str:
+    return LETTERS[y] if dataset == "isolet" else str(y)
+
+
+def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: str = "mpc",
+               test_pattern: str = "mcar:0.2") -> Path:
+    """Write the demo federation to `out`; returns the path of its federation.toml."""
+    cfg = make_config(dataset, "default", parties=parties, seed=seed)
+    data, train, tests = make_splits(cfg, (test_pattern,))
+    rng = public_rng(seed, zlib.crc32(b"federation demo"))
+    train_ids, test_ids = _ids(rng, train.n, "r"), _ids(rng, tests[test_pattern].n, "q")
+    names = [f"party{k}" for k in range(parties)]
+    active = cfg.active_index
+    test = tests[test_pattern]
+
+    def label(i: int) -> str:
+        return label_name(cfg.dataset, int(train.y[i])) if train.labeled[i] else ""
+
+    for k, name in enumerate(names):
+        is_active = k == active
+        _write_table(out / name / "train.csv", train, k, train_ids, rng, label if is_active else None,
+                     with_unheld=train.labeled if is_active else None)
+        _write_table(out / name / "predict.csv", test, k, test_ids, rng, None,
+                     with_unheld=np.ones(test.n, dtype=bool) if is_active else None)
+    truth = [("id", "label")] + [(test_ids[i], label_name(cfg.dataset, int(y))) for i, y in enumerate(test.y)]
+    atomic_write(out / "truth.csv", _csv(truth))
+    path = out / "federation.toml"
+    atomic_write(path, _toml(cfg.dataset, names, names[active], protocol, seed))
+    return path
+
+
+def _ids(rng: np.random.Generator, n: int, prefix: str) -> list[str]:
+    """Distinct string IDs in no meaningful order (public: they are made up)."""
+    numbers = rng.choice(16**8, size=n, replace=False)
+    return [f"{prefix}{v:08x}" for v in numbers]
+
+
+def _write_table(path: Path, split: VerticalSplit, party: int, ids: list[str], rng: np.random.Generator,
+                 label, with_unheld: np.ndarray | None) -> None:
+    """The rows party `party` holds (plus `with_unheld` rows, with empty features) in a shuffled order."""
+    block, held = split.party_block(party)
+    rows = np.flatnonzero(held | (with_unheld if with_unheld is not None else False))
+    header = ["id", *(f"p{party}_x{j}" for j in range(block.shape[1])), *(["label"] if label else [])]
+    lines = [header]
+    for i in rows[rng.permutation(rows.size)]:
+        features = [f"{v:.7g}" for v in block[i]] if held[i] else [""] * block.shape[1]
+        lines.append([ids[i], *features, *([label(i)] if label else [])])
+    atomic_write(path, _csv(lines))
+
+
+def _csv(rows: list) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(rows)
+    return buffer.getvalue()
+
+
+def _toml(dataset: str, names: list[str], active: str, protocol: str, seed: int) -> str:
+    parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
+                      f'model = "{n}/model"\n' for n in names)
+    return (f'# A demo federation written by `python -m falsevfl_secure.federation demo` from {dataset}.\n'
+            f'[federation]\nactive = "{active}"\nprotocol = "{protocol}"\nid_column = "id"\nlabel_column = "label"\n'
+            f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n\n[model]\npreset = "{dataset}"\n'
+            f"seed = {seed}\n{parties}")

@@ -1,0 +1,142 @@
+"""What one party of a federation does, in its own process and with its own files only.
+
+`train_program` aligns the party's training table with the others', standardises its block with its
+own rows' statistics, trains the unchanged FALSE-VFL core and saves its part of the model.
+`predict_program` aligns the prediction tables of the parties present, loads each party's saved part,
+and the active party writes the predictions. The he aggregator has no files: it serves its protocol.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..data.standardize import Standardizer
+from ..data.tables import PartyTable, encode_labels, read_party_table
+from ..fsio import atomic_write, write_json
+from ..node import build_node, resolve_device
+from ..runtime.distributed import agree_across, gather_log
+from ..train import fit, host_split, predict_split
+from .aligned import Aligned, align_table, party_view
+from .config import Federation
+from .store import Manifest, load_manifest, load_weights, save_model
+
+
+def _targets(fed: Federation, table: PartyTable, classes=None) -> tuple[np.ndarray, tuple[str, ...]]:
+    return encode_labels(table.labels, classes, fed.task, table.where, table.locations)
+
+
+def _n_classes(fed: Federation, classes: tuple[str, ...]) -> int:
+    return len(classes) if fed.task == "classification" else 1
+
+
+def read_training_table(fed: Federation, name: str) -> PartyTable:
+    """Party `name`'s training table, checked before the party joins the federation."""
+    labels = fed.label_column if name == fed.active else None
+    table = read_party_table(fed.party(name).train, name, fed.id_column, labels)
+    if name == fed.active:
+        _targets(fed, table)  # unusable labels are refused before any other party waits
+    return table
+
+
+def read_prediction_table(fed: Federation, name: str) -> tuple[PartyTable, Manifest]:
+    """Party `name`'s saved model and prediction table, checked against each other before it joins."""
+    manifest = load_manifest(fed.party(name).model_dir, name, fed.model)
+    labels = fed.label_column if name == fed.active else None
+    table = read_party_table(fed.party(name).predict, name, fed.id_column, labels, expected_columns=manifest.columns,
+                             label_optional=True)
+    if table.labels is not None:  # labels in a prediction table are for scoring only, but must be known ones
+        _targets(fed, table, manifest.classes)
+    return table, manifest
+
+
+def train_program(fed: Federation, name: str, table: PartyTable | None, resume: bool, progress: bool):
+    """The program of party `name` (or, with no table, the aggregator) in `federation train`."""
+    def program(role) -> None:
+        if not role.is_party:
+            role.spec.protocol.serve(role.membership)
+            return
+        started, me, rank = time.perf_counter(), fed.party(name), role.spec.rank
+        targets, classes = _targets(fed, table) if role.is_active else (None, ())
+        aligned = align_table(role, table, np.flatnonzero(_labelled(targets)) if targets is not None else None,
+                              restrict=False)
+        scaler = Standardizer.fit(table.x, table.held)
+        cfg, device = fed.model, resolve_device(fed.model.device)
+        n_classes = _n_classes(fed, classes) if role.is_active else None
+        node = build_node(cfg, {rank: len(table.columns)}, n_classes, role.transport(device), device)
+        data = host_split(party_view(table, aligned, scaler, rank, targets), device,
+                          n_classes if fed.task == "classification" else None)
+        trained = fit(node, data, me.model_dir / "checkpoints", resume, progress and role.is_active, agree_across(role))
+        manifest = Manifest(name, table.columns, scaler, cfg.fingerprint(), cfg.training_settings(),
+                            role.spec.protocol.name, classes or None)
+        save_model(me.model_dir, node, rank, manifest)
+        communication = gather_log(node.transport.log, role)
+        if role.is_active:
+            write_json(me.model_dir / "train_result.json",
+                       _train_record(fed, aligned, trained, communication, time.perf_counter() - started))
+    return program
+
+
+def _labelled(targets: np.ndarray) -> np.ndarray:
+    return ~np.isnan(targets) if targets.dtype.kind == "f" else targets >= 0
+
+
+def _train_record(fed: Federation, aligned: Aligned, trained, communication: list[dict], wall: float) -> dict:
+    rows = dict(zip(fed.names, aligned.holders.sum(axis=0).tolist(), strict=True))
+    return {"losses": trained.losses, "stage_time_s": trained.seconds, "wall_time_s": round(wall, 3),
+            "protocol": fed.protocol, "alignment": {"union_size": aligned.n, "rows_per_party": rows,
+                                                    "labeled": int(aligned.labeled.size),
+                                                    "dropped_no_observed_party": aligned.dropped,
+                                                    "seconds": round(aligned.seconds, 3)},
+            "communication": communication, "config": fed.model.to_dict()}
+
+
+def predict_program(fed: Federation, name: str, present: list[str], out: Path,
+                    loaded: tuple[PartyTable, Manifest] | None):
+    """The program of party `name` (or, with nothing loaded, the aggregator) in `federation predict`,
+    among the `present` parties: the world is theirs alone, and records held only by absent parties
+    simply have fewer holders."""
+    cfg = replace(fed.model, parties=len(present), active_party=present.index(fed.active))
+
+    def program(role) -> None:
+        if not role.is_party:
+            role.spec.protocol.serve(role.membership)
+            return
+        me, rank = fed.party(name), role.spec.rank
+        table, manifest = loaded
+        aligned = align_table(role, table, None, restrict=True)
+        device = resolve_device(cfg.device)
+        n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
+        node = build_node(cfg, {rank: len(manifest.columns)}, n_classes, role.transport(device), device)
+        load_weights(me.model_dir, node, rank)
+        view = party_view(table, aligned, manifest.standardizer, rank, None)
+        predictions = predict_split(node, host_split(view, device))
+        if role.is_active:
+            atomic_write(out, _predictions_csv(table, aligned, predictions.get().numpy(), manifest.classes))
+    return program
+
+
+def _predictions_csv(table: PartyTable, aligned: Aligned, predictions: np.ndarray,
+                     classes: tuple[str, ...] | None) -> str:
+    """One row per record the active party listed: id, prediction, parties observed, class probabilities
+    (empty where no present party holds the record's features)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    probability_columns = [f"p_{c}" for c in classes] if classes else []
+    writer.writerow(["id", "prediction", "parties_observed", *probability_columns])
+    observed = aligned.holders.sum(axis=1)
+    for row, position in enumerate(aligned.positions):
+        if position < 0:
+            writer.writerow([table.ids[row], "", 0, *([""] * len(probability_columns))])
+        elif classes:
+            p = predictions[position]
+            writer.writerow([table.ids[row], classes[int(p.argmax())], int(observed[position]),
+                             *(f"{v:.6f}" for v in p)])
+        else:
+            writer.writerow([table.ids[row], f"{float(predictions[position]):.6g}", int(observed[position])])
+    return buffer.getvalue()

@@ -1,0 +1,152 @@
+"""The randomness policy: which random numbers are public, which are secret, and where each comes from.
+
+Public randomness is what every party must agree on: the order of the mini-batches and, in a
+simulation, the split and its missingness mask. It follows from the job's public `seed` through
+numpy's `SeedSequence` (`public_rng`), and knowing it reveals nothing secret.
+
+Secret randomness is everything else: a party's initial weights, its sampling noise (FALSE-VFL-II's
+imputations), the active party's latent samples, and mask keys. Each party draws it from its own
+`RoleSecret` (32 bytes of operating-system entropy), expanded by AES-256-CTR from `cryptography`
+into named streams (`KeyStream`). A secret never leaves its party: it is kept beside that party's own
+checkpoints, so a resumed run continues the same streams. Mask keys are not derived from it at all
+(they come from a fresh X25519 agreement, `secure.masks`). Nothing secret is ever derived from the
+public seed; only tests and the deliberately weakened builds of the attack tests inject secrets
+(`RoleSecret.for_tests`).
+
+Never use `torch.Generator`, `random` or `numpy.random` for anything secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+SECRET_BYTES = 32
+_BLOCK = 16  # AES block: the CTR counter counts these
+
+# Public streams: SeedSequence([seed, *stream]). Named once here; the values are those the
+# project has always used, so splits and batch orders are reproducible across versions.
+SPLIT_LABELED = 1
+SPLIT_TRAIN_MASK = 2
+SPLIT_TEST_MASK = 3
+
+
+def public_rng(seed: int, *stream: int) -> np.random.Generator:
+    """A public generator (batch order, simulated splits): every party derives the same numbers."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), *(int(s) for s in stream)]))
+
+
+class KeyStream:
+    """An AES-256-CTR keystream read from a position: the one source of secret random numbers.
+
+    The state is just the byte position, so a checkpoint stores an int and a resumed stream continues
+    with exactly the bytes an uninterrupted one would have produced. Counter blocks are never reused.
+    """
+
+    def __init__(self, key: bytes, position: int = 0) -> None:
+        if len(key) != SECRET_BYTES:
+            raise ValueError(f"a stream key has {SECRET_BYTES} bytes, got {len(key)}")
+        self._key, self.position = bytes(key), int(position)
+
+    def read(self, n: int) -> bytes:
+        """The next `n` bytes of the stream."""
+        block, offset = divmod(self.position, _BLOCK)
+        n_blocks = math.ceil((offset + n) / _BLOCK)
+        encryptor = Cipher(algorithms.AES(self._key), modes.CTR(block.to_bytes(_BLOCK, "big"))).encryptor()
+        out = encryptor.update(bytes(n_blocks * _BLOCK))[offset:offset + n]
+        self.position += n
+        return out
+
+    def integers(self, n: int) -> np.ndarray:
+        """`n` uniform int64 values (every bit pattern equally likely: uniform on the ring Z_2^64)."""
+        return np.frombuffer(self.read(8 * n), dtype=np.int64)
+
+    def uniform(self, n: int) -> torch.Tensor:
+        """`n` float64 values uniform on the open interval (0, 1) (32 random bits each)."""
+        bits = torch.from_numpy(np.frombuffer(self.read(4 * n), dtype=np.uint32).astype(np.float64))
+        return (bits + 0.5) / 2.0**32
+
+    def normal(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+        """Standard normal values (Box-Muller on `uniform`) of the given shape, dtype and device."""
+        n = math.prod(shape)
+        half = (n + 1) // 2
+        radius = torch.sqrt(-2.0 * torch.log(self.uniform(half)))
+        angle = 2.0 * math.pi * self.uniform(half)
+        values = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:n]
+        return values.reshape(shape).to(device=device, dtype=dtype)
+
+    def symmetric(self, shape: tuple[int, ...], bound: float) -> torch.Tensor:
+        """float32 values uniform on (-bound, bound): PyTorch's default initialisation of a linear layer."""
+        return ((2.0 * self.uniform(math.prod(shape)) - 1.0) * bound).reshape(shape).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class RoleSecret:
+    """One party's secret: 32 bytes from which all of its secret streams are derived by purpose."""
+
+    key: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, bytes) or len(self.key) != SECRET_BYTES:
+            raise ValueError(f"a role secret is {SECRET_BYTES} bytes")
+
+    @classmethod
+    def fresh(cls) -> RoleSecret:
+        """A new secret from the operating system's entropy (what every real run uses)."""
+        return cls(secrets.token_bytes(SECRET_BYTES))
+
+    @classmethod
+    def for_tests(cls, seed: int, party: int) -> RoleSecret:
+        """A reproducible secret, for tests that compare runtimes and for the weakened builds of the
+        attack tests (with the public seed it is exactly the old, broken derivation). Never used by a run."""
+        return cls(hashlib.blake2b(f"{seed}:{party}".encode(), digest_size=SECRET_BYTES,
+                                   person=b"falsevfl-tests").digest())
+
+    def stream(self, purpose: str, position: int = 0) -> KeyStream:
+        """The stream for `purpose` (keyed BLAKE2b as the key-derivation PRF), at `position`."""
+        key = hashlib.blake2b(purpose.encode(), key=self.key, digest_size=SECRET_BYTES).digest()
+        return KeyStream(key, position)
+
+    def to_tensor(self) -> torch.Tensor:
+        """uint8 tensor form, for the party's own checkpoint (loadable with weights_only=True)."""
+        return torch.frombuffer(bytearray(self.key), dtype=torch.uint8).clone()
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> RoleSecret:
+        return cls(bytes(tensor.to(torch.uint8).tolist()))
+
+
+class RoleRandomness:
+    """One party's named secret streams, created on first use; `state` and `restore` for checkpoints."""
+
+    def __init__(self, secret: RoleSecret) -> None:
+        self.secret = secret
+        self._streams: dict[str, KeyStream] = {}
+
+    def stream(self, purpose: str) -> KeyStream:
+        if purpose not in self._streams:
+            self._streams[purpose] = self.secret.stream(purpose)
+        return self._streams[purpose]
+
+    def restart(self, purpose: str) -> KeyStream:
+        """The stream for `purpose` from its beginning (evaluation: the same draws however long training ran)."""
+        self._streams[purpose] = self.secret.stream(purpose)
+        return self._streams[purpose]
+
+    def state(self) -> dict[str, int]:
+        return {purpose: stream.position for purpose, stream in self._streams.items()}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self._streams = {purpose: self.secret.stream(purpose, int(position)) for purpose, position in state.items()}
+
+    def load(self, secret: RoleSecret, state: dict[str, int]) -> None:
+        """Become a saved party's randomness: its secret and its streams' positions (a resumed run)."""
+        self.secret = secret
+        self.restore(state)

@@ -1,0 +1,115 @@
+"""Pairwise masks for the secure sum (Bonawitz et al., CCS 2017).
+
+Every pair of parties (i, j) agrees a key by X25519 at start-up. In each sum, party i adds to its
+encoded value the zero share
+
+    z_i = sum over j > i of PRG(k_ij) - sum over j < i of PRG(k_ij)      (mod 2^64)
+
+and the shares of all parties cancel in the total. Removing party i's mask needs every key it shares,
+so only the coalition of all other parties together can unmask it (and that coalition learns x_i from
+the sum anyway). PRG(k) is AES-256-CTR (`randomness.KeyStream`); every sum consumes a fresh,
+never-reused range of each pair's keystream. Keys are ephemeral: a new agreement per process start.
+
+Key derivation: HKDF-SHA256 over the X25519 shared secret, salted with the hash of every party's
+public key in rank order (so a key belongs to this world only) and labelled with the pair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ..randomness import KeyStream
+from .errors import SecureMessageError
+
+PUBLIC_KEY_BYTES = 32
+
+
+class X25519Agreement:
+    """This party's side of the pairwise key agreement: an ephemeral X25519 key from OS entropy."""
+
+    def __init__(self) -> None:
+        self._private = X25519PrivateKey.generate()
+
+    def public_key(self) -> bytes:
+        return self._private.public_key().public_bytes_raw()
+
+    def pair_keys(self, rank: int, public_keys: Sequence[bytes]) -> dict[int, bytes]:
+        """One 32-byte key per other party, from everyone's public keys (index = rank)."""
+        if any(len(key) != PUBLIC_KEY_BYTES for key in public_keys):
+            raise SecureMessageError(f"an X25519 public key has {PUBLIC_KEY_BYTES} bytes")
+        if public_keys[rank] != self.public_key():
+            raise SecureMessageError("the exchanged public keys do not contain this party's own key")
+        transcript = hashlib.sha256(b"".join(public_keys)).digest()
+        keys = {}
+        for peer, public in enumerate(public_keys):
+            if peer != rank:
+                shared = self._private.exchange(X25519PublicKey.from_public_bytes(public))
+                keys[peer] = derive_pair_key(shared, transcript, rank, peer)
+        return keys
+
+
+def derive_pair_key(shared: bytes, transcript: bytes, a: int, b: int) -> bytes:
+    """HKDF-SHA256 of a pair's shared secret; both sides derive the same key (the pair is sorted)."""
+    low, high = sorted((a, b))
+    info = b"falsevfl-secure-sum-v1:" + f"{low}:{high}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=transcript, info=info).derive(shared)
+
+
+def zero_share(rank: int, streams: Mapping[int, KeyStream], n: int) -> torch.Tensor:
+    """The next `n` elements of this party's zero share: + streams of higher ranks, - of lower ranks."""
+    share = torch.zeros(n, dtype=torch.int64)
+    for peer, stream in sorted(streams.items()):
+        draw = torch.from_numpy(stream.integers(n).copy())
+        share = share.add_(draw) if peer > rank else share.sub_(draw)  # int64 wraps: ring arithmetic
+    return share
+
+
+class ZeroShares:
+    """This party's zero shares for consecutive sums, drawn ahead of need by one background thread.
+
+    Each pair stream is a stream: drawing n + m elements gives the draws of n then m, so the next sum's
+    shares can be drawn while the party waits; every party takes the same count per sum, so both ends
+    of a pair stay aligned and the shares still cancel. One worker thread draws in submission order;
+    after each `take` a draw of the same size is queued (AES-CTR releases the GIL while it runs).
+    """
+
+    def __init__(self, rank: int, pair_keys: Mapping[int, bytes]) -> None:
+        self.rank = rank
+        self._streams = {peer: KeyStream(key) for peer, key in pair_keys.items()}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zero-shares")
+        self._pending: deque[Future] = deque()
+        self._leftover: torch.Tensor | None = None
+
+    def _draw(self, n: int) -> Future:
+        return self._executor.submit(zero_share, self.rank, self._streams, n)
+
+    def take(self, n: int) -> torch.Tensor:
+        """The next `n` elements of this party's share stream."""
+        if n == 0:
+            return torch.zeros(0, dtype=torch.int64)
+        parts, have = [], 0
+        while have < n:
+            if self._leftover is None:
+                if not self._pending:
+                    self._pending.append(self._draw(n - have))
+                self._leftover = self._pending.popleft().result()
+            piece = self._leftover[: n - have]
+            self._leftover = self._leftover[piece.numel():] if piece.numel() < self._leftover.numel() else None
+            parts.append(piece)
+            have += piece.numel()
+        self._pending.append(self._draw(n))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def close(self) -> None:
+        """Stop drawing; shares drawn ahead are dropped."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
+        self._leftover = None

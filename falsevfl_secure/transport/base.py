@@ -1,0 +1,35 @@
+"""The contract every transport implements."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from torch import Tensor
+
+from ..placement import Active
+from .accounting import CommLog
+from .rounds import Round
+
+
+class Transport(Protocol):
+    """How values cross party boundaries: the only way they do.
+
+    `aggregate` delivers the sum of the hosted parties' contributions (and, across processes, every
+    other party's) to the active party; `broadcast` delivers the active party's value to every hosted
+    party. Both are differentiable: the gradient of a sum is broadcast back (the round's adjoint), the
+    gradients of a broadcast are summed back. `backward` runs the adjoint rounds of the last forward
+    pass in every process (only the active party has a loss). `log` counts every round's traffic.
+    """
+
+    log: CommLog
+
+    def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]: ...
+
+    def broadcast(self, round: Round, value: Active[Tensor], shape: tuple[int, ...]) -> dict[int, Tensor]: ...
+
+    def backward(self, loss: Active[Tensor]) -> None: ...
+
+
+def nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()

@@ -1,0 +1,472 @@
+"""Private record alignment (`falsevfl_secure.secure.align`): correctness against an independent
+truth (set arithmetic on the raw IDs), real processes over gloo, and the privacy claims of
+threat_models/alignment.toml as attacks that fail (and that succeed on a weakened build or above
+the collusion threshold, so none of them is vacuous)."""
+
+from __future__ import annotations
+
+import ctypes.util
+import hashlib
+import itertools
+import multiprocessing as mp
+import os
+import pathlib
+import pickle
+import secrets
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from align_channels import MemoryWorld, collect, free_port, gloo_worker
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from falsevfl_secure.errors import FalseVflError
+from falsevfl_secure.secure import align as align_module
+from falsevfl_secure.secure import ristretto
+from falsevfl_secure.secure.align import (
+    DOMAIN,
+    MAX_IDS,
+    AlignmentFrameError,
+    AlignmentInputError,
+    align,
+    group_hash,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_alignment(id_lists, active, restrict=False, views=None, party_secrets=None, threads=1):
+    """`align` on K threads of one in-memory world; every party's `Alignment` (raises the first error)."""
+    world = MemoryWorld(len(id_lists))
+
+    def party(rank):
+        def body(channel):
+            view = None if views is None else views[rank]
+            out = None if party_secrets is None else party_secrets[rank]
+            return align(channel, id_lists[rank], active, restrict_to_active=restrict, view=view, secrets_out=out,
+                         threads=threads)
+        return body
+
+    results = world.run([party(r) for r in range(len(id_lists))])
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    assert world.pending() == 0
+    return results
+
+
+def check_against_truth(id_lists, active, results, restrict):
+    """The properties of a shared order, computed from the raw IDs by set arithmetic."""
+    union = set().union(*map(set, id_lists))
+    shared = set(id_lists[active]) if restrict else union
+    where: dict[str, int] = {}
+    for ids, result in zip(id_lists, results, strict=True):
+        assert result.n_union == len(shared)
+        assert result.positions.dtype == np.int64 and result.positions.shape == (len(ids),)
+        for identifier, position in zip(ids, result.positions.tolist(), strict=True):
+            if identifier not in shared:
+                assert position == -1
+                continue
+            assert 0 <= position < len(shared)
+            assert where.setdefault(identifier, position) == position  # one ID, one position at every party
+    assert set(where) == shared and len(set(where.values())) == len(shared)  # different IDs, different positions
+    holders = results[active].holders
+    assert holders.dtype == bool and holders.shape == (len(shared), len(id_lists))
+    members = [set(ids) for ids in id_lists]
+    for identifier, position in where.items():
+        assert holders[position].tolist() == [identifier in m for m in members]
+    assert all(r.holders is None for i, r in enumerate(results) if i != active)
+
+
+@st.composite
+def worlds(draw):
+    """K lists of up to 60 distinct IDs drawn from a universe of up to 90 (any Unicode text, made
+    distinct by an index suffix), so lists overlap more the smaller the universe; active; mode."""
+    k, size = draw(st.integers(2, 5)), draw(st.integers(0, 90))
+    universe = [f"{text}|{i}" for i, text in enumerate(draw(st.lists(st.text(max_size=4), min_size=size,
+                                                                     max_size=size)))]
+    lists = []
+    for _ in range(k):
+        n = draw(st.integers(0, min(60, size)))
+        lists.append(draw(st.permutations(universe))[:n])
+    return lists, draw(st.integers(0, k - 1)), draw(st.booleans())
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_the_shared_order_matches_the_true_union(world):
+    id_lists, active, restrict = world
+    check_against_truth(id_lists, active, run_alignment(id_lists, active, restrict), restrict)
+
+
+def test_empty_lists_and_an_all_empty_world_align():
+    check_against_truth([[], [], []], 1, run_alignment([[], [], []], 1), False)
+    check_against_truth([["x"], []], 1, run_alignment([["x"], []], 1, restrict=True), True)
+
+
+def test_thread_parallel_group_operations_give_the_same_alignment():
+    """threads=2 splits every batch (over 256 points per thread) and changes nothing observable."""
+    id_lists = [[f"u{i}" for i in range(lo, hi)] for lo, hi in ((0, 700), (300, 900), (850, 1400))]
+    check_against_truth(id_lists, 0, run_alignment(id_lists, 0, threads=2), False)
+
+
+def test_real_processes_align_over_gloo():
+    """K = 3 spawned processes, GlooChannel: both modes, a subgroup channel, byte counters, and a
+    2 GiB announcement refused."""
+    id_lists = [[f"id-{i}" for i in range(0, 40)], [f"id-{i}" for i in range(25, 70)],
+                [f"id-{i}" for i in range(60, 64)] + ["id-5", "only-2"]]
+    ctx, port = mp.get_context("spawn"), free_port()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=gloo_worker, args=(r, 3, port, id_lists[r], 2, results)) for r in range(3)]
+    try:
+        for proc in procs:
+            proc.start()
+        out = collect(procs, results, timeout=90)
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    assert all("error" not in out[r] for r in range(3)), out
+    for mode, restrict in (("full", False), ("restricted", True)):
+        check_against_truth(id_lists, 2, [_from_plain(out[r][mode]) for r in range(3)], restrict)
+    check_against_truth(id_lists[1:], 0, [_from_plain(out[r]["subgroup"], 2) for r in (1, 2)], False)
+    assert "announced a frame of 2147483648 bytes" in out[1]["refused"]
+    assert all(out[r]["sent"] > 0 and out[r]["received"] > 0 for r in range(3))
+
+
+def _from_plain(d, k=3):
+    holders = None if d["holders"] is None else np.array(d["holders"], dtype=bool).reshape(-1, k)
+    return align_module.Alignment(d["n_union"], np.array(d["positions"], dtype=np.int64), holders)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the parties see
+
+
+def overlapping_ids(k, seed_shared=12, own=10):
+    """K lists of long random IDs (so that a raw ID cannot appear in random bytes by chance)."""
+    shared = [f"patient-{secrets.token_hex(8)}" for _ in range(seed_shared)]
+    return [shared[: seed_shared - r] + [f"patient-{secrets.token_hex(8)}" for _ in range(own)] for r in range(k)]
+
+
+def forbidden_needles(identifier, session):
+    """What must never be on the wire: the ID, its unkeyed digests (with or without the public
+    prefixes) and its unkeyed group element H(id)."""
+    raw = identifier.encode()
+    needles = {"raw ID": raw, "H(id)": group_hash(session, identifier)}
+    for name, prefix in (("", b""), ("domain", DOMAIN), ("session", session), ("domain+session", DOMAIN + session)):
+        for algo in ("sha256", "sha512"):
+            digest = hashlib.new(algo, prefix + raw).digest()
+            needles[f"{algo}({name}+id)"] = digest
+            needles[f"{algo}({name}+id)[:32]"] = digest[:32]
+    return needles
+
+
+def leaks_in(views, id_lists, session):
+    """(receiver, step, sender, kind) for every forbidden needle found at any offset of any payload."""
+    needles = [(kind, n) for ids in id_lists for i in ids for kind, n in forbidden_needles(i, session).items()]
+    return [(rank, e["step"], e["from"], kind) for rank, view in enumerate(views) for e in view
+            for kind, needle in needles if needle in e["payload"]]
+
+
+def recorded_run(k, active):
+    id_lists = overlapping_ids(k)
+    views, party_secrets = [[] for _ in range(k)], [{} for _ in range(k)]
+    results = run_alignment(id_lists, active, views=views, party_secrets=party_secrets)
+    return id_lists, views, party_secrets, results
+
+
+def test_views_hold_no_id_no_digest_of_an_id_and_no_unblinded_group_hash():
+    id_lists, views, party_secrets, results = recorded_run(4, 1)
+    check_against_truth(id_lists, 1, results, False)
+    assert sum(len(e["payload"]) for view in views for e in view) > 4 * 3 * 20 * 32  # the check saw the passes
+    assert leaks_in(views, id_lists, party_secrets[0]["session"]) == []
+
+
+def _skip_own_blinding(encoded, order, session, scalar, threads=1):
+    return ristretto.hash_to_group_batch((encoded[i] for i in order), prefix=DOMAIN + session)
+
+
+@pytest.mark.parametrize("weakening", ["a party skips its own blinding", "every scalar is 1"])
+def test_the_view_check_catches_a_weakened_build(monkeypatch, weakening):
+    """The same check on a build that puts H(id) on the wire finds it: the check is not vacuous."""
+    if weakening == "every scalar is 1":
+        monkeypatch.setattr(ristretto, "random_scalar", lambda: (1).to_bytes(32, "little"))
+    else:
+        monkeypatch.setattr(align_module, "_blind_own", _skip_own_blinding)
+    id_lists, views, party_secrets, _ = recorded_run(3, 0)
+    leaks = leaks_in(views, id_lists, party_secrets[0]["session"])
+    assert leaks and {kind for *_, kind in leaks} == {"H(id)"}
+    assert {step for _, step, _, _ in leaks} >= {"pass1"}
+
+
+def test_every_role_receives_exactly_the_rounds_of_the_protocol_spec():
+    spec = tomllib.loads((ROOT / "protocols" / "align.toml").read_text())
+    k, active = 4, 2
+    _, views, _, _ = recorded_run(k, active)
+    for rank, view in enumerate(views):
+        expected = []
+        for spec_round in spec["rounds"]:
+            name, senders = spec_round["name"], _senders(spec_round, rank, k, active)
+            expected += [(f"pass{p}", (rank - 1) % k) for p in range(1, k)] if name == "pass" else \
+                [(name, s) for s in senders]
+        assert [(e["step"], e["from"]) for e in view] == expected, rank
+
+
+def _senders(spec_round, rank, k, active):
+    """The ranks a role receives one round from, as the spec's receivers/senders fields say."""
+    if spec_round["receivers"] == ["active"]:
+        return [s for s in range(k) if s != active] if rank == active else []
+    return [active] if rank != active else []
+
+
+# ----------------------------------------------------------------------------------------------
+# Collusion
+
+
+def dictionary_attack(coalition, views, party_secrets, dictionary, k, active):
+    """What a coalition pooling its scalars and views can link to candidate IDs: every product of
+    its scalars times H(candidate), searched at every offset of every frame it received; and, if
+    the active party is in it, the union position of each candidate's fully blinded pseudonym."""
+    session = party_secrets[coalition[0]]["session"]
+    scalars = [party_secrets[m]["scalar"] for m in coalition]
+    table: dict[bytes, tuple[str, int]] = {}
+    for candidate in dictionary:
+        for size in range(len(scalars) + 1):
+            for subset in itertools.combinations(scalars, size):
+                point = group_hash(session, candidate)
+                for scalar in subset:
+                    point = ristretto.scalar_mult(scalar, point)
+                table[point] = (candidate, size)
+    frames = [e["payload"] for m in coalition for e in views[m]]
+    linked = {table[f[o:o + 32]][0] for f in frames for o in range(len(f) - 31) if f[o:o + 32] in table}
+    positions = {}
+    if active in coalition:
+        finals = _final_pseudonyms(views[active], party_secrets[active]["scalar"], k)
+        positions = {table[p][0]: i for i, p in enumerate(finals) if p in table and table[p][1] == len(scalars)}
+    return linked, positions
+
+
+def _final_pseudonyms(active_view, active_scalar, k):
+    """The sorted distinct final pseudonyms, as the active party computes them."""
+    finals = [e["payload"][8:] for e in active_view if e["step"] == "final"]
+    last_pass = next(e["payload"] for e in active_view if e["step"] == f"pass{k - 1}")
+    finals.append(ristretto.scalar_mult_batch(active_scalar, last_pass))
+    joined = b"".join(finals)
+    return sorted({joined[o:o + 32] for o in range(0, len(joined), 32)})
+
+
+@pytest.mark.parametrize("k,excluded_is_active", [(3, False), (3, True), (4, False), (4, True)])
+def test_all_parties_but_one_cannot_link_its_records_and_all_parties_can(k, excluded_is_active):
+    """Threshold: linking a pseudonym or a position to an ID that only party j holds needs all K
+    scalars. The coalition of the other K - 1 parties (its views and scalars pooled) links its own
+    records (the attack works) but none of j's; the coalition of all K links every one of j's."""
+    active = 1
+    excluded = active if excluded_is_active else (active + 2) % k
+    dictionary = [f"user-{i:04d}" for i in range(120)]
+    shared, rest = dictionary[:6], iter(dictionary[6:])
+    id_lists = [shared + [next(rest) for _ in range(8)] for _ in range(k)]
+    only_j = set(id_lists[excluded][6:])
+    views, party_secrets = [[] for _ in range(k)], [{} for _ in range(k)]
+    results = run_alignment(id_lists, active, views=views, party_secrets=party_secrets)
+    others = [r for r in range(k) if r != excluded]
+    linked, positions = dictionary_attack(others, views, party_secrets, dictionary, k, active)
+    assert linked & set().union(*(set(id_lists[m]) for m in others))  # the attack does work ...
+    assert not linked & only_j and not set(positions) & only_j  # ... but not on j's records
+    linked, positions = dictionary_attack(list(range(k)), views, party_secrets, dictionary, k, active)
+    assert only_j <= linked and only_j <= set(positions)
+    true_position = dict(zip(id_lists[excluded], results[excluded].positions.tolist(), strict=True))
+    assert all(positions[c] == true_position[c] for c in only_j)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile frames (K = 2, party 0 is the active party; one side honest, the other scripted)
+
+
+def i64(*values):
+    return np.array(values, dtype="<i8").tobytes()
+
+
+def points(n):
+    return b"".join(ristretto.hash_to_group(os.urandom(16)) for _ in range(n))
+
+
+class _Touch:
+    """Unpickling this creates the marker file (what a pickle-reading receiver would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def hostile_passive(n=2, sizes=None, pass_frame=None, final=None):
+    """Party 1 against an honest active party 0 holding 2 IDs; sends its one bad frame and stops."""
+    def script(ch):
+        ch.send(0, i64(n) if sizes is None else sizes)
+        if sizes is not None:
+            return
+        ch.recv(0)
+        ch.exchange(0, points(n) if pass_frame is None else pass_frame, 0)
+        if final is not None:
+            ch.send(0, final)
+    return 0, script
+
+
+def hostile_active(session=None, positions=None):
+    """Party 0 against an honest passive party 1 holding 3 IDs; sends its one bad frame and stops."""
+    def script(ch):
+        ch.recv(1)
+        ch.send(1, os.urandom(16) + i64(2, 3) if session is None else session)
+        if session is not None:
+            return
+        ch.exchange(1, points(2), 1)
+        ch.recv(1)
+        ch.send(1, positions)
+    return 1, script
+
+
+def pad_invalid(payload):
+    """The payload padded to whole points; the last byte 0xff makes its last point non-canonical."""
+    return payload + b"\xff" * (32 - len(payload) % 32)
+
+
+HOSTILE = {
+    "sizes: 3 bytes": (lambda bad: hostile_passive(sizes=b"\x01\x02\x03"), "sizes frame from party 1 has 3 bytes"),
+    "sizes: negative count": (lambda bad: hostile_passive(sizes=i64(-1)), "announces -1 IDs"),
+    "sizes: above the bound": (lambda bad: hostile_passive(sizes=i64(MAX_IDS + 1)), "allowed 0.."),
+    "sizes: a pickle": (lambda bad: hostile_passive(sizes=bad), "sizes frame from party 1 has .* expected 8"),
+    "sizes: not bytes": (lambda bad: hostile_passive(sizes={"n": 2}), "sizes frame from party 1 is dict, not bytes"),
+    "pass: not whole points": (lambda bad: hostile_passive(pass_frame=bytes(63)), "has 63 bytes, expected 64"),
+    "pass: one point too many": (lambda bad: hostile_passive(pass_frame=points(3)), "has 96 bytes, expected 64"),
+    "pass: non-canonical point": (lambda bad: hostile_passive(pass_frame=points(1) + b"\xff" * 32),
+                                  "point 1 of 2 is not a valid ristretto255 point"),
+    "pass: the identity": (lambda bad: hostile_passive(pass_frame=bytes(32) + points(1)), "point 0 of 2 is not"),
+    "pass: a pickle": (lambda bad: hostile_passive(pass_frame=bad), "pass1 frame from party 1 has"),
+    "pass: a pickle of whole points": (lambda bad: hostile_passive(n=len(pad_invalid(bad)) // 32,
+                                                                   pass_frame=pad_invalid(bad)),
+                                       "pass1 frame from party 1: point .* is not a valid"),
+    "final: wrong origin": (lambda bad: hostile_passive(final=i64(1) + points(2)), "not tagged with origin 0"),
+    "final: short": (lambda bad: hostile_passive(final=i64(0) + points(1)), "final frame from party 1 has 40 bytes"),
+    "final: non-canonical point": (lambda bad: hostile_passive(final=i64(0) + points(1) + b"\xff" * 32),
+                                   "final frame from party 1: point 1 is not a valid"),
+    "final: a repeated pseudonym": (lambda bad: hostile_passive(final=i64(0) + points(1) * 2),
+                                    "party 0 repeats a pseudonym"),
+    "final: a pickle": (lambda bad: hostile_passive(final=bad), "final frame from party 1 has"),
+    "session: short": (lambda bad: hostile_active(session=bytes(10)), "session frame from party 0 has 10 bytes"),
+    "session: wrong own count": (lambda bad: hostile_active(session=os.urandom(16) + i64(2, 5)),
+                                 "impossible counts"),
+    "session: negative count": (lambda bad: hostile_active(session=os.urandom(16) + i64(-1, 3)), "impossible counts"),
+    "session: a pickle": (lambda bad: hostile_active(session=bad), "session frame from party 0 has"),
+    "positions: short": (lambda bad: hostile_active(positions=i64(5, 0, 1)), "has 24 bytes, expected 32"),
+    "positions: out of range": (lambda bad: hostile_active(positions=i64(5, 0, 1, 5)), "not a valid shared order"),
+    "positions: repeated": (lambda bad: hostile_active(positions=i64(5, 0, 0, 1)), "not a valid shared order"),
+    "positions: N above the sum of counts": (lambda bad: hostile_active(positions=i64(6, 0, 1, 2)),
+                                             "N 6, allowed 3..5"),
+    "positions: N below the largest count": (lambda bad: hostile_active(positions=i64(2, 0, 1, 2)), "N 2"),
+    "positions: -1 in a full alignment": (lambda bad: hostile_active(positions=i64(5, -1, 0, 1)), "not a valid"),
+    "positions: a pickle": (lambda bad: hostile_active(positions=bad), "positions frame from party 0 has"),
+}
+
+
+@pytest.fixture
+def armed_pickle(tmp_path):
+    """A pickle whose unpickling creates a marker file (checked once here, then removed)."""
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(_Touch(str(marker)))
+    pickle.loads(payload)  # noqa: S301 - proves the payload is armed
+    assert marker.exists()
+    marker.unlink()
+    yield payload
+    assert not marker.exists(), "a party unpickled a received frame"
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_frames_are_refused_with_a_clear_error(case, armed_pickle, refused):
+    build, message = HOSTILE[case]
+    honest, script = build(armed_pickle)
+    fns = [None, None]
+    fns[honest] = lambda ch: align(ch, ["alpha", "beta"] if honest == 0 else ["a", "b", "c"], 0)
+    fns[1 - honest] = script
+    result = MemoryWorld(2, timeout=5).run(fns)[honest]
+    assert isinstance(result, AlignmentFrameError), result
+    assert pytest.raises(AlignmentFrameError, _reraise, result).match(message)
+    refused("align frame")
+
+
+def _reraise(exc):
+    raise exc
+
+
+# ----------------------------------------------------------------------------------------------
+# Own input, the ristretto binding
+
+
+class _Lonely:
+    rank, world_size = 0, 1
+
+
+@pytest.mark.parametrize("ids,active,message", [
+    (["a", "secret-77", "b", "secret-77"], 0, "row 3 repeats the ID of row 1"),
+    (["a", 3], 0, "row 1 is a int, not a str"),
+    (["a", b"b"], 0, "row 1 is a bytes"),
+    (["ok", "\ud800"], 0, "row 1 is not encodable"),
+    ("abc", 0, "sequence of strings"),
+    (["a"], 2, "0 <= rank, active < K"),
+    (["a"], True, "must be ints"),
+])
+def test_unusable_own_input_is_refused_before_anything_is_sent(ids, active, message, refused):
+    world = MemoryWorld(2, timeout=1)
+    with pytest.raises(AlignmentInputError, match=message) as info:
+        align(world.channel(0), ids, active)
+    assert "secret-77" not in str(info.value) and world.pending() == 0
+    with pytest.raises(AlignmentInputError, match="needs 2 or more parties"):
+        align(_Lonely(), ["a"], 0)
+    refused("align input")
+
+
+def test_the_ristretto_binding():
+    a, b = ristretto.random_scalar(), ristretto.random_scalar()
+    p = ristretto.hash_to_group(b"x")
+    assert a != b and p == ristretto.hash_to_group(b"x") and ristretto.is_valid_point(p)
+    mult = ristretto.scalar_mult
+    assert mult(a, mult(b, p)) == mult(b, mult(a, p))  # commutative blinding
+    batch = ristretto.hash_to_group_batch([b"1", b"2"], prefix=b"pre")
+    assert batch == ristretto.hash_to_group(b"pre1") + ristretto.hash_to_group(b"pre2")
+    assert ristretto.scalar_mult_batch(a, batch) == mult(a, batch[:32]) + mult(a, batch[32:])
+    assert ristretto.scalar_mult_batch(a, b"") == b"" and ristretto.first_invalid_point(batch) == -1
+    for bad in (bytes(32), b"\xff" * 32, p[:31]):
+        assert not ristretto.is_valid_point(bad)
+    assert ristretto.first_invalid_point(batch + bytes(32)) == 2
+    with pytest.raises(ristretto.InvalidPointError, match="identity"):
+        ristretto.scalar_mult(a, bytes(32))
+    with pytest.raises(ristretto.InvalidPointError, match="multiple of 32"):
+        ristretto.scalar_mult_batch(a, batch[:40])
+    many = ristretto.hash_to_group_batch([str(i).encode() for i in range(600)], threads=3)
+    assert many == ristretto.hash_to_group_batch([str(i).encode() for i in range(600)])
+    assert ristretto.scalar_mult_batch(a, many, threads=3) == ristretto.scalar_mult_batch(a, many)
+    spoiled = many[:550 * 32] + b"\xff" * 32 + many[551 * 32:]
+    assert ristretto.first_invalid_point(spoiled, threads=3) == 550
+    with pytest.raises(ristretto.InvalidPointError, match="point 550 of 600"):
+        ristretto.scalar_mult_batch(a, spoiled, threads=3)
+
+
+@pytest.mark.parametrize("library,message", [("/nonexistent/libsodium.so.23", "not found"),
+                                             (None, "older than 1.0.18")])
+def test_a_missing_or_too_old_libsodium_is_a_clear_error(monkeypatch, library, message, refused):
+    library = library or ctypes.util.find_library("c")  # a library without the ristretto255 symbols
+    monkeypatch.setattr(ristretto, "_lib", None)
+    monkeypatch.setattr(ristretto, "_candidates", lambda: [library])
+    with pytest.raises(ristretto.SodiumUnavailableError, match=f"{message}.*apt-get install libsodium23") as info:
+        ristretto.random_scalar()
+    assert isinstance(info.value, FalseVflError)
+    world = MemoryWorld(2, timeout=1)
+    with pytest.raises(ristretto.SodiumUnavailableError):
+        align(world.channel(1), ["a"], 0)
+    assert world.pending() == 0  # refused before the sizes round
+    refused("libsodium")

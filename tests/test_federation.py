@@ -1,0 +1,181 @@
+"""A federation on separately held tables, end to end: the demo's per-party files, private alignment,
+training under a secure protocol, each party's saved part, prediction with every party and with one
+absent, and one clear error for each kind of bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from falsevfl_secure.federation.__main__ import main
+
+EPOCHS = "[model.pretrain]\nepochs = 3\n[model.train]\nepochs = 30\n"
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def short(path: Path, protocol: str | None = None) -> None:
+    """Few epochs (the schedule is not what these tests check)."""
+    text = path.read_text().replace("seed = 0\n", "seed = 0\n" + EPOCHS)
+    if protocol:
+        text = text.replace('protocol = "mpc"', f'protocol = "{protocol}"')
+    path.write_text(text)
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The digits demo with four parties, trained under mpc (once for the module)."""
+    folder = tmp_path_factory.mktemp("federation")
+    assert cli("demo", "--dataset", "digits", "--parties", "4", "--out", str(folder))[0] == 0
+    short(folder / "federation.toml")
+    code, out, err = cli("train", "--config", str(folder / "federation.toml"), "--quiet")
+    assert code == 0, err
+    assert "records aligned" in out
+    return folder
+
+
+def test_demo_tables_are_separately_held_and_the_truth_covers_the_prediction_set(trained):
+    ids = {name: [r["id"] for r in rows(trained / name / "train.csv")] for name in ("party0", "party3")}
+    assert len(set(ids["party0"]) & set(ids["party3"])) < len(ids["party0"])  # partly overlapping ID sets
+    assert ids["party0"] != sorted(ids["party0"])  # each party's own row order
+    assert "label" in rows(trained / "party3" / "train.csv")[0]
+    assert "label" not in rows(trained / "party0" / "train.csv")[0]
+    truth = {r["id"] for r in rows(trained / "truth.csv")}
+    assert truth == {r["id"] for r in rows(trained / "party3" / "predict.csv")}  # the active party lists them all
+    assert not truth & set(ids["party3"])  # a separate prediction set
+
+
+def test_each_party_saves_only_its_own_part_with_a_manifest(trained):
+    record = json.loads((trained / "party3" / "model" / "train_result.json").read_text())
+    assert record["alignment"]["union_size"] > 1000 and record["alignment"]["labeled"] == 200
+    assert set(record["alignment"]["rows_per_party"]) == {"party0", "party1", "party2", "party3"}
+    assert record["losses"]["pretrain"] and {r["round"] for r in record["communication"]} >= {"posterior", "latent"}
+    import torch
+
+    for name in ("party0", "party3"):
+        manifest = json.loads((trained / name / "model" / "manifest.json").read_text())
+        assert manifest["party"] == name and manifest["protocol"] == "mpc"
+        assert manifest["columns"][0].startswith(f"p{name[-1]}_x") and len(manifest["standardizer"]["mean"]) == 16
+        state = torch.load(trained / name / "model" / "model.pt", weights_only=True)
+        assert ("active_module" in state) == (name == "party3")
+    assert not (trained / "party0" / "model" / "train_result.json").exists()
+
+
+def test_prediction_with_every_party_and_with_one_absent(trained):
+    config = str(trained / "federation.toml")
+    for absent, out in (((), "all.csv"), (("party1",), "without-party1.csv")):
+        code, _, err = cli("predict", "--config", config, "--out", str(trained / out), "--quiet",
+                           *(["--absent", *absent] if absent else []))
+        assert code == 0, err
+        predictions = rows(trained / out)
+        assert list(predictions[0])[:3] == ["id", "prediction", "parties_observed"]
+        assert [c for c in predictions[0] if c.startswith("p_")] == [f"p_{d}" for d in range(10)]
+        assert {r["id"] for r in predictions} == {r["id"] for r in rows(trained / "truth.csv")}
+        observed = [int(r["parties_observed"]) for r in predictions]
+        assert max(observed) == 4 - len(absent) and min(observed) >= 0
+    code, out, _ = cli("score", "--predictions", str(trained / "all.csv"), "--truth", str(trained / "truth.csv"))
+    assert code == 0 and float(out.split()[1]) > 20.0  # better than chance (10 %) after a few epochs
+
+
+def _broken(trained: Path, tmp_path: Path, party: str, which: str, edit) -> Path:
+    """A copy of the federation (models included) whose `party` file `which` is edited; None removes it."""
+    import shutil
+
+    shutil.copytree(trained, tmp_path / "copy", ignore=shutil.ignore_patterns("checkpoints", "logs"))
+    path = tmp_path / "copy" / party / which
+    if edit is None:
+        path.unlink()
+    else:
+        path.write_text(edit(path.read_text()))
+    return tmp_path / "copy" / "federation.toml"
+
+
+def cell(line: int, column: int, value: str):
+    """An edit that sets one cell (line 1 is the header)."""
+    def edit(text: str) -> str:
+        lines = text.splitlines()
+        cells = lines[line - 1].split(",")
+        cells[column] = value
+        lines[line - 1] = ",".join(cells)
+        return "\n".join(lines) + "\n"
+    return edit
+
+
+def repeat_first_row(text: str) -> str:
+    return text + text.splitlines()[1] + "\n"
+
+
+def with_labels(*values: str):
+    """An edit that adds a label column to a prediction table (labels there are for scoring only)."""
+    def edit(text: str) -> str:
+        lines = text.splitlines()
+        labels = [values[i % len(values)] for i in range(len(lines) - 1)]
+        body = [f"{row},{v}" for row, v in zip(lines[1:], labels, strict=True)]
+        return "\n".join([lines[0] + ",label", *body]) + "\n"
+    return edit
+
+
+BAD_TABLES = {
+    "missing ID column": ("party1", "train.csv", cell(1, 0, "key"), "no ID column 'id'"),
+    "duplicate IDs": ("party1", "train.csv", repeat_first_row, "appears twice"),
+    "non-numeric feature": ("party1", "train.csv", cell(2, 3, "abc"), "line 2, column 'p1_x2'"),
+    "non-finite feature": ("party2", "train.csv", cell(3, 1, "inf"), "line 3, column 'p2_x0'"),
+    "missing file": ("party0", "train.csv", None, "train.csv"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES))
+def test_bad_training_tables_get_one_error_naming_party_file_and_place(trained, tmp_path, case, refused):
+    party, which, edit, message = BAD_TABLES[case]
+    config = _broken(trained, tmp_path, party, which, edit)
+    code, _, err = cli("train", "--config", str(config), "--party", party, "--quiet")
+    assert code == 2 and err.startswith("error:") and "Traceback" not in err, err
+    assert f"party '{party}'" in err and message in err, err
+    refused("federation input")
+
+
+def test_prediction_input_is_checked_against_the_saved_model(trained, tmp_path, refused):
+    config = _broken(trained, tmp_path, "party2", "predict.csv", cell(1, 4, "p2_renamed"))
+    code, _, err = cli("predict", "--config", str(config), "--party", "party2", "--out", str(tmp_path / "p.csv"))
+    assert code == 2 and "p2_renamed" in err and "p2_x3" in err and "Traceback" not in err, err
+    refused("federation input")
+    config = _broken(trained, tmp_path / "b", "party3", "predict.csv", with_labels("7", "seven"))
+    code, _, err = cli("predict", "--config", str(config), "--party", "party3", "--out", str(tmp_path / "p.csv"))
+    assert code == 2 and "never saw" in err and "seven" in err, err
+    refused("federation input")
+    for argv, message in ((["--party", "nobody"], "nobody"), (["--absent", "party3"], "active party"),
+                          (["--absent", "ghost"], "ghost")):
+        code, _, err = cli("predict", "--config", str(trained / "federation.toml"), "--out", str(tmp_path / "p.csv"),
+                           *argv)
+        assert code == 2 and message in err and "Traceback" not in err, err
+        refused("federation input")
+
+
+def test_a_federation_file_with_mistakes_is_refused_naming_the_setting(tmp_path, refused):
+    good = tmp_path / "good"
+    cli("demo", "--dataset", "digits", "--parties", "2", "--out", str(good))
+    text = (good / "federation.toml").read_text()
+    for edit, message in ((lambda t: t.replace('active = "party1"', 'active = "bank"'), "bank"),
+                          (lambda t: t.replace('protocol = "mpc"', 'protocol = "tls"'), "tls"),
+                          (lambda t: t.replace('"127.0.0.1:29611"', '"nowhere"'), "HOST:PORT"),
+                          (lambda t: t.replace("seed = 0", "seed = 0\nwidth = 3"), "width"),
+                          (lambda t: t + "[extra]\n", "extra")):
+        (good / "federation.toml").write_text(edit(text))
+        code, _, err = cli("train", "--config", str(good / "federation.toml"))
+        assert code == 2 and message in err and "Traceback" not in err, err
+        refused("federation input")

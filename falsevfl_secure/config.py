@@ -64,6 +64,7 @@ class Config:
     train: StageConfig = field(default_factory=lambda: StageConfig(2e-4, 128, 300))
     n_labeled: int | None = None  # None: the dataset's default (500 tabular, 1000 images)
     n_aligned: int | None = None
+    max_rows: int | None = None  # a smoke test: at most this many training and test rows (public subsample)
     seed: int = 0
     device: str = "auto"
     # Parties hosted by one process (the local runtime) with equal block widths: "always" evaluates
@@ -118,6 +119,8 @@ class Config:
              f"stack_parties={self.stack_parties!r}: choose auto, always or never")
         need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
         need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
+        need(self.max_rows is None or (isinstance(self.max_rows, int) and self.max_rows >= 10),
+             f"max_rows={self.max_rows}: must be at least 10 (or unset)")
         for name in ("h_dim", "z_dim", "party_hidden", "global_hidden", "discriminator_hidden", "indicator_hidden",
                      "kappa", "predict_samples", "eval_batch_size"):
             value = getattr(self, name)

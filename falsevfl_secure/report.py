@@ -13,10 +13,12 @@ def print_result(result: RunResult, out: Path) -> None:
     for pattern, accuracy in result.accuracy.items():
         print(f"{pattern:<12}{accuracy:>11.2f}{100 * result.observed_fraction[pattern]:>17.0f}%")
     rows, timed = per_round(result.communication, result.timed), result.timed
-    print(f"\n{'round':<16}{'messages':>10}{'MiB on the wire':>17}" + (f"{'seconds':>10}" if timed else ""))
+    print(f"\n{'round':<16}{'messages':>10}{'MiB on the wire':>17}{'largest |addend|':>18}"
+          + (f"{'seconds':>10}" if timed else ""))
     for r in rows:
         seconds = f"{r['seconds']:>10.2f}" if timed else ""
-        print(f"{r['round']:<16}{r['messages']:>10}{r['bytes'] / 2**20:>17.2f}{seconds}")
+        peak = f"{r['peak']:>18.4g}" if r["peak"] else f"{'':>18}"
+        print(f"{r['round']:<16}{r['messages']:>10}{r['bytes'] / 2**20:>17.2f}{peak}{seconds}")
     stages = ", ".join(f"{k} {v:.1f} s" for k, v in result.stage_time_s.items())
     print(f"\n{result.protocol}/{result.runtime}: wall time {result.wall_time_s:.1f} s ({stages})")
     print(f"results: {out / 'result.json'} and {out / 'result.png'}")

@@ -14,9 +14,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from .cli import guarded
 from .config import Config, make_config
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
-from .errors import FalseVflError, InputError, PartyFailure
+from .errors import InputError
 from .fsio import atomic_write, write_json
 from .transport.protocols import PROTOCOLS, protocol_named
 
@@ -38,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pretrain-epochs", type=int, default=None)
     parser.add_argument("--train-epochs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="the public seed: batch order and the simulated split")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="a smoke test of a configuration: at most this many training and test rows")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--out", default="runs/simulate", help="output folder")
@@ -64,7 +67,8 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
     if args.threads is not None and args.threads < 1:
         raise InputError("--threads must be at least 1")
     cfg = make_config(args.dataset, args.preset, parties=args.parties, variant=args.variant,
-                      train_mechanism=args.train_mechanism, seed=args.seed, device=args.device)
+                      train_mechanism=args.train_mechanism, seed=args.seed, device=args.device,
+                      max_rows=args.max_rows)
     if args.pretrain_epochs is not None:
         cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
     if args.train_epochs is not None:
@@ -102,33 +106,30 @@ def run(args: argparse.Namespace, cfg: Config, runtime: str, checkpoints: Path):
                            allow_two_party_disclosure=args.allow_two_party_disclosure)
 
 
+def simulate(args: argparse.Namespace) -> int:
+    from .report import plot_result, print_result
+
+    cfg, runtime = configure(args)
+    out = Path(args.out)
+    checkpoints = Path(args.checkpoint_dir or out / "checkpoints")
+    check_folders(out, checkpoints, args.resume, cfg)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    result = run(args, cfg, runtime, checkpoints)
+    write_json(out / "result.json", result.to_dict())
+    plot_result(result, out / "result.png")
+    print_result(result, out)
+    if result.audit is not None and not result.audit["passed"] and args.protocol != "plain":
+        print("error: the audit found leaks in a secure protocol", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        cfg, runtime = configure(args)
-        out = Path(args.out)
-        checkpoints = Path(args.checkpoint_dir or out / "checkpoints")
-        check_folders(out, checkpoints, args.resume, cfg)
-        if args.threads is not None:
-            import torch
-
-            torch.set_num_threads(args.threads)
-        result = run(args, cfg, runtime, checkpoints)
-        write_json(out / "result.json", result.to_dict())
-        from .report import plot_result, print_result
-
-        plot_result(result, out / "result.png")
-    except (FalseVflError, PartyFailure) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, FalseVflError) else 3
-    except OSError as error:
-        print(f"error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    print_result(result, out)
-    return 1 if result.audit is not None and not result.audit["passed"] and args.protocol != "plain" else 0
+    return guarded(lambda: simulate(args))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ LAYERS: dict[str, int] = {
     "train": 4, "checkpoint": 4,
     "audit": 5,
     "runtime": 6,
-    "simulate": 7, "report": 7, "federation": 7,
+    "simulate": 7, "report": 7, "federation": 7, "cli": 7,
 }
 
 

@@ -18,31 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure.config import Config, Stage, StageConfig
-from falsevfl_secure.runtime.session import StepJob, StepSession, local_reference
+from falsevfl_secure.runtime.session import StepJob, local_reference
 from falsevfl_secure.transport import FORWARD, ROUNDS
 
 TOLERANCE = {"plain": dict(rtol=1e-4, atol=1e-5), "mpc": dict(rtol=2e-2, atol=2e-3),
              "he": dict(rtol=2e-2, atol=2e-3)}
-_worlds: dict[str, StepSession] = {}
-
-
-def world_for(protocol: str, parties: int) -> StepSession:
-    current = _worlds.get(protocol)
-    if current is not None and current.parties != parties:
-        current.close()
-        current = None
-    if current is None:
-        current = StepSession(protocol, parties).__enter__()
-        _worlds[protocol] = current
-    return current
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_worlds():
-    yield
-    for world in _worlds.values():
-        world.close()
-    _worlds.clear()
 
 
 def make_job(parties: int, variant: str, batch: int, kappa: int, seed: int, p_missing: float, stage: str,
@@ -55,9 +35,9 @@ def make_job(parties: int, variant: str, batch: int, kappa: int, seed: int, p_mi
     return StepJob(cfg, split, tuple(range(2, batch + 2)), Stage[stage.upper()], secret_seed=seed + 1, **kw)
 
 
-def check_equal(protocol: str, job: StepJob) -> None:
+def check_equal(sessions, protocol: str, job: StepJob) -> None:
     reference = local_reference(job)
-    reports = world_for(protocol, job.config.parties).run(job)
+    reports = sessions(protocol, job.config.parties).run(job)
     tol = TOLERANCE[protocol]
     active = reports[job.config.parties - 1]
     if "loss" in reference:
@@ -76,30 +56,30 @@ def check_equal(protocol: str, job: StepJob) -> None:
 masks = st.sampled_from([0.0, 0.3, 0.95])  # all observed, random, (nearly) one observed party
 
 
-def equivalence_test(protocol: str, parties: int, max_examples: int):
+def equivalence_test(sessions, protocol: str, parties: int, max_examples: int):
     @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(variant=st.sampled_from(["I", "II"]), batch=st.integers(1, 24), kappa=st.integers(1, 6),
            seed=st.integers(0, 10_000), p=masks, stage=st.sampled_from(["pretrain", "train", "predict"]))
     def run(variant, batch, kappa, seed, p, stage):
         torch.set_num_threads(1)
-        check_equal(protocol, make_job(parties, variant, batch, kappa, seed, p, stage))
+        check_equal(sessions, protocol, make_job(parties, variant, batch, kappa, seed, p, stage))
 
     return run
 
 
 @pytest.mark.parametrize("parties", [2, 3, 4, 5, 6])
-def test_plain_distributed_equals_local(parties):
-    equivalence_test("plain", parties, 6)()
+def test_plain_distributed_equals_local(sessions, parties):
+    equivalence_test(sessions, "plain", parties, 6)()
 
 
 @pytest.mark.parametrize("parties", [2, 3, 4, 5, 6])
-def test_mpc_distributed_equals_local_within_fixed_point_tolerance(parties):
-    equivalence_test("mpc", parties, 4)()
+def test_mpc_distributed_equals_local_within_fixed_point_tolerance(sessions, parties):
+    equivalence_test(sessions, "mpc", parties, 4)()
 
 
 @pytest.mark.parametrize("parties", [2, 3, 4, 5, 6])
-def test_he_distributed_equals_local_within_ckks_tolerance(parties):
-    equivalence_test("he", parties, 3)()
+def test_he_distributed_equals_local_within_ckks_tolerance(sessions, parties):
+    equivalence_test(sessions, "he", parties, 3)()
 
 
 def test_short_mpc_training_on_digits_reaches_the_plain_accuracy(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from falsevfl_secure.config import Stage
-from falsevfl_secure.runtime.session import StepSession, local_reference
+from falsevfl_secure.runtime.session import local_reference
 from falsevfl_secure.transport import PROTOCOLS, ROUNDS, STAGE_ROUNDS, LocalTransport
 
 SPECS = Path(__file__).resolve().parents[1] / "protocols"
@@ -34,12 +34,11 @@ def test_stage_rounds_are_the_forward_rounds_then_their_adjoints_in_reverse():
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
-def test_executed_rounds_equal_the_table(protocol):
-    with StepSession(protocol, 3) as world:
-        for stage in (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT):
-            reports = world.run(job(stage))
-            for rank, report in reports.items():
-                assert report["trace"] == [r.name for r in STAGE_ROUNDS[stage]], (protocol, stage, rank)
+def test_executed_rounds_equal_the_table(sessions, protocol):
+    for stage in (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT):
+        reports = sessions(protocol, 3).run(job(stage))
+        for rank, report in reports.items():
+            assert report["trace"] == [r.name for r in STAGE_ROUNDS[stage]], (protocol, stage, rank)
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])

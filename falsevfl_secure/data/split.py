@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..randomness import SPLIT_LABELED, SPLIT_TEST_MASK, SPLIT_TRAIN_MASK, public_rng
+from ..randomness import SPLIT_LABELED, SPLIT_TEST_MASK, SPLIT_TRAIN_MASK, SUBSAMPLE, public_rng
 from .errors import DataError
 from .loaders import Dataset, load_dataset
 from .mechanisms import Dirichlet, Mechanism, parse_mechanism
@@ -183,6 +183,25 @@ def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, Ver
     """The simulated federation of a run: the dataset, its training split under cfg.train_mechanism and one
     test split per pattern (all public: they follow from cfg.seed)."""
     dataset = load_dataset(cfg.dataset, seed=cfg.seed)
-    train = make_train_split(dataset, cfg.parties, cfg.train_mechanism, cfg.seed, cfg.n_labeled, cfg.n_aligned)
+    n_labeled, n_aligned = cfg.n_labeled, cfg.n_aligned
+    if cfg.max_rows is not None:
+        dataset, n_labeled, n_aligned = subsample(dataset, cfg.max_rows, cfg.seed, n_labeled, n_aligned)
+    train = make_train_split(dataset, cfg.parties, cfg.train_mechanism, cfg.seed, n_labeled, n_aligned)
     tests = {p: make_test_split(dataset, cfg.parties, p, cfg.seed) for p in test_patterns}
     return dataset, train, tests
+
+
+def subsample(dataset: Dataset, rows: int, seed: int, n_labeled: int | None,
+              n_aligned: int | None) -> tuple[Dataset, int, int]:
+    """At most `rows` training and `rows` test rows (a public draw), for smoke tests of a configuration;
+    the labeled and aligned counts shrink with the training set when they would not fit."""
+    from dataclasses import replace
+
+    rng = public_rng(seed, SUBSAMPLE)
+    keep_train = np.sort(rng.permutation(len(dataset.y_train))[:rows])
+    keep_test = np.sort(rng.permutation(len(dataset.y_test))[:rows])
+    small = replace(dataset, x_train=dataset.x_train[keep_train], y_train=dataset.y_train[keep_train],
+                    x_test=dataset.x_test[keep_test], y_test=dataset.y_test[keep_test])
+    default_labeled, default_aligned = DEFAULT_LABELED.get(dataset.name, TABULAR_DEFAULT)
+    labeled = min(default_labeled if n_labeled is None else n_labeled, len(keep_train) // 2)
+    return small, labeled, min(default_aligned if n_aligned is None else n_aligned, labeled // 5)

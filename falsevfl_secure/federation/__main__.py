@@ -19,7 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import FalseVflError, InputError, PartyFailure
+from ..cli import guarded
+from ..errors import InputError
 from ..transport.protocols import PROTOCOLS, protocol_named
 from .config import load_federation
 
@@ -125,17 +126,7 @@ def _column(path: Path, name: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = {"demo": demo, "train": run, "predict": run, "score": score}[args.command]
-    try:
-        return command(args)
-    except (FalseVflError, PartyFailure) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, FalseVflError) else 3
-    except OSError as error:
-        print(f"error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return guarded(lambda: command(args))
 
 
 if __name__ == "__main__":

@@ -58,4 +58,5 @@ def run_result(cfg: Config, role: SimulatedRole, accuracy: dict, fit, wall: floa
 
 
 def _untimed(rows: list[dict]) -> list[dict]:
+    """The local runtime measures no time per round: no `seconds` rather than zeros."""
     return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]

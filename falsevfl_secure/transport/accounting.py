@@ -1,4 +1,5 @@
-"""Communication accounting: which rounds ran, and per round and party the messages, bytes and time."""
+"""Communication accounting: which rounds ran, and per round and party the messages, bytes, time, and the
+largest magnitude a party contributed to a sum (how close a run comes to a secure protocol's range)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from .rounds import ROUNDS
 
-FIELDS = ("messages", "bytes_sent", "bytes_received", "seconds")
+FIELDS = ("messages", "bytes_sent", "bytes_received", "seconds", "peak")
 
 
 @dataclass
@@ -22,24 +23,27 @@ class CommLog:
 
     timed: bool = False
     trace: list[str] = field(default_factory=list)
-    _counters: dict[tuple[str, int], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0]))
+    _counters: dict[tuple[str, int], list[float]] = field(
+        default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0, 0.0]))
 
     def round(self, name: str) -> None:
         self.trace.append(name)
 
     def add(self, name: str, party: int, sent: int = 0, received: int = 0, seconds: float = 0.0,
-            messages: int = 1) -> None:
+            messages: int = 1, peak: float = 0.0) -> None:
         counter = self._counters[(name, party)]
         for i, value in enumerate((messages, sent, received, seconds)):
             counter[i] += value
+        counter[4] = max(counter[4], peak)
 
     def table(self) -> list[dict]:
-        """One row per (round, party): {"round", "party", "messages", "bytes_sent", "bytes_received", "seconds"}."""
+        """One row per (round, party): messages, bytes sent and received, seconds, and `peak`, the largest
+        |value| the party contributed to the round's sums (0 for a broadcast)."""
         order = {r.name: i for i, r in enumerate(ROUNDS)}
         rows = []
         for (name, party), c in sorted(self._counters.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
             rows.append({"round": name, "party": party, "messages": int(c[0]), "bytes_sent": int(c[1]),
-                         "bytes_received": int(c[2]), "seconds": round(c[3], 6)})
+                         "bytes_received": int(c[2]), "seconds": round(c[3], 6), "peak": float(f"{c[4]:.6g}")})
         return rows
 
     def counters(self, party: int) -> torch.Tensor:
@@ -53,9 +57,9 @@ class CommLog:
     def merge(self, party: int, counters: torch.Tensor) -> None:
         """Add another party's `counters` (the inverse of `counters`)."""
         for i, r in enumerate(ROUNDS):
-            messages, sent, received, seconds = counters[i].tolist()
+            messages, sent, received, seconds, peak = counters[i].tolist()
             if messages or sent or received:
-                self.add(r.name, party, int(sent), int(received), float(seconds), int(messages))
+                self.add(r.name, party, int(sent), int(received), float(seconds), int(messages), peak)
 
 
 def per_round(rows: list[dict], timed: bool) -> list[dict]:
@@ -63,10 +67,12 @@ def per_round(rows: list[dict], timed: bool) -> list[dict]:
     (the slowest party's) only where it was measured."""
     out: dict[str, dict] = {}
     for row in rows:
-        entry = out.setdefault(row["round"], {"round": row["round"], "messages": 0, "bytes": 0, "seconds": 0.0})
+        entry = out.setdefault(row["round"], {"round": row["round"], "messages": 0, "bytes": 0, "seconds": 0.0,
+                                              "peak": 0.0})
         entry["messages"] += row["messages"]
         entry["bytes"] += row["bytes_sent"]
         entry["seconds"] = max(entry["seconds"], row.get("seconds", 0.0))
+        entry["peak"] = max(entry["peak"], row.get("peak", 0.0))
     if not timed:
         for entry in out.values():
             entry.pop("seconds")

@@ -130,6 +130,8 @@ class DistributedTransport:
 
     def sum(self, round: Round, value: Tensor) -> Tensor | None:
         self._check(round, self.party, tuple(value.shape))
+        peak = float(value.abs().max()) if value.numel() else 0.0
+        self.log.add(round.name, self.party, messages=0, peak=peak)  # how close to the protocol's range
         return self._accounted(round, self.backend.sum_to_active, round, value)
 
     def send(self, round: Round, value: Tensor) -> None:

@@ -75,7 +75,8 @@ class HeBackend(PlainBackend):
             chunks = encrypt_tensor(self.public, value, n_addends=self.n_parties)
         except SecureRangeError as error:
             message = (f"round {round.name!r}: party {self.party}: {error}; he carries |x| < "
-                       f"{max_safe_abs(self.public, self.n_parties):.3g} per party at K = {self.n_parties}")
+                       f"{max_safe_abs(self.public, self.n_parties):.3g} per party at K = {self.n_parties} "
+                       "(mpc carries far more: run with --protocol mpc, or check the features are standardised)")
             self.channel.send(self.aggregator, frames.encode(Kind.ERROR, [message.encode()], ROUNDS.index(round)))
             raise SecureRangeError(message) from error
         self.channel.send(self.aggregator, frames.encode(Kind.DATA, chunks, ROUNDS.index(round)))

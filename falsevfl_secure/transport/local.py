@@ -84,11 +84,14 @@ class LocalTransport:
         receivers = round.receivers(self.n_parties, self.active)
         self.validator.check(Message(round.name, sender, receivers, tuple(value.shape), "float32", self.protection))
         self.log.round(round.name)
-        for party in parties:
+        for i, party in enumerate(parties):
+            peak = float(sent[i].detach().abs().max()) if sent and sent[i].numel() else 0.0
             if party != self.active:
                 src, dst = (party, self.active) if round.is_aggregate else (self.active, party)
-                self.log.add(round.name, src, sent=nbytes(value))
+                self.log.add(round.name, src, sent=nbytes(value), peak=peak)
                 self.log.add(round.name, dst, received=nbytes(value), messages=0)
+            elif peak:
+                self.log.add(round.name, party, messages=0, peak=peak)
         for party, contribution in zip(parties, sent, strict=False):
             if self.record is not None:
                 self.record.add(round.name, "sent", party, self.protection, contribution)

@@ -46,7 +46,8 @@ class MpcBackend(PlainBackend):
             total = secure_sum(value, self.active, self.shares, group=self.group, view=received)
         except SecureRangeError as error:
             raise SecureRangeError(f"round {round.name!r}: {error}; mpc carries |x| < "
-                                   f"{max_safe_abs(self.n_parties):.3g} per party at K = {self.n_parties}") from error
+                                   f"{max_safe_abs(self.n_parties):.3g} per party at K = {self.n_parties} "
+                                   "(check the features are standardised and finite)") from error
         message_bytes = (value.numel() + 1) * 8  # int64 ring elements plus the error flag
         if not self.is_active:
             self.counter.sent += message_bytes

@@ -50,6 +50,10 @@ class Protocol:
     def world_size(self, parties: int) -> int:
         return parties + len(self.helpers)
 
+    def addend_range(self, parties: int) -> float:
+        """The largest |value| one party may contribute to a sum of `parties` addends (the documented range)."""
+        return float("inf")
+
     def role_name(self, rank: int, parties: int) -> str:
         return f"party {rank}" if rank < parties else self.helpers[rank - parties]
 
@@ -89,6 +93,11 @@ class Mpc(Protocol):
     protection: ClassVar[str] = "secret-shared"
     agreement: object = field(default=None, compare=False)
 
+    def addend_range(self, parties: int) -> float:
+        from ..secure.fixed_point import max_safe_abs
+
+        return max_safe_abs(parties)
+
     def open(self, m: Membership) -> Backend:
         from .mpc import MpcBackend
 
@@ -101,6 +110,11 @@ class He(Protocol):
     name: ClassVar[str] = "he"
     protection: ClassVar[str] = "ckks"
     helpers: ClassVar[tuple[str, ...]] = ("aggregator",)
+
+    def addend_range(self, parties: int) -> float:
+        from ..secure.ckks import SUM_RANGE
+
+        return SUM_RANGE / parties
 
     def open(self, m: Membership) -> Backend:
         from .he import HeBackend

@@ -42,19 +42,19 @@ def align_table(role, table: PartyTable, labeled_rows: np.ndarray | None, restri
     started = time.perf_counter()
     listed = np.arange(table.n_rows) if role.is_active else np.flatnonzero(table.held)
     channel = GlooChannel(role.membership.group)
-    result = align(channel, [table.ids[i] for i in listed], role.spec.active, restrict_to_active=restrict)
+    result = align(channel, [table.ids[i] for i in listed], role.spec.active_index, restrict_to_active=restrict)
     positions = np.full(table.n_rows, -1, dtype=np.int64)
     positions[listed] = result.positions
     if role.is_active:
         holders = result.holders.copy()
-        holders[:, role.spec.active] = False
-        holders[positions[table.held & (positions >= 0)], role.spec.active] = True
+        holders[:, role.spec.active_index] = False
+        holders[positions[table.held & (positions >= 0)], role.spec.active_index] = True
         kept = np.flatnonzero(holders.any(axis=1))
         labeled = np.intersect1d(positions[labeled_rows], kept) if labeled_rows is not None else kept[:0]
-        _announce(channel, role.spec.active, kept, labeled)
+        _announce(channel, role.spec.active_index, kept, labeled)
         holders, dropped = holders[kept], int(result.n_union - kept.size)
     else:
-        (kept, labeled), holders, dropped = _announced(channel, role.spec.active), None, 0
+        (kept, labeled), holders, dropped = _announced(channel, role.spec.active_index), None, 0
     remap = np.full(result.n_union, -1, dtype=np.int64)
     remap[kept] = np.arange(kept.size)
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)

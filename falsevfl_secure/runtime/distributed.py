@@ -90,7 +90,7 @@ def gather_log(log: CommLog, role: Role) -> list[dict]:
     """Every party's counters reach the active party (counters only, a fixed-size tensor per party)."""
     mine = log.counters(role.spec.rank)
     gathered = [torch.empty_like(mine) for _ in range(role.spec.n_parties)] if role.is_active else None
-    dist.gather(mine, gathered, dst=role.spec.active, group=role.membership.group)
+    dist.gather(mine, gathered, dst=role.spec.active_index, group=role.membership.group)
     if not role.is_active:
         return []
     merged = CommLog(timed=True)

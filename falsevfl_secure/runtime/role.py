@@ -33,7 +33,7 @@ class RoleSpec:
 
     rank: int
     n_parties: int
-    active: int
+    active_index: int
     protocol: Protocol
     address: str
     port: int
@@ -65,13 +65,13 @@ class Role:
 
     @property
     def is_active(self) -> bool:
-        return self.spec.rank == self.spec.active
+        return self.spec.rank == self.spec.active_index
 
     def transport(self, device: torch.device | None = None) -> DistributedTransport:
         """A fresh transport over this role's backend (one per training run or session job)."""
         spec = self.spec
         log = CommLog(timed=True)
-        transport = DistributedTransport(spec.rank, spec.n_parties, spec.active, self.backend, log, device)
+        transport = DistributedTransport(spec.rank, spec.n_parties, spec.active_index, self.backend, log, device)
         transport.on_round = self.heartbeat.enter
         return transport
 
@@ -100,7 +100,7 @@ def _set_up(spec: RoleSpec, store: dist.TCPStore, heartbeat: liveness.Heartbeat)
     parties = list(range(spec.n_parties))
     group = dist.new_group(parties) if spec.world_size > spec.n_parties else None
     view = View() if spec.record else None
-    membership = Membership(spec.rank, spec.n_parties, spec.active, group, GlooChannel(), view)
+    membership = Membership(spec.rank, spec.n_parties, spec.active_index, group, GlooChannel(), view)
     role = Role(spec, store, heartbeat, membership, view=view)
     if role.is_party:
         role.backend = spec.protocol.open(membership)

@@ -128,16 +128,16 @@ class StepSession:
 
     protocol: str | Protocol
     parties: int
-    active: int = -1
+    active_index: int = -1
 
     def __enter__(self) -> StepSession:
-        self.proto, self.active = protocol_named(self.protocol), self.active % self.parties
+        self.proto, self.active_index = protocol_named(self.protocol), self.active_index % self.parties
         self.store = liveness.connect_store("127.0.0.1", 0, host=True)
         ctx, size = mp.get_context("spawn"), self.proto.world_size(self.parties)
         self._conns, self._procs = [], []
         for rank in range(size):
             parent, child = ctx.Pipe()
-            spec = RoleSpec(rank, self.parties, self.active, self.proto, "127.0.0.1", self.store.port)
+            spec = RoleSpec(rank, self.parties, self.active_index, self.proto, "127.0.0.1", self.store.port)
             self._procs.append(ctx.Process(target=_serve, args=(spec, child), daemon=True))
             self._procs[-1].start()
             self._conns.append(parent)

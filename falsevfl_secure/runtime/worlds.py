@@ -52,7 +52,7 @@ def _report(conn, error: BaseException) -> bool:
 
 
 def run_world(protocol: str | Protocol, parties: int, fn: Callable[..., Any], args: Sequence = (),
-              timeout_s: float = 120.0, active: int = -1, start_method: str = "fork") -> list[Any]:
+              timeout_s: float = 120.0, active_index: int = -1, start_method: str = "fork") -> list[Any]:
     """``fn(role, *args)`` in every role of a new world; the return values by rank."""
     proto = protocol_named(protocol)
     store = liveness.connect_store("127.0.0.1", 0, host=True)
@@ -60,7 +60,7 @@ def run_world(protocol: str | Protocol, parties: int, fn: Callable[..., Any], ar
     procs, conns = [], []
     for rank in range(size):
         parent, child = ctx.Pipe(duplex=False)
-        spec = RoleSpec(rank, parties, active % parties, proto, "127.0.0.1", store.port)
+        spec = RoleSpec(rank, parties, active_index % parties, proto, "127.0.0.1", store.port)
         procs.append(ctx.Process(target=_role, args=(spec, fn, tuple(args), child), daemon=True))
         conns.append(parent)
     try:

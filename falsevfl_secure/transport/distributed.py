@@ -75,18 +75,18 @@ class DistributedTransport:
 
     runtime = "distributed"
 
-    def __init__(self, party: int, n_parties: int, active: int, backend: Backend, log: CommLog | None = None,
+    def __init__(self, party: int, n_parties: int, active_index: int, backend: Backend, log: CommLog | None = None,
                  device: torch.device | None = None) -> None:
-        self.party, self.n_parties, self.active = party, n_parties, active
+        self.party, self.n_parties, self.active_index = party, n_parties, active_index
         self.backend, self.device = backend, device or torch.device("cpu")
         self.log = log if log is not None else CommLog(timed=True)
-        self.validator = MessageValidator(n_parties, active, backend.protection)
+        self.validator = MessageValidator(n_parties, active_index, backend.protection)
         self._pending: list[tuple[Round, Tensor]] = []  # passive side: rounds to replay backwards
         self.on_round: Callable[[str], None] | None = None  # told the round before it starts (liveness)
 
     @property
     def is_active(self) -> bool:
-        return self.party == self.active
+        return self.party == self.active_index
 
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         if set(contributions) != {self.party}:
@@ -135,11 +135,11 @@ class DistributedTransport:
         return self._accounted(round, self.backend.sum_to_active, round, value)
 
     def send(self, round: Round, value: Tensor) -> None:
-        self._check(round, self.active, tuple(value.shape))
+        self._check(round, self.active_index, tuple(value.shape))
         self._accounted(round, self.backend.broadcast, round, value, tuple(value.shape))
 
     def receive(self, round: Round, shape: tuple[int, ...]) -> Tensor:
-        self._check(round, self.active, shape)
+        self._check(round, self.active_index, shape)
         out = self._accounted(round, self.backend.broadcast, round, None, shape)
         if tuple(out.shape) != tuple(shape):
             raise ProtocolError(f"round {round.name!r}: field 'shape': received {tuple(out.shape)}, expected {shape}")
@@ -149,7 +149,7 @@ class DistributedTransport:
 
     def _check(self, round: Round, sender: int, shape: tuple[int, ...]) -> None:
         protection = self.backend.protection if round.is_aggregate else "clear"
-        receivers = round.receivers(self.n_parties, self.active)
+        receivers = round.receivers(self.n_parties, self.active_index)
         self.validator.check(Message(round.name, sender, receivers, shape, "float32", protection))
 
     def _accounted(self, round: Round, call, *args):

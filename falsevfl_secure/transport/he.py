@@ -34,27 +34,27 @@ from .views import View
 Kind = frames.Kind
 
 
-def share_context(channel, n_parties: int, active: int, secret=None) -> bytes:
+def share_context(channel, n_parties: int, active_index: int, secret=None) -> bytes:
     """The active party sends its public context to every other rank (parties and aggregator); every
     rank returns the serialised public context."""
-    if channel.rank == active:
+    if channel.rank == active_index:
         public = public_context_bytes(secret)
         for rank in range(n_parties + 1):
-            if rank != active:
+            if rank != active_index:
                 channel.send(rank, frames.encode(Kind.CONTEXT, [public]))
         return public
-    return frames.decode(channel.recv(active), expect=(Kind.CONTEXT,)).blobs[0]
+    return frames.decode(channel.recv(active_index), expect=(Kind.CONTEXT,)).blobs[0]
 
 
 class HeBackend(PlainBackend):
     protection = "ckks"
 
-    def __init__(self, party: int, n_parties: int, active: int, group=None, view: View | None = None,
+    def __init__(self, party: int, n_parties: int, active_index: int, group=None, view: View | None = None,
                  channel=None) -> None:
-        super().__init__(party, n_parties, active, group=group, view=view)
+        super().__init__(party, n_parties, active_index, group=group, view=view)
         self.channel, self.aggregator = channel, n_parties
         self.secret = make_secret_context() if self.is_active else None
-        self.public = load_public_context(share_context(channel, n_parties, active, self.secret))
+        self.public = load_public_context(share_context(channel, n_parties, active_index, self.secret))
 
     def sum_to_active(self, round: Round, value: Tensor) -> Tensor | None:
         value = value.detach().to("cpu", torch.float32).contiguous()
@@ -97,13 +97,13 @@ class HeBackend(PlainBackend):
             self.channel.send(self.aggregator, frames.encode(Kind.STOP))
 
 
-def serve_aggregator(channel, n_parties: int, active: int, view: View | None = None, on_recorded=None) -> None:
+def serve_aggregator(channel, n_parties: int, active_index: int, view: View | None = None, on_recorded=None) -> None:
     """The aggregator's loop: for every round, add the passive parties' ciphertexts and forward the sum to
     the active party, until every passive party has said stop. It holds the public context only, so it
     cannot decrypt anything it handles; a party's refusal is forwarded to the active party. With `view`,
     the rounds of one step are recorded and then handed to `on_recorded`."""
-    context = load_public_context(share_context(channel, n_parties, active))
-    passive = [k for k in range(n_parties) if k != active]
+    context = load_public_context(share_context(channel, n_parties, active_index))
+    passive = [k for k in range(n_parties) if k != active_index]
     while True:
         received = {k: channel.recv(k) for k in passive}
         if view is not None:
@@ -111,7 +111,7 @@ def serve_aggregator(channel, n_parties: int, active: int, view: View | None = N
         batch = {k: frames.decode(data) for k, data in received.items()}
         if all(f.kind is Kind.STOP for f in batch.values()):
             return
-        channel.send(active, _forward(context, batch))
+        channel.send(active_index, _forward(context, batch))
 
 
 def _forward(context, batch: dict[int, frames.Frame]) -> bytes:

@@ -55,11 +55,12 @@ class LocalTransport:
     protection = "clear"
     runtime = "local"
 
-    def __init__(self, n_parties: int, active: int, log: CommLog | None = None, record: View | None = None) -> None:
-        self.n_parties, self.active = n_parties, active
+    def __init__(self, n_parties: int, active_index: int, log: CommLog | None = None,
+                 record: View | None = None) -> None:
+        self.n_parties, self.active_index = n_parties, active_index
         self.log = log if log is not None else CommLog()
         self.record = record
-        self.validator = MessageValidator(n_parties, active, self.protection)
+        self.validator = MessageValidator(n_parties, active_index, self.protection)
 
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         parties = tuple(sorted(contributions))
@@ -80,14 +81,14 @@ class LocalTransport:
 
     def _enter(self, round: Round, value: Tensor, parties: tuple[int, ...], sent: tuple[Tensor, ...] = ()) -> None:
         """Validate and account one round: each passive party's message to or from the active party."""
-        sender = parties[0] if round.is_aggregate else self.active
-        receivers = round.receivers(self.n_parties, self.active)
+        sender = parties[0] if round.is_aggregate else self.active_index
+        receivers = round.receivers(self.n_parties, self.active_index)
         self.validator.check(Message(round.name, sender, receivers, tuple(value.shape), "float32", self.protection))
         self.log.round(round.name)
         for i, party in enumerate(parties):
             peak = float(sent[i].detach().abs().max()) if sent and sent[i].numel() else 0.0
-            if party != self.active:
-                src, dst = (party, self.active) if round.is_aggregate else (self.active, party)
+            if party != self.active_index:
+                src, dst = (party, self.active_index) if round.is_aggregate else (self.active_index, party)
                 self.log.add(round.name, src, sent=nbytes(value), peak=peak)
                 self.log.add(round.name, dst, received=nbytes(value), messages=0)
             elif peak:

@@ -31,9 +31,9 @@ def exchange_public_keys(public: bytes, n_parties: int, group=None) -> list[byte
 class MpcBackend(PlainBackend):
     protection = "secret-shared"
 
-    def __init__(self, party: int, n_parties: int, active: int, group=None, view: View | None = None,
+    def __init__(self, party: int, n_parties: int, active_index: int, group=None, view: View | None = None,
                  agreement=None) -> None:
-        super().__init__(party, n_parties, active, group=group, view=view)
+        super().__init__(party, n_parties, active_index, group=group, view=view)
         agreement = agreement if agreement is not None else X25519Agreement()
         publics = exchange_public_keys(agreement.public_key(), n_parties, group)
         self.shares = ZeroShares(party, agreement.pair_keys(party, publics))
@@ -43,7 +43,7 @@ class MpcBackend(PlainBackend):
         self._record(round, "sent", self.party, value)
         received: list | None = [] if self.view is not None else None
         try:
-            total = secure_sum(value, self.active, self.shares, group=self.group, view=received)
+            total = secure_sum(value, self.active_index, self.shares, group=self.group, view=received)
         except SecureRangeError as error:
             raise SecureRangeError(f"round {round.name!r}: {error}; mpc carries |x| < "
                                    f"{max_safe_abs(self.n_parties):.3g} per party at K = {self.n_parties} "

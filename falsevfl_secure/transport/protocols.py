@@ -24,7 +24,7 @@ class Membership:
 
     rank: int
     n_parties: int
-    active: int
+    active_index: int
     group: object = None
     channel: object = None
     view: View | None = None
@@ -82,7 +82,7 @@ class Plain(Protocol):
     def open(self, m: Membership) -> Backend:
         from .plain import PlainBackend
 
-        return PlainBackend(m.rank, m.n_parties, m.active, m.group, m.view)
+        return PlainBackend(m.rank, m.n_parties, m.active_index, m.group, m.view)
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class Mpc(Protocol):
         from .mpc import MpcBackend
 
         agreement = self.agreement() if self.agreement is not None else None
-        return MpcBackend(m.rank, m.n_parties, m.active, m.group, m.view, agreement=agreement)
+        return MpcBackend(m.rank, m.n_parties, m.active_index, m.group, m.view, agreement=agreement)
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,12 @@ class He(Protocol):
     def open(self, m: Membership) -> Backend:
         from .he import HeBackend
 
-        return HeBackend(m.rank, m.n_parties, m.active, m.group, m.view, channel=m.channel)
+        return HeBackend(m.rank, m.n_parties, m.active_index, m.group, m.view, channel=m.channel)
 
     def serve(self, m: Membership) -> None:
         from .he import serve_aggregator
 
-        serve_aggregator(m.channel, m.n_parties, m.active, m.view, m.on_recorded)
+        serve_aggregator(m.channel, m.n_parties, m.active_index, m.view, m.on_recorded)
 
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (Plain(), Mpc(), He())}

@@ -45,11 +45,11 @@ class Round:
     def is_aggregate(self) -> bool:
         return self.primitive is Primitive.AGGREGATE
 
-    def receivers(self, n_parties: int, active: int) -> tuple[int, ...]:
+    def receivers(self, n_parties: int, active_index: int) -> tuple[int, ...]:
         """Who receives this round: the active party for a sum, every other party for a broadcast."""
         if self.is_aggregate:
-            return (active,)
-        return tuple(k for k in range(n_parties) if k != active)
+            return (active_index,)
+        return tuple(k for k in range(n_parties) if k != active_index)
 
 
 AGGREGATE, BROADCAST = Primitive.AGGREGATE, Primitive.BROADCAST
@@ -124,8 +124,8 @@ class MessageValidator:
     the declared shape (consistent B, S, d_h within a pass), float32, the protection the protocol
     gives the round. Refusals name the round and the field."""
 
-    def __init__(self, n_parties: int, active: int, protection: str) -> None:
-        self.n_parties, self.active, self.protection = n_parties, active, protection
+    def __init__(self, n_parties: int, active_index: int, protection: str) -> None:
+        self.n_parties, self.active_index, self.protection = n_parties, active_index, protection
         self.last: str | None = None
         self.sizes: dict[str, int] = {}
 
@@ -134,9 +134,9 @@ class MessageValidator:
         fail = _failure(round)
         if not isinstance(message.sender, int) or not 0 <= message.sender < self.n_parties:
             fail("sender", f"{message.sender!r} is not a party (0..{self.n_parties - 1})")
-        if not round.is_aggregate and message.sender != self.active:
-            fail("sender", f"only the active party ({self.active}) sends this round, not {message.sender}")
-        expected = round.receivers(self.n_parties, self.active)
+        if not round.is_aggregate and message.sender != self.active_index:
+            fail("sender", f"only the active party ({self.active_index}) sends this round, not {message.sender}")
+        expected = round.receivers(self.n_parties, self.active_index)
         if tuple(message.receivers) != expected:
             fail("receivers", f"{tuple(message.receivers)} != {expected}")
         if message.dtype != "float32":

@@ -279,8 +279,8 @@ def _bars(ax, groups: dict, references: list[tuple[str, float]], ylabel: str) ->
         means = [groups[n][name]["mean"] for n in groups]
         stds = [groups[n][name]["std"] for n in groups]
         ax.bar(np.arange(len(groups)) + i * width, means, width, yerr=stds, label=name, capsize=3)
-    for (label, value), style in zip(references, ("--", ":"), strict=False):
-        ax.axhline(value, color="k", linestyle=style, label=label)
+    for (label, value), (color, style) in zip(references, (("k", "--"), ("tab:purple", ":")), strict=False):
+        ax.axhline(value, color=color, linestyle=style, linewidth=1.5, label=label)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, [f"{n} aux rows" for n in groups])
     ax.set_ylabel(ylabel)

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import update_readme  # noqa: E402
 
 from falsevfl_secure.bounds import iwae_bound  # noqa: E402
+from falsevfl_secure.cli import guarded  # noqa: E402
 from falsevfl_secure.config import (  # noqa: E402
     Config,
     Stage,  # noqa: E402
@@ -261,4 +262,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(guarded(main))

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.audit import ADDEND_ATOL, audit_active_view, contributions  # noqa: E402
+from falsevfl_secure.cli import guarded  # noqa: E402
 from falsevfl_secure.config import Config, Stage, StageConfig  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
 from falsevfl_secure.runtime.session import StepJob, StepSession, local_reference  # noqa: E402
@@ -287,4 +288,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(guarded(main))

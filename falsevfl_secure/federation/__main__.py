@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--protocol", choices=tuple(PROTOCOLS), default="mpc")
     demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
+    demo.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
+                      help="the model's schedule written into federation.toml")
     for name in ("train", "predict"):
         sub = commands.add_parser(name, help=f"{name} the federation")
         sub.add_argument("--config", required=True, help="the federation.toml")
@@ -56,7 +58,8 @@ def demo(args: argparse.Namespace) -> int:
 
     if args.parties < 2:
         raise InputError(f"--parties {args.parties}: a federation needs at least 2 parties")
-    path = write_demo(args.dataset, args.parties, Path(args.out), args.seed, args.protocol, args.test_pattern)
+    path = write_demo(args.dataset, args.parties, Path(args.out), args.seed, args.protocol, args.test_pattern,
+                      args.preset)
     print(f"wrote {path}, one folder per party and {Path(args.out) / 'truth.csv'}")
     return 0
 

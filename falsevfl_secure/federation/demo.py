@@ -31,9 +31,9 @@ def label_name(dataset: str, y: int) -> str:
 
 
 def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: str = "mpc",
-               test_pattern: str = "mcar:0.2") -> Path:
+               test_pattern: str = "mcar:0.2", preset: str = "default") -> Path:
     """Write the demo federation to `out`; returns the path of its federation.toml."""
-    cfg = make_config(dataset, "default", parties=parties, seed=seed)
+    cfg = make_config(dataset, preset, parties=parties, seed=seed)
     data, train, tests = make_splits(cfg, (test_pattern,))
     rng = public_rng(seed, zlib.crc32(b"federation demo"))
     train_ids, test_ids = _ids(rng, train.n, "r"), _ids(rng, tests[test_pattern].n, "q")
@@ -53,7 +53,8 @@ def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: s
     truth = [("id", "label")] + [(test_ids[i], label_name(cfg.dataset, int(y))) for i, y in enumerate(test.y)]
     atomic_write(out / "truth.csv", _csv(truth))
     path = out / "federation.toml"
-    atomic_write(path, _toml(cfg.dataset, names, names[active], protocol, seed))
+    atomic_write(path, _toml(cfg.dataset if preset == "default" else f"{cfg.dataset}:{preset}", names, names[active],
+                             protocol, seed))
     return path
 
 
@@ -82,10 +83,10 @@ def _csv(rows: list) -> str:
     return buffer.getvalue()
 
 
-def _toml(dataset: str, names: list[str], active: str, protocol: str, seed: int) -> str:
+def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int) -> str:
     parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
                       f'model = "{n}/model"\n' for n in names)
-    return (f'# A demo federation written by `python -m falsevfl_secure.federation demo` from {dataset}.\n'
+    return (f'# A demo federation written by `python -m falsevfl_secure.federation demo` ({preset}).\n'
             f'[federation]\nactive = "{active}"\nprotocol = "{protocol}"\nid_column = "id"\nlabel_column = "label"\n'
-            f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n\n[model]\npreset = "{dataset}"\n'
+            f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n\n[model]\npreset = "{preset}"\n'
             f"seed = {seed}\n{parties}")

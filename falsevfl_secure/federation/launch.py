@@ -48,8 +48,9 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
     spec = RoleSpec(roles.index(name), len(present), present.index(fed.active), protocol_named(protocol), address,
                     port, watch=not launched)
     program = _program(fed, name, command, present, options)  # reads and checks this party's files first
-    store = liveness.connect_store(address, port, host=not launched and name == fed.active)
-    return serve_role(spec, store, program)
+    hosts_store = not launched and name == fed.active
+    store = liveness.connect_store(address, port, host=hosts_store)
+    return serve_role(spec, store, program, linger=hosts_store)
 
 
 def _program(fed: Federation, name: str, command: str, present: list[str], options: dict):

@@ -128,6 +128,13 @@ class StallMonitor:
         return stalled
 
 
+def await_statuses(store: dist.TCPStore, world_size: int, timeout_s: float = 60.0) -> None:
+    """Wait until every role has reported how it ended (the store's host leaves last)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(read_status(store, r) is None for r in range(world_size)):
+        time.sleep(0.2)
+
+
 def exit_now(code: int) -> None:
     """Leave at once from any thread (a blocked collective cannot be interrupted otherwise)."""
     os._exit(code)

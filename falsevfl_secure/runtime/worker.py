@@ -80,12 +80,14 @@ def _run_role(job, rank: int, address: str, port: int, store, watch: bool) -> in
         if result is not None and os.environ.get("FALSEVFL_RESULT"):
             write_json(os.environ["FALSEVFL_RESULT"], result.to_dict())
 
-    return serve_role(spec, store, program)
+    return serve_role(spec, store, program, linger=rank == 0 and watch)
 
 
-def serve_role(spec, store, program) -> int:
+def serve_role(spec, store, program, linger: bool = False) -> int:
     """Join the world as `spec`, run `program(role)`, and report how the role ended: its status in the
-    store (read by the launcher and, one host per party, by the peers), one `error:` line, an exit code."""
+    store (read by the launcher and, one host per party, by the peers), one `error:` line, an exit code.
+    `linger`: this process serves the store, so it waits (up to a minute) for every role's status before
+    it leaves, or the others would lose the store while they finish."""
     from ..errors import FalseVflError, PartyFailure
     from . import liveness
     from .role import joined
@@ -102,14 +104,17 @@ def serve_role(spec, store, program) -> int:
     try:
         with joined(spec, store=store, on_stall=on_stall) as role:
             program(role)
+        code = end("ok", "", 0)
     except FalseVflError as error:
-        return end("error", str(error), 2)
+        code = end("error", str(error), 2)
     except PartyFailure as error:
-        return end("failure", str(error), 3)
+        code = end("failure", str(error), 3)
     except Exception as error:  # a crash: the launcher reports its message, the log keeps the traceback
         traceback.print_exc()
-        return end("error", f"{type(error).__name__}: {error}", 4)
-    return end("ok", "", 0)
+        code = end("error", f"{type(error).__name__}: {error}", 4)
+    if linger:
+        liveness.await_statuses(store, spec.world_size)
+    return code
 
 
 def _secret():

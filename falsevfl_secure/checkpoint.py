@@ -46,7 +46,7 @@ class Checkpointer:
     def save(self, progress: Progress, state: dict) -> None:
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        atomic_write(self.path(progress), buffer.getvalue())
+        atomic_write(self.path(progress), buffer.getvalue(), private=True)  # it holds the party's secret
         for older in self.available()[:-KEEP]:
             self.path(older).unlink(missing_ok=True)
 

@@ -192,9 +192,9 @@ class HostileContext(He):
     """An active party that sends a pickle where its public context belongs."""
 
     def open(self, m):
-        if m.rank == m.active:
+        if m.rank == m.active_index:
             for rank in range(m.n_parties + 1):
-                if rank != m.active:
+                if rank != m.active_index:
                     m.channel.send(rank, self.payload)
             return None
         return super().open(m)

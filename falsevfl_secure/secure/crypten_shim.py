@@ -10,7 +10,7 @@ stays cheap and a process that never touches CrypTen never loads it.
 
 The `mpc` protocol keeps CrypTen's ring (Z_2^64 as wrapping int64) and fixed-point convention (16
 fractional bits, `secure.fixed_point`), but draws nothing from CrypTen: its pseudo-random zero sharing
-comes from ``torch.Generator`` (Mersenne Twister, 32 effective seed bits) with seeds sent in clear,
+comes from PyTorch's Mersenne Twister generators (32 effective seed bits) with seeds sent in clear,
 which one party can search. The tests use CrypTen itself to check that our shares are valid
 CrypTen shares and that our decoder is exact where CrypTen's is off by one.
 """

@@ -162,7 +162,7 @@ PRESETS: dict[str, dict[str, dict]] = {
     # (a fifth of a standardised feature's spread) trained better here than 0.05.
     "digits": {
         "paper": dict(parties=4, h_dim=32, z_dim=16, party_hidden=128, global_hidden=64,
-                      discriminator_hidden=64, min_decoder_std=0.2,
+                      discriminator_hidden=128, min_decoder_std=0.2,
                       pretrain=StageConfig(2e-3, 128, 150), train=StageConfig(2e-3, 64, 60)),
         "quick": dict(parties=4, h_dim=32, z_dim=16, party_hidden=64, global_hidden=64,
                       discriminator_hidden=64,

@@ -8,7 +8,7 @@ and the trainer reads `y` only where `labeled` is True. Test split: every test s
 test mechanism and is labeled.
 
 Defaults (`n_labeled` / `n_aligned`): Isolet and HAPT 500 / 100, Fashion-MNIST 1000 / 200 (as in
-the paper); digits 200 / 40, because its training set has only 1347 rows.
+the paper); digits 400 / 80: the demo dataset has no paper setting, and its training set has 1347 rows.
 
 Empty-row rule. A sample whose mask has no observed party is held by no party, so in a real
 federation it does not exist in anyone's database. It is REMOVED from the split (never passed to
@@ -49,7 +49,7 @@ TRAIN_MECHANISMS: tuple[str, ...] = ("mcar:0.2", "mcar:0.5", "mar1", "mar2", "mn
 
 #: (n_labeled, n_aligned) per dataset; anything else gets the tabular default.
 DEFAULT_LABELED: dict[str, tuple[int, int]] = {
-    "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (200, 40)}
+    "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (400, 80)}
 TABULAR_DEFAULT = (500, 100)
 
 @dataclass(frozen=True)

@@ -2,16 +2,17 @@
 
     python bench/crypto_costs.py [--parties 8] [--shape 10 512 128] [--repeats 15] --out DIR [--readme README.md]
 
-mpc: a real CrypTen world of `--parties` processes (this machine's cores shared, as in
-bench/overhead.py) sums one tensor of `--shape` (default: the stage-1 `latent_grad` round at Isolet's
-shapes, batch 512); every piece is timed barrier to barrier on every rank and the median of the
-slowest rank is reported: drawing the zero share with CrypTen's own PRZS and with `zero_share`, the
+mpc: a world of `--parties` party processes (this machine's cores shared, as in bench/overhead.py) sums
+one tensor of `--shape` (default: the stage-1 `latent_grad` round at Isolet's shapes, batch 512); every
+piece is timed barrier to barrier on every rank and the median of the slowest rank is reported: the
+X25519 key agreement of start-up, drawing one zero share from the AES-256-CTR pair streams, the
 fixed-point encoding, gathering the payload as float32 (what plain sends) and as int64 ring elements
-(what mpc sends), and the whole `secure_sum`.
+(what mpc sends), and the whole `secure_sum` (whose shares are drawn ahead while the party waits).
 
-he: one process, one CKKS ciphertext of 4,096 values (N = 8192): a public-key encryption, an
-encryption of zero plus the encoded values (the offline/online split), serialisation, parsing,
-an addition, and a decryption.
+he: one process, one CKKS ciphertext of 4,096 values (N = 8192): the framed encryption and decryption
+the protocol uses (with the rounding onto the fixed-point grid), and their pieces: a public-key
+encryption, an encryption of zero plus the encoded values (an offline/online split), serialisation,
+parsing, an addition, and a decryption.
 
 Writes DIR/crypto_costs.json and DIR/crypto_costs.md. Timings are measurements on the machine that
 runs it, never asserted anywhere.

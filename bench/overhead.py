@@ -9,7 +9,7 @@ so a drift of the machine's load hits every protocol alike and the ratios are me
 The job is a synthetic split with Isolet's shapes (77 features per party, d_h 128, d_z 64, hidden
 widths 256, kappa 10, float32). The parties start each step together (a barrier) and a step's time
 is the longest any role spent in it (the critical path), measured inside the workers, so process
-start-up, CrypTen set-up and CKKS key generation are not counted. Bytes are what one passive party
+start-up, key agreement and CKKS key generation are not counted. Bytes are what one passive party
 sent plus received in the step. On one machine all K (K + 1) processes share its cores, so a step
 also pays for every party's work one after the other; with one host per party it would not.
 

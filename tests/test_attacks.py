@@ -188,6 +188,10 @@ def _pickle_to_the_active_party(role, payload: bytes):
         role.backend.sum_to_active(POSTERIOR, torch.zeros(3, 4))
 
 
+def _nothing(role) -> None:
+    """The roles' work once the hostile start-up has run: nothing."""
+
+
 class HostileContext(He):
     """An active party that sends a pickle where its public context belongs."""
 
@@ -211,7 +215,7 @@ def test_a_pickle_payload_is_refused_by_every_receiving_role_without_running(tmp
     else:
         hostile = HostileContext()
         object.__setattr__(hostile, "payload", payload)
-        call = (hostile, lambda role: None, ())
+        call = (hostile, _nothing, ())
     with pytest.raises(WorkerError, match="frame"):
         run_world(call[0], 2, call[1], call[2], timeout_s=60)
     assert not marker.exists()

@@ -41,7 +41,7 @@ def _check_views(split, dataset, x):
 
 def test_train_split_defaults(digits):
     split = make_train_split(digits, 4, "mcar:0.2", seed=0)
-    assert split.labeled.sum() == 200 and split.aligned.sum() == 40
+    assert split.labeled.sum() == 400 and split.aligned.sum() == 80  # the documented digits default
     assert not split.missing[split.aligned].any()  # the aligned reserve is fully observed
     assert np.all(split.labeled[split.aligned])
     assert split.mechanism == "mcar:0.2" and split.parties == 4

@@ -62,7 +62,8 @@ def test_demo_tables_are_separately_held_and_the_truth_covers_the_prediction_set
 
 def test_each_party_saves_only_its_own_part_with_a_manifest(trained):
     record = json.loads((trained / "party3" / "model" / "train_result.json").read_text())
-    assert record["alignment"]["union_size"] > 1000 and record["alignment"]["labeled"] == 200
+    # 400 labeled rows: the digits default of data.split.DEFAULT_LABELED
+    assert record["alignment"]["union_size"] > 1000 and record["alignment"]["labeled"] == 400
     assert set(record["alignment"]["rows_per_party"]) == {"party0", "party1", "party2", "party3"}
     assert record["losses"]["pretrain"] and {r["round"] for r in record["communication"]} >= {"posterior", "latent"}
     import torch

@@ -52,11 +52,11 @@ def _report(conn, error: BaseException) -> bool:
 
 
 def run_world(protocol: str | Protocol, parties: int, fn: Callable[..., Any], args: Sequence = (),
-              timeout_s: float = 120.0, active_index: int = -1, start_method: str = "fork") -> list[Any]:
+              timeout_s: float = 120.0, active_index: int = -1, start_method: str = "forkserver") -> list[Any]:
     """``fn(role, *args)`` in every role of a new world; the return values by rank."""
     proto = protocol_named(protocol)
     store = liveness.connect_store("127.0.0.1", 0, host=True)
-    ctx, size = multiprocessing.get_context(start_method), proto.world_size(parties)
+    ctx, size = _context(start_method), proto.world_size(parties)
     procs, conns = [], []
     for rank in range(size):
         parent, child = ctx.Pipe(duplex=False)
@@ -69,6 +69,15 @@ def run_world(protocol: str | Protocol, parties: int, fn: Callable[..., Any], ar
         return _collect(procs, conns, time.monotonic() + timeout_s, timeout_s)
     finally:
         _reap(procs)
+
+
+def _context(start_method: str):
+    """Never a plain fork of the caller: its threads (stores, sessions, thread pools) may hold locks the
+    child would wait on forever. The fork server is a fresh process that imports torch once."""
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "falsevfl_secure.runtime.role"])
+    return ctx
 
 
 def _collect(procs: list, conns: list, deadline: float, timeout_s: float) -> list[Any]:

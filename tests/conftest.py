@@ -1,8 +1,10 @@
-"""Session-wide test helpers: the bad-input report.
+"""Session-wide test helpers: the bad-input report and the attack report.
 
 Every bad-input test calls `refused(kind)` once per bad input it saw refused with a documented error
 (hypothesis tests: once per example), and `make test` ends with a count per kind, so a reviewer sees
-how many cases were exercised, not just how many test functions passed."""
+how many cases were exercised, not just how many test functions passed. Every attack test calls
+`attacked(...)` with what its adversary measured, and `make test` ends with one line per attack and build,
+so the numbers behind each privacy claim are printed by the run that checks them."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import signal
 import pytest
 
 REFUSED = pytest.StashKey[collections.Counter]()
+ATTACKS = pytest.StashKey[list]()
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +24,17 @@ def refused(request):
 
     def record(kind: str) -> None:
         counter[kind] += 1
+
+    return record
+
+
+@pytest.fixture(scope="session")
+def attacked(request):
+    """`attacked(attack, build, measured)`: what one adversary achieved against one build."""
+    lines = request.config.stash.setdefault(ATTACKS, [])
+
+    def record(attack: str, build: str, measured: str) -> None:
+        lines.append((attack, build, measured))
 
     return record
 
@@ -62,6 +76,11 @@ def terminal_ctrl_c():
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    attacks = config.stash.get(ATTACKS, None)
+    if attacks:
+        terminalreporter.section("attack report")
+        for attack, build, measured in attacks:
+            terminalreporter.write_line(f"  {attack:<44}{build:<28}{measured}")
     counter = config.stash.get(REFUSED, None)
     if not counter:
         return

@@ -261,7 +261,7 @@ def _final_pseudonyms(active_view, active_scalar, k):
 
 
 @pytest.mark.parametrize("k,excluded_is_active", [(3, False), (3, True), (4, False), (4, True)])
-def test_all_parties_but_one_cannot_link_its_records_and_all_parties_can(k, excluded_is_active):
+def test_all_parties_but_one_cannot_link_its_records_and_all_parties_can(k, excluded_is_active, attacked):
     """Threshold: linking a pseudonym or a position to an ID that only party j holds needs all K
     scalars. The coalition of the other K - 1 parties (its views and scalars pooled) links its own
     records (the attack works) but none of j's; the coalition of all K links every one of j's."""
@@ -275,9 +275,14 @@ def test_all_parties_but_one_cannot_link_its_records_and_all_parties_can(k, excl
     results = run_alignment(id_lists, active, views=views, party_secrets=party_secrets)
     others = [r for r in range(k) if r != excluded]
     linked, positions = dictionary_attack(others, views, party_secrets, dictionary, k, active)
+    role = "active" if excluded_is_active else "passive"
+    attacked("alignment dictionary attack (all but one)", f"K={k}, excluded {role}",
+             f"linked {len(linked & only_j)} of the {len(only_j)} IDs only it holds")
     assert linked & set().union(*(set(id_lists[m]) for m in others))  # the attack does work ...
     assert not linked & only_j and not set(positions) & only_j  # ... but not on j's records
     linked, positions = dictionary_attack(list(range(k)), views, party_secrets, dictionary, k, active)
+    attacked("alignment dictionary attack (all parties)", f"K={k}, target {role}",
+             f"linked {len(linked & only_j)} of {len(only_j)}")
     assert only_j <= linked and only_j <= set(positions)
     true_position = dict(zip(id_lists[excluded], results[excluded].positions.tolist(), strict=True))
     assert all(positions[c] == true_position[c] for c in only_j)

@@ -69,11 +69,13 @@ def _search_from_the_active_party(reports: list[dict]) -> np.ndarray | None:
 
 
 @pytest.mark.parametrize("build", ["weak 16-bit keys", "shipped X25519 keys"])
-def test_mask_key_search_by_the_active_party(build):
+def test_mask_key_search_by_the_active_party(build, attacked):
     agreement = WeakRecording if build.startswith("weak") else ShippedRecording
     reports = run_world(Mpc(agreement=agreement), 3, _sum_once, timeout_s=90)
     recovered = _search_from_the_active_party(reports)
     truth = _input(0).reshape(-1).double()
+    found = "no key fits" if recovered is None else f"max error {np.abs(recovered[:-1] - truth.numpy()).max():.1e}"
+    attacked("mask-key search (active, 2^16 keys)", build, found)
     if build.startswith("weak"):
         assert recovered is not None and np.abs(recovered[:-1] - truth.numpy()).max() < 1e-4
     else:
@@ -119,11 +121,12 @@ def invert_active_view(job: StepJob, view: list[dict], individually: bool) -> fl
 
 @pytest.mark.parametrize(("protocol", "build"), [("plain", "public-seed"), ("mpc", "public-seed"),
                                                  ("he", "public-seed"), ("mpc", "shipped"), ("he", "shipped")])
-def test_inversion_of_the_posterior_sum_with_rebuilt_encoders(sessions, protocol, build):
+def test_inversion_of_the_posterior_sum_with_rebuilt_encoders(sessions, protocol, build, attacked):
     job = attack_job(job_seed := 3 if build == "public-seed" else None)
     assert job_seed is None or job_seed == job.config.seed  # the weak build: secrets follow the public seed
     view = sessions(protocol, K).run(job)[ACTIVE]["view"]
     error = invert_active_view(job, view, individually=protocol == "plain")
+    attacked("inversion of the posterior sum (active)", f"{protocol}, {build}", f"relative error {error:.2f}")
     if build == "public-seed":
         assert error < 0.5, error  # the weights are known: the features come back
     else:
@@ -143,7 +146,7 @@ def _aggregated_posterior(reports: dict, job: StepJob) -> tuple[torch.Tensor, to
 
 
 @pytest.mark.parametrize("build", ["public-seed", "shipped"])
-def test_passive_party_regenerates_the_active_partys_latent_noise(sessions, build):
+def test_passive_party_regenerates_the_active_partys_latent_noise(sessions, build, attacked):
     job = attack_job(3 if build == "public-seed" else None, n=200, p_missing=0.5)
     reports = sessions("plain", K).run(job)
     latent = next(torch.as_tensor(e["value"]) for e in reports[0]["view"] if e["round"] == "latent")
@@ -161,6 +164,8 @@ def test_passive_party_regenerates_the_active_partys_latent_noise(sessions, buil
                         target)[0]
     feature_error = relative_error(x, torch.as_tensor(split.blocks[1])[rows],
                                    torch.as_tensor(split.blocks[1])[~split.missing[:, 1]])
+    attacked("latent noise regeneration (passive)", build,
+             f"mean error {mean_error:.1e} std, feature error {feature_error:.2f}")
     if build == "public-seed":
         assert mean_error < 1e-3 and feature_error < 0.5, (mean_error, feature_error)
     else:

@@ -111,7 +111,7 @@ def _mask_from(keys_of: dict, offset: int, owner: int, peer: int, n: int) -> tor
     return draw if peer > owner else -draw
 
 
-def test_unmasking_a_party_takes_every_other_party_together() -> None:
+def test_unmasking_a_party_takes_every_other_party_together(attacked) -> None:
     """collusion.toml, mpc: dst plus all other parties unmask party 2 exactly; any smaller coalition does not."""
     size, target, i, dst = 4, 2, 1, 0
     results = _world(size)
@@ -120,10 +120,14 @@ def test_unmasking_a_party_takes_every_other_party_together() -> None:
     keys, offset = results[target]["keys"], sum(torch.Size(shape).numel() + 1 for shape in SHAPES[:i])
     masks = {peer: _mask_from(keys, offset, target, peer, share.numel()) for peer in range(size) if peer != target}
     unmasked = share - sum(masks.values())
+    attacked("mpc collusion (all K-1 others)", "shipped, K=4", f"{int((unmasked[:-1] == encoded).sum())} of "
+             f"{encoded.numel()} values exact")
     assert torch.equal(unmasked[:-1], encoded) and unmasked[-1] == 0  # everyone else together: exact
     # The pooled keys of every coalition that lacks one other party leave the share masked.
     for missing in (p for p in range(size) if p != target):
         partial = share - sum(m for peer, m in masks.items() if peer != missing)
+        attacked("mpc collusion (one party missing)", f"shipped, K=4, without {missing}",
+                 f"{int((partial[:-1] == encoded).sum())} of {encoded.numel()} values exact")
         assert (partial[:-1] != encoded).all(), missing
     # Both ends of a pair derive the same key (the agreement is symmetric).
     assert results[target]["keys"][str(dst)] == results[dst]["keys"][str(target)]

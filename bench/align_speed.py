@@ -1,6 +1,7 @@
 """Speed of the private record alignment (falsevfl_secure/secure/align.py): K real processes over gloo.
 
     python bench/align_speed.py [--parties 4] [--ids 100000] [--overlap 0.5] [--active K-1] [--threads 1] --out DIR
+        [--readme README.md]
 
 Every party holds `--ids` string IDs; a fraction `--overlap` of them is common to all parties and
 the rest are its own, so the union has overlap*n + K*(1-overlap)*n records (the script checks it).
@@ -12,7 +13,8 @@ parties could use (what the wall time would be without other load on the machine
 
 Writes DIR/align_speed.json ({"config", "wall_s", "ids_per_s_per_party", "n_union", "correct",
 "parties": [{"rank", "seconds", "ids_per_s", "phases", "bytes_sent", "bytes_received"}], ...}) and
-prints a one-line summary. Timings are measurements on the machine that runs it, never asserted.
+prints a one-line summary; `--readme` rewrites the README section named after DIR. Timings are
+measurements on the machine that runs it, never asserted.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from readme_section import update_readme  # noqa: E402
 
 
 def party_ids(rank: int, n: int, overlap: float) -> list[str]:
@@ -126,6 +130,19 @@ def summarise(args: argparse.Namespace, reports: list[dict], total: float) -> di
             "launch_and_teardown_s": total - wall, "parties": reports}
 
 
+def markdown(report: dict) -> str:
+    """The README table: the slowest party's wall time and what the CPU time says without other load."""
+    c = report["config"]
+    lines = [f"K = {c['parties']} parties of {c['ids_per_party']:,} IDs each (overlap {c['overlap']}), union "
+             f"{report['n_union']:,} ({'correct' if report['correct'] else 'WRONG'}), {c['cpus']} cores shared "
+             f"by all parties, libsodium {c['libsodium']}:", "",
+             "| wall s (slowest party) | IDs/s per party | CPU s, all parties | wall s if the cores were free |",
+             "|---|---|---|---|",
+             f"| {report['wall_s']:.1f} | {report['ids_per_s_per_party']:,.0f} | {report['cpu_s_all_parties']:.1f} "
+             f"| {report['wall_s_if_the_cores_were_free']:.1f} |"]
+    return "\n".join(lines) + "\n"
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parties", type=int, default=4)
@@ -134,6 +151,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--active", type=int, default=None, help="the active party's index (default K-1)")
     parser.add_argument("--threads", type=int, default=1, help="threads per party for the group operations")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--readme", type=Path, default=None, help="rewrite its <!-- results:NAME:... --> section, "
+                        "NAME the --out folder's name")
     parser.error = lambda message: _fail(message)  # one line, no usage block
     args = parser.parse_args(argv)
     args.active = args.parties - 1 if args.active is None else args.active
@@ -163,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.out / "align_speed.json.tmp"
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         os.replace(tmp, args.out / "align_speed.json")
+        if args.readme:
+            update_readme(args.readme, args.out.name, markdown(report))
     except (OSError, RuntimeError) as exc:
         _fail(str(exc), 1)
     print(f"align K={args.parties}, {args.ids} IDs per party, overlap {args.overlap}: N={report['n_union']} "

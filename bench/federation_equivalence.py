@@ -8,8 +8,9 @@ For every seed: `simulate` (local runtime, plain) trains on the simulated split 
 shuffled row orders, and `federation train` / `predict` run them through private alignment and the chosen
 protocol, one process per party; the predictions are scored against truth.csv. The two differ in their
 random numbers (fresh secrets per run, another batch order over the aligned union) and in the per-party
-standardisation, not in the data. Writes DIR/equivalence.json (resumable per seed and side) and
-DIR/equivalence.md; `--readme` rewrites the README section named after DIR.
+standardisation, not in the data. Writes DIR/equivalence.json (the settings, and the result per seed and
+side: a killed run resumes; other settings are refused) and DIR/equivalence.md; `--readme` rewrites the
+README section named after DIR.
 """
 
 from __future__ import annotations
@@ -90,10 +91,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+SETTINGS = ("dataset", "parties", "preset", "protocol", "test_pattern")
+
+
+def stored_cells(path: Path, args) -> list[dict]:
+    """The cells already measured in `path` (none if it does not exist); refuses a file written with other
+    settings, naming them, so that a resumed run never mixes presets or protocols in one table."""
+    if not path.exists():
+        return []
+    record = json.loads(path.read_text())
+    settings = {name: getattr(args, name) for name in SETTINGS}
+    stored = record.get("settings", {}) if isinstance(record, dict) else {}
+    differ = [f"{name} {stored.get(name)!r} (asked: {settings[name]!r})" for name in SETTINGS
+              if stored.get(name) != settings[name]]
+    if differ:
+        raise InputError(f"{path} holds results for other settings: {', '.join(differ)}; use another --out")
+    return record["cells"]
+
+
 def run(args) -> int:
     out = Path(args.out)
     path = out / "equivalence.json"
-    cells = json.loads(path.read_text()) if path.exists() else []
+    cells = stored_cells(path, args)
     for seed in args.seeds:
         cell = next((c for c in cells if c["seed"] == seed), None) or {"seed": seed}
         if cell not in cells:
@@ -102,7 +121,7 @@ def run(args) -> int:
                               ("federation", lambda s: federated(args, s, out / f"seed{s}"))):
             if side not in cell:
                 cell[side] = measure(seed)
-                write_json(path, cells)
+                write_json(path, {"settings": {name: getattr(args, name) for name in SETTINGS}, "cells": cells})
                 print(f"seed {seed} {side}: {cell[side]['accuracy']:.2f} % ({cell[side]['seconds']:.0f} s)", flush=True)
     table = markdown(sorted(cells, key=lambda c: c["seed"]), args)
     (out / "equivalence.md").write_text(table)

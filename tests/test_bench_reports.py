@@ -48,3 +48,17 @@ def test_a_readme_without_the_section_is_refused(tmp_path):
     readme.write_text("no markers here\n")
     with pytest.raises(SystemExit, match="no <!-- results:x:start -->"):
         update_readme(readme, "x", "table")
+
+
+def test_federation_equivalence_resumes_its_own_settings_and_refuses_others(tmp_path, capsys):
+    import federation_equivalence as fe
+
+    argv = ["--dataset", "digits", "--parties", "4", "--seeds", "0", "--preset", "quick", "--out", str(tmp_path)]
+    cells = [{"seed": 0, "simulate": {"accuracy": 88.0, "seconds": 1.0},
+              "federation": {"accuracy": 87.5, "seconds": 2.0, "scored": 10, "protocol": "mpc"}}]
+    settings = {"dataset": "digits", "parties": 4, "preset": "quick", "protocol": "mpc", "test_pattern": "mcar:0.2"}
+    (tmp_path / "equivalence.json").write_text(json.dumps({"settings": settings, "cells": cells}))
+    assert fe.main(argv) == 0  # both sides stored: nothing is re-run
+    assert "| 0 | 88.00 | 87.50 | -0.50 |" in (tmp_path / "equivalence.md").read_text()
+    assert fe.main([*argv[:7], "default", "--out", str(tmp_path)]) != 0
+    assert "preset 'quick' (asked: 'default')" in capsys.readouterr().err

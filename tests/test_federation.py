@@ -62,8 +62,12 @@ def test_demo_tables_are_separately_held_and_the_truth_covers_the_prediction_set
 
 def test_each_party_saves_only_its_own_part_with_a_manifest(trained):
     record = json.loads((trained / "party3" / "model" / "train_result.json").read_text())
+    tables = {name: rows(trained / name / "train.csv") for name in ("party0", "party1", "party2", "party3")}
+    held = {r["id"] for table in tables.values() for r in table if r[next(c for c in r if c.endswith("_x0"))]}
+    assert record["alignment"]["union_size"] == len({r["id"] for table in tables.values() for r in table})
+    assert record["alignment"]["records"] == len(held) and record["protocol"] == "mpc"
     # 400 labeled rows: the digits default of data.split.DEFAULT_LABELED
-    assert record["alignment"]["union_size"] > 1000 and record["alignment"]["labeled"] == 400
+    assert record["alignment"]["labeled"] == 400
     assert set(record["alignment"]["rows_per_party"]) == {"party0", "party1", "party2", "party3"}
     assert record["losses"]["pretrain"] and {r["round"] for r in record["communication"]} >= {"posterior", "latent"}
     import torch
@@ -150,6 +154,14 @@ def test_bad_training_tables_get_one_error_naming_party_file_and_place(trained, 
     refused("federation input")
 
 
+def test_launched_locally_a_bad_table_is_named_by_the_launcher(trained, tmp_path, refused):
+    config = _broken(trained, tmp_path, "party1", "train.csv", cell(2, 3, "abc"))
+    code, _, err = cli("train", "--config", str(config), "--quiet")
+    assert code != 0 and err.startswith("error:") and "Traceback" not in err, err
+    assert "party1" in err and "line 2, column 'p1_x2'" in err, err
+    refused("federation input")
+
+
 def test_prediction_input_is_checked_against_the_saved_model(trained, tmp_path, refused):
     config = _broken(trained, tmp_path, "party2", "predict.csv", cell(1, 4, "p2_renamed"))
     code, _, err = cli("predict", "--config", str(config), "--party", "party2", "--out", str(tmp_path / "p.csv"))
@@ -160,7 +172,8 @@ def test_prediction_input_is_checked_against_the_saved_model(trained, tmp_path, 
     assert code == 2 and "never saw" in err and "seven" in err, err
     refused("federation input")
     for argv, message in ((["--party", "nobody"], "nobody"), (["--absent", "party3"], "active party"),
-                          (["--absent", "ghost"], "ghost")):
+                          (["--absent", "ghost"], "ghost"),
+                          (["--absent", "party0", "party1"], "allow_two_party_disclosure = true in [federation]")):
         code, _, err = cli("predict", "--config", str(trained / "federation.toml"), "--out", str(tmp_path / "p.csv"),
                            *argv)
         assert code == 2 and message in err and "Traceback" not in err, err
@@ -175,8 +188,110 @@ def test_a_federation_file_with_mistakes_is_refused_naming_the_setting(tmp_path,
                           (lambda t: t.replace('protocol = "mpc"', 'protocol = "tls"'), "tls"),
                           (lambda t: t.replace('"127.0.0.1:29611"', '"nowhere"'), "HOST:PORT"),
                           (lambda t: t.replace("seed = 0", "seed = 0\nwidth = 3"), "width"),
+                          (lambda t: t.replace("[model]", 'allow_two_party_disclosure = "no"\n[model]'),
+                           "allow_two_party_disclosure"),
+                          (lambda t: t.replace("[model]", "join_timeout_s = 0\n[model]"), "join_timeout_s"),
                           (lambda t: t + "[extra]\n", "extra")):
         (good / "federation.toml").write_text(edit(text))
         code, _, err = cli("train", "--config", str(good / "federation.toml"))
         assert code == 2 and message in err and "Traceback" not in err, err
         refused("federation input")
+
+
+def _copy(trained: Path, tmp_path: Path, settings: str = "", epochs: str = "") -> Path:
+    """A copy of the trained federation (models included) on a free port, with extra [federation] settings."""
+    import shutil
+
+    from align_channels import free_port
+
+    folder = tmp_path / "copy"
+    shutil.copytree(trained, folder, ignore=shutil.ignore_patterns("checkpoints", "logs"))
+    text = (folder / "federation.toml").read_text().replace("127.0.0.1:29611", f"127.0.0.1:{free_port()}")
+    text = text.replace("[model]\n", f"{settings}[model]\n").replace(EPOCHS, epochs or EPOCHS)
+    (folder / "federation.toml").write_text(text)
+    return folder / "federation.toml"
+
+
+def test_one_host_per_party_a_listed_party_that_is_away_is_left_out_not_waited_for(trained, tmp_path):
+    import subprocess
+    import sys
+
+    config = _copy(trained, tmp_path, "join_timeout_s = 3\n")
+    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "predict", "--config",
+                                     str(config), "--party", name, "--quiet", "--out", str(tmp_path / "p.csv")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("party3", "party0", "party2")}  # party1 never comes
+    errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
+    assert all(proc.returncode == 0 for proc in procs.values()), errors
+    assert "left out (did not join within 3 s): party1" in errors["party3"]
+    predictions = rows(tmp_path / "p.csv")
+    assert {r["id"] for r in predictions} == {r["id"] for r in rows(trained / "truth.csv")}
+    assert max(int(r["parties_observed"]) for r in predictions) == 3
+
+
+def test_one_host_per_party_training_needs_every_listed_party(trained, tmp_path, refused):
+    config = _copy(trained, tmp_path, "join_timeout_s = 2\n")
+    code, _, err = cli("train", "--config", str(config), "--party", "party3", "--quiet")
+    assert code == 2 and "Traceback" not in err, err
+    assert "party0, party1, party2 did not join within 2 s" in err and "training needs every listed party" in err
+    refused("federation input")
+
+
+def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process(trained, tmp_path):
+    """`--protocol he` overrides the file's mpc: the aggregator runs as a fifth process, and the record
+    and every manifest name the protocol that actually ran."""
+    config = _copy(trained, tmp_path, epochs="[model.pretrain]\nepochs = 1\n[model.train]\nepochs = 2\n")
+    code, out, err = cli("train", "--config", str(config), "--protocol", "he", "--quiet")
+    assert code == 0 and "under he" in out, err
+    model = config.parent / "party3" / "model"
+    assert json.loads((model / "train_result.json").read_text())["protocol"] == "he"
+    assert {json.loads((config.parent / f"party{k}" / "model" / "manifest.json").read_text())["protocol"]
+            for k in range(4)} == {"he"}
+    assert {r["round"] for r in json.loads((model / "train_result.json").read_text())["communication"]} >= {
+        "posterior", "likelihood"}
+    code, _, err = cli("predict", "--config", str(config), "--protocol", "he", "--quiet", "--out",
+                       str(tmp_path / "he.csv"))
+    assert code == 0, err
+    predictions = rows(tmp_path / "he.csv")
+    assert {r["id"] for r in predictions} == {r["id"] for r in rows(trained / "truth.csv")}
+    for r in predictions[:50]:
+        assert abs(sum(float(r[f"p_{d}"]) for d in range(10)) - 1.0) < 1e-4
+
+
+class _OneFrame:
+    """Stands in for the channel in a unit test of the announcement's check: it returns one given frame."""
+
+    def __init__(self, frame: bytes) -> None:
+        self.frame = frame
+
+    def recv(self, src: int) -> bytes:
+        return self.frame
+
+
+def test_a_hostile_row_announcement_is_refused(tmp_path):
+    import pickle
+
+    import numpy as np
+
+    from falsevfl_secure.federation.aligned import _announced
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.secure.errors import SecureMessageError
+
+    def announcement(kept, labeled) -> bytes:
+        return frames.encode(frames.Kind.DATA, [np.asarray(v, "<i8").tobytes() for v in (kept, labeled)])
+
+    kept, labeled = _announced(_OneFrame(announcement([0, 2, 5], [2])), 0, 6)
+    assert kept.tolist() == [0, 2, 5] and labeled.tolist() == [2]
+
+    class Armed:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "marker"), "w"))
+
+    hostile = [announcement([0, 6], []), announcement([-1, 2], []), announcement([2, 1], []),
+               announcement([0, 0], []), announcement([0, 2], [1]), announcement([0, 2], [0, 0]),
+               frames.encode(frames.Kind.DATA, [b"\0" * 8]), frames.encode(frames.Kind.DATA, [b"\0" * 7, b""]),
+               pickle.dumps(Armed())]
+    for frame in hostile:
+        with pytest.raises(SecureMessageError):
+            _announced(_OneFrame(frame), 0, 6)
+    assert not (tmp_path / "marker").exists()

@@ -54,7 +54,7 @@ def align_table(role, table: PartyTable, labeled_rows: np.ndarray | None, restri
         _announce(channel, role.spec.active_index, kept, labeled)
         holders, dropped = holders[kept], int(result.n_union - kept.size)
     else:
-        (kept, labeled), holders, dropped = _announced(channel, role.spec.active_index), None, 0
+        (kept, labeled), holders, dropped = _announced(channel, role.spec.active_index, result.n_union), None, 0
     remap = np.full(result.n_union, -1, dtype=np.int64)
     remap[kept] = np.arange(kept.size)
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
@@ -68,11 +68,22 @@ def _announce(channel: GlooChannel, active: int, kept: np.ndarray, labeled: np.n
             channel.send(rank, frame)
 
 
-def _announced(channel: GlooChannel, active: int) -> tuple[np.ndarray, np.ndarray]:
+def _announced(channel: GlooChannel, active: int, n_union: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kept and labeled positions from the active party: increasing positions of the shared order,
+    the labeled ones among the kept (anything else is refused, naming the sender)."""
     frame = frames.decode(channel.recv(active), expect=(frames.Kind.DATA,))
     if len(frame.blobs) != 2 or any(len(b) % 8 for b in frame.blobs):
-        raise SecureMessageError("the active party's row announcement is not two int64 arrays")
-    return tuple(np.frombuffer(b, dtype="<i8").astype(np.int64) for b in frame.blobs)
+        raise SecureMessageError(f"the row announcement from party {active} is not two int64 arrays")
+    kept, labeled = (np.frombuffer(b, dtype="<i8").astype(np.int64) for b in frame.blobs)
+    if not (_increasing_within(kept, n_union) and _increasing_within(labeled, n_union)
+            and np.isin(labeled, kept).all()):
+        raise SecureMessageError(f"the row announcement from party {active} names positions that are not "
+                                 f"increasing positions of the shared order of {n_union} records")
+    return kept, labeled
+
+
+def _increasing_within(positions: np.ndarray, n: int) -> bool:
+    return bool(positions.size == 0 or (positions[0] >= 0 and positions[-1] < n and (np.diff(positions) > 0).all()))
 
 
 def party_view(table: PartyTable, aligned: Aligned, scaler: Standardizer, rank: int,

@@ -8,6 +8,7 @@ label columns, the model's hyperparameters, where the parties meet, and each par
     label_column = "label"          # in the active party's tables; empty where unlabeled
     task = "classification"         # or "regression"
     rendezvous = "10.0.0.1:29611"   # host:port where the active party serves the rendezvous store
+    join_timeout_s = 60             # one host per party: how long the active party waits for the others
 
     [model]                         # a preset ("digits", "isolet:quick", ...) and/or explicit settings
     preset = "digits"
@@ -41,7 +42,7 @@ from ..transport.protocols import PROTOCOLS
 AGGREGATOR = "aggregator"
 _SECTIONS = {"federation", "model", "party", "aggregator"}
 _FEDERATION_KEYS = {"active", "protocol", "id_column", "label_column", "task", "rendezvous",
-                    "allow_two_party_disclosure"}
+                    "allow_two_party_disclosure", "join_timeout_s"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Federation:
     model: Config
     aggregator_interface: str | None = None
     allow_two_party_disclosure: bool = False
+    join_timeout_s: float = 60.0
 
     @property
     def names(self) -> list[str]:
@@ -99,7 +101,7 @@ def load_federation(path: Path | str) -> Federation:
     return Federation(path, parties, active, _protocol(section, path), _text(section, "id_column", path, "federation"),
                       _text(section, "label_column", path, "federation"), task, _rendezvous(section, path),
                       _model(raw, path, len(parties), names.index(active), task), _aggregator(raw, path),
-                      bool(section.get("allow_two_party_disclosure", False)))
+                      _disclosure(section, path), _join_timeout(section, path))
 
 
 def _table(raw: dict, key: str, path: Path) -> dict:
@@ -129,6 +131,20 @@ def _task(section: dict, path: Path) -> str:
     if task not in ("classification", "regression"):
         raise InputError(f"{path}: [federation] task = {task!r}; choose classification or regression")
     return task
+
+
+def _disclosure(section: dict, path: Path) -> bool:
+    value = section.get("allow_two_party_disclosure", False)
+    if not isinstance(value, bool):
+        raise InputError(f"{path}: [federation] allow_two_party_disclosure = {value!r} must be true or false")
+    return value
+
+
+def _join_timeout(section: dict, path: Path) -> float:
+    value = section.get("join_timeout_s", 60.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        raise InputError(f"{path}: [federation] join_timeout_s = {value!r} must be a number of seconds in (0, 86400]")
+    return float(value)
 
 
 def _rendezvous(section: dict, path: Path) -> tuple[str, int]:

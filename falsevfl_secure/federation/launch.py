@@ -17,6 +17,7 @@ from ..runtime.launcher import launch
 from ..runtime.role import RoleSpec
 from ..runtime.worker import serve_role
 from ..transport.protocols import protocol_named
+from . import roster
 from .config import AGGREGATOR, Federation
 from .party import predict_program, read_prediction_table, read_training_table, train_program
 
@@ -36,30 +37,43 @@ def present_parties(fed: Federation, absent: list[str]) -> list[str]:
 
 
 def run_party(fed: Federation, name: str, command: str, protocol: str, present: list[str], **options) -> int:
-    """Run role `name` of the command's world in this process; the exit code says how it ended."""
-    roles = roles_of(fed, present, protocol)
-    if name not in roles:
-        raise InputError(f"--party {name!r} is not a role of this run; the roles are {', '.join(roles)}")
+    """Run role `name` of the command's world in this process; the exit code says how it ended. Launched
+    locally, the launcher fixed the world; one host per party, the active party's roster does."""
+    _check_role(fed, name, roles_of(fed, fed.names, protocol))
+    inputs = _inputs(fed, name, command)  # this party's files are read and checked before it joins
     launched = "FALSEVFL_LAUNCHER_PID" in os.environ
     address, port = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])) if launched else fed.rendezvous
+    store = liveness.connect_store(address, port, host=not launched and name == fed.active)
+    if not launched:
+        agreed = roster.agree(store, fed, name, command, present, protocol)
+        present, protocol = agreed.present, agreed.protocol
+    roles = roles_of(fed, present, protocol)
+    _check_role(fed, name, roles)
     interface = fed.aggregator_interface if name == AGGREGATOR else fed.party(name).interface
     if interface:
         os.environ["GLOO_SOCKET_IFNAME"] = interface  # read by gloo when the world is joined
     spec = RoleSpec(roles.index(name), len(present), present.index(fed.active), protocol_named(protocol), address,
                     port, watch=not launched)
-    program = _program(fed, name, command, present, options)  # reads and checks this party's files first
-    hosts_store = not launched and name == fed.active
-    store = liveness.connect_store(address, port, host=hosts_store)
-    return serve_role(spec, store, program, linger=hosts_store)
+    program = _program(fed, name, command, present, options, inputs)
+    return serve_role(spec, store, program, linger=not launched and name == fed.active)
 
 
-def _program(fed: Federation, name: str, command: str, present: list[str], options: dict):
-    helper = name == AGGREGATOR
+def _check_role(fed: Federation, name: str, roles: list[str]) -> None:
+    if name not in roles:
+        raise InputError(f"--party {name!r} is not a role of this run; the roles are {', '.join(roles)}")
+
+
+def _inputs(fed: Federation, name: str, command: str):
+    """This role's checked files: the training table, or the prediction table with the saved model."""
+    if name == AGGREGATOR:
+        return None
+    return read_training_table(fed, name) if command == "train" else read_prediction_table(fed, name)
+
+
+def _program(fed: Federation, name: str, command: str, present: list[str], options: dict, inputs):
     if command == "train":
-        table = None if helper else read_training_table(fed, name)
-        return train_program(fed, name, table, options["resume"], options["progress"])
-    loaded = None if helper else read_prediction_table(fed, name)
-    return predict_program(fed, name, present, Path(options["out"]), loaded)
+        return train_program(fed, name, inputs, options["resume"], options["progress"])
+    return predict_program(fed, name, present, Path(options["out"]), inputs)
 
 
 def run_all(fed: Federation, command: str, protocol: str, present: list[str], argv: list[str],

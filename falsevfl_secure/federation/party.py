@@ -77,8 +77,8 @@ def train_program(fed: Federation, name: str, table: PartyTable | None, resume: 
         save_model(me.model_dir, node, rank, manifest)
         communication = gather_log(node.transport.log, role)
         if role.is_active:
-            write_json(me.model_dir / "train_result.json",
-                       _train_record(fed, aligned, trained, communication, time.perf_counter() - started))
+            write_json(me.model_dir / "train_result.json", _train_record(
+                fed, role.spec.protocol.name, aligned, trained, communication, time.perf_counter() - started))
     return program
 
 
@@ -86,10 +86,12 @@ def _labelled(targets: np.ndarray) -> np.ndarray:
     return ~np.isnan(targets) if targets.dtype.kind == "f" else targets >= 0
 
 
-def _train_record(fed: Federation, aligned: Aligned, trained, communication: list[dict], wall: float) -> dict:
+def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, communication: list[dict],
+                  wall: float) -> dict:
     rows = dict(zip(fed.names, aligned.holders.sum(axis=0).tolist(), strict=True))
     return {"losses": trained.losses, "stage_time_s": trained.seconds, "wall_time_s": round(wall, 3),
-            "protocol": fed.protocol, "alignment": {"union_size": aligned.n, "rows_per_party": rows,
+            "protocol": protocol, "alignment": {"union_size": aligned.n + aligned.dropped, "records": aligned.n,
+                                                "rows_per_party": rows,
                                                     "labeled": int(aligned.labeled.size),
                                                     "dropped_no_observed_party": aligned.dropped,
                                                     "seconds": round(aligned.seconds, 3)},

@@ -57,11 +57,13 @@ class Protocol:
     def role_name(self, rank: int, parties: int) -> str:
         return f"party {rank}" if rank < parties else self.helpers[rank - parties]
 
-    def check_parties(self, parties: int, acknowledged: bool = False) -> None:
+    def check_parties(self, parties: int, acknowledged: bool = False,
+                      consent: str = "pass --allow-two-party-disclosure") -> None:
+        """Refuse 2 parties for a protocol that hides contributions unless acknowledged; `consent` says how."""
         if self.hides_contributions and parties == 2 and not acknowledged:
             raise InputError(f"--protocol {self.name} with 2 parties hides nothing from the active party: the sum "
-                             "minus its own contribution is the other party's. Use 3 or more parties, or pass "
-                             "--allow-two-party-disclosure to run it anyway")
+                             f"minus its own contribution is the other party's. Use 3 or more parties, or {consent} "
+                             "to run it anyway")
 
     def open(self, membership: Membership) -> Backend:
         """Set up a party's side of the protocol (collective over the parties); returns its backend."""

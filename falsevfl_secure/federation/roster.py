@@ -93,8 +93,8 @@ def _read(store: dist.TCPStore, fed: Federation, name: str) -> Roster:
     if "error" in record:
         raise InputError(f"the active party {fed.active!r} refused the run: {record['error']}")
     roster = Roster(list(record["present"]), record["protocol"])
-    if name != AGGREGATOR and name not in roster.present or name == AGGREGATOR and not protocol_named(
-            roster.protocol).helpers:
+    taking_part = bool(protocol_named(roster.protocol).helpers) if name == AGGREGATOR else name in roster.present
+    if not taking_part:
         raise InputError(f"{name} is not in this run: the active party {fed.active!r} started without it (declared "
                          f"absent, or joined after join_timeout_s = {fed.join_timeout_s:g} s)")
     return roster

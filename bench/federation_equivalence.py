@@ -94,13 +94,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 SETTINGS = ("dataset", "parties", "preset", "protocol", "test_pattern")
 
 
+def settings_of(args) -> dict:
+    return {name: getattr(args, name) for name in SETTINGS}
+
+
 def stored_cells(path: Path, args) -> list[dict]:
     """The cells already measured in `path` (none if it does not exist); refuses a file written with other
     settings, naming them, so that a resumed run never mixes presets or protocols in one table."""
     if not path.exists():
         return []
     record = json.loads(path.read_text())
-    settings = {name: getattr(args, name) for name in SETTINGS}
+    settings = settings_of(args)
     stored = record.get("settings", {}) if isinstance(record, dict) else {}
     differ = [f"{name} {stored.get(name)!r} (asked: {settings[name]!r})" for name in SETTINGS
               if stored.get(name) != settings[name]]
@@ -121,7 +125,7 @@ def run(args) -> int:
                               ("federation", lambda s: federated(args, s, out / f"seed{s}"))):
             if side not in cell:
                 cell[side] = measure(seed)
-                write_json(path, {"settings": {name: getattr(args, name) for name in SETTINGS}, "cells": cells})
+                write_json(path, {"settings": settings_of(args), "cells": cells})
                 print(f"seed {seed} {side}: {cell[side]['accuracy']:.2f} % ({cell[side]['seconds']:.0f} s)", flush=True)
     table = markdown(sorted(cells, key=lambda c: c["seed"]), args)
     (out / "equivalence.md").write_text(table)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..cli import guarded
 from ..errors import InputError
-from ..transport.protocols import PROTOCOLS, protocol_named
+from ..transport.protocols import PROTOCOLS
 from .config import load_federation
 
 
@@ -67,14 +67,11 @@ def demo(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """train or predict: one party here, or all of them as local processes."""
     from .launch import present_parties, run_all, run_party
-    from .roster import consent
+    from .roster import admit
 
     fed = load_federation(args.config)
-    protocol = args.protocol or fed.protocol
     present = present_parties(fed, getattr(args, "absent", []))
-    if len(present) == 1:
-        protocol = "plain"  # one party alone: nothing crosses a party boundary, nothing to protect
-    protocol_named(protocol).check_parties(len(present), fed.allow_two_party_disclosure, consent(fed))
+    protocol = admit(fed, len(present), args.protocol or fed.protocol)
     options = {"resume": getattr(args, "resume", False), "progress": not args.quiet, "out": getattr(args, "out", None)}
     if args.party is not None:
         return run_party(fed, args.party, args.command, protocol, present, **options)

@@ -99,11 +99,12 @@ def party_view(table: PartyTable, aligned: Aligned, scaler: Standardizer, rank: 
     if aligned.holders is not None:
         y = np.zeros(aligned.n, dtype=np.float32 if targets is not None and targets.dtype.kind == "f" else np.int64)
         if targets is not None:
-            rows = (aligned.positions >= 0) & _labeled(targets)
+            rows = (aligned.positions >= 0) & is_labeled(targets)
             y[aligned.positions[rows]] = targets[rows]
         labels = LabelSide(aligned.holders.sum(axis=1).astype(np.int64), y)
     return PartyView(aligned.n, {rank: (x, held)}, labels, aligned.labeled)
 
 
-def _labeled(targets: np.ndarray) -> np.ndarray:
+def is_labeled(targets: np.ndarray) -> np.ndarray:
+    """Which encoded targets are labels (NaN or -1 mark an unlabeled row)."""
     return ~np.isnan(targets) if targets.dtype.kind == "f" else targets >= 0

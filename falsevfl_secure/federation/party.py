@@ -22,7 +22,7 @@ from ..fsio import atomic_write, write_json
 from ..node import build_node, resolve_device
 from ..runtime.distributed import agree_across, gather_log
 from ..train import fit, host_split, predict_split
-from .aligned import Aligned, align_table, party_view
+from .aligned import Aligned, align_table, is_labeled, party_view
 from .config import Federation
 from .store import Manifest, load_manifest, load_weights, save_model
 
@@ -63,7 +63,7 @@ def train_program(fed: Federation, name: str, table: PartyTable | None, resume: 
             return
         started, me, rank = time.perf_counter(), fed.party(name), role.spec.rank
         targets, classes = _targets(fed, table) if role.is_active else (None, ())
-        aligned = align_table(role, table, np.flatnonzero(_labelled(targets)) if targets is not None else None,
+        aligned = align_table(role, table, np.flatnonzero(is_labeled(targets)) if targets is not None else None,
                               restrict=False)
         scaler = Standardizer.fit(table.x, table.held)
         cfg, device = fed.model, resolve_device(fed.model.device)
@@ -82,19 +82,14 @@ def train_program(fed: Federation, name: str, table: PartyTable | None, resume: 
     return program
 
 
-def _labelled(targets: np.ndarray) -> np.ndarray:
-    return ~np.isnan(targets) if targets.dtype.kind == "f" else targets >= 0
-
-
 def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, communication: list[dict],
                   wall: float) -> dict:
     rows = dict(zip(fed.names, aligned.holders.sum(axis=0).tolist(), strict=True))
     return {"losses": trained.losses, "stage_time_s": trained.seconds, "wall_time_s": round(wall, 3),
             "protocol": protocol, "alignment": {"union_size": aligned.n + aligned.dropped, "records": aligned.n,
-                                                "rows_per_party": rows,
-                                                    "labeled": int(aligned.labeled.size),
-                                                    "dropped_no_observed_party": aligned.dropped,
-                                                    "seconds": round(aligned.seconds, 3)},
+                                                "rows_per_party": rows, "labeled": int(aligned.labeled.size),
+                                                "dropped_no_observed_party": aligned.dropped,
+                                                "seconds": round(aligned.seconds, 3)},
             "communication": communication, "config": fed.model.to_dict()}
 
 

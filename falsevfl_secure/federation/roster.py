@@ -24,6 +24,7 @@ from ..transport.protocols import protocol_named
 from .config import AGGREGATOR, Federation
 
 _ROSTER = "roster"
+_READ = "roster_read"  # how many roles have read the roster
 _POLL_S = 0.2
 _READ_GRACE_S = 5.0  # how long the active party keeps the store up for the others to read a refusal
 
@@ -54,8 +55,7 @@ def _decide(store: dist.TCPStore, fed: Federation, command: str, expected: list[
             raise InputError(f"{', '.join(missing)} did not join within {fed.join_timeout_s:g} s "
                              f"([federation] join_timeout_s in {fed.path}); {need}")
         present = [party for party in expected if party in joined]
-        roster = Roster(present, protocol if len(present) > 1 else "plain")
-        protocol_named(roster.protocol).check_parties(len(present), fed.allow_two_party_disclosure, consent(fed))
+        roster = Roster(present, admit(fed, len(present), protocol))
     except InputError as error:
         store.set(_ROSTER, json.dumps({"error": str(error)}))
         _await_readers(store, len(joined) - 1)
@@ -78,7 +78,7 @@ def _joined(store: dist.TCPStore, roles: list[str], timeout_s: float) -> set[str
 
 def _await_readers(store: dist.TCPStore, readers: int) -> None:
     deadline = time.monotonic() + _READ_GRACE_S
-    while int(store.add("roster_read", 0)) < readers and time.monotonic() < deadline:
+    while int(store.add(_READ, 0)) < readers and time.monotonic() < deadline:
         time.sleep(_POLL_S)
 
 
@@ -86,7 +86,7 @@ def _read(store: dist.TCPStore, fed: Federation, name: str) -> Roster:
     try:
         store.wait([_ROSTER], timedelta(seconds=fed.join_timeout_s + STARTUP_S))
         record = json.loads(store.get(_ROSTER))
-        store.add("roster_read", 1)
+        store.add(_READ, 1)
     except (RuntimeError, dist.DistStoreError) as error:
         raise InputError(f"{name}: the active party {fed.active!r} published no roster at the rendezvous "
                          f"{fed.rendezvous[0]}:{fed.rendezvous[1]} ({str(error).splitlines()[0][:120]})") from None
@@ -100,6 +100,10 @@ def _read(store: dist.TCPStore, fed: Federation, name: str) -> Roster:
     return roster
 
 
-def consent(fed: Federation) -> str:
-    """How a federation acknowledges the two-party disclosure (the refusal message says it)."""
-    return f"set allow_two_party_disclosure = true in [federation] of {fed.path}"
+def admit(fed: Federation, parties: int, protocol: str) -> str:
+    """The protocol `parties` present parties run: plain for one party alone (nothing crosses a party
+    boundary); an InputError when the protocol refuses that many (two, without the file's consent)."""
+    protocol = protocol if parties > 1 else "plain"
+    protocol_named(protocol).check_parties(parties, fed.allow_two_party_disclosure,
+                                           f"set allow_two_party_disclosure = true in [federation] of {fed.path}")
+    return protocol

@@ -1,24 +1,21 @@
-"""The distributed runtime: one operating-system process per role, connected by torch.distributed (gloo).
+"""The distributed runtime: one operating-system process per role, over the authenticated gRPC links.
 
-`run_distributed` launches a whole simulated world on this machine. The same worker also runs one role
-per host: set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE and start
-`python -m falsevfl_secure.runtime.worker --job JOB.json` on each host (rank k is party k; extra ranks are
-the protocol's helpers, such as the `he` aggregator; rank 0 serves the rendezvous store).
-
-Each process keeps only its own feature block (the split is simulated from the public seed, then every
-other block is dropped before any model exists), and only the active party keeps the labels.
+`run_distributed` runs a whole simulated federation on this machine as a `World`: a fresh identity per
+role, the same star links, handshake and protocols as a federation of separately held tables. Each
+process keeps only its own feature block (the split is simulated from the public seed, then every other
+block is dropped before any model exists), and only the active party keeps the labels. Every party keeps
+its own communication counters (never sent to another party); the launcher, which belongs to the
+operator of every role, merges them into the result.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+import numpy as np
 
 from ..checkpoint import KEEP, progress_key
 from ..config import Config, Stage
@@ -26,29 +23,26 @@ from ..fsio import atomic_write
 from ..node import Node, build_node, resolve_device
 from ..randomness import RoleSecret
 from ..train import HostedData, evaluate, fit, host_split, probe_step
-from ..transport.accounting import CommLog
+from ..transport.accounting import merge_tables
 from ..transport.protocols import protocol_named
-from ..transport.views import View, load_view, save_view
-from .launcher import launch
+from ..transport.views import load_view, save_view
+from .cast import local_specs
 from .records import Job, RunResult
 from .role import Role
 from .simulated import run_result, simulated_role
+from .world import World
 
 
-def run_role(job: Job, role: Role, secret: RoleSecret | None = None, progress: bool = False) -> RunResult | None:
-    """The program of one role: a helper serves until the parties are done; a party trains and
-    evaluates, and the active party returns the result."""
+def simulated_program(role: Role, job: Job, progress: bool, secret: RoleSecret | None = None) -> dict:
+    """The program of one role of a simulated run: a helper serves until the parties are done; a party
+    trains and evaluates; every party returns its own counters, the active party also the result."""
     if not role.is_party:
         if job.views_dir is not None:
-            path = Path(job.views_dir) / f"rank{role.spec.rank}.npz"
+            path = Path(job.views_dir) / f"rank{role.rank}.npz"
             role.membership.on_recorded = lambda view: save_view(path, view)
-        role.spec.protocol.serve(role.membership)
-        return None
-    return _party(job, role, secret, progress)
-
-
-def _party(job: Job, role: Role, secret: RoleSecret | None, progress: bool) -> RunResult | None:
-    cfg, rank, start = job.config, role.spec.rank, time.perf_counter()
+        role.serve_helper()
+        return {"communication": []}
+    cfg, rank, start = job.config, role.rank, time.perf_counter()
     sim = simulated_role(cfg, job.test_patterns, [rank], role.is_active)
     device = resolve_device(cfg.device)
     node = build_node(cfg, sim.widths, sim.n_classes, role.transport(device), device,
@@ -56,47 +50,57 @@ def _party(job: Job, role: Role, secret: RoleSecret | None, progress: bool) -> R
     data = host_split(sim.train, device, sim.n_classes)
     if job.views_dir is not None:
         _record_probe(node, data, role, Path(job.views_dir))
-    trained = fit(node, data, job.checkpoint_dir, job.resume, progress and role.is_active, agree=agree_across(role))
+    trained = fit(node, data, job.checkpoint_dir, job.resume, progress and role.is_active, agree=agree_resume(role))
     began = time.perf_counter()
     accuracy = {p: evaluate(node, host_split(v, device, sim.n_classes)) for p, v in sim.tests.items()}
-    table = gather_log(node.transport.log, role)
+    table = node.transport.log.table()
     if not role.is_active:
-        return None
-    return run_result(cfg, sim, {p: a.get() for p, a in accuracy.items()}, trained, time.perf_counter() - start,
-                      time.perf_counter() - began, job.protocol, "distributed", str(device), table, timed=True)
+        return {"communication": table}
+    result = run_result(cfg, sim, {p: a.get() for p, a in accuracy.items()}, trained, time.perf_counter() - start,
+                        time.perf_counter() - began, job.protocol, "distributed", str(device), table, timed=True)
+    return {"communication": table, "result": result.to_dict()}
 
 
 def _record_probe(node: Node, data: HostedData, role: Role, views_dir: Path) -> None:
     """--audit: what this role received and sent in one probe step, written to VIEWS/rank<r>.npz."""
     probe_step(node, data)
-    save_view(views_dir / f"rank{role.spec.rank}.npz", role.view)
+    save_view(views_dir / f"rank{role.rank}.npz", role.view)
     role.backend.view = None
 
 
-def agree_across(role: Role):
-    """The epochs every party has a checkpoint of (a fixed-size all-gather of progress keys)."""
+def agree_resume(role: Role):
+    """The declared `resume` step: every party sends the epochs it has checkpoints of (int64 progress
+    keys) to the active party, which answers with the epochs every party has."""
+    peers = role.peers
+
     def agree(common: set) -> set:
-        keys = torch.full((KEEP,), -1, dtype=torch.int64)
-        for i, progress in enumerate(sorted(common, key=progress_key)[-KEEP:]):
-            keys[i] = progress_key(progress)
-        gathered = [torch.empty_like(keys) for _ in range(role.spec.n_parties)]
-        dist.all_gather(gathered, keys, group=role.membership.group)
-        sets = [{(Stage(k // 1_000_000), k % 1_000_000) for k in g.tolist() if k >= 0} for g in gathered]
-        return set.intersection(*sets)
+        mine = np.array(sorted(progress_key(p) for p in common)[-KEEP:], dtype="<i8")
+        if not peers.is_active:
+            peers.send(peers.active_index, "resume", mine.tobytes())
+            return _progress(peers.recv(peers.active_index, "resume"))
+        agreed = set(mine.tolist())
+        for party in (k for k in range(peers.n_parties) if k != peers.rank):
+            agreed &= set(_keys(peers.recv(party, "resume")).tolist())
+        answer = np.array(sorted(agreed), dtype="<i8").tobytes()
+        for party in (k for k in range(peers.n_parties) if k != peers.rank):
+            peers.send(party, "resume", answer)
+        return {(Stage(k // 1_000_000), k % 1_000_000) for k in agreed}
     return agree
 
 
-def gather_log(log: CommLog, role: Role) -> list[dict]:
-    """Every party's counters reach the active party (counters only, a fixed-size tensor per party)."""
-    mine = log.counters(role.spec.rank)
-    gathered = [torch.empty_like(mine) for _ in range(role.spec.n_parties)] if role.is_active else None
-    dist.gather(mine, gathered, dst=role.spec.active_index, group=role.membership.group)
-    if not role.is_active:
-        return []
-    merged = CommLog(timed=True)
-    for party, counters in enumerate(gathered):
-        merged.merge(party, counters)
-    return merged.table()
+def _keys(payload: bytes) -> np.ndarray:
+    from ..errors import ProtocolError
+
+    if len(payload) % 8 or len(payload) > 8 * KEEP:
+        raise ProtocolError(f"the resume step carries at most {KEEP} int64 epoch keys, got {len(payload)} bytes")
+    keys = np.frombuffer(payload, dtype="<i8").astype(np.int64)
+    if ((keys // 1_000_000 < int(Stage.PRETRAIN)) | (keys // 1_000_000 > int(Stage.TRAIN))).any():
+        raise ProtocolError("the resume step names a stage that does not train")
+    return keys
+
+
+def _progress(payload: bytes) -> set:
+    return {(Stage(k // 1_000_000), k % 1_000_000) for k in _keys(payload).tolist()}
 
 
 def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], progress: bool = True,
@@ -113,22 +117,22 @@ def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], 
     job = Job(cfg, proto.name, tuple(test_patterns), None if checkpoint_dir is None else str(checkpoint_dir), resume,
               None if views is None else str(views))
     atomic_write(out_dir / "job.json", job.to_json())
-    result_path = out_dir / "result.part.json"
-    result_path.unlink(missing_ok=True)
-    env = {r: {"FALSEVFL_ROLE_SECRET": s.key.hex()} for r, s in (secrets or {}).items()}
-    env.setdefault(cfg.active_index, {}).update(FALSEVFL_RESULT=str(result_path), FALSEVFL_PROGRESS=str(int(progress)))
-    size = proto.world_size(cfg.parties)
-    argv = [["-m", "falsevfl_secure.runtime.worker", "--job", str(out_dir / "job.json")]] * size
-    launch(argv, out_dir, [proto.role_name(r, cfg.parties) for r in range(size)], env,
-           show_rank=cfg.active_index if progress else None, timeout_s=timeout_s)
-    result = RunResult.from_dict(json.loads(result_path.read_text()))
-    result_path.unlink()
+    names = [f"party{k}" for k in range(cfg.parties)]
+    settings = {"command": "simulate", "model": cfg.fingerprint()}
+    specs = local_specs(proto, names, names[cfg.active_index], out_dir / "identities", settings,
+                        consent=allow_two_party_disclosure, record=audit)
+    per_role = {names[k]: ((secrets or {}).get(k),) for k in range(cfg.parties)}
+    world = World(specs, simulated_program, (job, progress), out_dir,
+                  show=names[cfg.active_index] if progress else None, per_role=per_role)
+    values = world.start().wait(timeout_s)
+    result = RunResult.from_dict(values[cfg.active_index]["result"])
+    result.communication = merge_tables([v["communication"] for v in values])
     if audit:
         from ..audit import audit_recorded_views
 
-        recorded = {r: load_view(views / f"rank{r}.npz") for r in range(size)}
+        recorded = {r: load_view(views / f"rank{r}.npz") for r in range(len(specs))}
         result.audit = audit_recorded_views(recorded, cfg.parties, cfg.active_index, proto.name)
     return result
 
 
-__all__ = ["View", "agree_across", "gather_log", "run_distributed", "run_role"]
+__all__ = ["agree_resume", "run_distributed", "simulated_program"]

@@ -1,118 +1,134 @@
-"""The one set-up and tear-down path of a role process, used by the distributed runtime, the long-lived
-test sessions, the benchmarks and the federation.
+"""The one set-up and tear-down path of a role process, for every way a run starts: simulated worlds,
+test sessions, benchmarks and one host per party.
 
-`joined(spec)` connects to the rendezvous store, starts the heartbeat, joins the gloo world, and sets up
-the protocol's side of this role (key agreement, context exchange). On the way out everything is undone
-in reverse; after a successful run every rank first meets at a barrier (tearing gloo down while a peer
-still closes its side can abort the process).
+A `RoleSpec` says who this process is (its name, the cast of the run with their pinned keys, its own
+identity key file, the agreement derived from its own configuration, what it was asked to do, and how it
+is linked). `Role.serve()` opens its hub (if it has one) and returns the port; `Role.join()` dials the
+hubs it needs, runs the session set-up (`transport.handshake`: roster, signed keys) and the protocol's
+own set-up; `Role.leave()` undoes everything (after a clean run, through the goodbye barrier).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import timedelta
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from ..secure.identity import read_private_key
 from ..transport.accounting import CommLog
-from ..transport.channel import GlooChannel
-from ..transport.distributed import Backend, DistributedTransport
-from ..transport.protocols import Membership, Protocol
+from ..transport.agreement import Agreement
+from ..transport.channel import PairChannel
+from ..transport.distributed import Backend, DistributedTransport, Peers
+from ..transport.handshake import Cast, Request, Session, open_session, pair_keys
+from ..transport.network import Blame, Network, Plan
+from ..transport.protocols import Membership, Protocol, protocol_named
 from ..transport.views import View
-from . import liveness
 
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """Who this process is in a world: `rank` among `protocol.world_size(n_parties)` roles (ranks below
-    `n_parties` are parties), where the rendezvous store is, and whether this process serves it.
-    `watch` makes the heartbeat watch the peers (one host per party). `record` records the role's view."""
+    """Who this process is in a run. `protocol` is the protocol object this role's own configuration asks
+    for (tests may pass a weakened one); `record` makes the role keep its view (audits)."""
 
-    rank: int
-    n_parties: int
-    active_index: int
+    name: str
+    cast: Cast
     protocol: Protocol
-    address: str
-    port: int
-    host_store: bool = False
-    watch: bool = False
+    agreement: Agreement
+    request: Request
+    plan: Plan
+    key_path: str
     record: bool = False
 
     @property
-    def world_size(self) -> int:
-        return self.protocol.world_size(self.n_parties)
+    def is_party(self) -> bool:
+        return self.name in self.cast.parties
+
+
+class Role:
+    """One process's place in a run, from `serve()` to `leave()`."""
+
+    def __init__(self, spec: RoleSpec, parent=None) -> None:
+        self.spec, self.parent = spec, parent  # parent: the pipe to the process that started this one, if any
+        self.view = View() if spec.record else None
+        self.key = read_private_key(spec.key_path)
+        self.network = Network(spec.name, self.key, spec.cast.pins, spec.plan, self._record_control)
+        self.session: Session | None = None
+        self.membership: Membership | None = None
+        self.backend: Backend | None = None
+
+    def _record_control(self, src: str, tag: str, payload: bytes) -> None:
+        """Every set-up message this role receives enters its view (the audit checks all it received)."""
+        if self.view is not None and tag in CONTROL_TAGS:
+            rank = self.session.rank(src) if self.session and src in self.session.present else -1
+            self.view.add(tag, "control", rank, "clear", payload)
+
+    def serve(self) -> int | None:
+        return self.network.serve()
+
+    def join(self, addresses: dict[str, str] | None = None) -> Role:
+        spec = self.spec
+        self.network.connect(time.monotonic() + spec.request.join_timeout_s, addresses)
+        session, exchange = open_session(self.network, spec.name, self.key, spec.agreement, spec.cast,
+                                         spec.request, spec.protocol.key_agreement)
+        names = (*session.present, *([session.aggregator] if session.aggregator else []))
+        peers = Peers(self.network, names, names.index(spec.name), len(session.present), session.active_index)
+        self.session = session
+        self.membership = Membership(peers, session, spec.cast, self.key, exchange, self.view)
+        if spec.is_party:
+            self.backend = self.protocol.open(self.membership)
+        return self
 
     @property
-    def name(self) -> str:
-        return self.protocol.role_name(self.rank, self.n_parties)
+    def protocol(self) -> Protocol:
+        """The protocol that runs: this role's own object, or plain when the active party is alone."""
+        name = self.session.protocol
+        return self.spec.protocol if name == self.spec.protocol.name else protocol_named(name)
 
+    @property
+    def peers(self) -> Peers:
+        return self.membership.peers
 
-@dataclass
-class Role:
-    spec: RoleSpec
-    store: dist.TCPStore
-    heartbeat: liveness.Heartbeat
-    membership: Membership
-    backend: Backend | None = None
-    view: View | None = field(default=None)
+    @property
+    def rank(self) -> int:
+        return self.peers.rank
 
     @property
     def is_party(self) -> bool:
-        return self.spec.rank < self.spec.n_parties
+        return self.spec.is_party
 
     @property
     def is_active(self) -> bool:
-        return self.spec.rank == self.spec.active_index
+        return self.spec.name == self.spec.cast.active
 
     def transport(self, device: torch.device | None = None) -> DistributedTransport:
         """A fresh transport over this role's backend (one per training run or session job)."""
-        spec = self.spec
-        log = CommLog(timed=True)
-        transport = DistributedTransport(spec.rank, spec.n_parties, spec.active_index, self.backend, log, device)
-        transport.on_round = self.heartbeat.enter
-        return transport
+        peers = self.peers
+        return DistributedTransport(peers.rank, peers.n_parties, peers.active_index, self.backend, self.network,
+                                    CommLog(timed=True), device)
+
+    def channel(self, tag: str = "align") -> PairChannel:
+        """Byte frames among the present parties (the alignment), sealed where the active party relays."""
+        keys = pair_keys(self.session, self.spec.name, self.membership.exchange, "pair-channel")
+        return PairChannel(self.peers, keys, tag)
+
+    def serve_helper(self) -> None:
+        """A helper role (the he aggregator) runs its protocol until the parties are done."""
+        self.protocol.serve(self.membership)
+
+    def fail(self, error: BaseException) -> None:
+        """Tell every peer this role stopped (its error type only: the text stays here)."""
+        self.network.fail(Blame(self.spec.name, "failed", self.network.round, type(error).__name__))
+
+    def leave(self, clean: bool) -> None:
+        if clean and self.backend is not None:
+            self.backend.close()
+        self.network.close(clean)
 
 
-@contextlib.contextmanager
-def joined(spec: RoleSpec, store: dist.TCPStore | None = None, on_stall=None) -> Iterator[Role]:
-    """Join the world as `spec.rank` and set up the protocol; undone in reverse on exit. `store` is this
-    process's connection to the rendezvous store when it already has one."""
-    store = store or liveness.connect_store(spec.address, spec.port, host=spec.host_store)
-    heartbeat = liveness.Heartbeat(spec.address, spec.port, spec.rank, spec.world_size, spec.watch, on_stall).start()
-    dist.init_process_group("gloo", store=dist.PrefixStore("world/", store), rank=spec.rank,
-                            world_size=spec.world_size, timeout=timedelta(seconds=liveness.COLLECTIVE_TIMEOUT_S))
-    role, clean = None, False
-    try:
-        role = _set_up(spec, store, heartbeat)
-        yield role
-        clean = True
-    finally:
-        _tear_down(role, clean)
-        heartbeat.stop()
+CONTROL_TAGS = frozenset({"hello", "roster", "keys", "context", "kept", "resume"})
 
 
-def _set_up(spec: RoleSpec, store: dist.TCPStore, heartbeat: liveness.Heartbeat) -> Role:
-    """The parties' group (the world itself unless the protocol has helper roles), a byte channel over
-    the world, and this party's backend (helpers have none: `protocol.serve` runs them)."""
-    parties = list(range(spec.n_parties))
-    group = dist.new_group(parties) if spec.world_size > spec.n_parties else None
-    view = View() if spec.record else None
-    membership = Membership(spec.rank, spec.n_parties, spec.active_index, group, GlooChannel(), view)
-    role = Role(spec, store, heartbeat, membership, view=view)
-    if role.is_party:
-        role.backend = spec.protocol.open(membership)
-    return role
-
-
-def _tear_down(role: Role | None, clean: bool) -> None:
-    if role is not None and role.backend is not None:
-        with contextlib.suppress(*(() if clean else (RuntimeError, OSError))):  # after a failure peers may be gone
-            role.backend.close()
-    if clean and dist.is_initialized():
-        with contextlib.suppress(RuntimeError):
-            dist.barrier()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def key_file(folder: Path, name: str) -> Path:
+    return Path(folder) / f"{name}.key"

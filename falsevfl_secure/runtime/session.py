@@ -5,17 +5,18 @@ A `StepJob` names a configuration, a synthetic split, a batch and a stage; every
 its models (each party's secret is derived from the job's `secret_seed`, so the local reference can
 build the very same models), runs one step and reports what its own role computed: the loss and
 predictions at the active party, its own parameters' gradients, the round trace and, when asked, its
-view. Processes start through the same `runtime.role.joined` path as every other role; reports come
-back as fixed-schema bytes (`runtime.codec`), never pickles.
+view. Processes start as every other role does (`runtime.world.World`: identities, pinned TLS links,
+the handshake); reports come back as fixed-schema bytes (`runtime.codec`), never pickles.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,8 +30,8 @@ from ..steps import predict, stage1_loss, stage2_loss
 from ..train import HostedData, host_split
 from ..transport.protocols import Protocol, protocol_named
 from ..transport.views import View
-from . import codec, liveness
-from .role import RoleSpec, joined
+from .cast import local_specs
+from .world import World
 
 JOB_TIMEOUT_S = 120
 CPU = torch.device("cpu")
@@ -94,32 +95,43 @@ def _owned(node: Node):
         yield "active", node.active.get().model
 
 
-def _serve(spec: RoleSpec, conn) -> None:
-    """A session role: join, say ready, then run jobs until told to stop (helpers serve their protocol)."""
-    torch.set_num_threads(1)
-    try:
-        with joined(spec) as role:
-            conn.send_bytes(codec.pack({"ready": True}))
-            if not role.is_party:
-                role.spec.protocol.serve(role.membership)
-                return
-            while (data := conn.recv_bytes()) != b"stop":
-                conn.send_bytes(codec.pack(_job(StepJob.from_json(data), role)))
-    except Exception:  # report it; the parent decides
-        conn.send_bytes(codec.pack({"error": traceback.format_exc()}))
+def serve_jobs(role) -> None:
+    """A session role: say ready, then run jobs from the parent until told to stop (helpers serve their
+    protocol until the parties close)."""
+    if not role.is_party:
+        role.serve_helper()
+        return None
+    role.parent.send({"ready": True})
+    while (request := role.parent.recv()) != {"stop": True}:
+        role.parent.send(_job(StepJob.from_json(request["job"]), role))
+    return None
 
 
 def _job(job: StepJob, role) -> dict:
     try:
         role.backend.view = View() if job.record else None
-        node, data = build_step(job, [role.spec.rank], role.is_active, role.transport(CPU))
-        torch.distributed.barrier(group=role.membership.group)  # every party starts the step together
+        node, data = build_step(job, [role.rank], role.is_active, role.transport(CPU))
+        _barrier(role)  # every party starts the step together
         out = run_step(node, data, job)
         if job.record:
             out["view"] = [{**asdict(e)} for e in role.backend.view]
         return {"ok": out}
     except Exception:
-        return {"error": traceback.format_exc()}
+        return {"error": traceback.format_exc(), "outcome": "crash", "at": time.time()}
+
+
+def _barrier(role) -> None:
+    """A declared `barrier` step: every party tells the active party it is ready, which then says go."""
+    peers = role.peers
+    others = [k for k in range(peers.n_parties) if k != peers.active_index]
+    if not peers.is_active:
+        peers.send(peers.active_index, "barrier", b"")
+        peers.recv(peers.active_index, "barrier")
+        return
+    for party in others:
+        peers.recv(party, "barrier")
+    for party in others:
+        peers.send(party, "barrier", b"")
 
 
 @dataclass
@@ -132,49 +144,50 @@ class StepSession:
 
     def __enter__(self) -> StepSession:
         self.proto, self.active_index = protocol_named(self.protocol), self.active_index % self.parties
-        self.store = liveness.connect_store("127.0.0.1", 0, host=True)
-        ctx, size = mp.get_context("spawn"), self.proto.world_size(self.parties)
-        self._conns, self._procs = [], []
-        for rank in range(size):
-            parent, child = ctx.Pipe()
-            spec = RoleSpec(rank, self.parties, self.active_index, self.proto, "127.0.0.1", self.store.port)
-            self._procs.append(ctx.Process(target=_serve, args=(spec, child), daemon=True))
-            self._procs[-1].start()
-            self._conns.append(parent)
-        for rank in range(size):
+        self._keys = tempfile.TemporaryDirectory(prefix="falsevfl-session-")
+        names = [f"party{k}" for k in range(self.parties)]
+        specs = local_specs(self.proto, names, names[self.active_index], Path(self._keys.name), {"command": "session"},
+                            consent=True, record=True)
+        self.world = World(specs, serve_jobs).start()
+        for rank in range(self.parties):
             self._answer(rank, "ready")
         return self
 
     def _answer(self, rank: int, key: str):
-        if not self._conns[rank].poll(JOB_TIMEOUT_S):
+        try:
+            answer = self.world.answer(rank, key, JOB_TIMEOUT_S)
+        except PartyFailure:
             self.close()
-            raise PartyFailure(f"rank {rank} gave no answer within {JOB_TIMEOUT_S} s")
-        report = codec.unpack(self._conns[rank].recv_bytes())
-        if key not in report:
-            self.close()
-            raise PartyFailure(f"rank {rank} failed:\n{report.get('error')}")
-        return report[key]
+            raise
+        return answer
 
     def run(self, job: StepJob) -> dict[int, dict]:
         """Run one job on every party; each party's report."""
-        text = job.to_json().encode()
         for rank in range(self.parties):
-            self._conns[rank].send_bytes(text)
-        return {rank: self._answer(rank, "ok") for rank in range(self.parties)}
+            self.world.ask(rank, {"job": job.to_json()})
+        reports = {}
+        for rank in range(self.parties):
+            try:
+                reports[rank] = self.world.answer(rank, "ok", JOB_TIMEOUT_S)
+            except PartyFailure as error:
+                self.close()
+                raise PartyFailure(f"rank {rank} failed:\n{error}") from None
+        return reports
 
     def close(self) -> None:
-        for conn in self._conns[: self.parties]:
+        if getattr(self, "world", None) is None:
+            return
+        for rank in range(self.parties):
             try:
-                conn.send_bytes(b"stop")
+                self.world.ask(rank, {"stop": True})
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + 10
-        for p in self._procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
-        self._procs.clear()
+        try:
+            self.world.wait(30.0)
+        except PartyFailure:
+            pass
+        self.world = None
+        self._keys.cleanup()
 
     def __exit__(self, *exc) -> None:
         self.close()

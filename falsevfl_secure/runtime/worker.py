@@ -1,133 +1,120 @@
-"""Entry point of one role of the distributed runtime (see `runtime/distributed.py`).
+"""What every role process runs, however the run was started: join, run the role's program, leave, and
+report how it ended.
 
-    RANK=k WORLD_SIZE=n MASTER_ADDR=host MASTER_PORT=port python -m falsevfl_secure.runtime.worker --job job.json
-
-Every expected failure ends with one `error:` line on stderr and a non-zero exit code (2: this role's own
-input or configuration, 3: a peer failed or stalled, 4: a crash, whose traceback goes to the log); the
-role's own status (its message and round) is written to the rendezvous store first, so the launcher
-reports the cause rather than the timeouts its peers saw afterwards.
+`run_role(spec, program, ...)` is the whole life of a role in the current process (one host per party).
+`serve_in_world(...)` is the same life as a child of `runtime.world.World`: it reports its hub's port, waits
+for the address book, and sends its outcome to the parent through its pipe. Every outcome is one record:
+`{"ok": value}`, or `{"error": message, "outcome": "error" | "failure" | "crash", "blame": ..., "at": ...}`
+("error": this role's own input or configuration; "failure": another role ended the run, `blame` names
+it; "crash": a bug, the message carries the traceback). Peers are told only who stopped and the error's
+type, never its text.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import signal
 import sys
+import time
 import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+
+from . import codec
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this worker when the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG), so no
-    worker outlives its launcher. Called before the heavy imports (torch takes seconds to import): if the
-    launcher died even earlier, this worker has already been re-parented, and it leaves at once."""
-    launcher = os.environ.get("FALSEVFL_LAUNCHER_PID")
-    if sys.platform.startswith("linux") and launcher is not None:
+class Parent:
+    """The pipe to the process that started this role (sessions read jobs from it)."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def send(self, record: dict) -> None:
+        self.conn.send_bytes(codec.pack(record))
+
+    def recv(self) -> object:
+        return codec.unpack(self.conn.recv_bytes())
+
+
+def outcome_of(error: BaseException) -> dict:
+    """The report of a role that ended with `error`."""
+    from ..errors import FalseVflError, PartyFailure
+    from ..transport.network import RunAborted
+
+    record = {"error": f"{error}", "outcome": "crash", "blame": None, "at": time.time()}
+    if isinstance(error, RunAborted):
+        record.update(outcome="failure", blame=asdict(error.blame))
+    elif isinstance(error, FalseVflError):
+        record["outcome"] = "error"
+    elif isinstance(error, PartyFailure):
+        record["outcome"] = "failure"
+    elif isinstance(error, KeyboardInterrupt):
+        record.update(outcome="failure", error="interrupted")
+    else:
+        record["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    return record
+
+
+def run_role(spec, program: Callable, args: tuple = (), parent: Parent | None = None,
+             addresses: dict[str, str] | None = None, on_port: Callable[[int | None], dict | None] | None = None,
+             where: dict | None = None):
+    """Join as `spec`, run `program(role, *args)`, leave; returns its value or raises what ended it (after
+    telling the peers). `on_port` receives the hub's port and may return the address book; `where`, when
+    given, receives the round the role was in when it failed."""
+    from ..transport.network import RunAborted
+    from .role import Role
+
+    role = Role(spec, parent)
+    clean = False
+    try:
+        port = role.serve()
+        addresses = on_port(port) if on_port is not None else addresses
+        role.join(addresses)
+        value = program(role, *args)
+        clean = True
+        return value
+    except BaseException as error:
+        if where is not None:
+            where["round"] = role.network.round
+        if not isinstance(error, RunAborted):
+            role.fail(error)
+        raise
+    finally:
+        role.leave(clean)
+
+
+def serve_in_world(spec, program: Callable, args: tuple, conn) -> None:
+    """The entry point of a `World` child: the role's life, its outcome reported to the parent."""
+    _arm()
+    parent = Parent(conn)
+
+    def on_port(port: int | None) -> dict:
+        parent.send({"port": port})
+        return parent.recv()["addresses"]
+
+    where: dict = {}
+    try:
+        value = run_role(spec, program, args, parent, on_port=on_port, where=where)
+        parent.send({"ok": value})
+    except BaseException as error:
+        record = outcome_of(error)
+        print(f"error ({spec.name}): {record['error']}", file=sys.stderr, flush=True)  # into the role's log
+        parent.send({**record, "round": where.get("round")})
+
+
+def _arm() -> None:
+    """A child never outlives its parent, and a terminal's Ctrl-C is acted on by the parent alone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != int(launcher):
-            sys.exit(143)
+    if os.getppid() == 1:  # the parent (the fork server) is already gone
+        os._exit(143)
+    import threading
 
+    import torch
+    from tqdm.auto import tqdm
 
-def _environment() -> tuple[int, int, str, int]:
-    try:
-        return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"],
-                int(os.environ["MASTER_PORT"]))
-    except (KeyError, ValueError):
-        print("error: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set to integers and an address",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    die_with_parent()
-    parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.runtime.worker")
-    parser.add_argument("--job", required=True, help="the job file the launcher wrote (JSON)")
-    args = parser.parse_args(argv)
-    rank, world_size, address, port = _environment()
-    return run(args.job, rank, address, port)
-
-
-def run(job_path: str, rank: int, address: str, port: int) -> int:
-    """Run this role of the job to its end; the exit code says how it ended."""
-    # Imported here, after the parent-death signal is armed (torch takes seconds to import).
-    from ..errors import FalseVflError
-    from . import liveness
-    from .records import Job
-
-    launched = "FALSEVFL_LAUNCHER_PID" in os.environ
-    try:
-        job = Job.read(job_path)
-        store = liveness.connect_store(address, port, host=rank == 0 and not launched)
-    except (FalseVflError, RuntimeError) as error:
-        print(f"error (rank {rank}): {error}", file=sys.stderr)
-        return 2
-    return _run_role(job, rank, address, port, store, watch=not launched)
-
-
-def _run_role(job, rank: int, address: str, port: int, store, watch: bool) -> int:
-    from ..fsio import write_json
-    from ..transport.protocols import protocol_named
-    from .distributed import run_role
-    from .role import RoleSpec
-
-    spec = RoleSpec(rank, job.config.parties, job.config.active_index, protocol_named(job.protocol), address, port,
-                    watch=watch, record=job.views_dir is not None)
-
-    def program(role) -> None:
-        result = run_role(job, role, _secret(), os.environ.get("FALSEVFL_PROGRESS") == "1")
-        if result is not None and os.environ.get("FALSEVFL_RESULT"):
-            write_json(os.environ["FALSEVFL_RESULT"], result.to_dict())
-
-    return serve_role(spec, store, program, linger=rank == 0 and watch)
-
-
-def serve_role(spec, store, program, linger: bool = False) -> int:
-    """Join the world as `spec`, run `program(role)`, and report how the role ended: its status in the
-    store (read by the launcher and, one host per party, by the peers), one `error:` line, an exit code.
-    `linger`: this process serves the store, so it waits (up to a minute) for every role's status before
-    it leaves, or the others would lose the store while they finish."""
-    from ..errors import FalseVflError, PartyFailure
-    from . import liveness
-    from .role import joined
-
-    def end(outcome: str, message: str, code: int) -> int:
-        liveness.report_status(store, spec.rank, outcome, message, liveness.last_round(store, spec.rank))
-        if message:
-            print(f"error (rank {spec.rank}, {spec.name}): {message}", file=sys.stderr, flush=True)
-        return code
-
-    def on_stall(message: str) -> None:  # heartbeat thread: the main thread may be blocked in a collective
-        liveness.exit_now(end("failure", message, 3))
-
-    try:
-        with joined(spec, store=store, on_stall=on_stall) as role:
-            program(role)
-        code = end("ok", "", 0)
-    except FalseVflError as error:
-        code = end("error", str(error), 2)
-    except PartyFailure as error:
-        code = end("failure", str(error), 3)
-    except Exception as error:  # a crash: the launcher reports its message, the log keeps the traceback
-        traceback.print_exc()
-        code = end("error", f"{type(error).__name__}: {error}", 4)
-    if linger:
-        liveness.await_statuses(store, spec.world_size)
-    return code
-
-
-def _secret():
-    """A secret handed to this role alone (tests that compare runtimes); None: draw a fresh one."""
-    from ..randomness import RoleSecret
-
-    text = os.environ.get("FALSEVFL_ROLE_SECRET")
-    return RoleSecret(bytes.fromhex(text)) if text else None
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        traceback.print_exc(limit=0)
-        sys.exit(130)
+    torch.set_num_threads(1)  # every role of a world shares this machine's cores
+    tqdm.set_lock(threading.RLock())  # tqdm's default lock is a named semaphore that would outlive this process

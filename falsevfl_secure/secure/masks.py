@@ -8,10 +8,12 @@ encoded value the zero share
 and the shares of all parties cancel in the total. Removing party i's mask needs every key it shares,
 so only the coalition of all other parties together can unmask it (and that coalition learns x_i from
 the sum anyway). PRG(k) is AES-256-CTR (`randomness.KeyStream`); every sum consumes a fresh,
-never-reused range of each pair's keystream. Keys are ephemeral: a new agreement per process start.
+never-reused range of each pair's keystream. Keys are ephemeral: a new agreement per session.
 
-Key derivation: HKDF-SHA256 over the X25519 shared secret, salted with the hash of every party's
-public key in rank order (so a key belongs to this world only) and labelled with the pair.
+Key derivation: HKDF-SHA256 over the X25519 shared secret, salted with the session's transcript (the
+session id, the agreement and every party's signed public key, `transport.handshake`), so a key belongs
+to this session only, and labelled with the purpose and the pair. The public keys are signed by each
+party's pinned identity: a relay that substitutes one is detected before any key is used.
 """
 
 from __future__ import annotations
@@ -41,25 +43,30 @@ class X25519Agreement:
     def public_key(self) -> bytes:
         return self._private.public_key().public_bytes_raw()
 
-    def pair_keys(self, rank: int, public_keys: Sequence[bytes]) -> dict[int, bytes]:
-        """One 32-byte key per other party, from everyone's public keys (index = rank)."""
+    def pair_keys(self, rank: int, public_keys: Sequence[bytes], transcript: bytes | None = None,
+                  purpose: str = "secure-sum") -> dict[int, bytes]:
+        """One 32-byte key per other party for `purpose`, from everyone's public keys (index = rank).
+
+        `transcript` binds the keys to one session (the handshake passes the hash of the session id, the
+        agreement and every signed public key); without it, the hash of the public keys in rank order."""
         if any(len(key) != PUBLIC_KEY_BYTES for key in public_keys):
             raise SecureMessageError(f"an X25519 public key has {PUBLIC_KEY_BYTES} bytes")
         if public_keys[rank] != self.public_key():
             raise SecureMessageError("the exchanged public keys do not contain this party's own key")
-        transcript = hashlib.sha256(b"".join(public_keys)).digest()
+        transcript = hashlib.sha256(b"".join(public_keys)).digest() if transcript is None else transcript
         keys = {}
         for peer, public in enumerate(public_keys):
             if peer != rank:
                 shared = self._private.exchange(X25519PublicKey.from_public_bytes(public))
-                keys[peer] = derive_pair_key(shared, transcript, rank, peer)
+                keys[peer] = derive_pair_key(shared, transcript, rank, peer, purpose)
         return keys
 
 
-def derive_pair_key(shared: bytes, transcript: bytes, a: int, b: int) -> bytes:
-    """HKDF-SHA256 of a pair's shared secret; both sides derive the same key (the pair is sorted)."""
+def derive_pair_key(shared: bytes, transcript: bytes, a: int, b: int, purpose: str = "secure-sum") -> bytes:
+    """HKDF-SHA256 of a pair's shared secret for one purpose; both sides derive the same key (the pair is
+    sorted). Distinct purposes give independent keys (masks, the alignment's pair channel)."""
     low, high = sorted((a, b))
-    info = b"falsevfl-secure-sum-v1:" + f"{low}:{high}".encode()
+    info = f"falsevfl-{purpose}-v1:{low}:{high}".encode()
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=transcript, info=info).derive(shared)
 
 

@@ -12,16 +12,28 @@ and raises after the gather; `dst` raises when the revealed flag count is non-ze
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
-import torch.distributed as dist
 
-from .errors import SecureRangeError
+from .errors import SecureMessageError, SecureRangeError
 from .fixed_point import decode_fixed_point, encode_fixed_point
 from .masks import ZeroShares
 
-__all__ = ["ReceivedShare", "secure_sum"]
+__all__ = ["Peers", "ReceivedShare", "secure_sum"]
+
+
+class Peers(Protocol):
+    """What a secure sum needs of its transport: this party's rank among `size`, and byte frames to and
+    from a rank (`transport.distributed.Peers` realises it over the authenticated links)."""
+
+    rank: int
+    size: int
+
+    def send(self, dst: int, tag: str, payload: bytes) -> None: ...
+
+    def recv(self, src: int, tag: str) -> bytes: ...
 
 
 class ReceivedShare(NamedTuple):
@@ -43,31 +55,35 @@ def _masked_message(value: torch.Tensor, shares: ZeroShares, n_addends: int, lim
     return message, None
 
 
-def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, *, group=None, limit: float | None = None,
-               view: list[ReceivedShare] | None = None) -> torch.Tensor | None:
-    """Sum `value` over every rank of `group`; the sum (float64) on `dst`, None elsewhere.
+def _share_of(payload: bytes, numel: int, src: int) -> torch.Tensor:
+    """A received share: exactly numel + 1 little-endian int64 ring elements."""
+    if len(payload) != 8 * (numel + 1):
+        raise SecureMessageError(f"the share from rank {src} has {len(payload)} bytes, expected {8 * (numel + 1)}")
+    return torch.from_numpy(np.frombuffer(payload, dtype="<i8").astype(np.int64))
 
-    Every rank calls this collectively with a tensor of the same shape (the shape is public and checked
-    by the typed round that carries it); the ranks of `group` are its members' global ranks. Each addend
-    is rounded to the nearest multiple of 2^-16, so the result is the exact sum of the encodings. `limit`
-    bounds |value| (default: what the ring carries).
-    `view`, on `dst`, receives every message it got. Raises `SecureRangeError` on the rank whose input
-    was refused and on `dst` whenever any input was refused; no rank is left waiting.
+
+def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: Peers, *, tag: str = "sum",
+               limit: float | None = None, view: list[ReceivedShare] | None = None) -> torch.Tensor | None:
+    """Sum `value` over every rank of `peers`; the sum (float64) on `dst`, None elsewhere.
+
+    Every rank calls this with a tensor of the same shape (the shape is public and checked by the typed
+    round that carries it). Each addend is rounded to the nearest multiple of 2^-16, so the result is the
+    exact sum of the encodings. `limit` bounds |value| (default: what the ring carries). `view`, on `dst`,
+    receives every message it got. Raises `SecureRangeError` on the rank whose input was refused and on
+    `dst` whenever any input was refused (without saying whose value or how large); nobody is left waiting.
     """
     if not torch.is_tensor(value) or not value.is_floating_point():
         raise TypeError(f"value must be a floating-point tensor, got {getattr(value, 'dtype', type(value))}")
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    message, own_error = _masked_message(value, shares, world_size, limit)
-    if rank != dst:
-        dist.gather(message, None, dst=dst, group=group)
+    message, own_error = _masked_message(value, shares, peers.size, limit)
+    if peers.rank != dst:
+        peers.send(dst, tag, message.numpy().astype("<i8", copy=False).tobytes())
         if own_error is not None:
             raise own_error
         return None
-    received = [torch.empty_like(message) for _ in range(world_size)]
-    dist.gather(message, received, dst=dst, group=group)
     total = message.clone()
-    for src, raw in enumerate(received):
-        if src != rank:
+    for src in range(peers.size):
+        if src != peers.rank:
+            raw = _share_of(peers.recv(src, tag), value.numel(), src)
             total += raw
             if view is not None:
                 view.append(ReceivedShare(src, raw))
@@ -76,5 +92,5 @@ def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, *, group=None,
     refused = int(total[-1])
     if refused:
         raise SecureRangeError(f"the input of {refused} part{'y' if refused == 1 else 'ies'} was non-finite or "
-                               "outside the secure sum's range (see those parties' errors)")
+                               "outside the secure sum's range (see those parties' own errors)")
     return decode_fixed_point(total[:-1]).reshape(value.shape)

@@ -77,3 +77,11 @@ def per_round(rows: list[dict], timed: bool) -> list[dict]:
         for entry in out.values():
             entry.pop("seconds")
     return list(out.values())
+
+
+def merge_tables(tables: list[list[dict]]) -> list[dict]:
+    """Several parties' own `CommLog.table()` rows as one table in round order, then party order (what the
+    operator of every role, e.g. a simulation's launcher, may put together; no party sees another's)."""
+    order = {r.name: i for i, r in enumerate(ROUNDS)}
+    rows = [row for table in tables for row in table]
+    return sorted(rows, key=lambda r: (order.get(r["round"], len(order)), r["party"]))

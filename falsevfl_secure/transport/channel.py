@@ -1,95 +1,86 @@
-"""Point-to-point byte channels between role processes (the alignment, the he frames).
+"""Point-to-point byte frames between the parties of a run (the private record alignment uses them).
 
-`Channel` (in `secure.channel`, where the protocols that use it live) is the interface: ranks
-0..world_size-1, blocking `send`/`recv` of opaque byte frames, and `exchange` (send to one rank while
-receiving from another, deadlock-free when every rank of a ring calls it at once). `GlooChannel` realises it over an
-already initialised torch.distributed process group (gloo): every frame is its length as one int64
-tensor, then (if non-empty) its bytes as one uint8 tensor. A received length above `max_frame`
-is refused before anything is allocated. Frames are bytes only: nothing is ever unpickled.
+`PairChannel` realises `secure.channel.Channel` (ranks 0..K-1, `send`/`recv`/`exchange` of opaque byte
+frames) over the run's authenticated links. A frame to or from the active party travels on that party's
+own TLS link. A frame between two passive parties has no direct link (a passive party opens no port): it
+travels through the active party's hub, sealed end to end with AES-256-GCM under the pair's channel key
+(derived from the session's signed X25519 exchange, `transport.handshake.pair_keys`), with a counter nonce
+per direction and the sender, receiver and step as associated data. The relay therefore sees only the
+frame's length; it can neither read it nor alter, replay or redirect it unnoticed.
 """
 
 from __future__ import annotations
 
+import struct
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 from ..secure.channel import Channel
 from ..secure.errors import SecureMessageError
+from .distributed import Peers
+from .wire import MAX_FRAME_BYTES
 
-__all__ = ["MAX_FRAME_BYTES", "Channel", "FrameTooLargeError", "GlooChannel"]
+__all__ = ["MAX_FRAME_BYTES", "Channel", "FrameTooLargeError", "PairChannel"]
 
-MAX_FRAME_BYTES = 1 << 30  # 1 GiB: about 33 million ristretto255 points
+_NONCE = struct.Struct(">IQ")  # sender rank, frame counter of that direction
 
 
 class FrameTooLargeError(SecureMessageError):
-    """A peer announced (or a caller tried to send) a frame longer than the channel's bound."""
+    """A peer sent (or a caller tried to send) a frame longer than the channel's bound."""
 
 
-class GlooChannel:
-    """`Channel` over torch.distributed point-to-point ops (gloo), with byte counters."""
+class PairChannel:
+    """`Channel` among the parties of a run; `keys` maps every other party's rank to this pair's key."""
 
-    def __init__(self, group=None, max_frame: int = MAX_FRAME_BYTES) -> None:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise SecureMessageError("GlooChannel needs torch.distributed initialised (init_process_group) first")
-        self._dist, self._group, self.max_frame = dist, group, int(max_frame)
-        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+    def __init__(self, peers: Peers, keys: dict[int, bytes], tag: str = "align",
+                 max_frame: int = MAX_FRAME_BYTES) -> None:
+        self.peers, self.tag, self.max_frame = peers, tag, int(max_frame)
+        self.rank, self.world_size = peers.rank, peers.n_parties
+        self._aead = {peer: AESGCM(key) for peer, key in keys.items()}
+        self._sent: dict[int, int] = {}
+        self._received: dict[int, int] = {}
         self.bytes_sent = self.bytes_received = 0
 
-    def _global(self, rank: int) -> int:
-        """The global rank of a rank of this channel's group (torch p2p ops take global ranks)."""
-        if not 0 <= rank < self.world_size or rank == self.rank:
-            raise SecureMessageError(f"rank {self.rank}: no channel to rank {rank} (world size {self.world_size})")
-        return rank if self._group is None else self._dist.get_global_rank(self._group, rank)
+    def _relayed(self, peer: int) -> bool:
+        return self.peers.active_index not in (self.rank, peer)
 
-    def _tensors(self, payload: bytes):
-        """(length tensor, data tensor or None) for one outgoing frame."""
-        import torch
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise SecureMessageError(f"rank {self.rank}: no channel to rank {peer} (world size {self.world_size})")
 
+    def send(self, dst: int, payload: bytes) -> None:
+        self._check_peer(dst)
         if not isinstance(payload, bytes | bytearray):
             raise SecureMessageError(f"a frame must be bytes, got {type(payload).__name__}")
         if len(payload) > self.max_frame:
             raise FrameTooLargeError(f"frame of {len(payload)} bytes exceeds the bound of {self.max_frame} bytes")
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None
-        self.bytes_sent += 8 + len(payload)
-        return torch.tensor([len(payload)], dtype=torch.int64), data
-
-    def _length(self, header, src: int) -> int:
-        """The announced length, refused above the bound (before the payload buffer exists)."""
-        length = int(header.item())
-        if not 0 <= length <= self.max_frame:
-            raise FrameTooLargeError(f"rank {self.rank}: rank {src} announced a frame of {length} bytes "
-                                     f"(bound {self.max_frame})")
-        return length
-
-    def send(self, dst: int, payload: bytes) -> None:
-        """Length, then bytes, to `dst` (blocking)."""
-        peer = self._global(dst)
-        header, data = self._tensors(payload)
-        self._dist.send(header, peer, group=self._group)
-        if data is not None:
-            self._dist.send(data, peer, group=self._group)
+        if self._relayed(dst):
+            count = self._sent[dst] = self._sent.get(dst, -1) + 1
+            payload = self._aead[dst].encrypt(_NONCE.pack(self.rank, count), bytes(payload), self._ad(self.rank, dst))
+        self.peers.send(dst, self.tag, bytes(payload))
+        self.bytes_sent += len(payload)
 
     def recv(self, src: int) -> bytes:
-        """Length, then bytes, from `src` (blocking)."""
-        import torch
-
-        peer, header = self._global(src), torch.empty(1, dtype=torch.int64)
-        self._dist.recv(header, peer, group=self._group)
-        length = self._length(header, src)
-        self.bytes_received += 8 + length
-        if length == 0:
-            return b""
-        data = torch.empty(length, dtype=torch.uint8)
-        self._dist.recv(data, peer, group=self._group)
-        return data.numpy().tobytes()
+        self._check_peer(src)
+        frame = self.peers.recv(src, self.tag)
+        self.bytes_received += len(frame)
+        if len(frame) > self.max_frame + 16:
+            raise FrameTooLargeError(f"rank {self.rank}: rank {src} sent a frame of {len(frame)} bytes "
+                                     f"(bound {self.max_frame})")
+        if not self._relayed(src):
+            return frame
+        count = self._received[src] = self._received.get(src, -1) + 1
+        try:
+            return self._aead[src].decrypt(_NONCE.pack(src, count), frame, self._ad(src, self.rank))
+        except InvalidTag:
+            raise SecureMessageError(f"rank {self.rank}: the frame from rank {src} failed its integrity check "
+                                     "(altered, replayed or redirected on the way)") from None
 
     def exchange(self, dst: int, payload: bytes, src: int) -> bytes:
-        """Post the sends to `dst` (non-blocking), receive from `src`, then wait for the sends to complete."""
-        peer = self._global(dst)
-        header, data = self._tensors(payload)
-        pending = [self._dist.isend(header, peer, group=self._group)]
-        if data is not None:
-            pending.append(self._dist.isend(data, peer, group=self._group))
-        frame = self.recv(src)  # on a refused frame the sends are left pending: the world is torn down anyway
-        for work in pending:
-            work.wait()
-        return frame
+        """Send to `dst`, then receive from `src` (sends never block, so a ring cannot deadlock)."""
+        self.send(dst, payload)
+        return self.recv(src)
+
+    def _ad(self, sender: int, receiver: int) -> bytes:
+        return f"falsevfl/pair/{self.tag}/{self.peers.names[sender]}->{self.peers.names[receiver]}".encode()

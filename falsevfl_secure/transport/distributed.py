@@ -1,40 +1,77 @@
-"""The cross-process transport: one process per party, each round carried by the protocol's backend.
+"""The cross-process transport: one process per party, every round carried by its protocol's backend.
 
-At the active party both primitives are autograd functions whose backward applies the adjoint
-primitive (as in `torch.distributed.nn.functional`), so `loss.backward()` drives the adjoint rounds in
-the order autograd needs them. A passive party has no loss: it remembers its forward rounds and
-`backward` replays their adjoints in reverse, which is the same order.
+Every role calls the same autograd Function for a round, as every rank does in
+`torch.distributed.nn.functional`: its forward runs the round (the active party gets the sum or sends
+the broadcast; a passive party sends its contribution or receives the broadcast) and its backward runs
+the round's adjoint. A passive party has no loss, so each Function also threads an ordering token from
+round to round; `backward` at a passive party starts from the last token, and autograd then reaches the
+adjoints in exactly the reverse order of the forward rounds, as at the active party (where the token
+joins the loss, so an output the loss does not use still gets its adjoint). A round is validated once,
+its bytes are counted once (the network reports them), and its entries are recorded once (the backend).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.autograd import Function
 
-from ..errors import PartyFailure, ProtocolError
+from ..errors import ProtocolError
 from ..placement import Active
 from .accounting import CommLog
-from .rounds import Message, MessageValidator, Round, check_contributions
+from .network import Network
+from .rounds import ROUNDS, Message, MessageValidator, Round, check_contributions
 from .views import View
 
 
 @dataclass
-class ByteCounter:
-    sent: int = 0
-    received: int = 0
+class Peers:
+    """The roles of a run by rank (parties 0..K-1, then helpers such as the he aggregator) over one
+    role's network: tensors and byte frames to and from a rank. `size` is the number of parties."""
+
+    network: Network
+    names: tuple[str, ...]
+    rank: int
+    n_parties: int
+    active_index: int
+
+    @property
+    def size(self) -> int:
+        return self.n_parties
+
+    @property
+    def is_active(self) -> bool:
+        return self.rank == self.active_index
+
+    def send(self, dst: int, tag: str, payload: bytes) -> None:
+        self.network.send(self.names[dst], tag, payload)
+
+    def recv(self, src: int, tag: str) -> bytes:
+        return self.network.recv(self.names[src], tag)
+
+    def send_tensor(self, dst: int, tag: str, value: Tensor) -> None:
+        self.send(dst, tag, value.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+
+    def recv_tensor(self, src: int, tag: str, shape: tuple[int, ...]) -> Tensor:
+        """A float32 tensor of the declared `shape` from rank `src`; anything else is refused."""
+        payload = self.recv(src, tag)
+        expected = 4 * int(np.prod(shape, dtype=np.int64))
+        if len(payload) != expected:
+            raise ProtocolError(f"round {tag!r}: field 'shape': {self.names[src]} sent {len(payload)} bytes, the "
+                                f"declared shape {tuple(shape)} holds {expected}")
+        return torch.from_numpy(np.frombuffer(payload, dtype="<f4").copy()).reshape(shape)
 
 
 class Backend(Protocol):
     """How one protocol carries the two primitives between processes (`transport.protocols` opens one)."""
 
     protection: str
-    counter: ByteCounter
     view: View | None  # what this party received and sent, when an audit records it
 
     def sum_to_active(self, round: Round, value: Tensor) -> Tensor | None:
@@ -47,27 +84,18 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class _SumAtActive(Function):
+class _Round(Function):
+    """One round at any role: forward runs it, backward runs its adjoint; `token` orders the rounds."""
+
     @staticmethod
-    def forward(ctx, transport: DistributedTransport, round: Round, own: Tensor):
+    def forward(ctx, transport: DistributedTransport, round: Round, token: Tensor, value: Tensor):
         ctx.transport, ctx.round = transport, round
-        return transport.sum(round, own).to(own.device)
+        ctx.shape = tuple(value.shape) if round.is_aggregate else transport.declared(round)
+        return transport.forward(round, value), token.clone()
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
-        return None, None, _SendFromActive.apply(ctx.transport, ctx.round.adjoint, grad.contiguous())
-
-
-class _SendFromActive(Function):
-    @staticmethod
-    def forward(ctx, transport: DistributedTransport, round: Round, value: Tensor):
-        ctx.transport, ctx.round = transport, round
-        transport.send(round, value.detach().contiguous())
-        return value.view_as(value)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return None, None, _SumAtActive.apply(ctx.transport, ctx.round.adjoint, grad.contiguous())
+    def backward(ctx, grad: Tensor | None, grad_token: Tensor | None):
+        return None, None, grad_token, ctx.transport.adjoint(ctx.round, grad, ctx.shape)
 
 
 class DistributedTransport:
@@ -75,18 +103,24 @@ class DistributedTransport:
 
     runtime = "distributed"
 
-    def __init__(self, party: int, n_parties: int, active_index: int, backend: Backend, log: CommLog | None = None,
-                 device: torch.device | None = None) -> None:
+    def __init__(self, party: int, n_parties: int, active_index: int, backend: Backend, network: Network,
+                 log: CommLog | None = None, device: torch.device | None = None) -> None:
         self.party, self.n_parties, self.active_index = party, n_parties, active_index
-        self.backend, self.device = backend, device or torch.device("cpu")
+        self.backend, self.network, self.device = backend, network, device or torch.device("cpu")
         self.log = log if log is not None else CommLog(timed=True)
         self.validator = MessageValidator(n_parties, active_index, backend.protection)
-        self._pending: list[tuple[Round, Tensor]] = []  # passive side: rounds to replay backwards
-        self.on_round: Callable[[str], None] | None = None  # told the round before it starts (liveness)
+        self._token: Tensor | None = None
+        self._shapes: dict[str, tuple[int, ...]] = {}  # the forward shape of each round of this pass
 
     @property
     def is_active(self) -> bool:
         return self.party == self.active_index
+
+    def _apply(self, round: Round, value: Tensor) -> Tensor:
+        if round is ROUNDS[0] or self._token is None:  # a new pass
+            self._token = torch.zeros((), requires_grad=torch.is_grad_enabled())
+        out, self._token = _Round.apply(self, round, self._token, value)
+        return out
 
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         if set(contributions) != {self.party}:
@@ -94,80 +128,71 @@ class DistributedTransport:
                                 f"only, got contributions from {sorted(contributions)}")
         own = contributions[self.party]
         check_contributions(round, [self.party], [own], self.n_parties)
-        if self.is_active:
-            return Active(_SumAtActive.apply(self, round, own))
-        self.sum(round, own.detach().contiguous())
-        if torch.is_grad_enabled() and own.requires_grad:
-            self._pending.append((round, own))
-        return Active.absent()
+        out = self._apply(round, own)
+        return Active(out) if self.is_active else Active.absent()
 
     def broadcast(self, round: Round, value: Active[Tensor], shape: tuple[int, ...]) -> dict[int, Tensor]:
-        if self.is_active:
-            if tuple(value.get().shape) != tuple(shape):
-                raise ProtocolError(f"round {round.name!r}: field 'shape': {tuple(value.get().shape)} "
-                                    f"!= declared {tuple(shape)}")
-            return {self.party: _SendFromActive.apply(self, round, value.get())}
-        received = self.receive(round, shape)
-        if torch.is_grad_enabled():
-            received.requires_grad_(True)
-            self._pending.append((round, received))
-        return {self.party: received}
+        if self.is_active and tuple(value.get().shape) != tuple(shape):
+            raise ProtocolError(f"round {round.name!r}: field 'shape': {tuple(value.get().shape)} "
+                                f"!= declared {tuple(shape)}")
+        self._shapes[round.name] = tuple(shape)
+        return {self.party: self._apply(round, value.get() if self.is_active else torch.zeros(0))}
 
     def backward(self, loss: Active[Tensor]) -> None:
-        """Run the adjoint rounds of the last forward pass."""
+        """Run the adjoint rounds of the last forward pass (every role: the same Functions' backward)."""
+        roots, grads = [self._token], [torch.zeros(())]
         if self.is_active:
-            loss.get().backward()
-            return
-        pending, self._pending = self._pending, []
-        for round, tensor in reversed(pending):
-            if round.is_aggregate:  # the gradient of a sum comes back as a broadcast
-                torch.autograd.backward(tensor, self.receive(round.adjoint, tuple(tensor.shape)))
-            else:  # the gradient of a broadcast goes back into a sum
-                grad = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
-                self.sum(round.adjoint, grad.detach().contiguous())
+            roots, grads = [loss.get(), *roots], [torch.ones_like(loss.get()), *grads]
+        torch.autograd.backward(roots, grads)
+        self._token = None
 
-    # -- one round through the backend, validated and accounted --------------------------------------
+    # -- one round: validated, run, counted ------------------------------------------------------------
 
-    def sum(self, round: Round, value: Tensor) -> Tensor | None:
-        self._check(round, self.party, tuple(value.shape))
-        peak = float(value.abs().max()) if value.numel() else 0.0
-        self.log.add(round.name, self.party, messages=0, peak=peak)  # how close to the protocol's range
-        return self._accounted(round, self.backend.sum_to_active, round, value)
+    def forward(self, round: Round, value: Tensor) -> Tensor:
+        if round.is_aggregate:
+            total = self._run(round, tuple(value.shape), self.backend.sum_to_active, round, value)
+            return total.to(device=value.device, dtype=value.dtype) if self.is_active else value.new_zeros(0)
+        shape = self.declared(round)
+        out = self._run(round, shape, self.backend.broadcast, round, value if self.is_active else None, shape)
+        return value.view_as(value) if self.is_active else self._received(round, out, shape)
 
-    def send(self, round: Round, value: Tensor) -> None:
-        self._check(round, self.active_index, tuple(value.shape))
-        self._accounted(round, self.backend.broadcast, round, value, tuple(value.shape))
+    def adjoint(self, round: Round, grad: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+        """The adjoint of a forward round: the gradient of a sum is broadcast back, the gradients of a
+        broadcast are summed back to the active party."""
+        adjoint = round.adjoint
+        if round.is_aggregate:
+            out_shape = shape if not self.is_active else tuple(grad.shape)
+            sent = grad.contiguous() if self.is_active else None
+            out = self._run(adjoint, out_shape, self.backend.broadcast, adjoint, sent, out_shape)
+            return grad if self.is_active else self._received(adjoint, out, out_shape)
+        own = grad if grad is not None else torch.zeros(shape, device=self.device)
+        total = self._run(adjoint, tuple(own.shape), self.backend.sum_to_active, adjoint, own.contiguous())
+        return total.to(device=own.device, dtype=own.dtype) if self.is_active else None
 
-    def receive(self, round: Round, shape: tuple[int, ...]) -> Tensor:
-        self._check(round, self.active_index, shape)
-        out = self._accounted(round, self.backend.broadcast, round, None, shape)
+    def declared(self, round: Round) -> tuple[int, ...]:
+        """The declared shape of the broadcast `round` in this pass."""
+        return self._shapes[round.name]
+
+    def _received(self, round: Round, out: Tensor, shape: tuple[int, ...]) -> Tensor:
         if tuple(out.shape) != tuple(shape):
             raise ProtocolError(f"round {round.name!r}: field 'shape': received {tuple(out.shape)}, expected {shape}")
         if not bool(torch.isfinite(out).all()):
             raise ProtocolError(f"round {round.name!r}: field 'payload': received non-finite values")
         return out.to(self.device)
 
-    def _check(self, round: Round, sender: int, shape: tuple[int, ...]) -> None:
+    def _run(self, round: Round, shape: tuple[int, ...], call, *args):
+        """Validate the round's message, run it through the backend, and count what the network carried."""
+        sender = self.party if round.is_aggregate else self.active_index
         protection = self.backend.protection if round.is_aggregate else "clear"
-        receivers = round.receivers(self.n_parties, self.active_index)
-        self.validator.check(Message(round.name, sender, receivers, shape, "float32", protection))
-
-    def _accounted(self, round: Round, call, *args):
-        """Run one round through the backend, logging its bytes and time; a peer that died or stalled
-        makes gloo raise, reported as a `PartyFailure` naming the round."""
+        self.validator.check(Message(round.name, sender, round.receivers(self.n_parties, self.active_index),
+                                     shape, "float32", protection))
         self.log.round(round.name)
-        if self.on_round is not None:
-            self.on_round(round.name)
-        counter = self.backend.counter
-        sent0, received0, start = counter.sent, counter.received, time.perf_counter()
-        try:
-            out = call(*args)
-        except RuntimeError as error:
-            if isinstance(error, PartyFailure):
-                raise
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-            raise PartyFailure(f"round {round.name!r}: party {self.party} got no answer from a peer "
-                               f"({first})") from error
-        self.log.add(round.name, self.party, sent=counter.sent - sent0, received=counter.received - received0,
+        self.network.enter(round.name)
+        before, start = list(self.network.traffic[round.name]), time.perf_counter()
+        if round.is_aggregate and args[-1] is not None and args[-1].numel():
+            self.log.add(round.name, self.party, messages=0, peak=float(args[-1].detach().abs().max()))
+        out = call(*args)
+        after = self.network.traffic[round.name]
+        self.log.add(round.name, self.party, sent=after[0] - before[0], received=after[1] - before[1],
                      seconds=time.perf_counter() - start)
         return out

@@ -12,23 +12,38 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..errors import InputError
-from .distributed import Backend
+from ..secure.identity import PrivateKey
+from .distributed import Backend, Peers
+from .handshake import Cast, Session
 from .views import View
 
 
 @dataclass
 class Membership:
-    """Where one process stands: its rank, the parties, the parties' process group (ranks 0..K-1;
-    None when the world is exactly the parties), a byte channel over the whole world, and the view to
-    record (audits). A helper records the rounds of one step, then hands the view to `on_recorded`."""
+    """Where one process stands once the session is set up: its peers by rank (the present parties, then
+    the helpers), the session, the cast and its own identity key (to sign and check the protocol's own
+    set-up messages), its X25519 exchange (None for a helper), and the view to record (audits). A helper
+    records the rounds of one step, then hands the view to `on_recorded`."""
 
-    rank: int
-    n_parties: int
-    active_index: int
-    group: object = None
-    channel: object = None
+    peers: Peers
+    session: Session
+    cast: Cast
+    key: PrivateKey
+    exchange: object | None = None
     view: View | None = None
     on_recorded: Callable[[View], None] | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.peers.rank
+
+    @property
+    def n_parties(self) -> int:
+        return self.peers.n_parties
+
+    @property
+    def active_index(self) -> int:
+        return self.peers.active_index
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,12 @@ class Protocol:
                              f"minus its own contribution is the other party's. Use 3 or more parties, or {consent} "
                              "to run it anyway")
 
+    def key_agreement(self):
+        """This party's side of the session's pairwise key agreement (an ephemeral X25519 key)."""
+        from ..secure.masks import X25519Agreement
+
+        return X25519Agreement()
+
     def open(self, membership: Membership) -> Backend:
         """Set up a party's side of the protocol (collective over the parties); returns its backend."""
         raise NotImplementedError
@@ -84,12 +105,13 @@ class Plain(Protocol):
     def open(self, m: Membership) -> Backend:
         from .plain import PlainBackend
 
-        return PlainBackend(m.rank, m.n_parties, m.active_index, m.group, m.view)
+        return PlainBackend(m.peers, m.view)
 
 
 @dataclass(frozen=True)
 class Mpc(Protocol):
-    """`agreement` makes each party's key-agreement object; tests inject deliberately weak ones."""
+    """`agreement` makes each party's key-agreement object; tests inject deliberately weak ones (the
+    shipped build never sets it)."""
 
     name: ClassVar[str] = "mpc"
     protection: ClassVar[str] = "secret-shared"
@@ -100,11 +122,14 @@ class Mpc(Protocol):
 
         return max_safe_abs(parties)
 
+    def key_agreement(self):
+        return self.agreement() if self.agreement is not None else super().key_agreement()
+
     def open(self, m: Membership) -> Backend:
+        from .handshake import pair_keys
         from .mpc import MpcBackend
 
-        agreement = self.agreement() if self.agreement is not None else None
-        return MpcBackend(m.rank, m.n_parties, m.active_index, m.group, m.view, agreement=agreement)
+        return MpcBackend(m.peers, pair_keys(m.session, m.peers.names[m.rank], m.exchange, "secure-sum"), m.view)
 
 
 @dataclass(frozen=True)
@@ -119,14 +144,25 @@ class He(Protocol):
         return SUM_RANGE / parties
 
     def open(self, m: Membership) -> Backend:
+        from ..secure.ckks import load_public_context, make_secret_context, public_context_bytes
+        from .handshake import receive_context, send_context
         from .he import HeBackend
 
-        return HeBackend(m.rank, m.n_parties, m.active_index, m.group, m.view, channel=m.channel)
+        if m.rank != m.active_index:
+            public = load_public_context(receive_context(m.peers.network, m.session, m.cast))
+            return HeBackend(m.peers, public, None, m.view)
+        secret = make_secret_context()
+        public = public_context_bytes(secret)
+        send_context(m.peers.network, m.key, m.session, public)
+        return HeBackend(m.peers, load_public_context(public), secret, m.view)
 
     def serve(self, m: Membership) -> None:
+        from ..secure.ckks import load_public_context
+        from .handshake import receive_context
         from .he import serve_aggregator
 
-        serve_aggregator(m.channel, m.n_parties, m.active_index, m.view, m.on_recorded)
+        context = load_public_context(receive_context(m.peers.network, m.session, m.cast))
+        serve_aggregator(m.peers, context, m.view, m.on_recorded)
 
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (Plain(), Mpc(), He())}

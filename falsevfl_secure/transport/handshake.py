@@ -1,0 +1,317 @@
+"""The start of every run, before any data moves: who takes part, under which protocol, with which keys.
+
+Set-up steps (`protocols/session.toml`), all over the authenticated links of `transport.network`:
+
+1. `hello` (every role -> the active party): a fresh 32-byte nonce and the role's agreement record
+   (`transport.agreement`, built from its OWN configuration), signed by its pinned identity.
+2. `roster` (the active party -> every role that joined): the parties present, the protocol, and every
+   present role's signed hello, signed by the active party. Each role checks every signature against its
+   own pins, every agreement record against its own (a difference ends the run naming the field and the
+   role, at every role, before anything else is sent), that its own fresh hello is in it (no replay), that
+   the protocol is its own file's, and the two-party rule against its own consent. The session id is the
+   hash of the present roles' names and nonces, so it is fresh if any one role is honest.
+3. `keys` (every present party <-> the active party): an ephemeral X25519 public key, signed by its owner
+   over the session id; the active party relays all of them to every party, which checks each signature
+   (a relay that substitutes a key is caught here). Pair keys derive from them with a transcript that
+   binds the session, the agreement and every key (`secure.masks`).
+4. `context` (he only; the active party -> every passive party and the aggregator): the CKKS public
+   context, signed by the active party over the session id.
+
+A role that refuses raises `InputError` with one line; the active party first tells everyone linked why
+(the reason names fields and roles, never values).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import FalseVflError, InputError, ProtocolError
+from ..secure.identity import PrivateKey, sign, verify
+from .agreement import Agreement
+from .network import Network
+
+NONCE_BYTES = 32
+MAX_RECORD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Cast:
+    """The roles of a run as this role's own configuration names them; `pins`: role name -> public key."""
+
+    parties: tuple[str, ...]
+    active: str
+    aggregator: str | None  # the he aggregator's role name, when the protocol has one
+    pins: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What this role was started to do: `expected` parties (not declared absent), whether training needs
+    every listed party, how long the active party waits for the others, and the file the settings came from."""
+
+    expected: tuple[str, ...]
+    needs_all: bool
+    join_timeout_s: float
+    source: str = "the configuration"
+
+
+@dataclass
+class Session:
+    """What the set-up settled: the session id, the present parties in rank order, the protocol, and each
+    present party's verified X25519 public key (with the transcript the pair keys bind to)."""
+
+    id: bytes
+    agreement: Agreement
+    present: tuple[str, ...]
+    protocol: str
+    active: str
+    aggregator: str | None
+    x25519: dict[str, bytes] = field(default_factory=dict)
+    transcript: bytes = b""
+    context: bytes | None = None  # the he public context (verified)
+
+    @property
+    def active_index(self) -> int:
+        return self.present.index(self.active)
+
+    def rank(self, name: str) -> int:
+        return self.present.index(name)
+
+
+def _dumps(record: dict) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _loads(payload: bytes, sender: str, step: str, keys: set[str]) -> dict:
+    """A received set-up record: JSON with exactly `keys` (never anything executable)."""
+    try:
+        record = json.loads(payload) if len(payload) <= MAX_RECORD_BYTES else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if not isinstance(record, dict) or set(record) != keys:
+        raise ProtocolError(f"set-up step {step!r}: the record from {sender} is not of the declared form")
+    return record
+
+
+def _hex(record: dict, key: str, size: int | None, sender: str) -> bytes:
+    try:
+        value = bytes.fromhex(record[key])
+    except (TypeError, ValueError):
+        value = None
+    if value is None or (size is not None and len(value) != size):
+        raise ProtocolError(f"the {key} from {sender} is not {size or 'some'} bytes of hex")
+    return value
+
+
+# -- step 1 and 2: hello and roster --------------------------------------------------------------------
+
+
+def _hello(name: str, key: PrivateKey, agreement: Agreement) -> dict:
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    signature = sign(key, "hello", name.encode() + b"\0" + nonce + agreement.digest())
+    return {"name": name, "nonce": nonce.hex(), "agreement": dict(agreement.fields), "signature": signature.hex()}
+
+
+def _check_hello(hello: dict, cast: Cast, own: Agreement) -> Agreement:
+    """The agreement in a signed hello, verified against the sender's pin and compared with ours."""
+    name = hello.get("name")
+    if name not in cast.pins:
+        raise ProtocolError(f"a hello names {name!r}, which is not a pinned participant")
+    record = _loads(_dumps(hello), name, "hello", {"name", "nonce", "agreement", "signature"})
+    theirs = Agreement.from_json(record["agreement"], name)
+    nonce = _hex(record, "nonce", NONCE_BYTES, name)
+    verify(cast.pins[name], "hello", name.encode() + b"\0" + nonce + theirs.digest(), _hex(record, "signature", 64,
+                                                                                           name), name)
+    differ = own.differences(theirs)
+    if differ:
+        raise InputError(f"{name}'s configuration differs from ours in {', '.join(repr(f) for f in differ)}: "
+                         "every participant must agree on them; the run stops before any data is sent")
+    return theirs
+
+
+def session_id(hellos: list[dict]) -> bytes:
+    digest = hashlib.sha256(b"falsevfl/session/v1\0")
+    for hello in hellos:
+        digest.update(hello["name"].encode() + b"\0" + bytes.fromhex(hello["nonce"]))
+    return digest.digest()
+
+
+def open_session(net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast, request: Request,
+                 key_agreement: Callable[[], object]) -> tuple[Session, object | None]:
+    """Run the set-up as role `me`; the session and this party's X25519 agreement object (None for the
+    aggregator). Raises `InputError` with one line when the run cannot go ahead."""
+    if me == cast.active:
+        session = _lead(net, me, key, agreement, cast, request)
+    else:
+        session = _follow(net, me, key, agreement, cast, request)
+    exchange = key_agreement() if me in session.present and len(session.present) > 1 else None
+    if exchange is not None:
+        _exchange_keys(net, me, key, session, cast, exchange)
+    return session, exchange
+
+
+def _lead(net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast, request: Request) -> Session:
+    """The active party: collect the hellos, decide the roster, tell everyone (or tell them why not)."""
+    others = [p for p in request.expected if p != me] + ([cast.aggregator] if cast.aggregator else [])
+    linked = net.wait_for(others, time.monotonic() + request.join_timeout_s)
+    hellos = {me: _hello(me, key, agreement)}
+    try:
+        for role in [r for r in others if r in linked]:
+            hellos[role] = json.loads(net.recv(role, "hello"))
+            if not isinstance(hellos[role], dict) or hellos[role].get("name") != role:
+                raise ProtocolError(f"the hello that came from {role} names another role")
+            _check_hello(hellos[role], cast, agreement)
+        present = _decide(cast, request, agreement, linked, others)
+    except (FalseVflError, json.JSONDecodeError) as error:
+        _announce(net, key, sorted(linked), {"refused": str(error)})
+        raise InputError(str(error)) from None
+    roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
+    protocol = str(agreement.get("protocol")) if len(present) > 1 else "plain"
+    roster = {"present": list(present), "protocol": protocol, "hellos": [hellos[r] for r in roles]}
+    _announce(net, key, sorted(linked), roster)
+    return Session(session_id(roster["hellos"]), agreement, tuple(present), protocol, me, cast.aggregator)
+
+
+def _decide(cast: Cast, request: Request, agreement: Agreement, linked: set[str], others: list[str]) -> list[str]:
+    """The present parties (in the listed order), or an `InputError` saying why the run cannot start."""
+    missing = [r for r in others if r not in linked]
+    if missing and (request.needs_all or cast.aggregator in missing):
+        need = "training needs every listed party" if request.needs_all else "the he aggregator must take part"
+        raise InputError(f"{', '.join(missing)} did not join within {request.join_timeout_s:g} s "
+                         f"(join_timeout_s in {request.source}); {need}")
+    present = [p for p in cast.parties if p == cast.active or p in linked]
+    check_two_parties(len(present), agreement, request.source)
+    return present
+
+
+def check_two_parties(n_present: int, agreement: Agreement, source: str) -> None:
+    """Two parties under a protocol that hides contributions: only with consent in this role's own file."""
+    from .protocols import protocol_named
+
+    hides = protocol_named(str(agreement.get("protocol"))).hides_contributions
+    if n_present == 2 and hides and not agreement.get("allow_two_party_disclosure"):
+        raise InputError(f"only two parties take part: under {agreement.get('protocol')} the sum minus the active "
+                         "party's own contribution is the other party's, so it hides nothing. Use 3 or more "
+                         f"parties, or set allow_two_party_disclosure = true in [federation] of {source}")
+
+
+def _announce(net: Network, key: PrivateKey, roles: list[str], record: dict) -> None:
+    """The active party's signed roster (or refusal) to every role that joined."""
+    body = _dumps(record)
+    payload = _dumps({"roster": body.decode(), "signature": sign(key, "roster", body).hex()})
+    for role in roles:
+        net.send(role, "roster", payload)
+
+
+def _follow(net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast, request: Request) -> Session:
+    """Every other role: send the hello, then check everything in the active party's roster itself."""
+    if not net.wait_for([cast.active], time.monotonic() + request.join_timeout_s):
+        raise InputError(f"the active party {cast.active} did not connect within {request.join_timeout_s:g} s")
+    mine = _hello(me, key, agreement)
+    net.send(cast.active, "hello", _dumps(mine))
+    outer = _loads(net.recv(cast.active, "roster"), cast.active, "roster", {"roster", "signature"})
+    body = str(outer["roster"]).encode()
+    verify(cast.pins[cast.active], "roster", body, _hex(outer, "signature", 64, cast.active), cast.active)
+    roster = json.loads(body)
+    if "refused" in roster:
+        raise InputError(f"the active party {cast.active} refused the run: {roster['refused']}")
+    roster = _loads(body, cast.active, "roster", {"present", "protocol", "hellos"})
+    present = _check_roster(roster, me, mine, agreement, cast, request)
+    return Session(session_id(roster["hellos"]), agreement, present, roster["protocol"], cast.active,
+                   cast.aggregator)
+
+
+def _check_roster(roster: dict, me: str, mine: dict, agreement: Agreement, cast: Cast,
+                  request: Request) -> tuple[str, ...]:
+    present = roster["present"]
+    if not isinstance(present, list) or not set(present) <= set(cast.parties) or cast.active not in present:
+        raise ProtocolError(f"the roster of {cast.active} names parties that are not the listed ones")
+    roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
+    hellos = roster["hellos"]
+    if not isinstance(hellos, list) or [h.get("name") if isinstance(h, dict) else None for h in hellos] != roles:
+        raise ProtocolError(f"the roster of {cast.active} does not carry one hello per present role")
+    for hello in hellos:
+        _check_hello(hello, cast, agreement)
+    if me != cast.aggregator and me not in present:
+        raise InputError(f"{me} is not in this run: the active party {cast.active} started without it (declared "
+                         f"absent, or joined after join_timeout_s = {request.join_timeout_s:g} s)")
+    if mine not in hellos:
+        raise ProtocolError(f"the roster of {cast.active} does not carry this role's fresh hello (a replay?)")
+    if roster["protocol"] != agreement.get("protocol") and len(present) > 1:
+        raise InputError(f"the active party announced protocol {roster['protocol']!r}, but {request.source} says "
+                         f"{agreement.get('protocol')!r}: this party never sends under weaker protection")
+    if request.needs_all and set(present) != set(cast.parties):
+        raise InputError(f"training needs every listed party; the roster of {cast.active} leaves out "
+                         f"{', '.join(sorted(set(cast.parties) - set(present)))}")
+    check_two_parties(len(present), agreement, request.source)
+    return tuple(present)
+
+
+# -- step 3: signed ephemeral keys ---------------------------------------------------------------------
+
+
+def _key_message(me: str, key: PrivateKey, session: bytes, public: bytes) -> dict:
+    signature = sign(key, "x25519", session + me.encode() + b"\0" + public)
+    return {"name": me, "x25519": public.hex(), "signature": signature.hex()}
+
+
+def _check_key(record: dict, cast: Cast, session: bytes) -> bytes:
+    name = record.get("name") if isinstance(record, dict) else None
+    if name not in cast.pins:
+        raise ProtocolError(f"a key record names {name!r}, which is not a pinned participant")
+    record = _loads(_dumps(record), name, "keys", {"name", "x25519", "signature"})
+    public = _hex(record, "x25519", 32, name)
+    verify(cast.pins[name], "x25519", session + name.encode() + b"\0" + public, _hex(record, "signature", 64, name),
+           name)
+    return public
+
+
+def _exchange_keys(net: Network, me: str, key: PrivateKey, session: Session, cast: Cast, exchange) -> None:
+    """Every present party's signed X25519 key, verified by every party (relayed by the active party)."""
+    own = _key_message(me, key, session.id, exchange.public_key())
+    if me == cast.active:
+        records = {me: own} | {p: json.loads(net.recv(p, "keys")) for p in session.present if p != me}
+        bundle = _dumps({"keys": [records[p] for p in session.present]})
+        for party in session.present:
+            if party != me:
+                net.send(party, "keys", bundle)
+        listed = [records[p] for p in session.present]
+    else:
+        net.send(cast.active, "keys", _dumps(own))
+        listed = _loads(net.recv(cast.active, "keys"), cast.active, "keys", {"keys"})["keys"]
+        if not isinstance(listed, list) or len(listed) != len(session.present):
+            raise ProtocolError(f"the key bundle of {cast.active} does not hold one key per present party")
+    publics = {p: _check_key(r, cast, session.id) for p, r in zip(session.present, listed, strict=True)}
+    if [r.get("name") for r in listed] != list(session.present) or publics[me] != exchange.public_key():
+        raise ProtocolError(f"the key bundle of {cast.active} is not the present parties' keys in rank order")
+    session.x25519 = publics
+    session.transcript = hashlib.sha256(b"falsevfl/keys/v1\0" + session.id + session.agreement.digest()
+                                        + b"".join(publics[p] for p in session.present)).digest()
+
+
+def pair_keys(session: Session, me: str, exchange, purpose: str) -> dict[int, bytes]:
+    """This party's key with every other present party (by rank) for `purpose`."""
+    publics = [session.x25519[p] for p in session.present]
+    return exchange.pair_keys(session.rank(me), publics, session.transcript, purpose)
+
+
+# -- step 4: the signed CKKS public context ------------------------------------------------------------
+
+
+def send_context(net: Network, key: PrivateKey, session: Session, public: bytes) -> None:
+    signature = sign(key, "ckks context", session.id + hashlib.sha256(public).digest())
+    for role in [*(p for p in session.present if p != session.active), session.aggregator]:
+        net.send(role, "context", signature + public)
+
+
+def receive_context(net: Network, session: Session, cast: Cast) -> bytes:
+    payload = net.recv(session.active, "context")
+    signature, public = payload[:64], payload[64:]
+    verify(cast.pins[session.active], "ckks context", session.id + hashlib.sha256(public).digest(), signature,
+           session.active)
+    return public

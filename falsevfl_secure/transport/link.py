@@ -1,0 +1,155 @@
+"""Authenticated gRPC links: the only sockets that cross a party boundary.
+
+A role that serves (the active party; the he aggregator) runs a `Hub`: one gRPC server with mutual TLS
+on one port, whose single bidirectional-streaming method carries `wire` envelopes. Every other role
+`dial`s out to the hubs it needs, so a passive party never opens an inbound port. Both ends present a
+leaf certificate issued by their pinned identity (`secure.identity.tls_material`); a hub trusts exactly
+the pins of the roles that may connect to it, a dialer exactly the pin of the role it dials, so a peer
+whose identity is not pinned is refused by the TLS handshake itself, before any message. Messages are
+raw envelope bytes (no protobuf, no pickle), each at most `wire.MAX_MESSAGE_BYTES`.
+
+A `Link` is one stream to one peer, seen from either end: an outbound queue (a frame's fragments are
+queued together, so frames never interleave on a link) and a reader thread that hands every received
+envelope to the owner's callback. What travels on a link and when is the business of `network.Network`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import PartyFailure
+from ..secure.identity import TLS_NAME, TlsMaterial, issuer_of
+from . import wire
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC's own log lines would drown the run's one error line
+import grpc  # noqa: E402  (the variable above must be set before gRPC's first import)
+
+METHOD = "/falsevfl.Link/Stream"
+_OPTIONS = [("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0)]
+_DIAL_OPTIONS = [*_OPTIONS, ("grpc.ssl_target_name_override", TLS_NAME),
+                 ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000),
+                 ("grpc.min_reconnect_backoff_ms", 200), ("grpc.enable_retries", 0)]
+_CLOSE = object()
+
+OnEnvelope = Callable[["Link", wire.Envelope], None]
+OnClosed = Callable[["Link", str | None], None]
+
+
+class Link:
+    """One authenticated stream to `peer`; `last_seen` is when anything last arrived from it."""
+
+    def __init__(self, peer: str, on_envelope: OnEnvelope, on_closed: OnClosed) -> None:
+        self.peer, self._on_envelope, self._on_closed = peer, on_envelope, on_closed
+        self.last_seen, self.last_round = time.monotonic(), None
+        self._outbound: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.open = True
+
+    def put(self, messages: list[bytes]) -> int:
+        """Queue one frame's messages back to back; the bytes queued."""
+        with self._lock:
+            for message in messages:
+                self._outbound.put(message)
+        return sum(len(m) for m in messages)
+
+    def outbound(self) -> Iterator[bytes]:
+        while (item := self._outbound.get()) is not _CLOSE:
+            yield item
+
+    def read(self, messages: Iterator[bytes]) -> None:
+        """The reader thread: every message to the owner, then the reason the stream ended (None: cleanly)."""
+        reason = None
+        try:
+            for data in messages:
+                self.last_seen = time.monotonic()
+                self._on_envelope(self, wire.decode(data))
+        except grpc.RpcError as error:
+            reason = f"{error.code().name.lower()}: {error.details()}" if hasattr(error, "code") else str(error)
+        except Exception as error:  # a malformed envelope from this peer ends its link
+            reason = f"{type(error).__name__}: {error}"
+        self.open = False
+        self._on_closed(self, reason)
+
+    def close(self) -> None:
+        self.open = False
+        self._outbound.put(_CLOSE)
+
+
+class Hub:
+    """A mutual-TLS gRPC server that accepts the pinned roles in `pins` (role name -> public key)."""
+
+    def __init__(self, address: str, material: TlsMaterial, pins: dict[str, bytes], on_envelope: OnEnvelope,
+                 on_closed: OnClosed, on_joined: Callable[[Link], None]) -> None:
+        self.address, self.pins = address, dict(pins)
+        self._on_envelope, self._on_closed, self._on_joined = on_envelope, on_closed, on_joined
+        self.links: dict[str, Link] = {}
+        self._lock = threading.Lock()
+        workers = 2 * len(self.pins) + 4  # one per stream plus headroom; readers are threads of their own
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=workers), options=_OPTIONS,
+                                   maximum_concurrent_rpcs=len(self.pins) + 2)
+        handler = grpc.stream_stream_rpc_method_handler(self._stream)
+        self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            METHOD.split("/")[1], {METHOD.split("/")[2]: handler})])
+        credentials = grpc.ssl_server_credentials([(material.private_key, material.certificate)],
+                                                  root_certificates=material.trusted, require_client_auth=True)
+        self.port = self._server.add_secure_port(address, credentials)
+        if not self.port:
+            raise PartyFailure(f"cannot listen on {address} (the address is not on this host or the port is taken)")
+
+    def start(self) -> Hub:
+        self._server.start()
+        return self
+
+    def _stream(self, requests, context):
+        peer = issuer_of(dict(context.auth_context()).get("x509_pem_cert", [b""])[0], self.pins)
+        with self._lock:
+            if peer is None or peer in self.links:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a pinned participant, or already connected")
+            link = self.links[peer] = Link(peer, self._on_envelope, self._on_closed)
+        threading.Thread(target=link.read, args=(requests,), name=f"hub-read-{peer}", daemon=True).start()
+        context.add_callback(link.close)  # the response loop below ends when the stream does
+        self._on_joined(link)
+        yield from link.outbound()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        for link in list(self.links.values()):
+            link.close()
+        self._server.stop(grace_s)
+
+
+def dial(address: str, peer: str, material: TlsMaterial, on_envelope: OnEnvelope, on_closed: OnClosed,
+         deadline: float) -> tuple[Link, grpc.Channel]:
+    """An open link to role `peer` at `address`, trying until `deadline` (time.monotonic)."""
+    channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(
+        root_certificates=material.trusted, private_key=material.private_key,
+        certificate_chain=material.certificate), options=_DIAL_OPTIONS)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
+    except grpc.FutureTimeoutError:
+        why = _why_not_ready(channel)
+        channel.close()
+        raise PartyFailure(f"could not connect to {peer} at {address}: {why}") from None
+    link = Link(peer, on_envelope, on_closed)
+    responses = channel.stream_stream(METHOD)(link.outbound(), wait_for_ready=True)
+    threading.Thread(target=link.read, args=(responses,), name=f"dial-read-{peer}", daemon=True).start()
+    return link, channel
+
+
+def _why_not_ready(channel: grpc.Channel) -> str:
+    """What the last connection attempt said: a refused TLS handshake (identity) or no listener."""
+    try:
+        channel.unary_unary(METHOD)(b"", timeout=2.0)
+    except grpc.RpcError as error:
+        details = (error.details() or "").lower()
+        if "handshake" in details or "ssl" in details or "certificate" in details:
+            return ("the TLS handshake failed: its certificate is not issued by the key pinned for it, or it does "
+                    "not pin this party's key (compare the pins in both files)")
+        return f"nothing answered ({(error.details() or '').strip()})"
+    return "no connection within the time allowed"

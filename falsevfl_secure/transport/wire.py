@@ -1,0 +1,107 @@
+"""The one message format on every cross-party link: a fixed-schema envelope, never a pickle.
+
+An envelope is a 9-byte header -- magic ``FVL1``, kind, flags, and the lengths of three names -- then the
+sender's role name, the receiver's role name and the tag (a round or a set-up step), all ASCII, then the
+payload bytes. The payload's own schema is the tag's (tensor bytes of a declared shape, a byte frame of
+`secure.frames`, or a JSON record of a set-up step, each checked by its receiver). Payloads longer than
+`FRAGMENT_BYTES` travel as consecutive fragments (flag MORE on all but the last) that the receiver joins
+per sender, refusing a frame longer than `MAX_FRAME_BYTES` before it grows past it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+from ..errors import ProtocolError
+
+MAGIC = b"FVL1"
+_HEADER = struct.Struct(">4sBBBBB")  # magic, kind, flags, len(src), len(dst), len(tag)
+MORE = 1  # flag: more fragments of this frame follow
+FRAGMENT_BYTES = 4 << 20  # what one gRPC message carries at most (plus the header)
+MAX_FRAME_BYTES = 1 << 30  # 1 GiB: about 33 million ristretto255 points in one alignment frame
+MAX_MESSAGE_BYTES = FRAGMENT_BYTES + 1024
+
+
+class Kind(IntEnum):
+    DATA = 1  # a round's or a set-up step's payload
+    HEARTBEAT = 2  # payload: the sender's current round (ASCII)
+    ABORT = 3  # payload: why the run ends (ASCII, never a value)
+    BYE = 4  # the sender has finished cleanly
+
+
+@dataclass(frozen=True)
+class Envelope:
+    kind: Kind
+    src: str
+    dst: str
+    tag: str
+    payload: bytes = b""
+    more: bool = False
+
+
+def _name(text: str, what: str) -> bytes:
+    data = text.encode("ascii")
+    if len(data) > 255:
+        raise ProtocolError(f"envelope: {what} {text[:40]!r}... is longer than 255 bytes")
+    return data
+
+
+def encode(envelope: Envelope) -> bytes:
+    src, dst, tag = (_name(envelope.src, "sender"), _name(envelope.dst, "receiver"), _name(envelope.tag, "tag"))
+    header = _HEADER.pack(MAGIC, int(envelope.kind), MORE if envelope.more else 0, len(src), len(dst), len(tag))
+    return b"".join((header, src, dst, tag, envelope.payload))
+
+
+def decode(data: bytes) -> Envelope:
+    """Parse one envelope; anything else is a `ProtocolError` (nothing is ever unpickled)."""
+    if not isinstance(data, bytes) or len(data) < _HEADER.size:
+        raise ProtocolError("envelope: shorter than its header")
+    magic, kind, flags, n_src, n_dst, n_tag = _HEADER.unpack_from(data)
+    if magic != MAGIC or kind not in {int(k) for k in Kind} or flags & ~MORE:
+        raise ProtocolError("envelope: not a FALSE-VFL link message (bad magic, kind or flags)")
+    end = _HEADER.size + n_src + n_dst + n_tag
+    if end > len(data):
+        raise ProtocolError("envelope: its names run past its end")
+    try:
+        names = data[_HEADER.size:end].decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("envelope: names are not ASCII") from None
+    src, dst, tag = names[:n_src], names[n_src:n_src + n_dst], names[n_src + n_dst:]
+    return Envelope(Kind(kind), src, dst, tag, data[end:], bool(flags & MORE))
+
+
+def fragments(kind: Kind, src: str, dst: str, tag: str, payload: bytes) -> list[bytes]:
+    """The encoded envelopes that carry one frame (one when it fits, consecutive fragments otherwise)."""
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"a frame of {len(payload)} bytes exceeds the bound of {MAX_FRAME_BYTES} bytes")
+    if len(payload) <= FRAGMENT_BYTES:
+        return [encode(Envelope(kind, src, dst, tag, bytes(payload)))]
+    view, out = memoryview(payload), []
+    for start in range(0, len(payload), FRAGMENT_BYTES):
+        piece = bytes(view[start:start + FRAGMENT_BYTES])
+        out.append(encode(Envelope(kind, src, dst, tag, piece, start + FRAGMENT_BYTES < len(payload))))
+    return out
+
+
+class Reassembly:
+    """Joins the fragments of frames per sender; refuses a frame that grows past `MAX_FRAME_BYTES`."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[str, list[bytes], int]] = {}
+
+    def add(self, envelope: Envelope) -> Envelope | None:
+        """The whole frame once its last fragment arrived, else None."""
+        tag, parts, size = self._open.pop(envelope.src, (envelope.tag, [], 0))
+        if tag != envelope.tag:
+            raise ProtocolError(f"envelope: {envelope.src} interleaved frame {envelope.tag!r} into {tag!r}")
+        size += len(envelope.payload)
+        if size > MAX_FRAME_BYTES:
+            raise ProtocolError(f"envelope: {envelope.src} sent a frame over {MAX_FRAME_BYTES} bytes")
+        parts.append(envelope.payload)
+        if envelope.more:
+            self._open[envelope.src] = (tag, parts, size)
+            return None
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        return Envelope(envelope.kind, envelope.src, envelope.dst, tag, payload)

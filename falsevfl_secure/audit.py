@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .secure.fixed_point import PRECISION_BITS
-from .transport.rounds import AGGREGATES, by_name
+from .transport.rounds import AGGREGATES, CONTROL_STEPS, by_name
 from .transport.views import Entry, View
 
 THREAT_MODELS = Path(__file__).resolve().parents[1] / "threat_models"
@@ -168,6 +168,38 @@ def audit_aggregator_view(view: View) -> AuditReport:
     return report
 
 
+def _carries(payload: bytes, contribution: np.ndarray, round_name: str, rows: int = 4) -> bool:
+    """Whether `payload` holds the float32 bytes of any of the first `rows` non-trivial rows of a contribution."""
+    found = 0
+    for row in _rows(contribution, round_name):
+        if np.abs(row).max() > 1e-6 and row.size >= 2:
+            if row.astype("<f4").tobytes() in payload:
+                return True
+            found += 1
+            if found == rows:
+                break
+    return False
+
+
+def audit_control(view: View, truth: dict[str, dict[int, np.ndarray]], party: int,
+                  report: AuditReport | None = None) -> AuditReport:
+    """Everything a role received outside the rounds: each message must be a declared set-up or control step
+    (`transport.rounds.CONTROL_STEPS`) and carry no other party's contribution."""
+    report = report or AuditReport()
+    for entry in view.of("control"):
+        report.entries_checked += 1
+        if entry.round not in CONTROL_STEPS:
+            report.leaks.append(f"rank {party} received an undeclared message {entry.round!r} from rank {entry.peer}")
+            continue
+        payload = entry.value.tobytes()
+        for round_name, parts in truth.items():
+            for k, contribution in parts.items():
+                if k != party and _carries(payload, contribution, round_name):
+                    report.leaks.append(f"rank {party}'s {entry.round!r} message from rank {entry.peer} carries "
+                                        f"party {k}'s {round_name!r} contribution")
+    return report
+
+
 def audit_recorded_views(views: dict[int, View], n_parties: int, active: int, protocol_name: str) -> dict:
     """Audit the views of one recorded step (`simulate --audit`): the active party's against
     active_semi_honest.toml, every passive party's against passive_semi_honest.toml, the mpc shares'
@@ -179,6 +211,8 @@ def audit_recorded_views(views: dict[int, View], n_parties: int, active: int, pr
             _merge(report, audit_passive_view(views[party], truth, party))
     for rank in range(n_parties, max(views) + 1):
         _merge(report, audit_aggregator_view(views[rank]))
+    for rank, view in views.items():
+        audit_control(view, truth, rank, report)
     out = {"protocol": protocol_name, "views_audited": report.views_audited,
            "entries_checked": report.entries_checked, "disclosed_by_design_rows": report.disclosed_by_design_rows}
     shares = [e.value for e in views[active].of("received") if e.protection == "secret-shared"]

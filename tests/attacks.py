@@ -25,8 +25,9 @@ class WeakAgreement16(X25519Agreement):
     """A deliberately broken key agreement: the pair keys carry 16 bits of entropy (the X25519 secret is
     cut to its first two bytes), like masks from a small seed. Test-only; never registered."""
 
-    def pair_keys(self, rank, public_keys):
-        return {peer: weak_key(key[:2]) for peer, key in super().pair_keys(rank, public_keys).items()}
+    def pair_keys(self, rank, public_keys, transcript=None, purpose="secure-sum"):
+        keys = super().pair_keys(rank, public_keys, transcript, purpose)
+        return {peer: weak_key(key[:2]) for peer, key in keys.items()}
 
 
 def weak_key(seed: bytes) -> bytes:

@@ -1,24 +1,37 @@
-"""Test-only: attach CrypTen's communicator to a gloo world we already joined, so that CrypTen's own code can
-reveal our shares. CrypTen cannot reuse an existing process group through `crypten.init()` (it silently
-does nothing), so the attributes its `DistributedCommunicator.__init__` would set are set here. CrypTen's
-pseudo-random generators are never initialised: nothing of ours draws from them."""
+"""Test-only: reveal shares with CrypTen's own code. The shares come from real party processes over our links;
+CrypTen's `InProcessCommunicator` then runs one thread per party, each holding that party's share, and its
+`ArithmeticSharedTensor.reveal` / `get_plain_text` sum and decode them exactly as CrypTen's parties would.
+CrypTen's pseudo-random generators are never used: nothing of ours draws from them."""
 
 from __future__ import annotations
 
-import torch.distributed as dist
+import threading
+
+import torch
 
 from falsevfl_secure.secure.crypten_shim import import_crypten
 
 
-def attach_crypten():
+def reveal_with_crypten(shares: list[torch.Tensor], precision: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the revealed ring elements, CrypTen's decoding of them) of one value shared as `shares` (one per party)."""
     crypten = import_crypten()
-    comm_cls = crypten.communicator.DistributedCommunicator
-    communicator = comm_cls.__new__(comm_cls)
-    communicator.distributed_backend, communicator.rendezvous = "gloo", "env://"
-    communicator.world_size, communicator.rank = dist.get_world_size(), dist.get_rank()
-    communicator.reset_communication_stats()
-    communicator._name = f"rank{communicator.rank}"
-    communicator.main_group = communicator.ttp_group = dist.new_group(list(range(communicator.world_size)))
-    communicator.ttp_initialized = False
-    comm_cls.instance = communicator
-    return crypten
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    errors: list[BaseException] = []
+
+    def party(rank: int) -> None:
+        try:
+            crypten.init_thread(rank, len(shares))
+            tensor = crypten.mpc.primitives.ArithmeticSharedTensor.from_shares(shares[rank], precision=precision)
+            out[rank] = (tensor.reveal(), tensor.get_plain_text())
+        except BaseException as error:  # reported by the caller's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=party, args=(rank,)) for rank in range(len(shares))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    assert all(torch.equal(out[r][0], out[0][0]) for r in out)  # every party reveals the same integers
+    return out[0]

@@ -1,6 +1,7 @@
 """A privacy claim is an attack that fails: each adversary of threat_models/ tries, succeeds against a
 deliberately weakened build (weak mask keys, secrets that follow from the public seed, pickled frames)
-and fails against the shipped one. The runs are real: role processes over gloo, real masks, real CKKS."""
+and fails against the shipped one. The runs are real: role processes over the authenticated gRPC links, real
+masks, real CKKS."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from attacks import (
 from falsevfl_secure.config import Config, Stage, StageConfig
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.runtime.session import StepJob
-from falsevfl_secure.runtime.worlds import WorkerError, run_world
+from falsevfl_secure.runtime.world import WorkerError, run_world
 from falsevfl_secure.secure.masks import X25519Agreement
 from falsevfl_secure.secure.mpc_sum import secure_sum
 from falsevfl_secure.transport.protocols import He, Mpc
@@ -33,10 +34,12 @@ PAIR_KEYS: dict[int, bytes] = {}
 
 
 class _Remember:
-    def pair_keys(self, rank, public_keys):
-        PAIR_KEYS.clear()
-        PAIR_KEYS.update(super().pair_keys(rank, public_keys))
-        return dict(PAIR_KEYS)
+    def pair_keys(self, rank, public_keys, transcript=None, purpose="secure-sum"):
+        keys = super().pair_keys(rank, public_keys, transcript, purpose)
+        if purpose == "secure-sum":
+            PAIR_KEYS.clear()
+            PAIR_KEYS.update(keys)
+        return keys
 
 
 class WeakRecording(_Remember, WeakAgreement16):
@@ -53,7 +56,7 @@ def _input(rank: int) -> torch.Tensor:
 
 def _sum_once(role) -> dict:
     view: list = []
-    secure_sum(_input(role.spec.rank), 2, role.backend.shares, view=view)
+    secure_sum(_input(role.rank), 2, role.backend.shares, role.peers, view=view)
     keys = {str(k): v.hex() for k, v in PAIR_KEYS.items()}
     return {"shares": {str(s.src): s.raw.numpy() for s in view}, "keys": keys}
 
@@ -176,19 +179,17 @@ def test_passive_party_regenerates_the_active_partys_latent_noise(sessions, buil
 
 
 def _pickle_to_the_aggregator(role, payload: bytes):
-    if role.spec.rank == 0:
-        role.membership.channel.send(2, payload)  # a passive party's "ciphertexts"
+    if role.rank == 0:
+        role.peers.send(2, "posterior", payload)  # a passive party's "ciphertexts"
     elif not role.is_party:
-        role.spec.protocol.serve(role.membership)
+        role.serve_helper()
 
 
 def _pickle_to_the_active_party(role, payload: bytes):
-    from falsevfl_secure.transport.he import share_context
     from falsevfl_secure.transport.rounds import POSTERIOR
 
     if not role.is_party:
-        share_context(role.membership.channel, 2, 1)  # take the context the active party sends at start-up
-        role.membership.channel.send(1, payload)  # the aggregator's "encrypted sum"
+        role.peers.send(1, "posterior", payload)  # the aggregator's "encrypted sum"
     elif role.is_active:
         role.backend.sum_to_active(POSTERIOR, torch.zeros(3, 4))
 
@@ -198,13 +199,14 @@ def _nothing(role) -> None:
 
 
 class HostileContext(He):
-    """An active party that sends a pickle where its public context belongs."""
+    """An active party that sends a pickle where its public context belongs, signed with its own pinned key
+    (so that it passes the signature check and reaches the parser)."""
 
     def open(self, m):
+        from falsevfl_secure.transport.handshake import send_context
+
         if m.rank == m.active_index:
-            for rank in range(m.n_parties + 1):
-                if rank != m.active_index:
-                    m.channel.send(rank, self.payload)
+            send_context(m.peers.network, m.key, m.session, self.payload)
             return None
         return super().open(m)
 
@@ -221,7 +223,7 @@ def test_a_pickle_payload_is_refused_by_every_receiving_role_without_running(tmp
         hostile = HostileContext()
         object.__setattr__(hostile, "payload", payload)
         call = (hostile, _nothing, ())
-    with pytest.raises(WorkerError, match="frame"):
+    with pytest.raises(WorkerError, match="frame|context"):
         run_world(call[0], 2, call[1], call[2], timeout_s=60)
     assert not marker.exists()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,31 +19,28 @@ from falsevfl_secure.errors import PartyFailure
 from falsevfl_secure.runtime.distributed import run_distributed
 
 
-def processes_mentioning(marker: str) -> list[int]:
-    """PIDs of live processes whose command line contains `marker` (our workers carry the run
-    directory in `--job DIR/job.json`)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next((ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("State:")), "")
-        except OSError:
-            continue
-        if marker in cmdline and "zombie" not in state:
-            pids.append(int(entry.name))
-    return pids
-
-
-def wait_for_workers(marker: str, count: int, timeout: float = 60) -> list[int]:
+def world_pids(out: Path, timeout: float = 60) -> dict[str, int]:
+    """The process ids of a world's roles (it writes OUT/world.pids as soon as they have started)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = [p for p in processes_mentioning(marker) if "runtime.worker" in Path(f"/proc/{p}/cmdline").read_text()]
-        if len(pids) >= count:
-            return pids
-        time.sleep(0.2)
-    raise AssertionError(f"workers did not start within {timeout} s")
+        try:
+            return json.loads((out / "world.pids").read_text())
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    raise AssertionError(f"no world started within {timeout} s")
+
+
+def alive(pids) -> list[int]:
+    """The pids among `pids` of processes that still run (a zombie counts as gone)."""
+    running = []
+    for pid in pids:
+        try:
+            state = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if "zombie" not in state:
+            running.append(pid)
+    return running
 
 
 def tiny_config(epochs: int = 1):
@@ -51,17 +49,11 @@ def tiny_config(epochs: int = 1):
 
 
 def test_a_finished_run_leaves_no_process(tmp_path):
-    result = run_distributed(tiny_config(), "plain", ("mcar:0",), progress=False, out_dir=tmp_path)
+    result = run_distributed(tiny_config(), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
+                             allow_two_party_disclosure=True)
     assert 0.0 <= result.accuracy["mcar:0"] <= 100.0
     assert {r["party"] for r in result.communication} == {0, 1}
-    assert processes_mentioning(str(tmp_path)) == []
-
-
-def party_pid(marker: str, rank: int) -> int:
-    for pid in wait_for_workers(marker, 2):
-        if f"RANK={rank}\0".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-            return pid
-    raise AssertionError(f"no worker with RANK={rank}")
+    assert alive(world_pids(tmp_path).values()) == []
 
 
 def wait_for_training(checkpoints: Path, timeout: float = 60) -> None:
@@ -72,7 +64,7 @@ def wait_for_training(checkpoints: Path, timeout: float = 60) -> None:
 
 def test_a_killed_party_ends_the_run_with_an_error_naming_it(tmp_path):
     def kill_party_one():
-        pid = party_pid(str(tmp_path), 1)
+        pid = world_pids(tmp_path)["party1"]
         wait_for_training(tmp_path / "ckpt")
         os.kill(pid, signal.SIGKILL)
 
@@ -81,10 +73,10 @@ def test_a_killed_party_ends_the_run_with_an_error_naming_it(tmp_path):
     start = time.monotonic()
     with pytest.raises(PartyFailure, match=r"rank 1 died \(signal 9\) in round '[a-z_]+'"):
         run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
-                        checkpoint_dir=tmp_path / "ckpt")
+                        checkpoint_dir=tmp_path / "ckpt", allow_two_party_disclosure=True)
     assert time.monotonic() - start < 90
     killer.join(timeout=5)
-    assert processes_mentioning(str(tmp_path)) == []
+    assert alive(world_pids(tmp_path).values()) == []
 
 
 def test_ctrl_c_stops_every_process(tmp_path, terminal_ctrl_c):
@@ -92,14 +84,15 @@ def test_ctrl_c_stops_every_process(tmp_path, terminal_ctrl_c):
            "--parties", "2", "--pretrain-epochs", "200", "--quiet", "--out", str(tmp_path)]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for_workers(str(tmp_path), 2)
+        pids = world_pids(tmp_path)
+        wait_for_training(tmp_path / "checkpoints")
         launcher.send_signal(signal.SIGINT)
         try:
             _, err = launcher.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             launcher.kill()
             _, err = launcher.communicate()
-            logs = {p.name: p.read_text()[-400:] for p in tmp_path.glob("rank*.log")}
+            logs = {p.name: p.read_text()[-400:] for p in tmp_path.glob("logs/*.log")}
             pytest.fail(f"the launcher was still running 30 s after Ctrl-C; stderr: {err.decode()[-1500:]}; "
                         f"worker logs: {logs}")
     finally:
@@ -107,12 +100,12 @@ def test_ctrl_c_stops_every_process(tmp_path, terminal_ctrl_c):
             launcher.kill()
     assert launcher.returncode == 130, err.decode()
     assert b"interrupted" in err
-    assert processes_mentioning(str(tmp_path)) == []
+    assert alive(pids.values()) == []
 
 
 def test_a_stalled_party_ends_the_run_within_the_timeout_naming_it(tmp_path):
     def stop_party_one():
-        pid = party_pid(str(tmp_path), 1)
+        pid = world_pids(tmp_path)["party1"]
         wait_for_training(tmp_path / "ckpt")
         os.kill(pid, signal.SIGSTOP)
         return time.monotonic()
@@ -122,9 +115,9 @@ def test_a_stalled_party_ends_the_run_within_the_timeout_naming_it(tmp_path):
     thread.start()
     with pytest.raises(PartyFailure, match=r"rank 1 stalled .* in round '[a-z_]+'"):
         run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
-                        checkpoint_dir=tmp_path / "ckpt")
+                        checkpoint_dir=tmp_path / "ckpt", allow_two_party_disclosure=True)
     assert time.monotonic() - stopped_at[0] < 30
-    assert processes_mentioning(str(tmp_path)) == []
+    assert alive(world_pids(tmp_path).values()) == []
 
 
 def test_a_party_that_fails_is_named_with_its_own_message_not_a_peers_timeout(tmp_path):
@@ -132,15 +125,15 @@ def test_a_party_that_fails_is_named_with_its_own_message_not_a_peers_timeout(tm
     lose it. The launcher reports party 1's own error, not the peers' failures that followed."""
     cfg = tiny_config(epochs=2)
     run_distributed(cfg, "plain", ("mcar:0",), progress=False, out_dir=tmp_path / "first",
-                    checkpoint_dir=tmp_path / "ckpt")
+                    checkpoint_dir=tmp_path / "ckpt", allow_two_party_disclosure=True)
     for path in (tmp_path / "ckpt").glob("party1-*.pt"):
         path.write_bytes(b"not a checkpoint")
     start = time.monotonic()
-    with pytest.raises(PartyFailure, match=r"rank 1 failed .*\(party 1\): .*not a checkpoint of this program"):
+    with pytest.raises(PartyFailure, match=r"rank 1 failed .*\(party1\): .*not a checkpoint of this program"):
         run_distributed(cfg, "plain", ("mcar:0",), progress=False, out_dir=tmp_path / "again",
-                        checkpoint_dir=tmp_path / "ckpt", resume=True)
+                        checkpoint_dir=tmp_path / "ckpt", resume=True, allow_two_party_disclosure=True)
     assert time.monotonic() - start < 60
-    assert processes_mentioning(str(tmp_path)) == []
+    assert alive(world_pids(tmp_path / "again").values()) == []
 
 
 def test_a_slow_world_pinned_to_one_core_completes(tmp_path):

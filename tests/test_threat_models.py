@@ -221,8 +221,12 @@ def test_a_recorded_training_run_is_audited_and_the_audit_is_not_vacuous(tmp_pat
     from falsevfl_secure.transport.views import load_view
 
     first, second = (load_view(folder / "views" / f"rank{ACTIVE}.npz") for folder in (tmp_path / "mpc", again))
-    assert [e.round for e in first] == [e.round for e in second]
-    assert not any(np.array_equal(a.value, b.value) for a, b in zip(first, second, strict=True) if a.kind != "sent")
+    rounds = [[e for e in view if e.kind in ("received", "revealed")] for view in (first, second)]
+    assert [e.round for e in rounds[0]] == [e.round for e in rounds[1]]
+    assert not any(np.array_equal(a.value, b.value) for a, b in zip(*rounds, strict=True))
+    controls = [sorted((e.round, e.peer, e.value.tobytes()) for e in view.of("control")) for view in (first, second)]
+    assert [c[:2] for c in controls[0]] == [c[:2] for c in controls[1]]  # the same set-up steps, fresh contents
+    assert not set(c[2] for c in controls[0]) & set(c[2] for c in controls[1])
 
 
 def test_audit_of_recorded_views_needs_enough_shares():

@@ -1,14 +1,17 @@
 """Command line of a federation on separately held tables.
 
     python -m falsevfl_secure.federation demo --dataset digits|isolet --parties K --out DIR [--seed N]
+    python -m falsevfl_secure.federation keygen --config DIR/federation.toml --party NAME
     python -m falsevfl_secure.federation train --config DIR/federation.toml [--party NAME] [--protocol P]
     python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME]
         [--absent NAME ...] --out PREDICTIONS.csv
     python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv
 
 Without --party, every listed party (and the he aggregator) runs as its own local process, each reading
-only its own files; with --party, this process is that party alone (one host per party; the active
-party serves the rendezvous). Every expected failure ends with one `error:` line and a non-zero exit.
+only its own files; with --party, this process is that party alone (one host per party: the active party
+listens at the rendezvous, the he aggregator at its address, every other party only connects out over
+mutual TLS to the identities pinned in its own file). Every expected failure ends with one `error:` line
+and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -38,11 +41,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
     demo.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
                       help="the model's schedule written into federation.toml")
+    keygen = commands.add_parser("keygen", help="create a participant's identity key and print the line to pin")
+    keygen.add_argument("--config", required=True, help="the federation.toml that names the participant")
+    keygen.add_argument("--party", required=True, help="a party's name, or 'aggregator'")
     for name in ("train", "predict"):
         sub = commands.add_parser(name, help=f"{name} the federation")
         sub.add_argument("--config", required=True, help="the federation.toml")
         sub.add_argument("--party", default=None, help="run this party only (one host per party)")
-        sub.add_argument("--protocol", choices=tuple(PROTOCOLS), default=None, help="override [federation] protocol")
+        sub.add_argument("--protocol", choices=tuple(PROTOCOLS), default=None,
+                         help="as if this party's file said so (every participant must agree, or nobody runs)")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
     commands.choices["train"].add_argument("--resume", action="store_true")
     commands.choices["predict"].add_argument("--absent", nargs="*", default=[], help="listed parties that are away")
@@ -64,29 +71,39 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    """train or predict: one party here, or all of them as local processes."""
-    from .launch import present_parties, run_all, run_party
-    from .roster import admit
+def keygen(args: argparse.Namespace) -> int:
+    from ..secure import identity
+    from .config import AGGREGATOR
 
     fed = load_federation(args.config)
-    present = present_parties(fed, getattr(args, "absent", []))
-    protocol = admit(fed, len(present), args.protocol or fed.protocol)
-    options = {"resume": getattr(args, "resume", False), "progress": not args.quiet, "out": getattr(args, "out", None)}
-    if args.party is not None:
-        return run_party(fed, args.party, args.command, protocol, present, **options)
-    run_all(fed, args.command, protocol, present, _forwarded(args), progress=not args.quiet)
-    _summarise(fed, args)
+    if args.party != AGGREGATOR:
+        fed.party(args.party)  # an unknown name is refused, naming the parties
+    path = fed.identity_path(args.party)
+    key = identity.generate()
+    identity.write_private_key(path, key)
+    public = identity.public_bytes(key)
+    section = "[aggregator]" if args.party == AGGREGATOR else f"[[party]] name = {args.party!r}"
+    print(f"wrote {path} (readable by its owner only; it never leaves this host)")
+    print(f"pin it in {section} of every participant's federation.toml:")
+    print(f'key = "{identity.pin_text(public)}"')
+    print(f"fingerprint (compare it out of band): {identity.fingerprint(public)}")
     return 0
 
 
-def _forwarded(args: argparse.Namespace) -> list[str]:
-    argv = ["--quiet"] if args.quiet else []
-    if args.command == "train" and args.resume:
-        argv.append("--resume")
-    if args.command == "predict":
-        argv += ["--out", str(Path(args.out).resolve()), *(["--absent", *args.absent] if args.absent else [])]
-    return argv
+def run(args: argparse.Namespace) -> int:
+    """train or predict: one party here, or all of them as local processes."""
+    from .launch import present_parties, run_all, run_party
+
+    fed = load_federation(args.config)
+    present = present_parties(fed, getattr(args, "absent", []))
+    protocol = args.protocol or fed.protocol
+    out = str(Path(args.out).resolve()) if getattr(args, "out", None) else None
+    options = {"resume": getattr(args, "resume", False), "progress": not args.quiet, "out": out}
+    if args.party is not None:
+        return run_party(fed, args.party, args.command, protocol, present, options)
+    run_all(fed, args.command, protocol, present, options)
+    _summarise(fed, args)
+    return 0
 
 
 def _summarise(fed, args: argparse.Namespace) -> None:
@@ -126,7 +143,7 @@ def _column(path: Path, name: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = {"demo": demo, "train": run, "predict": run, "score": score}[args.command]
+    command = {"demo": demo, "keygen": keygen, "train": run, "predict": run, "score": score}[args.command]
     return guarded(lambda: command(args))
 
 

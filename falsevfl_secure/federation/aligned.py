@@ -11,6 +11,7 @@ which of them are labeled: row numbers of the shared order, never labels.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -20,9 +21,9 @@ from ..data import LabelSide, PartyView
 from ..data.standardize import Standardizer
 from ..data.tables import PartyTable
 from ..secure import frames
-from ..secure.align import align
+from ..secure.align import MAX_IDS, align
 from ..secure.errors import SecureMessageError
-from ..transport.channel import GlooChannel
+from ..secure.identity import sign, verify
 
 
 @dataclass(frozen=True)
@@ -37,41 +38,56 @@ class Aligned:
     seconds: float
 
 
-def align_table(role, table: PartyTable, labeled_rows: np.ndarray | None, restrict: bool) -> Aligned:
+def align_table(role, table: PartyTable, labeled_rows: np.ndarray | None, restrict: bool,
+                max_ids: int = MAX_IDS) -> Aligned:
     """Align this party's table with every other party's (a collective over the parties)."""
     started = time.perf_counter()
     listed = np.arange(table.n_rows) if role.is_active else np.flatnonzero(table.held)
-    channel = GlooChannel(role.membership.group)
-    result = align(channel, [table.ids[i] for i in listed], role.spec.active_index, restrict_to_active=restrict)
+    channel = role.channel()
+    active = role.peers.active_index
+    result = align(channel, [table.ids[i] for i in listed], active, restrict_to_active=restrict, max_ids=max_ids)
     positions = np.full(table.n_rows, -1, dtype=np.int64)
     positions[listed] = result.positions
     if role.is_active:
         holders = result.holders.copy()
-        holders[:, role.spec.active_index] = False
-        holders[positions[table.held & (positions >= 0)], role.spec.active_index] = True
+        holders[:, active] = False
+        holders[positions[table.held & (positions >= 0)], active] = True
         kept = np.flatnonzero(holders.any(axis=1))
         labeled = np.intersect1d(positions[labeled_rows], kept) if labeled_rows is not None else kept[:0]
-        _announce(channel, role.spec.active_index, kept, labeled)
+        _announce(role, kept, labeled)
         holders, dropped = holders[kept], int(result.n_union - kept.size)
     else:
-        (kept, labeled), holders, dropped = _announced(channel, role.spec.active_index, result.n_union), None, 0
+        (kept, labeled), holders, dropped = _announced(role, result.n_union), None, 0
     remap = np.full(result.n_union, -1, dtype=np.int64)
     remap[kept] = np.arange(kept.size)
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started)
 
 
-def _announce(channel: GlooChannel, active: int, kept: np.ndarray, labeled: np.ndarray) -> None:
+def _announce(role, kept: np.ndarray, labeled: np.ndarray) -> None:
+    """The declared `kept` step: the active party's signed announcement of the kept and labeled positions."""
     frame = frames.encode(frames.Kind.DATA, [kept.astype("<i8").tobytes(), labeled.astype("<i8").tobytes()])
-    for rank in range(channel.world_size):
-        if rank != active:
-            channel.send(rank, frame)
+    signature = sign(role.key, "kept rows", role.session.id + hashlib.sha256(frame).digest())
+    peers = role.peers
+    for rank in range(peers.n_parties):
+        if rank != peers.active_index:
+            peers.send(rank, "kept", signature + frame)
 
 
-def _announced(channel: GlooChannel, active: int, n_union: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kept and labeled positions from the active party: increasing positions of the shared order,
-    the labeled ones among the kept (anything else is refused, naming the sender)."""
-    frame = frames.decode(channel.recv(active), expect=(frames.Kind.DATA,))
+def _announced(role, n_union: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kept and labeled positions from the active party, signed by it over this session: increasing
+    positions of the shared order, the labeled ones among the kept (anything else is refused)."""
+    peers, active = role.peers, role.session.active
+    payload = peers.recv(peers.active_index, "kept")
+    signature, frame = payload[:64], payload[64:]
+    verify(role.spec.cast.pins[active], "kept rows", role.session.id + hashlib.sha256(frame).digest(), signature,
+           active)
+    return check_announcement(frame, peers.active_index, n_union)
+
+
+def check_announcement(data: bytes, active: int, n_union: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kept and labeled positions in an announcement frame, checked (see `_announced`)."""
+    frame = frames.decode(data, expect=(frames.Kind.DATA,))
     if len(frame.blobs) != 2 or any(len(b) % 8 for b in frame.blobs):
         raise SecureMessageError(f"the row announcement from party {active} is not two int64 arrays")
     kept, labeled = (np.frombuffer(b, dtype="<i8").astype(np.int64) for b in frame.blobs)

@@ -7,8 +7,9 @@ label columns, the model's hyperparameters, where the parties meet, and each par
     id_column = "id"
     label_column = "label"          # in the active party's tables; empty where unlabeled
     task = "classification"         # or "regression"
-    rendezvous = "10.0.0.1:29611"   # host:port where the active party serves the rendezvous store
+    rendezvous = "10.0.0.1:29611"   # host:port where the active party listens (gRPC, mutual TLS)
     join_timeout_s = 60             # one host per party: how long the active party waits for the others
+    max_ids = 1000000               # the largest ID list any party may bring to the alignment
 
     [model]                         # a preset ("digits", "isolet:quick", ...) and/or explicit settings
     preset = "digits"
@@ -21,10 +22,13 @@ label columns, the model's hyperparameters, where the parties meet, and each par
     train = "bank/train.csv"        # paths are relative to this file
     predict = "bank/predict.csv"
     model = "bank/model"
-    interface = "eth0"              # optional: the network interface gloo uses on this party's host
+    key = "ed25519:..."             # the party's pinned identity (`federation keygen` prints this line)
+    identity = "bank/identity.key"  # optional: this party's own private key (default: next to its model folder)
 
-    [aggregator]                    # he only: the non-colluding aggregator's host
-    interface = "eth0"
+    [aggregator]                    # he only: the non-colluding aggregator
+    address = "10.0.0.9:29612"      # host:port where it listens
+    key = "ed25519:..."             # its pinned identity
+    identity = "aggregator/identity.key"  # optional: its own private key (on its host)
 
 Every mistake is one `InputError` naming the file and the setting.
 """
@@ -37,12 +41,16 @@ from pathlib import Path
 
 from ..config import Config, StageConfig, make_config
 from ..errors import InputError
+from ..secure.identity import IdentityError, parse_pin
 from ..transport.protocols import PROTOCOLS
 
 AGGREGATOR = "aggregator"
+DEFAULT_MAX_IDS = 1_000_000
 _SECTIONS = {"federation", "model", "party", "aggregator"}
 _FEDERATION_KEYS = {"active", "protocol", "id_column", "label_column", "task", "rendezvous",
-                    "allow_two_party_disclosure", "join_timeout_s"}
+                    "allow_two_party_disclosure", "join_timeout_s", "max_ids"}
+_PARTY_KEYS = {"name", "train", "predict", "model", "key", "identity"}
+_AGGREGATOR_KEYS = {"address", "key", "identity"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,15 @@ class PartySpec:
     train: Path
     predict: Path
     model_dir: Path
-    interface: str | None = None
+    key: bytes | None = None  # the pinned Ed25519 public key
+    identity: Path | None = None  # this party's own private key file (used only on its own host)
+
+
+@dataclass(frozen=True)
+class AggregatorSpec:
+    address: tuple[str, int] | None = None
+    key: bytes | None = None
+    identity: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -65,9 +81,10 @@ class Federation:
     task: str
     rendezvous: tuple[str, int]
     model: Config
-    aggregator_interface: str | None = None
+    aggregator: AggregatorSpec = AggregatorSpec()
     allow_two_party_disclosure: bool = False
     join_timeout_s: float = 60.0
+    max_ids: int = DEFAULT_MAX_IDS
 
     @property
     def names(self) -> list[str]:
@@ -78,6 +95,26 @@ class Federation:
             if spec.name == name:
                 return spec
         raise InputError(f"{self.path}: unknown party {name!r}; the parties are {', '.join(self.names)}")
+
+    def pins(self, with_aggregator: bool) -> dict[str, bytes]:
+        """Every participant's pinned key (the aggregator's too when the protocol has one); a missing pin is
+        refused: a party talks to no one it has not pinned."""
+        missing = [p.name for p in self.parties if p.key is None]
+        if with_aggregator and self.aggregator.key is None:
+            missing.append(AGGREGATOR)
+        if missing:
+            raise InputError(f"{self.path}: no key pinned for {', '.join(missing)}; each participant runs "
+                             "`python -m falsevfl_secure.federation keygen --config F --party NAME` and every "
+                             "file pins the printed `key = \"ed25519:...\"` line")
+        pins = {p.name: p.key for p in self.parties}
+        return {**pins, AGGREGATOR: self.aggregator.key} if with_aggregator else pins
+
+    def identity_path(self, name: str) -> Path:
+        """Where role `name` keeps its own private key (its `identity` setting, or the default)."""
+        if name == AGGREGATOR:
+            return self.aggregator.identity or self.path.parent / AGGREGATOR / "identity.key"
+        spec = self.party(name)
+        return spec.identity or spec.model_dir.parent / "identity.key"
 
 
 def load_federation(path: Path | str) -> Federation:
@@ -99,9 +136,10 @@ def load_federation(path: Path | str) -> Federation:
         raise InputError(f"{path}: [federation] active = {active!r} is not one of the parties {names}")
     task = _task(section, path)
     return Federation(path, parties, active, _protocol(section, path), _text(section, "id_column", path, "federation"),
-                      _text(section, "label_column", path, "federation"), task, _rendezvous(section, path),
+                      _text(section, "label_column", path, "federation"), task,
+                      _address(section, "rendezvous", path, "federation"),
                       _model(raw, path, len(parties), names.index(active), task), _aggregator(raw, path),
-                      _disclosure(section, path), _join_timeout(section, path))
+                      _disclosure(section, path), _join_timeout(section, path), _max_ids(section, path))
 
 
 def _table(raw: dict, key: str, path: Path) -> dict:
@@ -147,12 +185,30 @@ def _join_timeout(section: dict, path: Path) -> float:
     return float(value)
 
 
-def _rendezvous(section: dict, path: Path) -> tuple[str, int]:
-    text = _text(section, "rendezvous", path, "federation")
+def _address(section: dict, key: str, path: Path, where: str) -> tuple[str, int]:
+    text = _text(section, key, path, where)
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError(f"{path}: [federation] rendezvous = {text!r} must be HOST:PORT")
+        raise InputError(f"{path}: [{where}] {key} = {text!r} must be HOST:PORT")
     return host, int(port)
+
+
+def _max_ids(section: dict, path: Path) -> int:
+    value = section.get("max_ids", DEFAULT_MAX_IDS)
+    from ..secure.align import MAX_IDS
+
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_IDS:
+        raise InputError(f"{path}: [federation] max_ids = {value!r} must be an integer in 1..{MAX_IDS}")
+    return value
+
+
+def _pin(section: dict, path: Path, where: str) -> bytes | None:
+    if "key" not in section:
+        return None
+    try:
+        return parse_pin(section["key"])
+    except IdentityError as error:
+        raise InputError(f"{path}: [{where}] key: {error}") from None
 
 
 def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
@@ -168,20 +224,23 @@ def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
 
 def _party(entry: dict, index: int, path: Path) -> PartySpec:
     where = f"party #{index + 1}"
-    unknown = set(entry) - {"name", "train", "predict", "model", "interface"}
+    unknown = set(entry) - _PARTY_KEYS
     if unknown:
-        raise InputError(f"{path}: [{where}] unknown settings {sorted(unknown)}")
+        raise InputError(f"{path}: [{where}] unknown settings {sorted(unknown)}; valid: {sorted(_PARTY_KEYS)}")
     base = path.parent
+    identity = base / _text(entry, "identity", path, where) if "identity" in entry else None
     return PartySpec(_text(entry, "name", path, where), base / _text(entry, "train", path, where),
                      base / _text(entry, "predict", path, where), base / _text(entry, "model", path, where),
-                     entry.get("interface"))
+                     _pin(entry, path, where), identity)
 
 
-def _aggregator(raw: dict, path: Path) -> str | None:
+def _aggregator(raw: dict, path: Path) -> AggregatorSpec:
     section = raw.get("aggregator", {})
-    if not isinstance(section, dict) or set(section) - {"interface"}:
-        raise InputError(f"{path}: [aggregator] takes only `interface`")
-    return section.get("interface")
+    if not isinstance(section, dict) or set(section) - _AGGREGATOR_KEYS:
+        raise InputError(f"{path}: [aggregator] takes only {sorted(_AGGREGATOR_KEYS)}")
+    address = _address(section, "address", path, "aggregator") if "address" in section else None
+    identity = path.parent / _text(section, "identity", path, "aggregator") if "identity" in section else None
+    return AggregatorSpec(address, _pin(section, path, "aggregator"), identity)
 
 
 def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Config:

@@ -52,10 +52,26 @@ def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: s
                      with_unheld=np.ones(test.n, dtype=bool) if is_active else None)
     truth = [("id", "label")] + [(test_ids[i], label_name(cfg.dataset, int(y))) for i, y in enumerate(test.y)]
     atomic_write(out / "truth.csv", _csv(truth))
+    pins = _identities(out, names)
     path = out / "federation.toml"
     atomic_write(path, _toml(cfg.dataset if preset == "default" else f"{cfg.dataset}:{preset}", names, names[active],
-                             protocol, seed))
+                             protocol, seed, pins))
     return path
+
+
+def _identities(out: Path, names: list[str]) -> dict[str, str]:
+    """An identity key per party (party folder/identity.key) and for the aggregator; the pins. In a real
+    federation each participant runs `federation keygen` on its own host and sends only the printed pin."""
+    from ..secure import identity
+
+    pins = {}
+    for name in [*names, "aggregator"]:
+        key = identity.generate()
+        path = out / name / "identity.key"
+        path.unlink(missing_ok=True)  # the demo rewrites its own folder
+        identity.write_private_key(path, key)
+        pins[name] = identity.pin_text(identity.public_bytes(key))
+    return pins
 
 
 def _ids(rng: np.random.Generator, n: int, prefix: str) -> list[str]:
@@ -83,10 +99,10 @@ def _csv(rows: list) -> str:
     return buffer.getvalue()
 
 
-def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int) -> str:
+def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int, pins: dict[str, str]) -> str:
     parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
-                      f'model = "{n}/model"\n' for n in names)
+                      f'model = "{n}/model"\nkey = "{pins[n]}"\n' for n in names)
     return (f'# A demo federation written by `python -m falsevfl_secure.federation demo` ({preset}).\n'
             f'[federation]\nactive = "{active}"\nprotocol = "{protocol}"\nid_column = "id"\nlabel_column = "label"\n'
             f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n\n[model]\npreset = "{preset}"\n'
-            f"seed = {seed}\n{parties}")
+            f"seed = {seed}\n{parties}\n[aggregator]\naddress = \"127.0.0.1:29612\"\nkey = \"{pins['aggregator']}\"\n")

@@ -1,30 +1,26 @@
-"""Running the parties of a federation: one party in this process (`--party NAME`, one host each), or every
-listed party as its own local process, each reading only its own files.
+"""Running the roles of a federation: one role in this process (`--party NAME`, one host each), or every
+listed role as its own local process (a `runtime.world.World`), each reading only its own files.
 
-One host per party: the active party serves the rendezvous store at `[federation] rendezvous`, every
-party watches the others' heartbeats, and a party's `interface` setting chooses the network interface
-gloo uses (GLOO_SOCKET_IFNAME). Launched locally, the launcher serves the store and watches instead.
+Every role builds its spec from its own federation.toml: the cast with the pinned keys, the agreement
+(`transport.agreement`: what every participant must share), what it was asked to do, and its links.
+One host per party, the active party listens at `[federation] rendezvous`, the he aggregator at
+`[aggregator] address`, and every other party only dials out. Launched locally, the hubs listen on
+loopback ports chosen at start-up.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..runtime import liveness
-from ..runtime.launcher import launch
+from ..runtime.cast import LOOPBACK, base_agreement, plan_for
 from ..runtime.role import RoleSpec
-from ..runtime.worker import serve_role
-from ..transport.protocols import protocol_named
-from . import roster
+from ..runtime.worker import run_role
+from ..runtime.world import World
+from ..transport.handshake import Cast, Request
+from ..transport.protocols import Protocol, protocol_named
 from .config import AGGREGATOR, Federation
-from .party import predict_program, read_prediction_table, read_training_table, train_program
-
-
-def roles_of(fed: Federation, present: list[str], protocol: str) -> list[str]:
-    """The names of the world's roles in rank order: the present parties, then the protocol's helpers."""
-    return [*present, *(AGGREGATOR for _ in protocol_named(protocol).helpers)]
+from .party import federation_program
 
 
 def present_parties(fed: Federation, absent: list[str]) -> list[str]:
@@ -36,52 +32,55 @@ def present_parties(fed: Federation, absent: list[str]) -> list[str]:
     return [name for name in fed.names if name not in absent]
 
 
-def run_party(fed: Federation, name: str, command: str, protocol: str, present: list[str], **options) -> int:
-    """Run role `name` of the command's world in this process; the exit code says how it ended. Launched
-    locally, the launcher fixed the world; one host per party, the active party's roster does."""
-    _check_role(fed, name, roles_of(fed, fed.names, protocol))
-    inputs = _inputs(fed, name, command)  # this party's files are read and checked before it joins
-    launched = "FALSEVFL_LAUNCHER_PID" in os.environ
-    address, port = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])) if launched else fed.rendezvous
-    store = liveness.connect_store(address, port, host=not launched and name == fed.active)
-    if not launched:
-        agreed = roster.agree(store, fed, name, command, present, protocol)
-        present, protocol = agreed.present, agreed.protocol
-    roles = roles_of(fed, present, protocol)
-    _check_role(fed, name, roles)
-    interface = fed.aggregator_interface if name == AGGREGATOR else fed.party(name).interface
-    if interface:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface  # read by gloo when the world is joined
-    spec = RoleSpec(roles.index(name), len(present), present.index(fed.active), protocol_named(protocol), address,
-                    port, watch=not launched)
-    program = _program(fed, name, command, present, options, inputs)
-    return serve_role(spec, store, program, linger=not launched and name == fed.active)
+def role_names(fed: Federation, present: list[str], protocol: Protocol) -> list[str]:
+    """The names of the roles of a run: the present parties, then the protocol's helpers."""
+    return [*present, *(AGGREGATOR for _ in protocol.helpers)]
 
 
-def _check_role(fed: Federation, name: str, roles: list[str]) -> None:
-    if name not in roles:
-        raise InputError(f"--party {name!r} is not a role of this run; the roles are {', '.join(roles)}")
+def agreement_settings(fed: Federation, command: str) -> dict:
+    """The run settings every participant must share besides the cast (see `transport.agreement`)."""
+    return {"command": command, "model": fed.model.fingerprint(), "task": fed.task, "max_ids": fed.max_ids}
 
 
-def _inputs(fed: Federation, name: str, command: str):
-    """This role's checked files: the training table, or the prediction table with the saved model."""
-    if name == AGGREGATOR:
-        return None
-    return read_training_table(fed, name) if command == "train" else read_prediction_table(fed, name)
+def spec_of(fed: Federation, name: str, command: str, protocol: Protocol, present: list[str],
+            addresses: dict[str, str]) -> RoleSpec:
+    """Role `name`'s spec, from this federation file alone."""
+    aggregator = AGGREGATOR if protocol.helpers else None
+    cast = Cast(tuple(fed.names), fed.active, aggregator, fed.pins(with_aggregator=aggregator is not None))
+    agreement = base_agreement(protocol, cast, fed.allow_two_party_disclosure, agreement_settings(fed, command))
+    request = Request(tuple(present), command == "train", fed.join_timeout_s, str(fed.path))
+    return RoleSpec(name, cast, protocol, agreement, request, plan_for(name, cast, addresses),
+                    str(fed.identity_path(name)))
 
 
-def _program(fed: Federation, name: str, command: str, present: list[str], options: dict, inputs):
-    if command == "train":
-        return train_program(fed, name, inputs, options["resume"], options["progress"])
-    return predict_program(fed, name, present, Path(options["out"]), inputs)
+def file_addresses(fed: Federation, protocol: Protocol) -> dict[str, str]:
+    """Where the hubs listen one host per party: the rendezvous and, for he, the aggregator's address."""
+    addresses = {fed.active: "{}:{}".format(*fed.rendezvous)}
+    if protocol.helpers:
+        if fed.aggregator.address is None:
+            raise InputError(f"{fed.path}: protocol {protocol.name} needs [aggregator] address = \"HOST:PORT\"")
+        addresses[AGGREGATOR] = "{}:{}".format(*fed.aggregator.address)
+    return addresses
 
 
-def run_all(fed: Federation, command: str, protocol: str, present: list[str], argv: list[str],
-            progress: bool) -> None:
-    """Every role of the command as a local process of its own; raises `PartyFailure` naming the role
-    that failed first."""
-    roles = roles_of(fed, present, protocol)
-    logs = fed.path.parent / "logs" / command
-    commands = [["-m", "falsevfl_secure.federation", command, "--config", str(fed.path), "--party", name,
-                 "--protocol", protocol, *argv] for name in roles]
-    launch(commands, logs, roles, show_rank=present.index(fed.active) if progress else None)
+def run_party(fed: Federation, name: str, command: str, protocol: str, present: list[str], options: dict) -> int:
+    """Run role `name` of the command in this process (one host per party); 0 when it ended well (any
+    failure raises with one line)."""
+    proto = protocol_named(protocol)
+    if name not in role_names(fed, fed.names, proto):
+        raise InputError(f"--party {name!r} is not a role of this run; the roles are "
+                         f"{', '.join(role_names(fed, fed.names, proto))}")
+    spec = spec_of(fed, name, command, proto, present, file_addresses(fed, proto))
+    run_role(spec, federation_program, (str(fed.path), command, options))
+    return 0
+
+
+def run_all(fed: Federation, command: str, protocol: str, present: list[str], options: dict) -> None:
+    """Every role of the command as a local process of its own; raises `PartyFailure` naming the role that
+    failed first."""
+    proto = protocol_named(protocol)
+    loopback = {fed.active: LOOPBACK, **({AGGREGATOR: LOOPBACK} if proto.helpers else {})}
+    specs = [spec_of(fed, name, command, proto, present, loopback) for name in role_names(fed, present, proto)]
+    logs = Path(fed.path).parent / "logs" / command
+    show = fed.active if options.get("progress") else None
+    World(specs, federation_program, (str(fed.path), command, options), logs, show=show).start().wait()

@@ -1,9 +1,10 @@
 """What one party of a federation does, in its own process and with its own files only.
 
-`train_program` aligns the party's training table with the others', standardises its block with its
-own rows' statistics, trains the unchanged FALSE-VFL core and saves its part of the model.
-`predict_program` aligns the prediction tables of the parties present, loads each party's saved part,
-and the active party writes the predictions. The he aggregator has no files: it serves its protocol.
+`federation_program` is what every role runs: in `train`, a party aligns its training table with the
+others', standardises its block with its own rows' statistics, trains the unchanged FALSE-VFL core and
+saves its part of the model and its own communication counters; in `predict`, the parties present align
+their prediction tables, load their saved parts, and the active party writes the predictions. The he
+aggregator has no files: it serves its protocol.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from ..data.standardize import Standardizer
 from ..data.tables import PartyTable, encode_labels, read_party_table
 from ..fsio import atomic_write, write_json
 from ..node import build_node, resolve_device
-from ..runtime.distributed import agree_across, gather_log
+from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split
 from .aligned import Aligned, align_table, is_labeled, party_view
-from .config import Federation
+from .config import Federation, load_federation
 from .store import Manifest, load_manifest, load_weights, save_model
 
 
@@ -55,31 +56,41 @@ def read_prediction_table(fed: Federation, name: str) -> tuple[PartyTable, Manif
     return table, manifest
 
 
-def train_program(fed: Federation, name: str, table: PartyTable | None, resume: bool, progress: bool):
-    """The program of party `name` (or, with no table, the aggregator) in `federation train`."""
-    def program(role) -> None:
-        if not role.is_party:
-            role.spec.protocol.serve(role.membership)
-            return
-        started, me, rank = time.perf_counter(), fed.party(name), role.spec.rank
-        targets, classes = _targets(fed, table) if role.is_active else (None, ())
-        aligned = align_table(role, table, np.flatnonzero(is_labeled(targets)) if targets is not None else None,
-                              restrict=False)
-        scaler = Standardizer.fit(table.x, table.held)
-        cfg, device = fed.model, resolve_device(fed.model.device)
-        n_classes = _n_classes(fed, classes) if role.is_active else None
-        node = build_node(cfg, {rank: len(table.columns)}, n_classes, role.transport(device), device)
-        data = host_split(party_view(table, aligned, scaler, rank, targets), device,
-                          n_classes if fed.task == "classification" else None)
-        trained = fit(node, data, me.model_dir / "checkpoints", resume, progress and role.is_active, agree_across(role))
-        manifest = Manifest(name, table.columns, scaler, cfg.fingerprint(), cfg.training_settings(),
-                            role.spec.protocol.name, classes or None)
-        save_model(me.model_dir, node, rank, manifest)
-        communication = gather_log(node.transport.log, role)
-        if role.is_active:
-            write_json(me.model_dir / "train_result.json", _train_record(
-                fed, role.spec.protocol.name, aligned, trained, communication, time.perf_counter() - started))
-    return program
+def federation_program(role, config: str, command: str, options: dict):
+    """The program of any role of `federation train` / `predict`: it reads its own files only (the he
+    aggregator has none: it serves its protocol)."""
+    fed = load_federation(config)
+    if not role.is_party:
+        role.serve_helper()
+        return None
+    if command == "train":
+        return _train(role, fed, read_training_table(fed, role.spec.name), options)
+    return _predict(role, fed, read_prediction_table(fed, role.spec.name), options)
+
+
+def _train(role, fed: Federation, table: PartyTable, options: dict) -> None:
+    """Align, standardise with its own rows, train the FALSE-VFL core, save its own part of the model."""
+    started, me, rank = time.perf_counter(), fed.party(role.spec.name), role.rank
+    targets, classes = _targets(fed, table) if role.is_active else (None, ())
+    aligned = align_table(role, table, np.flatnonzero(is_labeled(targets)) if targets is not None else None,
+                          restrict=False, max_ids=fed.max_ids)
+    scaler = Standardizer.fit(table.x, table.held)
+    cfg, device = fed.model, resolve_device(fed.model.device)
+    n_classes = _n_classes(fed, classes) if role.is_active else None
+    node = build_node(cfg, {rank: len(table.columns)}, n_classes, role.transport(device), device)
+    data = host_split(party_view(table, aligned, scaler, rank, targets), device,
+                      n_classes if fed.task == "classification" else None)
+    progress = options.get("progress", False) and role.is_active
+    trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress,
+                  agree_resume(role))
+    manifest = Manifest(me.name, table.columns, scaler, cfg.fingerprint(), cfg.training_settings(),
+                        role.protocol.name, classes or None)
+    save_model(me.model_dir, node, rank, manifest)
+    own = {"communication": node.transport.log.table(), "protocol": role.protocol.name}
+    write_json(me.model_dir / "train_log.json", own)  # this party's own counters stay with it
+    if role.is_active:
+        write_json(me.model_dir / "train_result.json", _train_record(
+            fed, role.protocol.name, aligned, trained, own["communication"], time.perf_counter() - started))
 
 
 def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, communication: list[dict],
@@ -93,29 +104,23 @@ def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, com
             "communication": communication, "config": fed.model.to_dict()}
 
 
-def predict_program(fed: Federation, name: str, present: list[str], out: Path,
-                    loaded: tuple[PartyTable, Manifest] | None):
-    """The program of party `name` (or, with nothing loaded, the aggregator) in `federation predict`,
-    among the `present` parties: the world is theirs alone, and records held only by absent parties
-    simply have fewer holders."""
+def _predict(role, fed: Federation, loaded: tuple[PartyTable, Manifest], options: dict) -> None:
+    """Among the parties present (the world is theirs alone: records held only by absent parties simply
+    have fewer holders), align the prediction tables, load this party's part, predict."""
+    present = list(role.session.present)
     cfg = replace(fed.model, parties=len(present), active_party=present.index(fed.active))
-
-    def program(role) -> None:
-        if not role.is_party:
-            role.spec.protocol.serve(role.membership)
-            return
-        me, rank = fed.party(name), role.spec.rank
-        table, manifest = loaded
-        aligned = align_table(role, table, None, restrict=True)
-        device = resolve_device(cfg.device)
-        n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
-        node = build_node(cfg, {rank: len(manifest.columns)}, n_classes, role.transport(device), device)
-        load_weights(me.model_dir, node, rank)
-        view = party_view(table, aligned, manifest.standardizer, rank, None)
-        predictions = predict_split(node, host_split(view, device))
-        if role.is_active:
-            atomic_write(out, _predictions_csv(table, aligned, predictions.get().numpy(), manifest.classes))
-    return program
+    me, rank = fed.party(role.spec.name), role.rank
+    table, manifest = loaded
+    aligned = align_table(role, table, None, restrict=True, max_ids=fed.max_ids)
+    device = resolve_device(cfg.device)
+    n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
+    node = build_node(cfg, {rank: len(manifest.columns)}, n_classes, role.transport(device), device)
+    load_weights(me.model_dir, node, rank)
+    view = party_view(table, aligned, manifest.standardizer, rank, None)
+    predictions = predict_split(node, host_split(view, device))
+    if role.is_active:
+        atomic_write(Path(options["out"]), _predictions_csv(table, aligned, predictions.get().numpy(),
+                                                            manifest.classes))
 
 
 def _predictions_csv(table: PartyTable, aligned: Aligned, predictions: np.ndarray,

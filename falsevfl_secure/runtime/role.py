@@ -21,9 +21,10 @@ from ..transport.accounting import CommLog
 from ..transport.agreement import Agreement
 from ..transport.channel import PairChannel
 from ..transport.distributed import Backend, DistributedTransport, Peers
-from ..transport.handshake import Cast, Request, Session, open_session, pair_keys
+from ..transport.handshake import Cast, Handshake, Request, Session, pair_keys
 from ..transport.network import Blame, Network, Plan
 from ..transport.protocols import Membership, Protocol, protocol_named
+from ..transport.rounds import ROUNDS
 from ..transport.views import View
 
 
@@ -47,22 +48,27 @@ class RoleSpec:
 
 
 class Role:
-    """One process's place in a run, from `serve()` to `leave()`."""
+    """One process's place in a run, from `serve()` to `leave()`. `network_class` and `handshake_class` are
+    what it runs on; the attack tests subclass a role to model a weakened or malicious participant."""
+
+    network_class = Network
+    handshake_class = Handshake
 
     def __init__(self, spec: RoleSpec, parent=None) -> None:
         self.spec, self.parent = spec, parent  # parent: the pipe to the process that started this one, if any
         self.view = View() if spec.record else None
         self.key = read_private_key(spec.key_path)
-        self.network = Network(spec.name, self.key, spec.cast.pins, spec.plan, self._record_control)
+        self.network = self.network_class(spec.name, self.key, spec.cast.pins, spec.plan, self._record_control)
         self.session: Session | None = None
         self.membership: Membership | None = None
         self.backend: Backend | None = None
 
     def _record_control(self, src: str, tag: str, payload: bytes) -> None:
-        """Every set-up message this role receives enters its view (the audit checks all it received)."""
-        if self.view is not None and tag in CONTROL_TAGS:
-            rank = self.session.rank(src) if self.session and src in self.session.present else -1
-            self.view.add(tag, "control", rank, "clear", payload)
+        """Every message this role receives that is not a round (the backend records those) enters its
+        view: the audit checks everything a role received."""
+        if self.view is not None and tag not in ROUND_NAMES:
+            names = self.peers.names if self.membership is not None else ()
+            self.view.add(tag, "control", names.index(src) if src in names else -1, "clear", payload)
 
     def serve(self) -> int | None:
         return self.network.serve()
@@ -70,8 +76,8 @@ class Role:
     def join(self, addresses: dict[str, str] | None = None) -> Role:
         spec = self.spec
         self.network.connect(time.monotonic() + spec.request.join_timeout_s, addresses)
-        session, exchange = open_session(self.network, spec.name, self.key, spec.agreement, spec.cast,
-                                         spec.request, spec.protocol.key_agreement)
+        handshake = self.handshake_class(self.network, spec.name, self.key, spec.agreement, spec.cast, spec.request)
+        session, exchange = handshake.run(spec.protocol.key_agreement)
         names = (*session.present, *([session.aggregator] if session.aggregator else []))
         peers = Peers(self.network, names, names.index(spec.name), len(session.present), session.active_index)
         self.session = session
@@ -127,7 +133,7 @@ class Role:
         self.network.close(clean)
 
 
-CONTROL_TAGS = frozenset({"hello", "roster", "keys", "context", "kept", "resume"})
+ROUND_NAMES = frozenset(r.name for r in ROUNDS)
 
 
 def key_file(folder: Path, name: str) -> Path:

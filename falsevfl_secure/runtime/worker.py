@@ -57,14 +57,14 @@ def outcome_of(error: BaseException) -> dict:
 
 def run_role(spec, program: Callable, args: tuple = (), parent: Parent | None = None,
              addresses: dict[str, str] | None = None, on_port: Callable[[int | None], dict | None] | None = None,
-             where: dict | None = None):
+             where: dict | None = None, role_class=None):
     """Join as `spec`, run `program(role, *args)`, leave; returns its value or raises what ended it (after
     telling the peers). `on_port` receives the hub's port and may return the address book; `where`, when
-    given, receives the round the role was in when it failed."""
+    given, receives the round the role was in when it failed; `role_class` (tests) replaces `Role`."""
     from ..transport.network import RunAborted
     from .role import Role
 
-    role = Role(spec, parent)
+    role = (role_class or Role)(spec, parent)
     clean = False
     try:
         port = role.serve()
@@ -83,7 +83,7 @@ def run_role(spec, program: Callable, args: tuple = (), parent: Parent | None = 
         role.leave(clean)
 
 
-def serve_in_world(spec, program: Callable, args: tuple, conn) -> None:
+def serve_in_world(spec, program: Callable, args: tuple, conn, role_class=None) -> None:
     """The entry point of a `World` child: the role's life, its outcome reported to the parent."""
     _arm()
     parent = Parent(conn)
@@ -94,7 +94,7 @@ def serve_in_world(spec, program: Callable, args: tuple, conn) -> None:
 
     where: dict = {}
     try:
-        value = run_role(spec, program, args, parent, on_port=on_port, where=where)
+        value = run_role(spec, program, args, parent, on_port=on_port, where=where, role_class=role_class)
         parent.send({"ok": value})
     except BaseException as error:
         record = outcome_of(error)

@@ -35,8 +35,10 @@ class World:
     """`World(specs, program, args, out_dir).start()`, then `wait()` (or `ask`/`answer` for sessions)."""
 
     def __init__(self, specs: Sequence[RoleSpec], program: Callable, args: tuple = (), out_dir: Path | None = None,
-                 show: str | None = None, per_role: dict[str, tuple] | None = None) -> None:
+                 show: str | None = None, per_role: dict[str, tuple] | None = None,
+                 role_classes: dict[str, type] | None = None) -> None:
         self.specs, self.program, self.args = list(specs), program, tuple(args)
+        self.role_classes = role_classes or {}  # tests: a weakened or malicious participant's class
         self.per_role = per_role or {}  # extra arguments handed to one role's process alone (e.g. a test secret)
         self.names = [s.name for s in self.specs]
         self.out_dir, self.show = (Path(out_dir) if out_dir is not None else None), show
@@ -51,7 +53,8 @@ class World:
             log = None if self.out_dir is None else str(self.out_dir / "logs" / f"{spec.name}.log")
             args = (*self.args, *self.per_role.get(spec.name, ()))
             self.procs.append(ctx.Process(target=_child, args=(spec, self.program, args, child, log,
-                                                                spec.name == self.show), daemon=True))
+                                                                spec.name == self.show,
+                                                                self.role_classes.get(spec.name)), daemon=True))
             self.conns.append(parent)
         try:
             for proc in self.procs:
@@ -191,7 +194,8 @@ def _context():
     return ctx
 
 
-def _child(spec: RoleSpec, program: Callable, args: tuple, conn, log: str | None, show: bool) -> None:
+def _child(spec: RoleSpec, program: Callable, args: tuple, conn, log: str | None, show: bool,
+           role_class: type | None) -> None:
     """A world's child: its output to its log (the shown role keeps its stderr), then the role's life."""
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +204,7 @@ def _child(spec: RoleSpec, program: Callable, args: tuple, conn, log: str | None
         if not show:
             os.dup2(fd, 2)
         os.close(fd)
-    serve_in_world(spec, program, args, conn)
+    serve_in_world(spec, program, args, conn, role_class)
 
 
 class WorkerError(RuntimeError):
@@ -208,7 +212,8 @@ class WorkerError(RuntimeError):
 
 
 def run_world(protocol, parties: int, fn: Callable, args: Sequence = (), timeout_s: float = 120.0,
-              active_index: int = -1, record: bool = False, out_dir: Path | None = None) -> list[object]:
+              active_index: int = -1, record: bool = False, out_dir: Path | None = None,
+              role_classes: dict[str, type] | None = None, consent: bool = True) -> list[object]:
     """``fn(role, *args)`` in every role of a fresh local world of `parties` parties (names party0, ...;
     then the protocol's helpers); the return values by rank (tests and benchmarks of the building blocks).
     `fn` must be importable by name (a module-level function)."""
@@ -221,8 +226,8 @@ def run_world(protocol, parties: int, fn: Callable, args: Sequence = (), timeout
     names = [f"party{k}" for k in range(parties)]
     with tempfile.TemporaryDirectory(prefix="falsevfl-keys-") as keys:
         specs = local_specs(proto, names, names[active_index % parties], Path(keys), {"command": "test"},
-                            consent=True, record=record)
-        world = World(specs, fn, tuple(args), out_dir)
+                            consent=consent, record=record)
+        world = World(specs, fn, tuple(args), out_dir, role_classes=role_classes)
         try:
             return world.start().wait(timeout_s)
         except PartyFailure as error:

@@ -109,7 +109,7 @@ class _Clock:
 
 def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_active: bool = False,
           view: list | None = None, secrets_out: dict | None = None, timings: dict | None = None,
-          threads: int = 1) -> Alignment:
+          threads: int = 1, max_ids: int = MAX_IDS) -> Alignment:
     """Align this party's `ids` with every other party's; every rank of `channel` calls it at once.
 
     Returns the union size N and, per own row (in the order of `ids`), its position 0..N-1 in the
@@ -119,13 +119,15 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     hook for collusion attacks, never needed in production) receives this party's scalar, session
     and permutation. `timings` (a dict) receives seconds per phase. `threads` > 1 spreads the
     group operations over that many threads (libsodium runs without the GIL; use idle cores only).
+    `max_ids` bounds every party's list: the active party learns which parties hold each ID it lists
+    (threat_models/alignment.toml), so each party refuses to align with a list longer than its own bound.
     Raises AlignmentInputError for unusable own input (before anything is sent) and
-    AlignmentFrameError for a malformed received frame."""
+    AlignmentFrameError for a malformed received frame or a list over the bound."""
     rank, k = _check_world(channel, active, restrict_to_active, threads)
-    encoded = _encode_ids(ids)
+    encoded = _encode_ids(ids, min(int(max_ids), MAX_IDS))
     wire, clock = _Wire(channel, view), _Clock(timings)
     scalar = ristretto.random_scalar()  # fresh per alignment; loads libsodium before anything is sent
-    session, counts = _agree_session(wire, rank, k, active, len(encoded))
+    session, counts = _agree_session(wire, rank, k, active, len(encoded), min(int(max_ids), MAX_IDS))
     order = _secret_permutation(len(encoded))
     if secrets_out is not None:
         secrets_out.update(scalar=scalar, session=session, order=order.copy())
@@ -158,13 +160,13 @@ def _check_world(channel: Channel, active: int, restrict: bool, threads: int) ->
     return rank, k
 
 
-def _encode_ids(ids: Sequence[str]) -> list[bytes]:
+def _encode_ids(ids: Sequence[str], bound: int) -> list[bytes]:
     """UTF-8 of every ID; refuses non-strings, unencodable strings and duplicates (by row index only,
-    so that an error message never carries an ID)."""
+    so that an error message never carries an ID), and more than `bound` IDs."""
     if isinstance(ids, str | bytes) or not hasattr(ids, "__len__"):
         raise AlignmentInputError(f"align: ids must be a sequence of strings, got {type(ids).__name__}")
-    if len(ids) > MAX_IDS:
-        raise AlignmentInputError(f"align: {len(ids)} IDs exceed the bound of {MAX_IDS} per party")
+    if len(ids) > bound:
+        raise AlignmentInputError(f"align: {len(ids)} IDs exceed the bound of {bound} per party (max_ids)")
     encoded = []
     for row, identifier in enumerate(ids):
         if not isinstance(identifier, str):
@@ -180,16 +182,17 @@ def _encode_ids(ids: Sequence[str]) -> list[bytes]:
     return encoded
 
 
-def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int) -> tuple[bytes, np.ndarray]:
+def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int, bound: int) -> tuple[bytes, np.ndarray]:
     """Every party's count goes to the active party, which returns the session bytes and all counts."""
     if rank != active:
         wire.send(active, np.array([n], dtype="<i8").tobytes())
         frame = wire.recv("session", active)
         _expect_length(frame, SESSION_BYTES + 8 * k, "session", active)
         counts = np.frombuffer(frame, dtype="<i8", offset=SESSION_BYTES).astype(np.int64)
-        if counts.min() < 0 or counts.max() > MAX_IDS or counts[rank] != n:
-            raise AlignmentFrameError(f"align: session frame from party {active} announces impossible counts "
-                                      f"(own count {n}, announced {counts[rank]}, range 0..{MAX_IDS})")
+        if counts.min() < 0 or counts.max() > bound or counts[rank] != n:
+            raise AlignmentFrameError(f"align: session frame from party {active} announces counts outside this "
+                                      f"party's bound (own count {n}, announced {counts[rank]}, largest "
+                                      f"{counts.max()}, max_ids {bound})")
         return frame[:SESSION_BYTES], counts
     counts = np.zeros(k, dtype=np.int64)
     counts[rank] = n
@@ -197,9 +200,9 @@ def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int) -> tuple
         frame = wire.recv("sizes", src)
         _expect_length(frame, 8, "sizes", src)
         counts[src] = int(np.frombuffer(frame, dtype="<i8")[0])
-        if not 0 <= counts[src] <= MAX_IDS:
+        if not 0 <= counts[src] <= bound:
             raise AlignmentFrameError(f"align: sizes frame from party {src} announces {counts[src]} IDs "
-                                      f"(allowed 0..{MAX_IDS})")
+                                      f"(allowed 0..{bound}, max_ids)")
     session = secrets.token_bytes(SESSION_BYTES)  # public, fresh per alignment: pseudonyms never repeat
     for dst in (r for r in range(k) if r != active):
         wire.send(dst, session + counts.astype("<i8").tobytes())

@@ -108,7 +108,7 @@ def _hex(record: dict, key: str, size: int | None, sender: str) -> bytes:
     return value
 
 
-# -- step 1 and 2: hello and roster --------------------------------------------------------------------
+# -- the set-up of one role -----------------------------------------------------------------------------
 
 
 def _hello(name: str, key: PrivateKey, agreement: Agreement) -> dict:
@@ -117,76 +117,11 @@ def _hello(name: str, key: PrivateKey, agreement: Agreement) -> dict:
     return {"name": name, "nonce": nonce.hex(), "agreement": dict(agreement.fields), "signature": signature.hex()}
 
 
-def _check_hello(hello: dict, cast: Cast, own: Agreement) -> Agreement:
-    """The agreement in a signed hello, verified against the sender's pin and compared with ours."""
-    name = hello.get("name")
-    if name not in cast.pins:
-        raise ProtocolError(f"a hello names {name!r}, which is not a pinned participant")
-    record = _loads(_dumps(hello), name, "hello", {"name", "nonce", "agreement", "signature"})
-    theirs = Agreement.from_json(record["agreement"], name)
-    nonce = _hex(record, "nonce", NONCE_BYTES, name)
-    verify(cast.pins[name], "hello", name.encode() + b"\0" + nonce + theirs.digest(), _hex(record, "signature", 64,
-                                                                                           name), name)
-    differ = own.differences(theirs)
-    if differ:
-        raise InputError(f"{name}'s configuration differs from ours in {', '.join(repr(f) for f in differ)}: "
-                         "every participant must agree on them; the run stops before any data is sent")
-    return theirs
-
-
 def session_id(hellos: list[dict]) -> bytes:
     digest = hashlib.sha256(b"falsevfl/session/v1\0")
     for hello in hellos:
         digest.update(hello["name"].encode() + b"\0" + bytes.fromhex(hello["nonce"]))
     return digest.digest()
-
-
-def open_session(net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast, request: Request,
-                 key_agreement: Callable[[], object]) -> tuple[Session, object | None]:
-    """Run the set-up as role `me`; the session and this party's X25519 agreement object (None for the
-    aggregator). Raises `InputError` with one line when the run cannot go ahead."""
-    if me == cast.active:
-        session = _lead(net, me, key, agreement, cast, request)
-    else:
-        session = _follow(net, me, key, agreement, cast, request)
-    exchange = key_agreement() if me in session.present and len(session.present) > 1 else None
-    if exchange is not None:
-        _exchange_keys(net, me, key, session, cast, exchange)
-    return session, exchange
-
-
-def _lead(net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast, request: Request) -> Session:
-    """The active party: collect the hellos, decide the roster, tell everyone (or tell them why not)."""
-    others = [p for p in request.expected if p != me] + ([cast.aggregator] if cast.aggregator else [])
-    linked = net.wait_for(others, time.monotonic() + request.join_timeout_s)
-    hellos = {me: _hello(me, key, agreement)}
-    try:
-        for role in [r for r in others if r in linked]:
-            hellos[role] = json.loads(net.recv(role, "hello"))
-            if not isinstance(hellos[role], dict) or hellos[role].get("name") != role:
-                raise ProtocolError(f"the hello that came from {role} names another role")
-            _check_hello(hellos[role], cast, agreement)
-        present = _decide(cast, request, agreement, linked, others)
-    except (FalseVflError, json.JSONDecodeError) as error:
-        _announce(net, key, sorted(linked), {"refused": str(error)})
-        raise InputError(str(error)) from None
-    roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
-    protocol = str(agreement.get("protocol")) if len(present) > 1 else "plain"
-    roster = {"present": list(present), "protocol": protocol, "hellos": [hellos[r] for r in roles]}
-    _announce(net, key, sorted(linked), roster)
-    return Session(session_id(roster["hellos"]), agreement, tuple(present), protocol, me, cast.aggregator)
-
-
-def _decide(cast: Cast, request: Request, agreement: Agreement, linked: set[str], others: list[str]) -> list[str]:
-    """The present parties (in the listed order), or an `InputError` saying why the run cannot start."""
-    missing = [r for r in others if r not in linked]
-    if missing and (request.needs_all or cast.aggregator in missing):
-        need = "training needs every listed party" if request.needs_all else "the he aggregator must take part"
-        raise InputError(f"{', '.join(missing)} did not join within {request.join_timeout_s:g} s "
-                         f"(join_timeout_s in {request.source}); {need}")
-    present = [p for p in cast.parties if p == cast.active or p in linked]
-    check_two_parties(len(present), agreement, request.source)
-    return present
 
 
 def check_two_parties(n_present: int, agreement: Agreement, source: str) -> None:
@@ -200,98 +135,170 @@ def check_two_parties(n_present: int, agreement: Agreement, source: str) -> None
                          f"parties, or set allow_two_party_disclosure = true in [federation] of {source}")
 
 
-def _announce(net: Network, key: PrivateKey, roles: list[str], record: dict) -> None:
-    """The active party's signed roster (or refusal) to every role that joined."""
-    body = _dumps(record)
-    payload = _dumps({"roster": body.decode(), "signature": sign(key, "roster", body).hex()})
-    for role in roles:
-        net.send(role, "roster", payload)
+class Handshake:
+    """One role's side of the set-up (steps 1 to 3 above). Each check is a method of its own, so that a test
+    can build a deliberately weakened or malicious role by overriding one step; the shipped build runs them all."""
 
+    def __init__(self, net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast,
+                 request: Request) -> None:
+        self.net, self.me, self.key, self.agreement, self.cast, self.request = net, me, key, agreement, cast, request
 
-def _follow(net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast, request: Request) -> Session:
-    """Every other role: send the hello, then check everything in the active party's roster itself."""
-    if not net.wait_for([cast.active], time.monotonic() + request.join_timeout_s):
-        raise InputError(f"the active party {cast.active} did not connect within {request.join_timeout_s:g} s")
-    mine = _hello(me, key, agreement)
-    net.send(cast.active, "hello", _dumps(mine))
-    outer = _loads(net.recv(cast.active, "roster"), cast.active, "roster", {"roster", "signature"})
-    body = str(outer["roster"]).encode()
-    verify(cast.pins[cast.active], "roster", body, _hex(outer, "signature", 64, cast.active), cast.active)
-    roster = json.loads(body)
-    if "refused" in roster:
-        raise InputError(f"the active party {cast.active} refused the run: {roster['refused']}")
-    roster = _loads(body, cast.active, "roster", {"present", "protocol", "hellos"})
-    present = _check_roster(roster, me, mine, agreement, cast, request)
-    return Session(session_id(roster["hellos"]), agreement, present, roster["protocol"], cast.active,
-                   cast.aggregator)
+    def run(self, key_agreement: Callable[[], object]) -> tuple[Session, object | None]:
+        """The session, and this party's X25519 agreement object (None for a helper or a party alone)."""
+        session = self.lead() if self.me == self.cast.active else self.follow()
+        exchange = key_agreement() if self.me in session.present and len(session.present) > 1 else None
+        if exchange is not None:
+            self.exchange_keys(session, exchange)
+        return session, exchange
 
+    # -- hello and roster -----------------------------------------------------------------------------
 
-def _check_roster(roster: dict, me: str, mine: dict, agreement: Agreement, cast: Cast,
-                  request: Request) -> tuple[str, ...]:
-    present = roster["present"]
-    if not isinstance(present, list) or not set(present) <= set(cast.parties) or cast.active not in present:
-        raise ProtocolError(f"the roster of {cast.active} names parties that are not the listed ones")
-    roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
-    hellos = roster["hellos"]
-    if not isinstance(hellos, list) or [h.get("name") if isinstance(h, dict) else None for h in hellos] != roles:
-        raise ProtocolError(f"the roster of {cast.active} does not carry one hello per present role")
-    for hello in hellos:
-        _check_hello(hello, cast, agreement)
-    if me != cast.aggregator and me not in present:
-        raise InputError(f"{me} is not in this run: the active party {cast.active} started without it (declared "
-                         f"absent, or joined after join_timeout_s = {request.join_timeout_s:g} s)")
-    if mine not in hellos:
-        raise ProtocolError(f"the roster of {cast.active} does not carry this role's fresh hello (a replay?)")
-    if roster["protocol"] != agreement.get("protocol") and len(present) > 1:
-        raise InputError(f"the active party announced protocol {roster['protocol']!r}, but {request.source} says "
-                         f"{agreement.get('protocol')!r}: this party never sends under weaker protection")
-    if request.needs_all and set(present) != set(cast.parties):
-        raise InputError(f"training needs every listed party; the roster of {cast.active} leaves out "
-                         f"{', '.join(sorted(set(cast.parties) - set(present)))}")
-    check_two_parties(len(present), agreement, request.source)
-    return tuple(present)
+    def check_hello(self, hello: dict) -> Agreement:
+        """The agreement in a signed hello, verified against the sender's pin and compared with ours."""
+        name = hello.get("name") if isinstance(hello, dict) else None
+        if name not in self.cast.pins:
+            raise ProtocolError(f"a hello names {name!r}, which is not a pinned participant")
+        record = _loads(_dumps(hello), name, "hello", {"name", "nonce", "agreement", "signature"})
+        theirs = Agreement.from_json(record["agreement"], name)
+        nonce, signature = _hex(record, "nonce", NONCE_BYTES, name), _hex(record, "signature", 64, name)
+        verify(self.cast.pins[name], "hello", name.encode() + b"\0" + nonce + theirs.digest(), signature, name)
+        differ = self.agreement.differences(theirs)
+        if differ:
+            raise InputError(f"the configurations of {name} and {self.me} differ in "
+                             f"{', '.join(repr(f) for f in differ)}: every participant must agree on them; the run "
+                             "stops before any data is sent")
+        return theirs
 
+    def lead(self) -> Session:
+        """The active party: collect the hellos, decide the roster, tell everyone (or tell them why not)."""
+        cast, request, net = self.cast, self.request, self.net
+        others = [p for p in request.expected if p != self.me] + ([cast.aggregator] if cast.aggregator else [])
+        linked = net.wait_for(others, time.monotonic() + request.join_timeout_s)
+        hellos = {self.me: _hello(self.me, self.key, self.agreement)}
+        try:
+            for role in [r for r in others if r in linked]:
+                hellos[role] = json.loads(net.recv(role, "hello"))
+                if not isinstance(hellos[role], dict) or hellos[role].get("name") != role:
+                    raise ProtocolError(f"the hello that came from {role} names another role")
+                self.check_hello(hellos[role])
+            present = self.decide(linked, others)
+        except (FalseVflError, json.JSONDecodeError) as error:
+            self.announce(sorted(linked), {"refused": str(error)})
+            raise InputError(str(error)) from None
+        roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
+        protocol = str(self.agreement.get("protocol")) if len(present) > 1 else "plain"
+        roster = {"present": list(present), "protocol": protocol, "hellos": [hellos[r] for r in roles]}
+        self.announce(sorted(linked), roster)
+        return Session(session_id(roster["hellos"]), self.agreement, tuple(present), protocol, self.me,
+                       cast.aggregator)
 
-# -- step 3: signed ephemeral keys ---------------------------------------------------------------------
+    def decide(self, linked: set[str], others: list[str]) -> list[str]:
+        """The present parties (in the listed order), or an `InputError` saying why the run cannot start."""
+        cast, request = self.cast, self.request
+        missing = [r for r in others if r not in linked]
+        if missing and (request.needs_all or cast.aggregator in missing):
+            need = "training needs every listed party" if request.needs_all else "the he aggregator must take part"
+            raise InputError(f"{', '.join(missing)} did not join within {request.join_timeout_s:g} s "
+                             f"(join_timeout_s in {request.source}); {need}")
+        present = [p for p in cast.parties if p == cast.active or p in linked]
+        check_two_parties(len(present), self.agreement, request.source)
+        return present
 
+    def announce(self, roles: list[str], record: dict) -> None:
+        """The active party's signed roster (or refusal) to every role that joined."""
+        body = _dumps(record)
+        payload = _dumps({"roster": body.decode(), "signature": sign(self.key, "roster", body).hex()})
+        for role in roles:
+            self.net.send(role, "roster", payload)
 
-def _key_message(me: str, key: PrivateKey, session: bytes, public: bytes) -> dict:
-    signature = sign(key, "x25519", session + me.encode() + b"\0" + public)
-    return {"name": me, "x25519": public.hex(), "signature": signature.hex()}
+    def follow(self) -> Session:
+        """Every other role: send the hello, then check everything in the active party's roster itself."""
+        cast, net = self.cast, self.net
+        if not net.wait_for([cast.active], time.monotonic() + self.request.join_timeout_s):
+            raise InputError(f"the active party {cast.active} did not connect within "
+                             f"{self.request.join_timeout_s:g} s")
+        mine = _hello(self.me, self.key, self.agreement)
+        net.send(cast.active, "hello", _dumps(mine))
+        outer = _loads(net.recv(cast.active, "roster"), cast.active, "roster", {"roster", "signature"})
+        body = str(outer["roster"]).encode()
+        verify(cast.pins[cast.active], "roster", body, _hex(outer, "signature", 64, cast.active), cast.active)
+        roster = json.loads(body)
+        if isinstance(roster, dict) and "refused" in roster:
+            raise InputError(f"the active party {cast.active} refused the run: {roster['refused']}")
+        roster = _loads(body, cast.active, "roster", {"present", "protocol", "hellos"})
+        present = self.check_roster(roster, mine)
+        return Session(session_id(roster["hellos"]), self.agreement, present, roster["protocol"], cast.active,
+                       cast.aggregator)
 
+    def check_roster(self, roster: dict, mine: dict) -> tuple[str, ...]:
+        """Every hello in the roster verified and compared with our own file; the protocol, the two-party
+        rule and the training rule checked against our own file; our own fresh hello in it."""
+        cast, request, me = self.cast, self.request, self.me
+        present = roster["present"]
+        if not isinstance(present, list) or not set(present) <= set(cast.parties) or cast.active not in present:
+            raise ProtocolError(f"the roster of {cast.active} names parties that are not the listed ones")
+        roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
+        hellos = roster["hellos"]
+        if not isinstance(hellos, list) or [h.get("name") if isinstance(h, dict) else None for h in hellos] != roles:
+            raise ProtocolError(f"the roster of {cast.active} does not carry one hello per present role")
+        for hello in hellos:
+            self.check_hello(hello)
+        if me != cast.aggregator and me not in present:
+            raise InputError(f"{me} is not in this run: the active party {cast.active} started without it (declared "
+                             f"absent, or joined after join_timeout_s = {request.join_timeout_s:g} s)")
+        if mine not in hellos:
+            raise ProtocolError(f"the roster of {cast.active} does not carry this role's fresh hello (a replay?)")
+        if roster["protocol"] != self.agreement.get("protocol") and len(present) > 1:
+            raise InputError(f"the active party announced protocol {roster['protocol']!r}, but {request.source} "
+                             f"says {self.agreement.get('protocol')!r}: this party never sends under weaker protection")
+        if request.needs_all and set(present) != set(cast.parties):
+            raise InputError(f"training needs every listed party; the roster of {cast.active} leaves out "
+                             f"{', '.join(sorted(set(cast.parties) - set(present)))}")
+        check_two_parties(len(present), self.agreement, request.source)
+        return tuple(present)
 
-def _check_key(record: dict, cast: Cast, session: bytes) -> bytes:
-    name = record.get("name") if isinstance(record, dict) else None
-    if name not in cast.pins:
-        raise ProtocolError(f"a key record names {name!r}, which is not a pinned participant")
-    record = _loads(_dumps(record), name, "keys", {"name", "x25519", "signature"})
-    public = _hex(record, "x25519", 32, name)
-    verify(cast.pins[name], "x25519", session + name.encode() + b"\0" + public, _hex(record, "signature", 64, name),
-           name)
-    return public
+    # -- signed ephemeral keys ------------------------------------------------------------------------
 
+    def key_message(self, session: bytes, public: bytes) -> dict:
+        signature = sign(self.key, "x25519", session + self.me.encode() + b"\0" + public)
+        return {"name": self.me, "x25519": public.hex(), "signature": signature.hex()}
 
-def _exchange_keys(net: Network, me: str, key: PrivateKey, session: Session, cast: Cast, exchange) -> None:
-    """Every present party's signed X25519 key, verified by every party (relayed by the active party)."""
-    own = _key_message(me, key, session.id, exchange.public_key())
-    if me == cast.active:
-        records = {me: own} | {p: json.loads(net.recv(p, "keys")) for p in session.present if p != me}
+    def check_key(self, record: dict, session: bytes) -> bytes:
+        """A party's X25519 key, verified against its pin and bound to this session."""
+        name = record.get("name") if isinstance(record, dict) else None
+        if name not in self.cast.pins:
+            raise ProtocolError(f"a key record names {name!r}, which is not a pinned participant")
+        record = _loads(_dumps(record), name, "keys", {"name", "x25519", "signature"})
+        public = _hex(record, "x25519", 32, name)
+        verify(self.cast.pins[name], "x25519", session + name.encode() + b"\0" + public,
+               _hex(record, "signature", 64, name), name)
+        return public
+
+    def exchange_keys(self, session: Session, exchange) -> None:
+        """Every present party's signed X25519 key, verified by every party (relayed by the active party)."""
+        listed = self.gather_keys(session, self.key_message(session.id, exchange.public_key()))
+        publics = {p: self.check_key(r, session.id) for p, r in zip(session.present, listed, strict=True)}
+        if [r.get("name") for r in listed] != list(session.present) or publics[self.me] != exchange.public_key():
+            raise ProtocolError(f"the key bundle of {session.active} is not the present parties' keys in rank order")
+        session.x25519 = publics
+        session.transcript = hashlib.sha256(b"falsevfl/keys/v1\0" + session.id + session.agreement.digest()
+                                            + b"".join(publics[p] for p in session.present)).digest()
+
+    def gather_keys(self, session: Session, own: dict) -> list[dict]:
+        """The key records of the present parties in rank order: the active party collects and relays them."""
+        net = self.net
+        if self.me != session.active:
+            net.send(session.active, "keys", _dumps(own))
+            listed = _loads(net.recv(session.active, "keys"), session.active, "keys", {"keys"})["keys"]
+            if not isinstance(listed, list) or len(listed) != len(session.present):
+                raise ProtocolError(f"the key bundle of {session.active} does not hold one key per present party")
+            return listed
+        records = {self.me: own} | {p: json.loads(net.recv(p, "keys")) for p in session.present if p != self.me}
         bundle = _dumps({"keys": [records[p] for p in session.present]})
         for party in session.present:
-            if party != me:
+            if party != self.me:
                 net.send(party, "keys", bundle)
-        listed = [records[p] for p in session.present]
-    else:
-        net.send(cast.active, "keys", _dumps(own))
-        listed = _loads(net.recv(cast.active, "keys"), cast.active, "keys", {"keys"})["keys"]
-        if not isinstance(listed, list) or len(listed) != len(session.present):
-            raise ProtocolError(f"the key bundle of {cast.active} does not hold one key per present party")
-    publics = {p: _check_key(r, cast, session.id) for p, r in zip(session.present, listed, strict=True)}
-    if [r.get("name") for r in listed] != list(session.present) or publics[me] != exchange.public_key():
-        raise ProtocolError(f"the key bundle of {cast.active} is not the present parties' keys in rank order")
-    session.x25519 = publics
-    session.transcript = hashlib.sha256(b"falsevfl/keys/v1\0" + session.id + session.agreement.digest()
-                                        + b"".join(publics[p] for p in session.present)).digest()
+        return [records[p] for p in session.present]
 
 
 def pair_keys(session: Session, me: str, exchange, purpose: str) -> dict[int, bytes]:

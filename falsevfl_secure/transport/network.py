@@ -214,11 +214,11 @@ class Network:
                 if link.open:
                     link.put([beat])
                 if not self._closing and link.open and now - link.last_seen > STALL_S:
-                    self._abort(Blame(link.peer, "stalled", link.last_round))
+                    self._abort(Blame(link.peer, "stalled", link.last_round or self.round))
 
     def _link_closed(self, link: Link, reason: str | None) -> None:
-        if not self._closing and link.peer not in self._byes:
-            self._abort(Blame(link.peer, "left", link.last_round))
+        if not self._closing and link.peer not in self._byes:  # the rounds run in step: ours is where it left
+            self._abort(Blame(link.peer, "left", link.last_round or self.round))
 
     def fail(self, blame: Blame) -> None:
         """This role ends the run: every peer is told (and told on), who and how only."""

@@ -66,6 +66,10 @@ AGGREGATES: tuple[Round, ...] = tuple(r for r in ROUNDS if r.is_aggregate)
 STAGE_ROUNDS: dict[Stage, tuple[Round, ...]] = {Stage.PRETRAIN: ROUNDS, Stage.TRAIN: FORWARD, Stage.PREDICT: FORWARD}
 _BY_NAME = {r.name: r for r in ROUNDS}
 
+# Every other message a role may receive: the set-up and control steps (protocols/session.toml specifies
+# each one's sender, receivers and payload). Anything else a role receives is a leak the audit reports.
+CONTROL_STEPS: tuple[str, ...] = ("hello", "roster", "keys", "context", "align", "kept", "resume", "barrier", "stop")
+
 
 def by_name(name: str) -> Round:
     if name not in _BY_NAME:

@@ -1,10 +1,11 @@
 """What a role saw: the messages it received and its own contributions, for the threat-model audits.
 
-A `View` is recorded by a role's backend when asked (`simulate --audit`, the attack tests): every
-message it received ("received"), every sum it obtained ("revealed") and every contribution it sent
-("sent"), with the round, the peer and the protection on the wire. Views are written with numpy's
-`savez` and read with `allow_pickle=False`: a view file written by another process can hold arrays and
-text, never code.
+A `View` is recorded by a role when asked (`simulate --audit`, the attack tests): every round message it
+received ("received"), every sum it obtained ("revealed") and every contribution it sent ("sent"), with the
+round, the peer and the protection of the round, and every other message it received ("control": the
+set-up and control steps of `transport.rounds.CONTROL_STEPS`, with their tag in place of a round).
+Views are written with numpy's `savez` and read with `allow_pickle=False`: a view file written by another
+process can hold arrays and text, never code.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from ..errors import FalseVflError
 from ..fsio import atomic_write
 
-KINDS = ("received", "revealed", "sent")
+KINDS = ("received", "revealed", "sent", "control")  # control: a set-up or control step's message, received
 
 
 @dataclass(frozen=True)

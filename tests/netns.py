@@ -28,32 +28,16 @@ which destroys its veth ends and the bridge. A run that was SIGKILLed cannot cle
 `hosts()` with the same prefix deletes namespaces whose tag names a PID that no longer exists
 (`sweep_stale`).
 
-Running torch.distributed (gloo) inside the namespaces -- see `Host.env`:
+Blocking inbound connections (`Host.block_inbound`): an nftables rule in the host's namespace drops every
+new connection that arrives on its interface, while connections it opens itself (and their replies) pass:
+the firewall of an institution that only allows outbound traffic. The rule lives and dies with the
+namespace.
 
-* `GLOO_SOCKET_IFNAME=<host.interface>` is required. Without it gloo resolves the machine's hostname
-  (`gethostname()` -> getaddrinfo), and a namespace shares the hostname and /etc/hosts of the root
-  namespace: the name resolves to the root's address (127.0.0.1 on many machines, or an address that
-  does not exist in the namespace, in which case gloo falls back to the loopback). Gloo then binds
-  to and advertises a loopback address, and every peer connects to its *own* loopback: init_process_group
-  fails or times out. The variable is read each time a gloo process group is constructed (also by
-  `dist.new_group`, CrypTen's groups included), so it must be in the environment before the first
-  init. Torch ignores a value of one character (`strlen > 1`), so interface names must be longer.
-  A comma-separated list makes gloo use several interfaces.
-* `MASTER_ADDR=<hosts[0].address>` and `MASTER_PORT`: the TCPStore rendezvous listens on all
-  addresses of rank 0's namespace; a fresh namespace has every port free, so a fixed port is safe.
-* Nothing else is needed: no hostname or /etc/hosts entries, no IPv6 (it is switched off in the
-  namespaces by default so that an interface has exactly one address and no link-local IPv6 one).
-* `TP_SOCKET_IFNAME` is the TensorPipe (torch.distributed.rpc) equivalent; `Host.env` sets it as well.
-* Interface names differ per host here, so the variable is per process: a name that does not exist
-  in the namespace fails at once ("Unable to find address for <name>"), it is not ignored.
-* The alternative to the variable is making the hostname resolve to the host's own address inside
-  the namespace (`ip netns exec` bind-mounts /etc/netns/NAME/hosts over /etc/hosts); that works too,
-  but writes under /etc, so this module does not do it.
-* Harmless noise: c10d logs "The hostname of the client socket cannot be retrieved. err=-3" on every
-  rank (a reverse lookup of the peer; a namespace has no DNS, and fails fast). TORCH_CPP_LOG_LEVEL=ERROR
-  hides it.
-* When the peers cannot connect, a rank can hang well past the init_process_group timeout (seen:
-  rank 0 still waiting after 30 s with a 8 s timeout): bound every rank with a wall-clock deadline.
+Running a role of a federation inside a namespace needs nothing special: its hub listens on the host's
+address (or it only dials out), and the hosts reach each other over the bridge. Harmless noise: a
+namespace has no DNS, so anything that resolves names fails fast.
+When the peers cannot connect, a role can wait until its join timeout: bound every process with a
+wall-clock deadline.
 """
 
 from __future__ import annotations
@@ -140,17 +124,23 @@ class Host:
         return prefix + [os.fspath(a) for a in argv]
 
     def env(self, base: Mapping[str, str] | None = None, **extra: object) -> dict[str, str]:
-        """A process environment for this host: `base` (default os.environ), GLOO_SOCKET_IFNAME and
-        TP_SOCKET_IFNAME naming this host's interface, then `extra` (e.g. RANK=0)."""
+        """A process environment for this host: `base` (default os.environ), then `extra` (e.g. RANK=0)."""
         env = dict(os.environ if base is None else base)
-        env["GLOO_SOCKET_IFNAME"] = self.interface
-        env["TP_SOCKET_IFNAME"] = self.interface
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
+    def block_inbound(self) -> None:
+        """Drop every new inbound connection on this host's interface (outbound ones and replies pass)."""
+        table = ("add table inet fv; add chain inet fv input { type filter hook input priority 0; policy accept; }; "
+                 f"add rule inet fv input iifname {self.interface} ct state new drop")
+        proc = subprocess.run([IP, "netns", "exec", self.name, "nft", table], capture_output=True, text=True,
+                              timeout=_CMD_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nft in {self.name} failed ({proc.returncode}): {proc.stderr.strip()}")
+
     def popen(self, argv: Sequence[str], **kw) -> subprocess.Popen:
-        """subprocess.Popen of argv inside this host (keywords as for Popen; pass env=host.env(...)
-        for gloo). Killed and reaped at teardown if still running."""
+        """subprocess.Popen of argv inside this host (keywords as for Popen). Killed and reaped at teardown if
+        still running."""
         proc = subprocess.Popen(self.command(argv), **kw)
         self._started.append(proc)
         return proc

@@ -207,6 +207,7 @@ def _copy(trained: Path, tmp_path: Path, settings: str = "", epochs: str = "") -
     folder = tmp_path / "copy"
     shutil.copytree(trained, folder, ignore=shutil.ignore_patterns("checkpoints", "logs"))
     text = (folder / "federation.toml").read_text().replace("127.0.0.1:29611", f"127.0.0.1:{free_port()}")
+    text = text.replace("127.0.0.1:29612", f"127.0.0.1:{free_port()}")
     text = text.replace("[model]\n", f"{settings}[model]\n").replace(EPOCHS, epochs or EPOCHS)
     (folder / "federation.toml").write_text(text)
     return folder / "federation.toml"
@@ -258,29 +259,19 @@ def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process
         assert abs(sum(float(r[f"p_{d}"]) for d in range(10)) - 1.0) < 1e-4
 
 
-class _OneFrame:
-    """Stands in for the channel in a unit test of the announcement's check: it returns one given frame."""
-
-    def __init__(self, frame: bytes) -> None:
-        self.frame = frame
-
-    def recv(self, src: int) -> bytes:
-        return self.frame
-
-
 def test_a_hostile_row_announcement_is_refused(tmp_path):
     import pickle
 
     import numpy as np
 
-    from falsevfl_secure.federation.aligned import _announced
+    from falsevfl_secure.federation.aligned import check_announcement
     from falsevfl_secure.secure import frames
     from falsevfl_secure.secure.errors import SecureMessageError
 
     def announcement(kept, labeled) -> bytes:
         return frames.encode(frames.Kind.DATA, [np.asarray(v, "<i8").tobytes() for v in (kept, labeled)])
 
-    kept, labeled = _announced(_OneFrame(announcement([0, 2, 5], [2])), 0, 6)
+    kept, labeled = check_announcement(announcement([0, 2, 5], [2]), 0, 6)
     assert kept.tolist() == [0, 2, 5] and labeled.tolist() == [2]
 
     class Armed:
@@ -293,5 +284,5 @@ def test_a_hostile_row_announcement_is_refused(tmp_path):
                pickle.dumps(Armed())]
     for frame in hostile:
         with pytest.raises(SecureMessageError):
-            _announced(_OneFrame(frame), 0, 6)
+            check_announcement(frame, 0, 6)
     assert not (tmp_path / "marker").exists()

@@ -1,5 +1,6 @@
 """The network-namespace harness (tests/netns.py): hosts reach each other over real interfaces and
-nothing else, a gloo world runs with one process per namespace, and teardown leaves nothing behind.
+nothing else, a host can refuse every inbound connection and still connect out, and teardown leaves
+nothing behind.
 
 Every test skips, with the reason, where namespaces cannot be created (not root, no iproute2, a
 sandbox without netns support)."""
@@ -119,63 +120,32 @@ def test_hosts_cannot_reach_the_root_namespace():
         assert outcome[target] in ("ENETUNREACH", "EHOSTUNREACH", "timeout", "TimeoutError"), outcome
 
 
-# --- 2. a gloo world, one process per namespace ----------------------------------------------------
-
-GLOO_WORKER = """
-import json, os, socket
-from datetime import timedelta
-import torch
-import torch.distributed as dist
-
-torch.set_num_threads(1)
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=10))
-x = torch.tensor([float(rank + 1), 10.0 ** rank])
-dist.all_reduce(x)
-inbox = torch.zeros(1)
-sent = dist.isend(torch.tensor([100.0 * rank + 7]), (rank + 1) % world)
-dist.recv(inbox, (rank - 1) % world)
-sent.wait()
-remote = set()  # peers of the established TCP connections in this namespace (only this process's)
-for line in open("/proc/net/tcp").read().splitlines()[1:]:
-    fields = line.split()
-    if fields[3] == "01":
-        remote.add(socket.inet_ntoa(bytes.fromhex(fields[2].split(":")[0])[::-1]))
-dist.barrier()
-dist.destroy_process_group()
-print(json.dumps({"rank": rank, "all_reduce": x.tolist(), "received": inbox.item(), "remote": sorted(remote)}))
-"""
+# --- 2. a host that accepts no inbound connection ------------------------------------------------
 
 
-def test_gloo_world_with_one_rank_per_namespace():
-    """3 ranks, one per namespace, rendezvous at host 0's address. The environment each rank needs is
-    `Host.env()` (GLOO_SOCKET_IFNAME = its own interface) plus the usual MASTER_ADDR/PORT, RANK and
-    WORLD_SIZE; without GLOO_SOCKET_IFNAME gloo advertises the loopback address the machine's hostname
-    resolves to and the peers cannot connect (see tests/netns.py)."""
-    world = 3
-    with hosts(world) as hs:
-        procs = [
-            h.popen([sys.executable, "-c", GLOO_WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    env=h.env(RANK=h.index, WORLD_SIZE=world, MASTER_ADDR=hs[0].address, MASTER_PORT=29500))
-            for h in hs
-        ]
-        deadline = time.monotonic() + 40
-        results = []
-        for h, proc in zip(hs, procs, strict=True):
-            try:
-                out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-            assert proc.returncode == 0, f"rank {h.index} exited {proc.returncode}:\n{err[-3000:]}"
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        addresses = {h.address for h in hs}
-    for h, r in zip(hs, results, strict=True):
-        assert r["rank"] == h.index
-        assert r["all_reduce"] == [1.0 + 2.0 + 3.0, 1.0 + 10.0 + 100.0]
-        assert r["received"] == 100.0 * ((h.index - 1) % world) + 7
-        # gloo's pairs ran over the veths: connected to every other host, nothing on loopback
-        assert addresses - {h.address} <= set(r["remote"]) <= addresses, r
+def test_a_host_that_blocks_inbound_connections_can_still_connect_out():
+    """`Host.block_inbound`: a server on the blocked host is unreachable from another host (its SYN is
+    dropped: the client times out), while the blocked host reaches a server on the other host."""
+    import shutil
+
+    if shutil.which("nft") is None:
+        pytest.skip("nftables (nft) is not installed")
+    with hosts(2) as (open_host, closed):
+        closed.block_inbound()
+        server = closed.popen([sys.executable, "-c", ECHO_SERVER, closed.address], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        port = server.stdout.readline().strip()
+        probe = open_host.run([sys.executable, "-c", PROBE, f"{closed.address}:{port}"], capture_output=True,
+                              text=True, timeout=20)
+        assert json.loads(probe.stdout)[f"{closed.address}:{port}"] in ("timeout", "TimeoutError"), probe.stdout
+        server.kill()
+        out_server = open_host.popen([sys.executable, "-c", ECHO_SERVER, open_host.address], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        out_port = out_server.stdout.readline().strip()
+        client = closed.run([sys.executable, "-c", ECHO_CLIENT, open_host.address, out_port], capture_output=True,
+                            text=True, timeout=10)
+        assert client.returncode == 0 and client.stdout.strip() == "pong:ping", client.stderr
+        out_server.communicate(timeout=10)
 
 
 # --- 3. teardown -----------------------------------------------------------------------------------
@@ -229,8 +199,7 @@ def test_names_are_unique_per_run_and_fit_interface_limits():
         assert all(len(h.interface) <= 15 for h in outer + inner)
         command = outer[0].command(["true"], env={"A": "1"})
         assert command == ["ip", "netns", "exec", outer[0].name, "env", "A=1", "true"]
-        assert outer[1].env(base={}, RANK=1) == {"GLOO_SOCKET_IFNAME": outer[1].interface,
-                                                 "TP_SOCKET_IFNAME": outer[1].interface, "RANK": "1"}
+        assert outer[1].env(base={}, RANK=1) == {"RANK": "1"}
     for bad in ("", "toolong", "Fv", "f1"):
         with pytest.raises(ValueError):
             with hosts(1, prefix=bad):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -56,6 +57,15 @@ def read_prediction_table(fed: Federation, name: str) -> tuple[PartyTable, Manif
     return table, manifest
 
 
+def read_inputs(fed: Federation, name: str, command: str):
+    """Role `name`'s own files for `command`, checked (before it joins: a bad table is named at once)."""
+    from .config import AGGREGATOR
+
+    if name == AGGREGATOR:
+        return None
+    return read_training_table(fed, name) if command == "train" else read_prediction_table(fed, name)
+
+
 def federation_program(role, config: str, command: str, options: dict):
     """The program of any role of `federation train` / `predict`: it reads its own files only (the he
     aggregator has none: it serves its protocol)."""
@@ -63,9 +73,11 @@ def federation_program(role, config: str, command: str, options: dict):
     if not role.is_party:
         role.serve_helper()
         return None
-    if command == "train":
-        return _train(role, fed, read_training_table(fed, role.spec.name), options)
-    return _predict(role, fed, read_prediction_table(fed, role.spec.name), options)
+    if role.session.left_out:
+        print(f"left out (did not join within {fed.join_timeout_s:g} s): {', '.join(role.session.left_out)}",
+              file=sys.stderr, flush=True)
+    inputs = read_inputs(fed, role.spec.name, command)
+    return _train(role, fed, inputs, options) if command == "train" else _predict(role, fed, inputs, options)
 
 
 def _train(role, fed: Federation, table: PartyTable, options: dict) -> None:

@@ -190,9 +190,9 @@ def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int, bound: i
         _expect_length(frame, SESSION_BYTES + 8 * k, "session", active)
         counts = np.frombuffer(frame, dtype="<i8", offset=SESSION_BYTES).astype(np.int64)
         if counts.min() < 0 or counts.max() > bound or counts[rank] != n:
-            raise AlignmentFrameError(f"align: session frame from party {active} announces counts outside this "
-                                      f"party's bound (own count {n}, announced {counts[rank]}, largest "
-                                      f"{counts.max()}, max_ids {bound})")
+            raise AlignmentFrameError(f"align: session frame from party {active} announces impossible counts or "
+                                      f"counts over this party's bound (own count {n}, announced {counts[rank]}, "
+                                      f"largest {counts.max()}, max_ids {bound})")
         return frame[:SESSION_BYTES], counts
     counts = np.zeros(k, dtype=np.int64)
     counts[rank] = n

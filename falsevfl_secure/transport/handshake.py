@@ -73,7 +73,7 @@ class Session:
     aggregator: str | None
     x25519: dict[str, bytes] = field(default_factory=dict)
     transcript: bytes = b""
-    context: bytes | None = None  # the he public context (verified)
+    left_out: tuple[str, ...] = ()  # at the active party: listed parties that did not join in time
 
     @property
     def active_index(self) -> int:
@@ -189,8 +189,9 @@ class Handshake:
         protocol = str(self.agreement.get("protocol")) if len(present) > 1 else "plain"
         roster = {"present": list(present), "protocol": protocol, "hellos": [hellos[r] for r in roles]}
         self.announce(sorted(linked), roster)
+        left_out = tuple(p for p in request.expected if p not in present)
         return Session(session_id(roster["hellos"]), self.agreement, tuple(present), protocol, self.me,
-                       cast.aggregator)
+                       cast.aggregator, left_out=left_out)
 
     def decide(self, linked: set[str], others: list[str]) -> list[str]:
         """The present parties (in the listed order), or an `InputError` saying why the run cannot start."""

@@ -9,17 +9,20 @@ ARGS    ?=
 
 venv: $(STAMP)
 
-# torch first (pinned CPU wheel: an unpinned torch pulls gigabytes of CUDA packages), then CrypTen
-# without its dependencies (its metadata requires the withdrawn `sklearn` package and torchvision),
-# then this package with the dev extra. The stamp depends on pyproject.toml, so re-running is a no-op.
+# torch first (pinned CPU wheel: an unpinned torch pulls gigabytes of CUDA packages), then this package with
+# the dev extra (rbcl brings libsodium's ristretto255 along: no system library), then CrypTen last and
+# without its dependencies: its metadata requires the withdrawn `sklearn` package, torchvision, tensorboard
+# and `future`, none of which it imports. pip skips its dependency check for a --no-deps install but prints
+# an ERROR line for each of CrypTen's absent packages whenever a later install touches one of CrypTen's
+# dependencies, hence last. The last step imports CrypTen with those four blocked and says so.
+# The stamp depends on pyproject.toml, so re-running is a no-op.
 $(STAMP): pyproject.toml
-	@$(PY) -c "import ctypes.util, sys; sys.exit(0 if ctypes.util.find_library('sodium') else 1)" || \
-		{ echo "error: libsodium >= 1.0.18 is needed (Debian/Ubuntu: apt-get install libsodium23)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-deps crypten==0.4.1
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps crypten==0.4.1
+	$(BIN)/python -c "from falsevfl_secure.secure import crypten_shim; raise SystemExit(crypten_shim.main())"
 	touch $(STAMP)
 
 simulate: $(STAMP)

@@ -16,12 +16,28 @@ parsing, an addition, and a decryption.
 
 Writes DIR/crypto_costs.json and DIR/crypto_costs.md. Timings are measurements on the machine that
 runs it, never asserted anywhere.
+
+    python bench/crypto_costs.py --micro [--parties 8] [--shape 10 512 128] [--repeats 15]
+        [--he-values 65536] [--he-threads 1 2] --out DIR
+
+--micro runs only the single-process measurements (`micro_costs`, no process world, torch on one
+thread) and writes DIR/crypto_micro.json: the AES-256-CTR keystream written by `KeyStream.read_into`
+(MB/s, beside `openssl speed -evp aes-256-ctr` at 16,384-byte blocks on the same machine), one zero
+share of `--parties` - 1 pair streams and prod(`--shape`) int64 values (`zero_share`, and a `ZeroShares.take`
+whose share was drawn ahead), and CKKS per thousand values of a `--he-values` tensor for each TenSEAL
+thread count of `--he-threads`: encrypt, the aggregator's sum of two contributions (parse, add,
+serialise) and decrypt, in the packed message format (`encrypt_tensors`) and the per-tensor chunk
+format (`encrypt_tensor`), with the bytes each sends.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
+import secrets
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -134,6 +150,112 @@ def he_costs(repeats: int) -> dict[str, float]:
     }
 
 
+def _median_ms(piece, repeats: int) -> float:
+    """Median wall milliseconds of `piece()` over `repeats` calls."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        piece()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def _openssl_aes_ctr_mb_per_s() -> float | None:
+    """`openssl speed -evp aes-256-ctr` on 16,384-byte blocks, in MB/s (None without an openssl binary)."""
+    try:
+        done = subprocess.run(["openssl", "speed", "-evp", "aes-256-ctr", "-bytes", "16384", "-seconds", "2"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"^AES-256-CTR\s+([0-9.]+)k", done.stdout, flags=re.MULTILINE)
+    return round(float(found.group(1)) / 1000, 1) if found else None  # openssl prints 1000s of bytes/s
+
+
+def keystream_costs(n_values: int, repeats: int) -> dict[str, float | None]:
+    """MB/s of the mask keystream written into an int64 buffer, and of `read` (a new bytes object)."""
+    import numpy as np
+
+    from falsevfl_secure.randomness import KeyStream
+
+    stream, out = KeyStream(secrets.token_bytes(32)), np.empty(n_values, dtype=np.int64)
+    into = _median_ms(lambda: stream.read_into(out), repeats)
+    read = _median_ms(lambda: stream.read(out.nbytes), repeats)
+    return {"keystream MB/s, KeyStream.read_into an int64 buffer": round(out.nbytes / into / 1000, 1),
+            "keystream MB/s, KeyStream.read (a new bytes object)": round(out.nbytes / read / 1000, 1),
+            "keystream MB/s, openssl speed -evp aes-256-ctr, 16384-byte blocks": _openssl_aes_ctr_mb_per_s()}
+
+
+def mask_costs(parties: int, n_values: int, repeats: int) -> dict[str, float]:
+    """ms for one zero share of `parties` - 1 pair streams (a middle rank: both signs), drawn now and ahead."""
+    from falsevfl_secure.randomness import KeyStream
+    from falsevfl_secure.secure.masks import ZeroShares, zero_share
+
+    rank, pairs = parties // 2, parties - 1
+    streams = {peer: KeyStream(secrets.token_bytes(32)) for peer in range(parties) if peer != rank}
+    shares = ZeroShares(rank, {peer: secrets.token_bytes(32) for peer in streams})
+
+    ahead: list[float] = []
+    shares.take(n_values)
+    try:
+        for _ in range(repeats):
+            for pending in list(shares._pending):  # the draw ahead has finished, as while a party waits on peers
+                pending.result()
+            ahead.append(_median_ms(lambda: shares.take(n_values), 1))
+    finally:
+        shares.close()
+    return {f"zero share, {pairs} pairs x {n_values:,} int64 (zero_share, drawn now), ms":
+                round(_median_ms(lambda: zero_share(rank, streams, n_values), repeats), 2),
+            f"zero share, {pairs} pairs x {n_values:,} int64 (ZeroShares.take, drawn ahead), ms":
+                round(statistics.median(ahead), 3)}
+
+
+def ckks_costs(n_values: int, threads: int, repeats: int) -> dict[str, float]:
+    """ms per thousand values (and bytes per value) of encrypt, a two-contribution sum and decrypt, in the
+    packed message format and the per-tensor chunk format, with TenSEAL's pool at `threads` threads."""
+    import torch
+
+    from falsevfl_secure.secure import ckks
+
+    secret = ckks.make_secret_context(n_threads=threads)
+    public = ckks.load_public_context(ckks.public_context_bytes(secret), n_threads=threads)
+    x = torch.randn(n_values, dtype=torch.float64)  # benchmark input, not a secret
+    formats = {"message": (lambda: ckks.encrypt_tensors(public, [x], n_addends=8),
+                           lambda m: ckks.decrypt_tensors(secret, m, [x.shape])),
+               "chunks": (lambda: ckks.encrypt_tensor(public, x, n_addends=8),
+                          lambda c: ckks.decrypt_tensor(secret, c, x.shape))}
+    out = {}
+    for name, (encrypt, decrypt) in formats.items():
+        out.update(_ckks_format_costs(f"he {name}, {threads} thread(s)", encrypt, decrypt,
+                                      lambda parts: ckks.sum_encrypted(public, parts), n_values, repeats))
+    return out
+
+
+def _ckks_format_costs(label: str, encrypt, decrypt, aggregate, n_values: int, repeats: int) -> dict[str, float]:
+    """One format's encrypt / sum of two / decrypt, in ms per thousand values, and its bytes per value."""
+    sent = encrypt()
+    size = len(sent) if isinstance(sent, bytes) else sum(len(chunk) for chunk in sent)
+    per_thousand = 1000 / n_values
+    return {f"{label}: encrypt, ms per 1000 values": round(_median_ms(encrypt, repeats) * per_thousand, 3),
+            f"{label}: sum of 2, ms per 1000 values":
+                round(_median_ms(lambda: aggregate([sent, sent]), repeats) * per_thousand, 3),
+            f"{label}: decrypt, ms per 1000 values":
+                round(_median_ms(lambda: decrypt(sent), repeats) * per_thousand, 3),
+            f"{label}: bytes per value": round(size / n_values, 2)}
+
+
+def micro_costs(parties: int, shape: tuple[int, ...], repeats: int, he_values: int,
+                he_threads: tuple[int, ...]) -> dict[str, float | None]:
+    """The single-process measurements (no process world): keystream, zero share, CKKS."""
+    import torch
+
+    torch.set_num_threads(1)
+    n_values = math.prod(shape)
+    costs = {**keystream_costs(n_values, repeats), **mask_costs(parties, n_values, repeats)}
+    for threads in he_threads:
+        costs.update(ckks_costs(he_values, threads, max(1, repeats // 3)))
+    return costs
+
+
 def markdown(record: dict) -> str:
     shape = " x ".join(str(s) for s in record["config"]["shape"])
     lines = [f"One secure sum of a {shape} tensor over {record['config']['parties']} party processes "
@@ -149,6 +271,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--parties", type=int, default=8)
     p.add_argument("--shape", type=int, nargs="+", default=[10, 512, 128])
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--micro", action="store_true", help="only the single-process measurements (crypto_micro.json)")
+    p.add_argument("--he-values", type=int, default=65536, help="--micro: values of the CKKS tensor")
+    p.add_argument("--he-threads", type=int, nargs="+", default=[1, 2], help="--micro: TenSEAL thread counts")
     p.add_argument("--out", default="runs/crypto_costs")
     p.add_argument("--readme", default=None, help="rewrite its <!-- results:NAME:... --> section, NAME the --out "
                    "folder's name")
@@ -160,6 +285,8 @@ def main(argv=None) -> int:
     if args.parties < 2 or args.repeats < 1 or min(args.shape) < 1:
         print("error: --parties must be >= 2, --repeats >= 1 and every --shape entry >= 1", file=sys.stderr)
         return 2
+    if args.micro:
+        return _micro_main(args)
     import torch
 
     record = {"config": {**vars(args), "threads": torch.get_num_threads()},
@@ -171,6 +298,18 @@ def main(argv=None) -> int:
     print(table)
     if args.readme:
         update_readme(Path(args.readme), out.resolve().name, table)
+    return 0
+
+
+def _micro_main(args: argparse.Namespace) -> int:
+    """--micro: the single-process measurements only, to DIR/crypto_micro.json and one line each."""
+    if args.he_values < 1 or min(args.he_threads) < 1:
+        print("error: --he-values and every --he-threads entry must be >= 1", file=sys.stderr)
+        return 2
+    costs = micro_costs(args.parties, tuple(args.shape), args.repeats, args.he_values, tuple(args.he_threads))
+    write_json(Path(args.out) / "crypto_micro.json", {"config": vars(args), "costs": costs})
+    for name, value in costs.items():
+        print(f"{name}: {value}")
     return 0
 
 

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 SECRET_BYTES = 32
 _BLOCK = 16  # AES block: the CTR counter counts these
+_ZEROS = memoryview(bytes(1 << 18))  # read-only zeros: AES-CTR turns them into the keystream, 256 KiB per call
 
 # Public streams: SeedSequence([seed, *stream]). Named once here; the values are those the
 # project has always used, so splits and batch orders are reproducible across versions.
@@ -55,18 +56,39 @@ class KeyStream:
             raise ValueError(f"a stream key has {SECRET_BYTES} bytes, got {len(key)}")
         self._key, self.position = bytes(key), int(position)
 
+    def _encryptor(self):
+        """An AES-256-CTR encryptor whose next output byte is the stream's byte at `position`."""
+        block, offset = divmod(self.position, _BLOCK)
+        encryptor = Cipher(algorithms.AES(self._key), modes.CTR(block.to_bytes(_BLOCK, "big"))).encryptor()
+        if offset:
+            encryptor.update(bytes(offset))  # the counter block's first `offset` bytes were read before
+        return encryptor
+
     def read(self, n: int) -> bytes:
         """The next `n` bytes of the stream."""
-        block, offset = divmod(self.position, _BLOCK)
-        n_blocks = math.ceil((offset + n) / _BLOCK)
-        encryptor = Cipher(algorithms.AES(self._key), modes.CTR(block.to_bytes(_BLOCK, "big"))).encryptor()
-        out = encryptor.update(bytes(n_blocks * _BLOCK))[offset:offset + n]
+        out = self._encryptor().update(bytes(n))
         self.position += n
         return out
 
+    def read_into(self, out) -> None:
+        """Write the next ``nbytes`` bytes of the stream into `out`, a writable C-contiguous buffer (a numpy
+        array, a bytearray): the bytes `read` would return, encrypted straight into `out` with no
+        intermediate copy (AES-CTR of a shared zero source; `cryptography` releases the GIL meanwhile)."""
+        view = memoryview(out)
+        if view.readonly or not view.c_contiguous:
+            raise ValueError("KeyStream.read_into needs a writable, C-contiguous buffer")
+        view = view.cast("B")
+        encryptor, step = self._encryptor(), len(_ZEROS)
+        for start in range(0, view.nbytes, step):
+            size = min(step, view.nbytes - start)
+            encryptor.update_into(_ZEROS[:size], view[start:start + size])
+        self.position += view.nbytes
+
     def integers(self, n: int) -> np.ndarray:
         """`n` uniform int64 values (every bit pattern equally likely: uniform on the ring Z_2^64)."""
-        return np.frombuffer(self.read(8 * n), dtype=np.int64)
+        out = np.empty(n, dtype=np.int64)
+        self.read_into(out)
+        return out
 
     def uniform(self, n: int) -> torch.Tensor:
         """`n` float64 values uniform on the open interval (0, 1) (32 random bits each)."""

@@ -5,7 +5,6 @@ the collusion threshold, so none of them is vacuous)."""
 
 from __future__ import annotations
 
-import ctypes.util
 import hashlib
 import itertools
 import os
@@ -431,6 +430,34 @@ def test_unusable_own_input_is_refused_before_anything_is_sent(ids, active, mess
     refused("align input")
 
 
+# RFC 9496 (ristretto255), appendix A: the generator and two multiples (A.1), encodings every implementation
+# must refuse (A.2: non-canonical field elements, a negative one), and hash-to-group of a label (A.3).
+_RFC_B = "e2f2ae0a6abc4e71a884a961c500515f58e30b6aa582dd8db6a65945e08d2d76"
+_RFC_2B = "6a493210f7499cd17fecb510ae0cea23a110e8d5b901f8acadd3095c73a3b919"
+_RFC_3B = "94741f5d5d52755ece4f23f044ee27d5d1ea1e2bd196b462166b16152a9d0259"
+_RFC_BAD = ("00ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+            "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+            "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+            "0100000000000000000000000000000000000000000000000000000000000000")
+_RFC_HASH = ("Ristretto is traditionally a short shot of espresso coffee",
+             "3066f82a1a747d45120d1740f14358531a8f04bbffe6a819f86dfe50f44a0a46")
+
+
+def test_the_ristretto_binding_matches_the_rfc_9496_vectors():
+    base = bytes.fromhex(_RFC_B)
+    assert ristretto.is_valid_point(base)
+    assert ristretto.scalar_mult((2).to_bytes(32, "little"), base).hex() == _RFC_2B
+    three = (3).to_bytes(32, "little")
+    assert ristretto.scalar_mult_batch(three, base * 600, threads=2) == bytes.fromhex(_RFC_3B) * 600
+    assert ristretto.hash_to_group(_RFC_HASH[0].encode()).hex() == _RFC_HASH[1]
+    for bad in map(bytes.fromhex, _RFC_BAD):
+        assert not ristretto.is_valid_point(bad)
+        assert ristretto.first_invalid_point(base + bad) == 1
+        with pytest.raises(ristretto.InvalidPointError, match="point 1 of 2"):
+            ristretto.scalar_mult_batch(three, base + bad)
+    assert ristretto.sodium_version().count(".") == 2  # the bundled libsodium's, e.g. 1.0.18
+
+
 def test_the_ristretto_binding():
     a, b = ristretto.random_scalar(), ristretto.random_scalar()
     p = ristretto.hash_to_group(b"x")
@@ -457,17 +484,37 @@ def test_the_ristretto_binding():
         ristretto.scalar_mult_batch(a, spoiled, threads=3)
 
 
-@pytest.mark.parametrize("library,message", [("/nonexistent/libsodium.so.23", "not found"),
-                                             (None, "older than 1.0.18")])
-def test_a_missing_or_too_old_libsodium_is_a_clear_error(monkeypatch, library, message, refused):
-    library = library or ctypes.util.find_library("c")  # a library without the ristretto255 symbols
-    monkeypatch.setattr(ristretto, "_lib", None)
-    monkeypatch.setattr(ristretto, "_candidates", lambda: [library])
-    with pytest.raises(ristretto.SodiumUnavailableError, match=f"{message}.*apt-get install libsodium23") as info:
-        ristretto.random_scalar()
-    assert isinstance(info.value, FalseVflError)
-    world = MemoryWorld(2, timeout=1)
-    with pytest.raises(ristretto.SodiumUnavailableError):
-        align(world.channel(1), ["a"], 0)
-    assert world.pending() == 0  # refused before the sizes round
+class _NoRbcl:
+    """A meta-path finder under which importing rbcl fails as `failure` says."""
+
+    def __init__(self, failure: BaseException) -> None:
+        self.failure = failure
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "rbcl":
+            raise self.failure
+        return None
+
+
+@pytest.mark.parametrize("failure,message", [
+    (ModuleNotFoundError("No module named 'rbcl'"), "No module named 'rbcl'"),
+    (OSError("/tmp/tmpx.so: failed to map segment from shared object"), "failed to map segment"),
+])
+def test_an_unloadable_rbcl_is_a_clear_error(monkeypatch, failure, message, refused):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "rbcl", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_NoRbcl(failure), *sys.meta_path])
+    ristretto._rbcl.cache_clear()
+    try:
+        expected = f"{message}.*pip install 'rbcl>=1.1'.*TMPDIR"
+        with pytest.raises(ristretto.SodiumUnavailableError, match=expected) as info:
+            ristretto.random_scalar()
+        assert isinstance(info.value, FalseVflError)
+        world = MemoryWorld(2, timeout=1)
+        with pytest.raises(ristretto.SodiumUnavailableError):
+            align(world.channel(1), ["a"], 0)
+        assert world.pending() == 0  # refused before the sizes round
+    finally:
+        ristretto._rbcl.cache_clear()  # the next call imports the real rbcl again
     refused("libsodium")

@@ -62,3 +62,24 @@ def test_federation_equivalence_resumes_its_own_settings_and_refuses_others(tmp_
     assert "| 0 | 88.00 | 87.50 | -0.50 |" in (tmp_path / "equivalence.md").read_text()
     assert fe.main([*argv[:7], "default", "--out", str(tmp_path)]) != 0
     assert "preset 'quick' (asked: 'default')" in capsys.readouterr().err
+
+
+def test_the_crypto_micro_benchmark_runs_in_one_process_and_writes_every_measurement(tmp_path, capsys):
+    """--micro needs no process world; tiny sizes, so this checks the wiring, never a speed."""
+    import crypto_costs
+
+    out = tmp_path / "micro"
+    argv = ["--micro", "--parties", "3", "--shape", "5000", "--repeats", "1", "--he-values", "4100",
+            "--he-threads", "1", "2", "--out", str(out)]
+    assert crypto_costs.main(argv) == 0
+    record = json.loads((out / "crypto_micro.json").read_text())
+    costs = record["costs"]
+    assert record["config"]["micro"] is True and "mpc: gather int64 payload" not in costs
+    assert costs["keystream MB/s, KeyStream.read_into an int64 buffer"] > 0
+    assert costs["zero share, 2 pairs x 5,000 int64 (zero_share, drawn now), ms"] > 0
+    for fmt in ("message", "chunks"):
+        for threads in (1, 2):
+            for piece in ("encrypt", "sum of 2", "decrypt"):
+                assert costs[f"he {fmt}, {threads} thread(s): {piece}, ms per 1000 values"] > 0
+            assert costs[f"he {fmt}, {threads} thread(s): bytes per value"] > 40  # two ~187 kB ciphertexts
+    assert len(capsys.readouterr().out.splitlines()) == len(costs)

@@ -4,7 +4,10 @@ fixes CrypTen's off-by-one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +48,27 @@ def test_import_crypten_is_cached_and_aliases_the_moved_torch_module() -> None:
     assert "torch.onnx._internal.registration" in sys.modules
     # None of the optional dependencies that --no-deps skipped is needed to import it.
     assert "torchvision" not in sys.modules and "tensorboard" not in sys.modules
+
+
+def _install_check(blocked: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:
+    """The Makefile's install check in a fresh interpreter (optionally blocking other names)."""
+    patch = f"crypten_shim.DECLARED_NOT_NEEDED = {blocked!r}; " if blocked else ""
+    code = f"from falsevfl_secure.secure import crypten_shim; {patch}raise SystemExit(crypten_shim.main())"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this checkout's package
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_the_install_check_imports_crypten_without_its_declared_extras_and_has_teeth() -> None:
+    ok = _install_check()
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("CrypTen 0.4.1 imports with its runtime needs present (torch ")
+    assert "future, sklearn, tensorboard, torchvision are not needed" in ok.stdout
+    # Blocking a module CrypTen does import fails the check with one clear line: the blocking is real.
+    bad = _install_check(("onnx",))
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "error: CrypTen does not import: onnx (blocked: CrypTen must import without it) "
+        "(`make venv` installs it and what it needs)"]
 
 
 def test_our_masked_shares_are_crypten_shares_of_the_exact_sum() -> None:

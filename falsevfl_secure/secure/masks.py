@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -70,13 +71,25 @@ def derive_pair_key(shared: bytes, transcript: bytes, a: int, b: int, purpose: s
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=transcript, info=info).derive(shared)
 
 
-def zero_share(rank: int, streams: Mapping[int, KeyStream], n: int) -> torch.Tensor:
-    """The next `n` elements of this party's zero share: + streams of higher ranks, - of lower ranks."""
-    share = torch.zeros(n, dtype=torch.int64)
-    for peer, stream in sorted(streams.items()):
-        draw = torch.from_numpy(stream.integers(n).copy())
-        share = share.add_(draw) if peer > rank else share.sub_(draw)  # int64 wraps: ring arithmetic
-    return share
+def zero_share(rank: int, streams: Mapping[int, KeyStream], n: int, scratch: np.ndarray | None = None) -> torch.Tensor:
+    """The next `n` elements of this party's zero share: + streams of higher ranks, - of lower ranks.
+
+    Each pair's next 8n keystream bytes are encrypted straight into an int64 buffer (one
+    `KeyStream.read_into` per pair: the first into the share itself, the others into `scratch`, reused
+    when it holds n or more values) and added on the ring (numpy's int64 arithmetic wraps, as Z_2^64 needs).
+    """
+    share = np.empty(n, dtype=np.int64)
+    pairs = sorted(streams.items())
+    if not pairs:
+        share.fill(0)
+    draw = scratch[:n] if scratch is not None and scratch.size >= n else np.empty(n, dtype=np.int64)
+    for i, (peer, stream) in enumerate(pairs):
+        stream.read_into(share if i == 0 else draw)
+        if i == 0 and peer < rank:
+            np.negative(share, out=share)
+        elif i > 0:
+            (np.add if peer > rank else np.subtract)(share, draw, out=share)
+    return torch.from_numpy(share)
 
 
 class ZeroShares:
@@ -85,7 +98,8 @@ class ZeroShares:
     Each pair stream is a stream: drawing n + m elements gives the draws of n then m, so the next sum's
     shares can be drawn while the party waits; every party takes the same count per sum, so both ends
     of a pair stay aligned and the shares still cancel. One worker thread draws in submission order;
-    after each `take` a draw of the same size is queued (AES-CTR releases the GIL while it runs).
+    after each `take` a draw of the same size is queued (`cryptography`'s AES-CTR and numpy's additions
+    release the GIL while they run, so the party's own thread is not held up).
     """
 
     def __init__(self, rank: int, pair_keys: Mapping[int, bytes]) -> None:
@@ -94,9 +108,16 @@ class ZeroShares:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zero-shares")
         self._pending: deque[Future] = deque()
         self._leftover: torch.Tensor | None = None
+        self._scratch = np.empty(0, dtype=np.int64)  # touched by the worker thread only
 
     def _draw(self, n: int) -> Future:
-        return self._executor.submit(zero_share, self.rank, self._streams, n)
+        return self._executor.submit(self._draw_now, n)
+
+    def _draw_now(self, n: int) -> torch.Tensor:
+        """On the worker thread: the next n elements, the pair keystreams expanded into a kept scratch buffer."""
+        if self._scratch.size < n:
+            self._scratch = np.empty(n, dtype=np.int64)
+        return zero_share(self.rank, self._streams, n, self._scratch)
 
     def take(self, n: int) -> torch.Tensor:
         """The next `n` elements of this party's share stream."""

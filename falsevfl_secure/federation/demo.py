@@ -31,7 +31,7 @@ def label_name(dataset: str, y: int) -> str:
 
 
 def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: str = "mpc",
-               test_pattern: str = "mcar:0.2", preset: str = "default") -> Path:
+               test_pattern: str = "mcar:0.2", preset: str = "default", validation_fraction: float = 0.1) -> Path:
     """Write the demo federation to `out`; returns the path of its federation.toml."""
     cfg = make_config(dataset, preset, parties=parties, seed=seed)
     data, train, tests = make_splits(cfg, (test_pattern,))
@@ -54,7 +54,7 @@ def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: s
     atomic_write(out / "truth.csv", _csv(truth))
     path = out / "federation.toml"
     atomic_write(path, _toml(cfg.dataset if preset == "default" else f"{cfg.dataset}:{preset}", names, names[active],
-                             protocol, seed))
+                             protocol, seed, validation_fraction))
     return path
 
 
@@ -83,10 +83,12 @@ def _csv(rows: list) -> str:
     return buffer.getvalue()
 
 
-def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int) -> str:
+def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int, validation_fraction: float) -> str:
     parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
                       f'model = "{n}/model"\n' for n in names)
     return (f'# A demo federation written by `python -m falsevfl_secure.federation demo` ({preset}).\n'
+            '# Every key is explained in docs/federation-toml.md.\n'
             f'[federation]\nactive = "{active}"\nprotocol = "{protocol}"\nid_column = "id"\nlabel_column = "label"\n'
-            f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n\n[model]\npreset = "{preset}"\n'
-            f"seed = {seed}\n{parties}")
+            f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n'
+            f"validation_fraction = {validation_fraction!r}  # labeled records held out to measure the model\n"
+            f'\n[model]\npreset = "{preset}"\nseed = {seed}\n{parties}')

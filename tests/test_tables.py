@@ -196,7 +196,7 @@ def test_bad_rows(tmp_path, refused, content, fragments):
 
 def test_first_bad_cell_in_file_order_is_named(tmp_path, refused):
     path = write(tmp_path, "id,a,b\n1,1,x\n2,y,2\n")
-    refuse(path, ["line 2, column 'b'", "'x' (line 2) is not a number"], refused)
+    refuse(path, ["line 3, column 'b'", "'x' (line 2) is not a number, but '2' (line 3) is"], refused)
     strict = ReadOptions(detect_categories=False)
     refuse(path, ["line 2, column 'b'", "'x' is not a number"], refused, options=strict)
 
@@ -345,3 +345,79 @@ def test_parquet_table_when_pyarrow_is_installed(tmp_path, refused):
     assert table.locations == ("row 1", "row 2", "row 3")
     pq.write_table(pa.table({"id": [7, 3, 7], "a": [1.0, 2.0, 3.0]}), path)
     refuse(path, ["row 3, column 'id'", "ID '7' appears twice", "row 1 and row 3"], refused)
+
+
+# ---------------------------------------------------------------------------------------------- issue 22
+
+
+def test_cells_missing_inside_a_row_are_read_with_an_observed_mask(tmp_path):
+    # Issue 22, problem 2: an empty, NA or nan cell inside a row was refused ("partially missing blocks").
+    path = write(tmp_path, "id,a,b,c\nr1,1,,3\nr2, NA ,2, nan \nr3,,,\nr4,null,Null,4\nr5,1,2,3\n")
+    table = read_party_table(path, "bank", "id")
+    assert table.observed.tolist() == [[True, False, True], [False, True, False], [False, False, False],
+                                       [False, False, True], [True, True, True]]
+    assert table.held.tolist() == [True, True, False, True, True]
+    np.testing.assert_array_equal(table.x[[0, 4]], [[1, np.nan, 3], [1, 2, 3]])
+
+
+def test_missing_tokens_are_configurable(tmp_path, refused):
+    path = write(tmp_path, "id,a,b\nr1,?,2\nr2,1,-999\n")
+    table = read_party_table(path, "bank", "id", options=ReadOptions(missing_values=("?", "-999")))
+    assert table.observed.tolist() == [[False, True], [True, False]]
+    path = write(tmp_path, "id,a,b\n1,1,2\n2,3,nan\n", "strict.csv")
+    with pytest.raises(DataError, match="line 3, column 'b': 'nan' is not a finite number"):
+        read_party_table(path, "bank", "id", options=ReadOptions(missing_values=()))
+    refused("party table")
+
+
+def test_text_columns_are_categorical_and_listed_columns_too(tmp_path, refused):
+    # Issue 22, problem 3: a text column was refused ("'yes' is not a number").
+    path = write(tmp_path, "id,age,smoker,zip\nr1,31,yes,02139\nr2,40,,10001\nr3,,no,02139\nr4,,,\n")
+    table = read_party_table(path, "bank", "id")
+    assert table.categorical == ("smoker",) and table.text["smoker"] == ("yes", None, "no", None)
+    assert np.isnan(table.x[:, 1]).all() and table.x[1, 2] == 10001.0
+    listed = read_party_table(path, "bank", "id", options=ReadOptions(categorical=("zip",)))
+    assert listed.categorical == ("smoker", "zip") and listed.text["zip"] == ("02139", "10001", "02139", None)
+    assert listed.held.tolist() == [True, True, True, False]
+    refuse(path, ["'nope' is listed as categorical but is not a column"], refused,
+           options=ReadOptions(categorical=("nope",)))
+    refuse(path, ["'id' is listed as categorical but is the ID or label column"], refused,
+           options=ReadOptions(categorical=("id",)))
+
+
+def test_a_column_mixing_numbers_and_text_is_refused_across_batches(tmp_path, monkeypatch, refused):
+    monkeypatch.setattr(tables_module, "_BATCH_CELLS", 3)  # one row per batch: the kinds meet across batches
+    path = write(tmp_path, "id,a,b\nr1,1,x\nr2,,y\nr3,2,z\nr4,3,7\n")
+    message = refuse(path, ["line 5, column 'b'", "'x' (line 2) is not a number, but '7' (line 5) is",
+                            "list the column as categorical"], refused)
+    assert "column 'a'" not in message
+    table = read_party_table(path, "bank", "id", options=ReadOptions(categorical=("b",)))
+    assert table.text["b"] == ("x", "y", "z", "7") and table.x[:, 0].tolist()[2:] == [2.0, 3.0]
+
+
+def test_prediction_columns_are_matched_by_name_in_any_order(tmp_path):
+    # Issue 22, problem 6: another column order was refused although the names matched.
+    path = write(tmp_path, "c,id,a,b\n3,r1,1,2\n6,r2,4,5\n")
+    table = read_party_table(path, "bank", "id", expected_columns=["a", "b", "c"])
+    assert table.columns == ("a", "b", "c") and table.x.tolist() == [[1, 2, 3], [4, 5, 6]]
+
+
+def test_id_rule_keys_and_collisions_name_both_lines(tmp_path, refused):
+    from falsevfl_secure.data.ids import IdRule
+
+    rule = IdRule(strip_leading_zeros=True, pattern=r"0*(\d+)$")
+    path = write(tmp_path, "id,a\n0004217,1\nMRN-004218,2\n 4219 ,3\n")
+    table = read_party_table(path, "bank", "id", options=ReadOptions(id_rule=rule))
+    assert table.ids == ("4217", "4218", "4219") and table.raw_ids == ("0004217", "MRN-004218", "4219")
+    path = write(tmp_path, "id,a\n0042,1\nb,2\n42,3\nB,4\n", "collide.csv")
+    refuse(path, ["line 4, column 'id'", "IDs '0042' (line 2) and '42' (line 4) both normalise to '42'",
+                  "id_strip_leading_zeros"], refused, options=ReadOptions(id_rule=IdRule(strip_leading_zeros=True)))
+    refuse(path, ["line 5, column 'id'", "IDs 'b' (line 3) and 'B' (line 5) both normalise to 'b'", "id_fold_case"],
+           refused, options=ReadOptions(id_rule=IdRule(fold_case=True, pattern="[0-9]*[a-zA-Z]?$")))
+    refuse(path, ["line 3, column 'id'", "ID 'b' does not match id_pattern"], refused,
+           options=ReadOptions(id_rule=IdRule(pattern=r"\d+")))
+
+
+def test_labels_take_missing_tokens_as_unlabeled(tmp_path):
+    path = write(tmp_path, "id,a,label\n1,1,cat\n2,2,NA\n3,3, \n4,4,dog\n")
+    assert read_party_table(path, "bank", "id", "label").labels == ("cat", None, None, "dog")

@@ -442,10 +442,11 @@ class _Cells:
             row, numbers = first_text[j]
             if not self.detect:
                 raise self.at.error(f"{str(cells[row, j])!r} is not a number", locations[row], self.columns[j])
-            if numbers.any():
-                number = int(np.argmax(numbers))
-                self._saw(j, "number", cells[number, j], locations[number])
-            self._saw(j, "text", cells[row, j], locations[row])
+            texts = int((~missing[:, j] & ~numbers).sum())
+            seen = [(texts, row, "text")] + ([(int(numbers.sum()), int(np.argmax(numbers)), "number")]
+                                              if numbers.any() else [])
+            for _, at, kind in sorted(seen, key=lambda s: -s[0]):  # a conflict is named at the rarer kind's cell
+                self._saw(j, kind, cells[at, j], locations[at])
         return set(first_text)
 
     def _still_text(self, j: int, cells: np.ndarray, missing: np.ndarray, locations: list[str]) -> None:
@@ -457,7 +458,8 @@ class _Cells:
             self._saw(j, "number", cells[number], locations[number])
 
     def _saw(self, j: int, kind: str, cell: str, location: str) -> None:
-        """Record column j's kind; a column holding both numbers and text is refused, naming one of each."""
+        """Record column j's kind; a column holding both numbers and text is refused at this cell (the
+        odd one: the later or the rarer kind), naming one cell of each kind."""
         known = self.kind.setdefault(j, (kind, str(cell), location))
         if known[0] != kind:
             (text, text_at), (number, number_at) = sorted([known[1:], (str(cell), location)],
@@ -465,7 +467,7 @@ class _Cells:
             raise self.at.error(
                 f"the column mixes numbers and text: {text!r} ({text_at}) is not a number, but {number!r} "
                 f"({number_at}) is; list the column as categorical to treat every value as a category, or add "
-                f"{text!r} to the missing values if it marks an empty cell", text_at, self.columns[j])
+                f"{text!r} to the missing values if it marks an empty cell", location, self.columns[j])
 
     def _checked(self, values: np.ndarray, numeric: list[int], cells: np.ndarray, missing: np.ndarray,
                  locations: list[str]) -> np.ndarray:

@@ -45,9 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
     demo.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
                       help="the model's schedule written into federation.toml")
-    demo.add_argument("--validation-fraction", type=float, default=0.1,
-                      help="[federation] validation_fraction written into federation.toml (0: train on every "
-                           "labeled row, as `simulate` does)")
+    demo.add_argument("--validation-fraction", type=float, default=0.0,
+                      help="[federation] validation_fraction written into federation.toml (default 0: train on "
+                           "every labeled row, as `simulate` does on the same split)")
     check = commands.add_parser("check", help="check each party's own tables against the federation file")
     check.add_argument("--config", required=True, help="the federation.toml")
     check.add_argument("--party", default=None, help="check this party only (default: every party)")

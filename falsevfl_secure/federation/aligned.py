@@ -100,8 +100,8 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
         holders[:, active] = False
         holders[positions[held & (positions >= 0)], active] = True
         kept = np.flatnonzero(holders.any(axis=1))
-        labeled = np.intersect1d(positions[labeled_rows], kept) if labeled_rows is not None else kept[:0]
-        labeled, validation = _hold_out(labeled, policy)
+        rows = labeled_rows[np.isin(positions[labeled_rows], kept)] if labeled_rows is not None else kept[:0]
+        labeled, validation = (np.sort(positions[part]) for part in _hold_out(np.sort(rows), policy))
         short = _short(per_party, active, policy.min_overlap)
         _announce(channel, active, kept, labeled, validation, per_party, short)
         holders, dropped = holders[kept], int(result.n_union - kept.size)
@@ -135,16 +135,17 @@ def _short(per_party: np.ndarray, active: int, min_overlap: float) -> tuple[Shor
     return tuple(out)
 
 
-def _hold_out(labeled: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]:
-    """(training, validation) positions: a public draw of `validation_fraction` of the labeled positions,
-    leaving at least one to train on."""
-    count = min(int(round(policy.validation_fraction * labeled.size)), max(labeled.size - 1, 0))
+def _hold_out(rows: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) rows of the active party's table: a public draw of `validation_fraction` of
+    its labeled rows (in table order, so one table and seed always hold out the same records), leaving at
+    least one to train on."""
+    count = min(int(round(policy.validation_fraction * rows.size)), max(rows.size - 1, 0))
     if count == 0:
-        return labeled, labeled[:0]
-    chosen = public_rng(policy.seed, zlib.crc32(b"federation validation")).permutation(labeled.size)[:count]
-    mask = np.zeros(labeled.size, dtype=bool)
+        return rows, rows[:0]
+    chosen = public_rng(policy.seed, zlib.crc32(b"federation validation")).permutation(rows.size)[:count]
+    mask = np.zeros(rows.size, dtype=bool)
     mask[chosen] = True
-    return labeled[~mask], labeled[mask]
+    return rows[~mask], rows[mask]
 
 
 def _announce(channel: GlooChannel, active: int, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray,

@@ -49,8 +49,11 @@ FEDERATION_KEYS = ("active", "protocol", "id_column", "label_column", "task", "r
 PARTY_KEYS = ("name", "train", "predict", "model", "interface", "categorical")
 AGGREGATOR_KEYS = ("interface",)
 STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
-MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - {"parties", "active_party", "task", "dataset",
-                                                                       "device"}))
+# Not model settings of a federation: fixed by the file ([[party]] order, active, task), chosen per host
+# (device), or used by `simulate` only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows).
+_NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "device", "train_mechanism", "n_labeled", "n_aligned",
+                   "max_rows"}
+MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
 SCHEDULES = ("quick", "default", "paper")  # a bare schedule: the sizes tuned on digits (small tables)
 DEFAULT_PRESET = "digits"
 

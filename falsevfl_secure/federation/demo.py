@@ -31,7 +31,7 @@ def label_name(dataset: str, y: int) -> str:
 
 
 def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: str = "mpc",
-               test_pattern: str = "mcar:0.2", preset: str = "default", validation_fraction: float = 0.1) -> Path:
+               test_pattern: str = "mcar:0.2", preset: str = "default", validation_fraction: float = 0.0) -> Path:
     """Write the demo federation to `out`; returns the path of its federation.toml."""
     cfg = make_config(dataset, preset, parties=parties, seed=seed)
     data, train, tests = make_splits(cfg, (test_pattern,))
@@ -90,5 +90,6 @@ def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int, 
             '# Every key is explained in docs/federation-toml.md.\n'
             f'[federation]\nactive = "{active}"\nprotocol = "{protocol}"\nid_column = "id"\nlabel_column = "label"\n'
             f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n'
-            f"validation_fraction = {validation_fraction!r}  # labeled records held out to measure the model\n"
+            f"validation_fraction = {validation_fraction!r}  # labeled records held out to measure the model "
+            "(0: every labeled record trains, as in `simulate`)\n"
             f'\n[model]\npreset = "{preset}"\nseed = {seed}\n{parties}')

@@ -445,7 +445,7 @@ class _Cells:
             texts = int((~missing[:, j] & ~numbers).sum())
             seen = [(texts, row, "text")] + ([(int(numbers.sum()), int(np.argmax(numbers)), "number")]
                                               if numbers.any() else [])
-            for _, at, kind in sorted(seen, key=lambda s: -s[0]):  # a conflict is named at the rarer kind's cell
+            for _, at, kind in sorted(seen, key=lambda s: (-s[0], s[1])):  # named at the rarer kind, else the later
                 self._saw(j, kind, cells[at, j], locations[at])
         return set(first_text)
 

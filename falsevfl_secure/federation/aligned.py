@@ -31,7 +31,7 @@ from ..data import LabelSide, PartyView
 from ..data.encoding import EncodedBlock
 from ..randomness import public_rng
 from ..secure import frames
-from ..secure.align import align
+from ..secure.align import Alignment, align
 from ..secure.errors import SecureMessageError
 from ..transport.channel import GlooChannel
 
@@ -91,7 +91,8 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     active = role.spec.active_index
     listed = np.arange(len(ids)) if role.is_active else np.flatnonzero(held)
     channel = GlooChannel(role.membership.group)
-    result = align(channel, [ids[i] for i in listed], active, restrict_to_active=restrict)
+    result = align(channel, [ids[i] for i in listed], active, restrict_to_active=restrict) if channel.world_size > 1 \
+        else Alignment(listed.size, np.arange(listed.size), np.ones((listed.size, 1), dtype=bool))  # alone
     positions = np.full(len(ids), -1, dtype=np.int64)
     positions[listed] = result.positions
     if role.is_active:

@@ -421,3 +421,13 @@ def test_id_rule_keys_and_collisions_name_both_lines(tmp_path, refused):
 def test_labels_take_missing_tokens_as_unlabeled(tmp_path):
     path = write(tmp_path, "id,a,label\n1,1,cat\n2,2,NA\n3,3, \n4,4,dog\n")
     assert read_party_table(path, "bank", "id", "label").labels == ("cat", None, None, "dog")
+
+
+def test_a_missing_id_or_label_column_names_the_closest_and_every_column(tmp_path, refused):
+    header = ",".join(["PatientID", *(f"feature_{j}" for j in range(12)), "Outcome"])
+    path = write(tmp_path, header + "\n" + ",".join(["1"] * 14) + "\n")
+    message = refuse(path, ["no ID column 'patient_id' (did you mean 'PatientID'?)", "'feature_11', 'Outcome')"],
+                     refused, id_column="patient_id")
+    assert "more" not in message  # never cut
+    refuse(path, ["no label column 'outcome' (did you mean 'Outcome'?)"], refused, id_column="PatientID",
+           label_column="outcome")

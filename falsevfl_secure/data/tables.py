@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,6 @@ DEFAULT_MISSING = ("NA", "nan", "null")  # besides the empty cell, which is alwa
 # Cells converted per numpy batch: bounds memory for wide tables while keeping the conversion vectorised.
 _BATCH_CELLS = 200_000
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-_SHOWN = 8  # at most this many names are listed where a list only gives context ("columns found")
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,11 +276,12 @@ def _layout(header: tuple[str, ...], id_column: str, label_column: str | None, a
         if header.index(name) != position:
             raise at.error(f"column {name!r} appears twice in the header", at.header_location)
     if id_column not in header:
-        raise at.error(f"no ID column {id_column!r}{_separator_hint(header)} (columns found: {found})")
+        raise at.error(f"no ID column {id_column!r}{_closest(id_column, header)}{_separator_hint(header)} "
+                       f"(columns found: {found})")
     if label_column is not None and label_column == id_column:
         raise at.error(f"the label column and the ID column are both {id_column!r}")
     if label_column is not None and label_column not in header:
-        raise at.error(f"no label column {label_column!r} (columns found: {found})")
+        raise at.error(f"no label column {label_column!r}{_closest(label_column, header)} (columns found: {found})")
     skip = {id_column, label_column}
     features = tuple(i for i, name in enumerate(header) if name not in skip)
     if not features:
@@ -308,10 +309,10 @@ def _expected_order(columns: tuple[str, ...], expected: Sequence[str], at: _Cont
     missing = [name for name in expected if name not in columns]
     extra = [name for name in columns if name not in expected]
     if missing or extra:
-        parts = [f"missing {_names(missing)}"] if missing else []
-        parts += [f"extra {_names(extra)}"] if extra else []
+        parts = [f"missing {_listing(missing)}"] if missing else []
+        parts += [f"extra {_listing(extra)}"] if extra else []
         raise at.error(f"the feature columns differ from the model's: {'; '.join(parts)} "
-                       f"(the model's columns: {_names(expected)})", at.header_location)
+                       f"(the model's columns: {_listing(expected)})", at.header_location)
     return tuple(header.index(name) for name in expected)
 
 
@@ -325,14 +326,16 @@ def _check_categorical(layout: _Layout, categorical: Sequence[str], at: _Context
 
 
 def _listing(names: Sequence[str]) -> str:
-    """Names for context, at most `_SHOWN` of them."""
-    shown = ", ".join(repr(name) for name in names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
-
-
-def _names(names: Sequence[str]) -> str:
-    """Every name: used where the names are the error itself."""
+    """Every name, quoted (messages are never cut)."""
     return ", ".join(repr(name) for name in names)
+
+
+def _closest(name: str, names: Sequence[str]) -> str:
+    """" (did you mean 'x'?)" for the closest of `names` (case and spaces ignored first), else ""."""
+    folded = {candidate.strip().casefold(): candidate for candidate in names}
+    close = [folded[name.strip().casefold()]] if name.strip().casefold() in folded else \
+        difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # ---------------------------------------------------------------------------------------------- rows

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import difflib
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -365,8 +366,7 @@ class _Builder:
                 self.labels.append(None if label.lower() in self.tokens else label)
         features = np.array([[cells[i] for i in self.layout.feature_index] for _, cells in batch], dtype=str)
         features = np.char.strip(features.reshape(len(batch), len(self.layout.feature_index)))
-        missing = np.isin(np.char.lower(features), list(self.tokens))
-        self.cells.add(features, missing, [location for location, _ in batch])
+        self.cells.add(features, [location for location, _ in batch])
 
     def _add_id(self, identifier: str, location: str) -> None:
         column = self.layout.header[self.layout.id_index]
@@ -406,46 +406,67 @@ class _Cells:
     def __init__(self, columns: tuple[str, ...], options: ReadOptions, at: _Context) -> None:
         self.columns, self.at, self.detect = columns, at, options.detect_categories
         self.listed = {columns.index(name) for name in options.categorical}
+        self.tokens = sorted(options.tokens)
+        self.spellings = _spellings(self.tokens)
         self.kind: dict[int, tuple[str, str, str]] = {}  # column -> (kind, first cell, its location)
         self.numbers: list[np.ndarray] = []
         self.text: dict[int, list[tuple[int, list[str | None]]]] = {}  # column -> (first row, cells)
         self.rows = 0
 
-    def add(self, cells: np.ndarray, missing: np.ndarray, locations: list[str]) -> None:
+    def add(self, cells: np.ndarray, locations: list[str]) -> None:
         numeric = [j for j in range(cells.shape[1]) if j not in self.listed and self._kind(j) != "text"]
-        values = _floats(cells[:, numeric], missing[:, numeric])
-        if values is None:  # some column holds text: find which, in file order
-            texts = self._text_columns(numeric, cells, missing, locations)
+        parsed = self._numbers(_columns(cells, numeric))
+        if parsed is None:  # some column holds text: find which, in file order
+            texts = self._text_columns(numeric, cells, locations)
             numeric = [j for j in numeric if j not in texts]
-            values = _floats(cells[:, numeric], missing[:, numeric])
-        out = np.full(cells.shape, np.nan, dtype=np.float32)
-        out[:, numeric] = self._checked(values, numeric, cells, missing, locations)
+            parsed = self._numbers(_columns(cells, numeric))
+        if len(numeric) == cells.shape[1]:
+            out = self._checked(*parsed, numeric, cells, locations)
+        else:
+            out = np.full(cells.shape, np.nan, dtype=np.float32)
+            out[:, numeric] = self._checked(*parsed, numeric, cells, locations)
         for j in sorted(set(range(cells.shape[1])) - set(numeric)):
+            missing = self._missing(cells[:, j])
             if j not in self.listed:
-                self._still_text(j, cells[:, j], missing[:, j], locations)
-            self.text.setdefault(j, []).append((self.rows, _text_cells(cells[:, j], missing[:, j])))
+                self._still_text(j, cells[:, j], missing, locations)
+            self.text.setdefault(j, []).append((self.rows, _text_cells(cells[:, j], missing)))
         self.numbers.append(out)
         self.rows += cells.shape[0]
+
+    def _missing(self, cells: np.ndarray) -> np.ndarray:
+        """Which cells are missing: empty, or a missing token whatever its case."""
+        if self.spellings is not None:  # comparing with every spelling avoids lower-casing every cell
+            return np.isin(cells, self.spellings)
+        return (cells == "") | np.isin(np.char.lower(cells), self.tokens)
+
+    def _numbers(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(float64 values, missing) when every cell is a number or missing, else None."""
+        missing = self._missing(cells)
+        try:
+            values = np.where(missing, "nan", cells).astype(np.float64)
+        except ValueError:
+            return None
+        return values, missing
 
     def _kind(self, j: int) -> str | None:
         return self.kind[j][0] if j in self.kind else None
 
-    def _text_columns(self, numeric: list[int], cells: np.ndarray, missing: np.ndarray,
-                      locations: list[str]) -> set[int]:
+    def _text_columns(self, numeric: list[int], cells: np.ndarray, locations: list[str]) -> set[int]:
         """The columns (numbers so far) that hold text in this batch; a DataError names the first cell in
         file order that may not be text (any, when categories are not detected; else one of a mixed column)."""
         first_text = {}
         for j in numeric:
-            present = ~missing[:, j]
+            if self._numbers(cells[:, [j]]) is not None:
+                continue
+            present = ~self._missing(cells[:, j])
             numbers = np.zeros(present.shape, dtype=bool)
             numbers[present] = _parses(cells[present, j])
-            if (present & ~numbers).any():
-                first_text[j] = (int(np.argmax(present & ~numbers)), numbers)
+            text = present & ~numbers
+            first_text[j] = (int(np.argmax(text)), numbers, int(text.sum()))
         for j in sorted(first_text, key=lambda c: (first_text[c][0], c)):
-            row, numbers = first_text[j]
+            row, numbers, texts = first_text[j]
             if not self.detect:
                 raise self.at.error(f"{str(cells[row, j])!r} is not a number", locations[row], self.columns[j])
-            texts = int((~missing[:, j] & ~numbers).sum())
             seen = [(texts, row, "text")] + ([(int(numbers.sum()), int(np.argmax(numbers)), "number")]
                                               if numbers.any() else [])
             for _, at, kind in sorted(seen, key=lambda s: (-s[0], s[1])):  # named at the rarer kind, else the later
@@ -472,10 +493,10 @@ class _Cells:
                 f"({number_at}) is; list the column as categorical to treat every value as a category, or add "
                 f"{text!r} to the missing values if it marks an empty cell", location, self.columns[j])
 
-    def _checked(self, values: np.ndarray, numeric: list[int], cells: np.ndarray, missing: np.ndarray,
+    def _checked(self, values: np.ndarray, missing: np.ndarray, numeric: list[int], cells: np.ndarray,
                  locations: list[str]) -> np.ndarray:
         """float32 values of the numeric columns; the first non-finite or too large cell is refused."""
-        present = ~missing[:, numeric]
+        present = ~missing
         bad = present & (~np.isfinite(values) | (np.abs(values) > _FLOAT32_MAX))
         if bad.any():
             row, k = (int(v) for v in np.argwhere(bad)[0])
@@ -502,16 +523,24 @@ class _Cells:
         return x, text
 
 
+def _spellings(tokens: list[str], most: int = 4096) -> list[str] | None:
+    """Every upper/lower-case spelling of the tokens ("na": "na", "nA", "Na", "NA"), or None when there
+    are more than `most`."""
+    out: set[str] = set()
+    for token in tokens:
+        if 2 ** sum(c.lower() != c.upper() for c in token) + len(out) > most:
+            return None
+        out |= {"".join(chars) for chars in itertools.product(*({c.lower(), c.upper()} for c in token))}
+    return sorted(out)
+
+
+def _columns(cells: np.ndarray, numeric: list[int]) -> np.ndarray:
+    """The `numeric` columns of `cells` (no copy when they are all of them)."""
+    return cells if len(numeric) == cells.shape[1] else cells[:, numeric]
+
+
 def _text_cells(cells: np.ndarray, missing: np.ndarray) -> list[str | None]:
     return [None if gone else str(cell) for cell, gone in zip(cells, missing, strict=True)]
-
-
-def _floats(cells: np.ndarray, missing: np.ndarray) -> np.ndarray | None:
-    """float64 values (NaN where missing), or None when some present cell is not a number."""
-    try:
-        return np.where(missing, "nan", cells).astype(np.float64)
-    except ValueError:
-        return None
 
 
 def _parses(cells: np.ndarray) -> np.ndarray:

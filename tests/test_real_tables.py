@@ -18,7 +18,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from align_channels import MemoryWorld
-from sklearn_tables import MIXED_PATTERN, Spec, write_federation
 
 from falsevfl_secure.errors import InputError
 from falsevfl_secure.federation import aligned as aligned_module
@@ -33,6 +32,7 @@ from falsevfl_secure.federation.config import (
     preset_names,
 )
 from falsevfl_secure.federation.inputs import read_training_table
+from falsevfl_secure.federation.tables_demo import MIXED_PATTERN, Spec, write_federation
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "federation-toml.md"
 
@@ -73,7 +73,7 @@ def test_every_key_is_documented_and_the_documented_example_loads(tmp_path):
     ("party", 'model = "lab/model"', 'model = "lab/model"\ncategorial = ["x"]',
      ["[[party]] #2", "'categorial' (did you mean 'categorical'?)", "categorical, interface, model, name"]),
     ("model", "[model]\n", "[model]\nkapa = 3\n", ["[model]", "'kapa' (did you mean 'kappa'?)", "eval_batch_size"]),
-    ("stage", "[model.train]\n", "[model.train]\nepoch = 3\n", ["[model.train]", "'epoch' (did you mean 'epochs'?)",
+    ("stage", "[model]\n", "[model.train]\nepoch = 3\n[model]\n", ["[model.train]", "'epoch' (did you mean 'epochs'?)",
                                                                 "batch_size, epochs, lr, weight_decay"]),
     ("aggregator", "[model]\n", "[aggregator]\ninterfac = 'eth0'\n[model]\n",
      ["[aggregator]", "'interfac' (did you mean 'interface'?)", "are interface "]),
@@ -397,3 +397,19 @@ def test_federation_file_of_the_sklearn_helper_is_valid_toml(tmp_path):
     written = write_federation(tmp_path, Spec(extra={"missing_values": ["NA", "?"], "id_fold_case": True}))
     assert tomllib.loads(written.path.read_text())["federation"]["missing_values"] == ["NA", "?"]
     assert load_federation(written.path).id_rule.fold_case
+
+
+def test_the_tables_demo_writes_messy_tables_that_check_accepts(tmp_path):
+    code, out, err = cli("demo", "--dataset", "diabetes", "--parties", "4", "--missing", "0.1", "--categorical",
+                         "--mixed-ids", "--preset", "quick", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "pharmacy" in out and (tmp_path / "pharmacy" / "predict.csv").exists()
+    text = (tmp_path / "federation.toml").read_text()
+    assert 'task = "regression"' in text and "validation_fraction = 0.1" in text and "# id_pattern = " in text
+    raw = (tmp_path / "clinic" / "train.csv").read_bytes()
+    assert raw.startswith("\ufeff".encode()) and b"\r\n" in raw
+    code, out, err = cli("check", "--config", str(tmp_path / "federation.toml"))
+    assert code == 0, err
+    assert "smoker: 2 categories" in out and "region: 2 categories" in out and "'mrn-00" in out
+    code, _, err = cli("demo", "--dataset", "wine", "--parties", "5", "--out", str(tmp_path / "five"))
+    assert code == 2 and "at most 4 parties" in err

@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from align_channels import free_port
-from sklearn_tables import MIXED_PATTERN, Spec, write_federation
 
 from falsevfl_secure.federation.__main__ import main
+from falsevfl_secure.federation.tables_demo import MIXED_PATTERN, Spec, write_federation
 
 pytestmark = pytest.mark.slow
+SHORT = 'preset = "quick"\n[model.pretrain]\nepochs = 3\n[model.train]\nepochs = 10\n'  # the schedule is not checked
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
@@ -78,7 +79,7 @@ def test_regression_on_diabetes_beats_the_mean_and_the_active_party_alone(tmp_pa
 
 
 def test_missing_cells_and_categories_train_validate_and_predict(tmp_path):
-    written = write_federation(tmp_path, Spec(dataset="breast_cancer", missing=0.15, categorical=True,
+    written = write_federation(tmp_path, Spec(dataset="breast-cancer", missing=0.15, categorical=True,
                                               port=free_port(), extra={"validation_fraction": 0.2},
                                               model='preset = "quick"\n[model.pretrain]\nepochs = 20\n'))
     config = str(written.path)
@@ -106,7 +107,7 @@ def test_missing_cells_and_categories_train_validate_and_predict(tmp_path):
 
 
 def test_ids_written_differently_stop_training_until_a_pattern_makes_them_meet(tmp_path):
-    written = write_federation(tmp_path, Spec(ids="mixed", port=free_port()))
+    written = write_federation(tmp_path, Spec(ids="mixed", port=free_port(), model=SHORT))
     code, _, err = cli("train", "--config", str(written.path), "--quiet")
     assert code != 0 and "training stopped: party 'lab' and the active party 'clinic' both list 0 records" in err
     text = written.path.read_text().replace("[model]", f"id_pattern = '{MIXED_PATTERN}'\n\n[model]", 1)

@@ -1,6 +1,8 @@
 """Command line of a federation on separately held tables.
 
     python -m falsevfl_secure.federation demo --dataset digits|isolet --parties K --out DIR [--seed N]
+    python -m falsevfl_secure.federation demo --dataset breast-cancer|wine|diabetes --out DIR [--missing F]
+        [--categorical] [--mixed-ids]
     python -m falsevfl_secure.federation check --config DIR/federation.toml [--party NAME]
     python -m falsevfl_secure.federation train --config DIR/federation.toml [--party NAME] [--protocol P]
     python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME]
@@ -30,24 +32,15 @@ from ..cli import guarded
 from ..errors import InputError
 from ..transport.protocols import PROTOCOLS
 from .config import load_federation
+from .tables_demo import DATASETS as TABLES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.federation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="write per-party tables of a benchmark dataset and a federation.toml")
-    demo.add_argument("--dataset", choices=("digits", "isolet", "fashion-mnist", "hapt"), default="digits")
-    demo.add_argument("--parties", type=int, default=4)
-    demo.add_argument("--out", required=True)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--protocol", choices=tuple(PROTOCOLS), default="mpc")
-    demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
-    demo.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
-                      help="the model's schedule written into federation.toml")
-    demo.add_argument("--validation-fraction", type=float, default=0.0,
-                      help="[federation] validation_fraction written into federation.toml (default 0: train on "
-                           "every labeled row, as `simulate` does on the same split)")
+    _demo_options(commands.add_parser("demo", help="write per-party tables (a benchmark's split, or tables as a "
+                                                       "new user's would look) and a federation.toml"))
     check = commands.add_parser("check", help="check each party's own tables against the federation file")
     check.add_argument("--config", required=True, help="the federation.toml")
     check.add_argument("--party", default=None, help="check this party only (default: every party)")
@@ -69,14 +62,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def demo(args: argparse.Namespace) -> int:
-    from .demo import write_demo
+def _demo_options(demo: argparse.ArgumentParser) -> None:
+    demo.add_argument("--dataset", choices=("digits", "isolet", "fashion-mnist", "hapt", *TABLES), default="digits",
+                      help="a benchmark's split (digits, isolet, fashion-mnist, hapt) or tables as a new user's would "
+                           "look (breast-cancer, wine, diabetes)")
+    demo.add_argument("--parties", type=int, default=4)
+    demo.add_argument("--out", required=True)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--protocol", choices=tuple(PROTOCOLS), default="mpc")
+    demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
+    demo.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
+                      help="the model's schedule written into federation.toml")
+    demo.add_argument("--missing", type=float, default=0.0,
+                      help="breast-cancer, wine, diabetes: the share of cells removed inside held rows")
+    demo.add_argument("--categorical", action="store_true",
+                      help="breast-cancer, wine, diabetes: add text columns (smoker, region)")
+    demo.add_argument("--mixed-ids", action="store_true",
+                      help="breast-cancer, wine, diabetes: each party writes its IDs differently")
+    demo.add_argument("--validation-fraction", type=float, default=None,
+                      help="[federation] validation_fraction written into federation.toml (default: 0 for a "
+                           "benchmark's split, every labeled row trains as in `simulate`; 0.1 for the tables)")
 
+
+def demo(args: argparse.Namespace) -> int:
     if args.parties < 2:
         raise InputError(f"--parties {args.parties}: a federation needs at least 2 parties")
+    if args.dataset in TABLES:
+        return _tables_demo(args)
+    from .demo import write_demo
+
     path = write_demo(args.dataset, args.parties, Path(args.out), args.seed, args.protocol, args.test_pattern,
-                      args.preset, args.validation_fraction)
+                      args.preset, args.validation_fraction or 0.0)
     print(f"wrote {path}, one folder per party and {Path(args.out) / 'truth.csv'}")
+    return 0
+
+
+def _tables_demo(args: argparse.Namespace) -> int:
+    from .tables_demo import NAMES, Spec, write_federation
+
+    if args.parties > len(NAMES) or not 0 <= args.missing < 1:
+        raise InputError(f"--dataset {args.dataset}: at most {len(NAMES)} parties and --missing in [0, 1)")
+    spec = Spec(args.dataset, args.parties, args.seed, missing=args.missing, categorical=args.categorical,
+                ids="mixed" if args.mixed_ids else "plain", protocol=args.protocol,
+                extra={"validation_fraction": 0.1 if args.validation_fraction is None else args.validation_fraction},
+                model=f'preset = "{args.preset}"\nseed = {args.seed}\n')
+    written = write_federation(Path(args.out), spec)
+    print(f"wrote {written.path}, one folder per party ({', '.join(written.names)}; {written.names[0]} holds the "
+          f"labels) and {Path(args.out) / 'truth.csv'}")
     return 0
 
 

@@ -88,11 +88,11 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
     """Report lines of a training table: rows, columns by type, missing cells, IDs, labels, notes."""
     table, encoding = inputs.table, inputs.encoding
     role = " (active)" if name == fed.active else ""
-    categories = ", ".join(f"{c}: {len(encoding.categories[c])}" for c in table.categorical)
+    categories = ", ".join(f"{c}: {len(encoding.categories[c])} categories" for c in table.categorical)
     kinds = f"{len(encoding.numeric)} numeric, {len(table.categorical)} categorical" + (
-        f" ({categories} categories)" if categories else "")
-    lines = [f"party {name!r}{role}: {table.path}: {table.n_rows} rows, {int(inputs.block.held.sum())} holding "
-             f"features; {len(table.columns)} columns ({kinds}), {encoding.width} encoded; "
+        f" ({categories})" if categories else "")
+    lines = [f"party {name!r}{role}: {table.path}: {table.n_rows} rows ({int(inputs.block.held.sum())} holding "
+             f"features), {len(table.columns)} columns: {kinds}, {encoding.width} encoded cells; "
              f"{_missing(table)} missing cells{_labels_text(fed, inputs)}"]
     lines += _id_lines(fed, table)
     lines += [f"  note: column {c!r} has {len(encoding.categories[c])} categories in "
@@ -107,7 +107,7 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
 def describe_prediction(fed: Federation, name: str, inputs: PartyInput, against: str = "the saved model") -> list[str]:
     """Report lines of a prediction table: rows, matched columns, missing cells, unseen categories."""
     table, block = inputs.table, inputs.block
-    lines = [f"party {name!r}: {table.path}: {table.n_rows} rows, {int(block.held.sum())} holding features; "
+    lines = [f"party {name!r}: {table.path}: {table.n_rows} rows ({int(block.held.sum())} holding features), "
              f"the {len(table.columns)} columns match {against} by name; {_missing(table)} missing cells"]
     if block.unseen:
         listed = "; ".join(f"{c}: {count} ({', '.join(repr(v) for v in values)})"

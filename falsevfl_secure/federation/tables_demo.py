@@ -1,21 +1,30 @@
-"""Federations on tables no demo wrote: scikit-learn's breast cancer, wine and diabetes data split across
-parties as a new user's tables would look (string IDs, shuffled rows, partly overlapping ID sets, most
-records unlabeled, realistic column names, and optionally messy cells: BOM, CRLF, spaces, NA tokens,
-text categories, IDs written differently at each party).
+"""`federation demo --dataset breast-cancer|wine|diabetes`: tables as a new user's would look.
+
+scikit-learn's breast cancer, wine and diabetes data split across parties: string IDs, each party's rows
+in its own shuffled order, partly overlapping ID sets, most records unlabeled, the real column names and,
+optionally, messy cells (BOM, CRLF, spaces around cells, `NA`/`nan`/`NULL` tokens), cells missing inside
+held rows, text categories (a `smoker` yes/no column at the active party, a `region` at the next party)
+and IDs written differently at each party (`0004217`, `4217`, `MRN-004217`, `mrn-004217`; the
+`id_pattern` that makes them meet is `MIXED_PATTERN`).
 
 `write_federation(folder, Spec(...))` writes one folder per party (train.csv, predict.csv), truth.csv
-(id, label of every prediction record, as the active party writes its IDs) and federation.toml; it
-returns what was written so a test can compare against independent truth.
+(id, label of every prediction record, as the active party writes its IDs) and federation.toml, and
+returns what it wrote (so tests can compare against independent truth). The draws use the public seed:
+the data are public, nothing here is secret.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..fsio import atomic_write
+from ..randomness import public_rng
 
 NAMES = ("clinic", "lab", "insurer", "pharmacy")
 # How each party writes record 4217 when the IDs are written differently ("mixed").
@@ -25,7 +34,7 @@ MIXED_PATTERN = "0*(\\d+)$"  # the key of every mixed format: the digits after t
 
 @dataclass(frozen=True)
 class Spec:
-    dataset: str = "breast_cancer"  # breast_cancer | wine | diabetes
+    dataset: str = "breast-cancer"  # breast-cancer | wine | diabetes
     parties: int = 3
     seed: int = 0
     labeled: float = 0.3  # share of the active party's training records with a label
@@ -37,7 +46,7 @@ class Spec:
     messy: bool = True  # BOM, CRLF, spaces around cells, NA tokens for missing cells
     active_columns: int | None = None  # how many columns the active party holds (default: an equal share)
     extra: dict = field(default_factory=dict)  # [federation] settings added to the file
-    model: str = 'preset = "quick"\n[model.pretrain]\nepochs = 3\n[model.train]\nepochs = 10\n'
+    model: str = 'preset = "quick"\n'
     protocol: str = "plain"
     port: int = 29611
 
@@ -52,9 +61,14 @@ class Written:
     task: str
 
 
+DATASETS = ("breast-cancer", "wine", "diabetes")
+
+
 def load(dataset: str) -> tuple[np.ndarray, np.ndarray, list[str], str]:
+    """Features, labels (class names, or numbers for diabetes), column names and task of a dataset."""
     from sklearn import datasets
 
+    dataset = dataset.replace("-", "_")
     loader = {"breast_cancer": datasets.load_breast_cancer, "wine": datasets.load_wine,
               "diabetes": datasets.load_diabetes}[dataset]
     bunch = loader()
@@ -66,7 +80,7 @@ def load(dataset: str) -> tuple[np.ndarray, np.ndarray, list[str], str]:
 
 def write_federation(folder: Path, spec: Spec) -> Written:
     x, y, columns, task = load(spec.dataset)
-    rng = np.random.default_rng(spec.seed)
+    rng = public_rng(spec.seed, zlib.crc32(b"federation tables demo"))
     n = len(y)
     order = rng.permutation(n)
     test = order[:int(spec.test * n)]
@@ -157,14 +171,14 @@ def _csv(rows) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8", newline="")
+    atomic_write(path, text.encode("utf-8"))
 
 
 def _toml(spec: Spec, names: list[str], task: str) -> str:
     extra = "".join(f"{k} = {_value(v)}\n" for k, v in spec.extra.items())
     if spec.ids == "mixed" and "id_pattern" not in spec.extra:
-        extra += "# the IDs are written differently at each party: no id_pattern yet\n"
+        extra += (f"# The parties write their IDs differently: training stops until a rule makes them meet, e.g.\n"
+                  f"# id_pattern = {_value(MIXED_PATTERN)}\n")
     parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
                       f'model = "{n}/model"\n' for n in names)
     return (f'[federation]\nactive = "{names[0]}"\nprotocol = "{spec.protocol}"\nid_column = "patient_id"\n'

@@ -185,7 +185,8 @@ def test_prediction_tables_are_checked_against_the_saved_model_by_name(tmp_path,
     assert code == 0, err
     unseen = sum(1 for k in range(len(body)) if k % 10 == 0)
     assert "columns match the saved model by name" in out
-    assert f"{unseen} cells hold categories unseen in training, encoded as missing: smoker: {unseen} ('maybe')" in out
+    note = f"  note: {unseen} cells hold categories unseen in training, encoded as missing: smoker: {unseen} ('maybe')"
+    assert note in out
     predict.write_text(predict.read_text().replace("smoker,", "smokes,", 1))
     code, _, err = cli("check", "--config", str(written.path), "--party", "clinic")
     assert code == 2 and "missing 'smoker'; extra 'smokes'" in err, err

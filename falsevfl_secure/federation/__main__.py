@@ -146,7 +146,7 @@ def _tables_ready(fed, names: list[str], command: str, quiet: bool) -> bool:
 
     reports, seconds = timed_check(fed, names, command)
     for report in reports:
-        for line in report.lines if not quiet or command == "predict" else []:
+        for line in report.notes if quiet else report.lines:
             print(line)
         if report.error is not None:
             print(f"error: {report.error}", file=sys.stderr)

@@ -24,6 +24,7 @@ from .store import load_manifest
 _MANY_CATEGORIES = 50  # a categorical column with more categories than this and ...
 _MOSTLY_DISTINCT = 0.5  # ... more distinct values than this share of its cells looks like an identifier
 _EXAMPLES = 3
+NOTE = "  note: "
 
 
 @dataclass
@@ -35,6 +36,11 @@ class PartyCheck:
     lines: list[str] = field(default_factory=list)
     error: str | None = None
     inputs: PartyInput | None = None
+
+    @property
+    def notes(self) -> list[str]:
+        """The lines that ask for attention (printed even by a quiet `train` or `predict`)."""
+        return [line for line in self.lines if line.startswith(NOTE)]
 
 
 def check_parties(fed: Federation, names: list[str], command: str) -> list[PartyCheck]:
@@ -78,7 +84,7 @@ def _prediction_lines(fed: Federation, name: str, training: PartyInput) -> list[
         except FalseVflError as error:
             if "trained with other settings" not in str(error):
                 raise
-            notes.append(f"  note: the saved model in {spec.model_dir} was trained with other settings; "
+            notes.append(f"{NOTE}the saved model in {spec.model_dir} was trained with other settings; "
                          "`train` replaces it")
     inputs = prediction_input(fed, name, training.encoding, training.classes or None)
     return [*describe_prediction(fed, name, inputs, "the training table"), *notes]
@@ -95,11 +101,11 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
              f"features), {len(table.columns)} columns: {kinds}, {encoding.width} encoded cells; "
              f"{_missing(table)} missing cells{_labels_text(fed, inputs)}"]
     lines += _id_lines(fed, table)
-    lines += [f"  note: column {c!r} has {len(encoding.categories[c])} categories in "
+    lines += [f"{NOTE}column {c!r} has {len(encoding.categories[c])} categories in "
               f"{sum(v is not None for v in table.text[c])} cells: if it identifies records, remove it"
               for c in table.categorical if _looks_like_identifier(table.text[c])]
     if name != fed.active and fed.label_column in table.columns:
-        lines.append(f"  note: column {fed.label_column!r} has the label column's name; it is a feature of "
+        lines.append(f"{NOTE}column {fed.label_column!r} has the label column's name; it is a feature of "
                      f"party {name!r}")
     return lines
 
@@ -112,7 +118,8 @@ def describe_prediction(fed: Federation, name: str, inputs: PartyInput, against:
     if block.unseen:
         listed = "; ".join(f"{c}: {count} ({', '.join(repr(v) for v in values)})"
                            for c, (count, values) in block.unseen.items())
-        lines.append(f"  {block.unseen_cells} cells hold categories unseen in training, encoded as missing: {listed}")
+        lines.append(f"{NOTE}{block.unseen_cells} cells hold categories unseen in training, encoded as missing: "
+                     f"{listed}")
     return lines + _id_lines(fed, table)
 
 

@@ -348,6 +348,11 @@ def test_predictions_name_the_holders_and_regression_comes_back_in_the_label_uni
         assert float(row["prediction"]) == pytest.approx(standardised[position[key]] * scale.std + scale.mean,
                                                          rel=1e-5)
     assert set(written.truth) == {row["id"] for row in rows}
+    in_order = aligned_module.ids_in_order(inputs["clinic"].table.ids, active)
+    assert sorted(in_order) == sorted(inputs["clinic"].table.ids)  # the active party lists every record
+    passive = aligned_module.ids_in_order(inputs["lab"].table.ids, results[1])
+    assert all(key is None or key == in_order[p] for p, key in enumerate(passive))
+    assert sum(key is not None for key in passive) == len(inputs["lab"].table.ids)
 
 
 def csv_rows(text: str):

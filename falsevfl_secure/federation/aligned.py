@@ -216,7 +216,8 @@ def party_view(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray 
                rows: np.ndarray | None = None) -> PartyView:
     """What this party holds of the shared order (or of its `rows` positions, in that order): its block
     and held rows, and at the active party the label side (targets of labeled rows). With `rows`, every
-    row counts as labeled (a validation set). The cell mask is `placed.observed`."""
+    row counts as labeled (a validation set). The cell mask is `placed.observed` (to be handed over as
+    `PartyView.observed = {rank: placed.observed[rows]}` once the view carries it)."""
     whole = rows is None
     rows = np.arange(aligned.n) if whole else np.asarray(rows, dtype=np.int64)
     labels = None
@@ -228,6 +229,16 @@ def party_view(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray 
         labels = LabelSide(aligned.holders.sum(axis=1).astype(np.int64)[rows], y[rows])
     labeled = aligned.labeled if whole else np.arange(rows.size)
     return PartyView(rows.size, {rank: (placed.x[rows], placed.held[rows])}, labels, labeled)
+
+
+def ids_in_order(ids: tuple[str, ...], aligned: Aligned) -> list[str | None]:
+    """The normalised ID of each record of the shared order that this party lists, None elsewhere (at the
+    active party in a prediction: every record). For per-record keys (`randomness.record_keys`); the IDs
+    stay with this party."""
+    out: list[str | None] = [None] * aligned.n
+    for row in np.flatnonzero(aligned.positions >= 0):
+        out[aligned.positions[row]] = ids[row]
+    return out
 
 
 def is_labeled(targets: np.ndarray) -> np.ndarray:

@@ -9,8 +9,8 @@ processes, 30 to 90 s on 2 cores): federations on scikit-learn tables written as
 - IDs written differently at each party stop training with one line; `id_pattern` makes them meet.
 
 Measured on the branch `tables` with today's transport (plain, 3 parties, preset quick, active party with 3
-of diabetes' 10 columns, half of the training records labeled; seeds 0, 1, 2): federation RMSE 57.9 / 66.2 /
-64.0 against 63.3 / 74.9 / 80.7 for the active party alone and 75.8 / 81.3 / 82.5 for the training mean.
+of diabetes' 10 columns, half of the training records labeled; seeds 0, 1, 2): federation RMSE 64.3 / 59.0 /
+60.6 against 69.7 / 78.6 / 68.2 for the active party alone and 77.4 / 75.5 / 71.8 for the training mean.
 """
 
 from __future__ import annotations

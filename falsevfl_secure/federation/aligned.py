@@ -160,10 +160,16 @@ def _announce(channel: GlooChannel, active: int, kept: np.ndarray, labeled: np.n
 
 
 def _announced(channel: GlooChannel, active: int, n_union: int, listed: int):
-    """(kept, labeled, validation, counts, short) from the active party, each checked: increasing
+    """The announcement from the active party, checked (`check_announcement`)."""
+    return check_announcement(channel.recv(active), active, n_union, listed, channel.world_size)
+
+
+def check_announcement(data: bytes, active: int, n_union: int, listed: int, world: int):
+    """(kept, labeled, validation, counts, short) of an announcement frame, each checked: increasing
     positions of the shared order, labeled and validation disjoint among the kept, counts within this
-    party's list, shortfalls of other ranks within their base (anything else is refused, naming the sender)."""
-    frame = frames.decode(channel.recv(active), expect=(frames.Kind.DATA,))
+    party's `listed` records, shortfalls of other ranks of the `world` within their base (anything else
+    is refused, naming the sender)."""
+    frame = frames.decode(data, expect=(frames.Kind.DATA,))
     if len(frame.blobs) != _BLOBS or any(len(b) % 8 for b in frame.blobs):
         raise SecureMessageError(f"the row announcement from party {active} is not {_BLOBS} int64 arrays")
     kept, labeled, validation, counts, short = (np.frombuffer(b, dtype="<i8").astype(np.int64) for b in frame.blobs)
@@ -175,7 +181,7 @@ def _announced(channel: GlooChannel, active: int, n_union: int, listed: int):
     if counts.size != 2 or counts.min() < 0 or counts.max() > listed:
         raise SecureMessageError(f"the row announcement from party {active} gives counts {counts.tolist()} "
                                  f"outside this party's {listed} records")
-    return kept, labeled, validation, counts, _shortfalls(short, channel.world_size, active)
+    return kept, labeled, validation, counts, _shortfalls(short, world, active)
 
 
 def _shortfalls(values: np.ndarray, world: int, active: int) -> tuple[Shortfall, ...]:

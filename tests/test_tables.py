@@ -1,6 +1,6 @@
-"""Party tables: good files read exactly (IDs as text, unheld rows, labels), every bad file refused
-with one DataError naming party, file and line/column, a fuzz that never escapes as another
-exception, and label encoding for classification and regression."""
+"""Party tables: good files read exactly (IDs as text, missing cells, unheld rows, categorical columns,
+labels), every bad file refused with one DataError naming party, file and line/column, a fuzz that never
+escapes as another exception, and label encoding for classification and regression."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from falsevfl_secure.data import DataError
 from falsevfl_secure.data import tables as tables_module
-from falsevfl_secure.data.tables import PartyTable, encode_labels, read_party_table
+from falsevfl_secure.data.tables import PartyTable, ReadOptions, encode_labels, read_party_table
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -58,8 +58,9 @@ def test_good_table_keeps_ids_as_text_and_marks_unheld_rows(tmp_path):
     assert table.ids == ("007", "12", "3", "0042")
     assert table.columns == ("age", "income")
     assert table.x.dtype == np.float32
-    assert table.x.tolist() == [[31.0, 55000.0], [0.0, 0.0], [-1.0, 0.0], [2.5, 7.0]]
+    np.testing.assert_array_equal(table.x, [[31.0, 55000.0], [np.nan, np.nan], [-1.0, 0.0], [2.5, 7.0]])
     assert table.held.tolist() == [True, False, True, True]
+    assert table.raw_ids == table.ids and table.text == {} and table.categorical == ()
     assert table.labels == ("yes", "no", None, None)
     assert table.locations == ("line 2", "line 3", "line 4", "line 5")
     assert table.n_rows == 4 and table.where == prefix(path)
@@ -97,7 +98,7 @@ def test_many_batches_give_the_same_table(tmp_path, monkeypatch):
     whole = read_party_table(path, "bank", "id")
     monkeypatch.setattr(tables_module, "_BATCH_CELLS", 5)
     batched = read_party_table(path, "bank", "id")
-    assert batched.ids == whole.ids and np.array_equal(batched.x, whole.x)
+    assert batched.ids == whole.ids and np.array_equal(batched.x, whole.x, equal_nan=True)
     assert np.array_equal(batched.held, whole.held) and batched.held.sum() == 35
     assert np.array_equal(batched.x[batched.held], values[~np.isnan(values[:, 0])].astype(np.float32))
 
@@ -116,9 +117,8 @@ cell_values = st.one_of(st.none(), st.floats(-1e30, 1e30, allow_nan=False).map(l
                           st.one_of(st.none(), st.sampled_from(["a", "b", "007"]))),
                 min_size=1, max_size=15, unique_by=lambda row: row[0]))
 def test_written_tables_read_back_exactly(tmp_path, rows):
-    # Independent truth: the values csv.writer wrote; a row is unheld when all three values are None.
-    rows = [(f"{key:07d}", [None] * 3 if cells[0] is None else [0.0 if v is None else v for v in cells], label)
-            for key, cells, label in rows]
+    # Independent truth: the values csv.writer wrote; None is an empty cell, a row is unheld when all three are.
+    rows = [(f"{key:07d}", cells, label) for key, cells, label in rows]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["id", "a", "b", "c", "label"])
@@ -128,9 +128,10 @@ def test_written_tables_read_back_exactly(tmp_path, rows):
     table = read_party_table(path, "bank", "id", "label")
     assert table.ids == tuple(key for key, _, _ in rows)
     assert table.labels == tuple(label for _, _, label in rows)
-    assert table.held.tolist() == [cells[0] is not None for _, cells, _ in rows]
-    expected = np.array([[0.0] * 3 if cells[0] is None else cells for _, cells, _ in rows], dtype=np.float32)
-    assert np.array_equal(table.x, expected)
+    assert table.held.tolist() == [any(v is not None for v in cells) for _, cells, _ in rows]
+    expected = np.array([[np.nan if v is None else v for v in cells] for _, cells, _ in rows], dtype=np.float32)
+    assert np.array_equal(table.x, expected, equal_nan=True)
+    assert table.observed.tolist() == [[v is not None for v in cells] for _, cells, _ in rows]
 
 
 # ---------------------------------------------------------------------------------------------- bad tables
@@ -180,16 +181,14 @@ def test_bad_headers(tmp_path, refused, content, kwargs, fragments):
     ("id,a\n007,1\n 007 ,2\n", ["line 3", "ID '007' appears twice", "line 2 and line 3"]),
     ("id,a\n1,1\n,2\n", ["line 3, column 'id'", "the ID cell is empty"]),
     ("id,a\n1,1\n  ,2\n", ["line 3, column 'id'", "the ID cell is empty"]),
-    ("id,age,b\n1,1,2\n2,abc,3\n", ["line 3, column 'age'", "'abc' is not a number"]),
+    ("id,age,b\n1,1,2\n2,abc,3\n", ["line 3, column 'age'", "mixes numbers and text", "'abc' (line 3) is not a "
+                                      "number, but '1' (line 2) is", "list the column as categorical"]),
     ("id,age,b\n1,1,2\n2,3,1,5\n", ["line 3", "has 4 cells, but the header (line 1) has 3 columns"]),
     ("id,age,b\n1,1\n", ["line 2", "has 2 cells"]),
-    ("id,a,b\n1,1,2\n2,3,nan\n", ["line 3, column 'b'", "'nan' is not a finite number"]),
     ("id,a,b\n1,1,2\n2,-inf,3\n", ["line 3, column 'a'", "'-inf' is not a finite number"]),
     ("id,a,b\n1,1,2\n2,1e400,3\n", ["line 3, column 'a'", "'1e400' is not a finite number"]),
     ("id,a,b\n1,1,2\n2,1e39,3\n", ["line 3, column 'a'", "'1e39' is too large", "float32"]),
-    ("id,a,b,c\n1,1,2,3\n2,,3,\n", ["line 3", "some but not all feature cells are empty", "'a', 'c'"]),
-    ("id,a,b\n1,1,2\n\n\n2,x,\n", ["line 5", "some but not all"]),
-    ("id,a,b\n\n1,1,2\n2,0x1F,3\n", ["line 4, column 'a'", "'0x1F' is not a number"]),
+    ("id,a,b\n\n1,1,2\n2,0x1F,3\n", ["line 4, column 'a'", "'0x1F' (line 4) is not a number, but '1' (line 3)"]),
 ])
 def test_bad_rows(tmp_path, refused, content, fragments):
     refuse(write(tmp_path, content), fragments, refused)
@@ -197,14 +196,15 @@ def test_bad_rows(tmp_path, refused, content, fragments):
 
 def test_first_bad_cell_in_file_order_is_named(tmp_path, refused):
     path = write(tmp_path, "id,a,b\n1,1,x\n2,y,2\n")
-    refuse(path, ["line 2, column 'b'", "'x' is not a number"], refused)
+    refuse(path, ["line 3, column 'b'", "'x' (line 2) is not a number, but '2' (line 3) is"], refused)
+    strict = ReadOptions(detect_categories=False)
+    refuse(path, ["line 2, column 'b'", "'x' is not a number"], refused, options=strict)
 
 
 @pytest.mark.parametrize(("expected", "fragments"), [
-    (["a", "b", "c"], ["differ from the model's", "missing 'c'"]),
-    (["a"], ["unexpected 'b'"]),
-    (["a", "z"], ["missing 'z'", "unexpected 'b'"]),
-    (["b", "a"], ["in another order", "expected 'b', 'a', found 'a', 'b'"]),
+    (["a", "b", "c"], ["differ from the model's", "missing 'c'", "the model's columns: 'a', 'b', 'c'"]),
+    (["a"], ["extra 'b'"]),
+    (["z", "a"], ["missing 'z'", "extra 'b'"]),
 ])
 def test_columns_that_differ_from_the_model(tmp_path, refused, expected, fragments):
     path = write(tmp_path, "id,a,b\n1,1,2\n")
@@ -255,8 +255,9 @@ def test_random_cells_give_a_table_or_a_data_error(tmp_path, refused, rows, quot
         refused("party table")
         return
     assert len(set(table.ids)) == len(table.ids) == table.x.shape[0] == table.held.shape[0]
-    assert table.x.dtype == np.float32 and np.isfinite(table.x).all()
-    assert not table.x[~table.held].any()
+    assert table.x.dtype == np.float32 and not np.isinf(table.x).any()
+    assert np.isnan(table.x[~table.held]).all() and table.held.tolist() == table.observed.any(axis=1).tolist()
+    assert table.columns == (expected or (("a", "b") if label else ("a", "b", "label")))
     assert all(identifier and identifier == identifier.strip() for identifier in table.ids)
 
 
@@ -339,7 +340,94 @@ def test_parquet_table_when_pyarrow_is_installed(tmp_path, refused):
     pq.write_table(pa.table({"id": ["007", "3", "5"], "a": [1.5, None, 2.0], "label": ["cat", None, None]}), path)
     table = read_party_table(path, "bank", "id", "label")
     assert table.ids == ("007", "3", "5") and table.columns == ("a",) and table.labels == ("cat", None, None)
-    assert table.x[:, 0].tolist() == [1.5, 0.0, 2.0] and table.held.tolist() == [True, False, True]
+    np.testing.assert_array_equal(table.x[:, 0], [1.5, np.nan, 2.0])
+    assert table.held.tolist() == [True, False, True]
     assert table.locations == ("row 1", "row 2", "row 3")
     pq.write_table(pa.table({"id": [7, 3, 7], "a": [1.0, 2.0, 3.0]}), path)
     refuse(path, ["row 3, column 'id'", "ID '7' appears twice", "row 1 and row 3"], refused)
+
+
+# ---------------------------------------------------------------------------------------------- issue 22
+
+
+def test_cells_missing_inside_a_row_are_read_with_an_observed_mask(tmp_path):
+    # Issue 22, problem 2: an empty, NA or nan cell inside a row was refused ("partially missing blocks").
+    path = write(tmp_path, "id,a,b,c\nr1,1,,3\nr2, NA ,2, nan \nr3,,,\nr4,null,Null,4\nr5,1,2,3\n")
+    table = read_party_table(path, "bank", "id")
+    assert table.observed.tolist() == [[True, False, True], [False, True, False], [False, False, False],
+                                       [False, False, True], [True, True, True]]
+    assert table.held.tolist() == [True, True, False, True, True]
+    np.testing.assert_array_equal(table.x[[0, 4]], [[1, np.nan, 3], [1, 2, 3]])
+
+
+def test_missing_tokens_are_configurable(tmp_path, refused):
+    path = write(tmp_path, "id,a,b\nr1,?,2\nr2,1,-999\n")
+    table = read_party_table(path, "bank", "id", options=ReadOptions(missing_values=("?", "-999")))
+    assert table.observed.tolist() == [[False, True], [True, False]]
+    path = write(tmp_path, "id,a,b\n1,1,2\n2,3,nan\n", "strict.csv")
+    with pytest.raises(DataError, match="line 3, column 'b': 'nan' is not a finite number"):
+        read_party_table(path, "bank", "id", options=ReadOptions(missing_values=()))
+    refused("party table")
+
+
+def test_text_columns_are_categorical_and_listed_columns_too(tmp_path, refused):
+    # Issue 22, problem 3: a text column was refused ("'yes' is not a number").
+    path = write(tmp_path, "id,age,smoker,zip\nr1,31,yes,02139\nr2,40,,10001\nr3,,no,02139\nr4,,,\n")
+    table = read_party_table(path, "bank", "id")
+    assert table.categorical == ("smoker",) and table.text["smoker"] == ("yes", None, "no", None)
+    assert np.isnan(table.x[:, 1]).all() and table.x[1, 2] == 10001.0
+    listed = read_party_table(path, "bank", "id", options=ReadOptions(categorical=("zip",)))
+    assert listed.categorical == ("smoker", "zip") and listed.text["zip"] == ("02139", "10001", "02139", None)
+    assert listed.held.tolist() == [True, True, True, False]
+    refuse(path, ["'nope' is listed as categorical but is not a column"], refused,
+           options=ReadOptions(categorical=("nope",)))
+    refuse(path, ["'id' is listed as categorical but is the ID or label column"], refused,
+           options=ReadOptions(categorical=("id",)))
+
+
+def test_a_column_mixing_numbers_and_text_is_refused_across_batches(tmp_path, monkeypatch, refused):
+    monkeypatch.setattr(tables_module, "_BATCH_CELLS", 3)  # one row per batch: the kinds meet across batches
+    path = write(tmp_path, "id,a,b\nr1,1,x\nr2,,y\nr3,2,z\nr4,3,7\n")
+    message = refuse(path, ["line 5, column 'b'", "'x' (line 2) is not a number, but '7' (line 5) is",
+                            "list the column as categorical"], refused)
+    assert "column 'a'" not in message
+    table = read_party_table(path, "bank", "id", options=ReadOptions(categorical=("b",)))
+    assert table.text["b"] == ("x", "y", "z", "7") and table.x[:, 0].tolist()[2:] == [2.0, 3.0]
+
+
+def test_prediction_columns_are_matched_by_name_in_any_order(tmp_path):
+    # Issue 22, problem 6: another column order was refused although the names matched.
+    path = write(tmp_path, "c,id,a,b\n3,r1,1,2\n6,r2,4,5\n")
+    table = read_party_table(path, "bank", "id", expected_columns=["a", "b", "c"])
+    assert table.columns == ("a", "b", "c") and table.x.tolist() == [[1, 2, 3], [4, 5, 6]]
+
+
+def test_id_rule_keys_and_collisions_name_both_lines(tmp_path, refused):
+    from falsevfl_secure.data.ids import IdRule
+
+    rule = IdRule(strip_leading_zeros=True, pattern=r"0*(\d+)$")
+    path = write(tmp_path, "id,a\n0004217,1\nMRN-004218,2\n 4219 ,3\n")
+    table = read_party_table(path, "bank", "id", options=ReadOptions(id_rule=rule))
+    assert table.ids == ("4217", "4218", "4219") and table.raw_ids == ("0004217", "MRN-004218", "4219")
+    path = write(tmp_path, "id,a\n0042,1\nb,2\n42,3\nB,4\n", "collide.csv")
+    refuse(path, ["line 4, column 'id'", "IDs '0042' (line 2) and '42' (line 4) both normalise to '42'",
+                  "id_strip_leading_zeros"], refused, options=ReadOptions(id_rule=IdRule(strip_leading_zeros=True)))
+    refuse(path, ["line 5, column 'id'", "IDs 'b' (line 3) and 'B' (line 5) both normalise to 'b'", "id_fold_case"],
+           refused, options=ReadOptions(id_rule=IdRule(fold_case=True, pattern="[0-9]*[a-zA-Z]?$")))
+    refuse(path, ["line 3, column 'id'", "ID 'b' does not match id_pattern"], refused,
+           options=ReadOptions(id_rule=IdRule(pattern=r"\d+")))
+
+
+def test_labels_take_missing_tokens_as_unlabeled(tmp_path):
+    path = write(tmp_path, "id,a,label\n1,1,cat\n2,2,NA\n3,3, \n4,4,dog\n")
+    assert read_party_table(path, "bank", "id", "label").labels == ("cat", None, None, "dog")
+
+
+def test_a_missing_id_or_label_column_names_the_closest_and_every_column(tmp_path, refused):
+    header = ",".join(["PatientID", *(f"feature_{j}" for j in range(12)), "Outcome"])
+    path = write(tmp_path, header + "\n" + ",".join(["1"] * 14) + "\n")
+    message = refuse(path, ["no ID column 'patient_id' (did you mean 'PatientID'?)", "'feature_11', 'Outcome')"],
+                     refused, id_column="patient_id")
+    assert "more" not in message  # never cut
+    refuse(path, ["no label column 'outcome' (did you mean 'Outcome'?)"], refused, id_column="PatientID",
+           label_column="outcome")

@@ -1,22 +1,35 @@
 """Each party's own table: a CSV (or Parquet) file with an ID column and the party's feature columns.
 
-The active party's file also has a label column, empty where the record is unlabeled. A row whose
-feature cells are ALL empty lists the ID without holding the feature block (the active party knows
-a label or wants a prediction for a record whose features it does not hold); a row with only SOME
-feature cells empty is refused, because partially missing blocks are not supported.
+The active party's file also has a label column, empty where the record is unlabeled.
+
+Missing cells. A cell is missing when it is empty or, after stripping spaces, equals one of the missing
+tokens case-insensitively (default `NA`, `nan`, `null`; `[federation] missing_values`). A row may hold
+some cells and miss others: `observed` marks the cells present. A row whose feature cells are ALL
+missing lists the ID without holding the feature block (`held` is False): the active party knows a label
+or wants a prediction for a record whose features it does not hold. Missing label cells are unlabeled.
+
+Column types. A column whose non-missing cells are all numbers is numeric; a column whose non-missing
+cells are all text (not numbers) is categorical; a column mixing both is refused (naming one cell of
+each) unless it is listed in `categorical`, which makes every value of it a category (`"1"` and `"01"`
+are two categories). With `detect_categories=False` (a prediction table read against a saved model)
+only the listed columns are categorical and every other cell must be a number.
+
+IDs. `ids` are the keys after the federation's `IdRule` (data/ids.py); `raw_ids` the cells as written
+(stripped): "007" is never read as 7. Two rows with one key are refused, naming both lines.
 
 Every bad input is answered with ONE `DataError` whose message starts with the party and the file
 and names the line (1-based, header = line 1) and/or the column, e.g.
 `party 'bank', file /x/bank/train.csv, line 17, column 'age': 'abc' is not a number`.
-IDs and labels stay strings exactly as written (stripped): "007" is never read as 7.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
+import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -24,22 +37,24 @@ from typing import Literal
 import numpy as np
 
 from .errors import DataError
+from .ids import IdRule
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+DEFAULT_MISSING = ("NA", "nan", "null")  # besides the empty cell, which is always missing
 # Cells converted per numpy batch: bounds memory for wide tables while keeping the conversion vectorised.
 _BATCH_CELLS = 200_000
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-_SHOWN = 8  # at most this many names are listed in a message
 
 
 @dataclass(frozen=True, eq=False)
 class PartyTable:
     """One party's table as read from its file (arrays are read-only).
 
-    `x` holds the features in file order (float32; rows that are not held are 0.0), `held` is False
-    where every feature cell was empty, `labels` the raw label cells (None = empty) when a label
-    column was requested. `locations[i]` says where row i came from ("line 17"; "row 16" for
-    Parquet), for messages that name a row.
+    `x` holds the numeric cells in column order (float32; NaN where a cell is missing and in every
+    cell of a categorical column), `text` the cells of each categorical column (None = missing),
+    `held` is False where every feature cell is missing, `labels` the raw label cells (None = empty
+    or a missing token) when a label column was requested. `ids` are the normalised keys, `raw_ids`
+    the IDs as written. `locations[i]` says where row i came from ("line 17"; "row 16" for Parquet).
     """
 
     party: str
@@ -50,6 +65,8 @@ class PartyTable:
     held: np.ndarray
     labels: tuple[str | None, ...] | None
     locations: tuple[str, ...] = field(default=())
+    text: Mapping[str, tuple[str | None, ...]] = field(default_factory=dict)
+    raw_ids: tuple[str, ...] = field(default=())
 
     @property
     def n_rows(self) -> int:
@@ -59,6 +76,19 @@ class PartyTable:
     def where(self) -> str:
         """The message prefix naming this table: "party 'bank', file /x/bank/train.csv"."""
         return _Context(self.party, self.path).prefix()
+
+    @property
+    def categorical(self) -> tuple[str, ...]:
+        """The categorical columns, in column order."""
+        return tuple(name for name in self.columns if name in self.text)
+
+    @property
+    def observed(self) -> np.ndarray:
+        """(n_rows, n_columns) bool: which feature cells are present."""
+        out = ~np.isnan(self.x)
+        for name, cells in self.text.items():
+            out[:, self.columns.index(name)] = [cell is not None for cell in cells]
+        return out
 
 
 @dataclass(frozen=True)
@@ -98,22 +128,39 @@ class _Layout:
         return tuple(self.header[i] for i in self.feature_index)
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How cells are read: the missing tokens, the columns listed as categorical, whether other text
+    columns become categorical, and the ID rule."""
+
+    missing_values: tuple[str, ...] = DEFAULT_MISSING
+    categorical: tuple[str, ...] = ()
+    detect_categories: bool = True
+    id_rule: IdRule = field(default_factory=IdRule)
+
+    @property
+    def tokens(self) -> frozenset[str]:
+        return frozenset(token.strip().lower() for token in self.missing_values) | {""}
+
+
 def read_party_table(path: str | Path, party: str, id_column: str, label_column: str | None = None,
-                     expected_columns: Sequence[str] | None = None, label_optional: bool = False) -> PartyTable:
+                     expected_columns: Sequence[str] | None = None, label_optional: bool = False,
+                     options: ReadOptions | None = None) -> PartyTable:
     """Read and validate one party's table; every bad input raises one DataError (see module doc).
 
-    `expected_columns` (a saved model's feature columns) must equal the file's feature columns in
-    the same order. With `label_optional`, a table without the label column is read without labels
-    (a prediction table). Parquet files (`.parquet`, `.pq`) need pyarrow; everything else is read as CSV.
+    `expected_columns` (a saved model's feature columns) must be the file's feature columns, in any
+    order: the table's columns come back in the expected order, and missing or extra columns are
+    named. With `label_optional`, a table without the label column is read without labels (a
+    prediction table). Parquet files (`.parquet`, `.pq`) need pyarrow; everything else is read as CSV.
     """
+    options = options or ReadOptions()
     at = _Context(str(party), Path(path).expanduser().absolute())
     with _open_rows(at) as (header, rows):
         if label_optional and label_column not in header:
             label_column = None
-        layout = _layout(header, id_column, label_column, at)
-        if expected_columns is not None:
-            _check_expected(layout.columns, expected_columns, at)
-        builder = _Builder(layout, at)
+        layout = _layout(header, id_column, label_column, at, expected_columns)
+        _check_categorical(layout, options.categorical, at)
+        builder = _Builder(layout, at, options)
         batch_rows = max(1, _BATCH_CELLS // len(header))
         for batch in _batches(rows, batch_rows):
             builder.add(batch)
@@ -219,7 +266,8 @@ def _batches(rows: Iterator[tuple[str, list[str]]], size: int) -> Iterator[list[
 # ---------------------------------------------------------------------------------------------- header
 
 
-def _layout(header: tuple[str, ...], id_column: str, label_column: str | None, at: _Context) -> _Layout:
+def _layout(header: tuple[str, ...], id_column: str, label_column: str | None, at: _Context,
+            expected: Sequence[str] | None = None) -> _Layout:
     """Where the ID, label and feature columns are; a DataError for a header that cannot be used."""
     found = _listing(header)
     for position, name in enumerate(header):
@@ -229,15 +277,18 @@ def _layout(header: tuple[str, ...], id_column: str, label_column: str | None, a
         if header.index(name) != position:
             raise at.error(f"column {name!r} appears twice in the header", at.header_location)
     if id_column not in header:
-        raise at.error(f"no ID column {id_column!r} (columns found: {found}){_separator_hint(header)}")
+        raise at.error(f"no ID column {id_column!r}{_closest(id_column, header)}{_separator_hint(header)} "
+                       f"(columns found: {found})")
     if label_column is not None and label_column == id_column:
         raise at.error(f"the label column and the ID column are both {id_column!r}")
     if label_column is not None and label_column not in header:
-        raise at.error(f"no label column {label_column!r} (columns found: {found})")
+        raise at.error(f"no label column {label_column!r}{_closest(label_column, header)} (columns found: {found})")
     skip = {id_column, label_column}
     features = tuple(i for i, name in enumerate(header) if name not in skip)
     if not features:
         raise at.error(f"no feature columns: the header has only {found}")
+    if expected is not None:
+        features = _expected_order(tuple(header[i] for i in features), expected, at, header)
     label_index = None if label_column is None else header.index(label_column)
     return _Layout(header, header.index(id_column), label_index, features)
 
@@ -251,42 +302,57 @@ def _separator_hint(header: tuple[str, ...]) -> str:
     return ""
 
 
-def _check_expected(columns: tuple[str, ...], expected: Sequence[str], at: _Context) -> None:
-    """The file's feature columns must be the saved model's, in the same order."""
+def _expected_order(columns: tuple[str, ...], expected: Sequence[str], at: _Context,
+                    header: tuple[str, ...]) -> tuple[int, ...]:
+    """The header positions of the saved model's columns, in the model's order (the file may list them in
+    any order); a DataError names every missing and every extra column."""
     expected = tuple(str(name) for name in expected)
-    if columns == expected:
-        return
     missing = [name for name in expected if name not in columns]
-    unexpected = [name for name in columns if name not in expected]
-    if not missing and not unexpected:
-        raise at.error(f"the feature columns are the model's but in another order: expected "
-                       f"{_listing(expected)}, found {_listing(columns)}")
-    parts = []
-    if missing:
-        parts.append(f"missing {_listing(missing)}")
-    if unexpected:
-        parts.append(f"unexpected {_listing(unexpected)}")
-    raise at.error(f"the feature columns differ from the model's: {'; '.join(parts)}")
+    extra = [name for name in columns if name not in expected]
+    if missing or extra:
+        parts = [f"missing {_listing(missing)}"] if missing else []
+        parts += [f"extra {_listing(extra)}"] if extra else []
+        raise at.error(f"the feature columns differ from the model's: {'; '.join(parts)} "
+                       f"(the model's columns: {_listing(expected)})", at.header_location)
+    return tuple(header.index(name) for name in expected)
+
+
+def _check_categorical(layout: _Layout, categorical: Sequence[str], at: _Context) -> None:
+    """Every column listed as categorical must be one of the table's feature columns."""
+    for name in categorical:
+        if name not in layout.columns:
+            what = "the ID or label column" if name in layout.header else "not a column of the table"
+            raise at.error(f"column {name!r} is listed as categorical but is {what} "
+                           f"(feature columns: {_listing(layout.columns)})")
 
 
 def _listing(names: Sequence[str]) -> str:
-    shown = ", ".join(repr(name) for name in names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+    """Every name, quoted (messages are never cut)."""
+    return ", ".join(repr(name) for name in names)
+
+
+def _closest(name: str, names: Sequence[str]) -> str:
+    """" (did you mean 'x'?)" for the closest of `names` (case and spaces ignored first), else ""."""
+    folded = {candidate.strip().casefold(): candidate for candidate in names}
+    close = [folded[name.strip().casefold()]] if name.strip().casefold() in folded else \
+        difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # ---------------------------------------------------------------------------------------------- rows
 
 
 class _Builder:
-    """Accumulates validated batches of rows (IDs, labels, feature values) in file order."""
+    """Accumulates validated batches of rows (IDs, labels, feature cells) in file order."""
 
-    def __init__(self, layout: _Layout, at: _Context) -> None:
-        self.layout, self.at = layout, at
-        self.first_seen: dict[str, str] = {}  # ID -> location of its row, to name both duplicates
+    def __init__(self, layout: _Layout, at: _Context, options: ReadOptions) -> None:
+        self.layout, self.at, self.options = layout, at, options
+        self.tokens = options.tokens
+        self.first_seen: dict[str, tuple[str, str]] = {}  # key -> (raw ID, location), to name both rows
+        self.raw_ids: list[str] = []
         self.locations: list[str] = []
         self.labels: list[str | None] = []
-        self.values: list[np.ndarray] = []
-        self.held: list[np.ndarray] = []
+        self.cells = _Cells(layout.columns, options, at)
 
     def add(self, batch: list[tuple[str, list[str]]]) -> None:
         width = len(self.layout.header)
@@ -296,71 +362,202 @@ class _Builder:
                 raise self.at.error(f"has {cells_text}, but the header (line 1) has {width} columns", location)
             self._add_id(cells[self.layout.id_index].strip(), location)
             if self.layout.label_index is not None:
-                self.labels.append(cells[self.layout.label_index].strip() or None)
-        features = [[cells[i] for i in self.layout.feature_index] for _, cells in batch]
-        values, held = _parse_features(features, [location for location, _ in batch], self.layout.columns, self.at)
-        self.values.append(values)
-        self.held.append(held)
+                label = cells[self.layout.label_index].strip()
+                self.labels.append(None if label.lower() in self.tokens else label)
+        features = np.array([[cells[i] for i in self.layout.feature_index] for _, cells in batch], dtype=str)
+        features = np.char.strip(features.reshape(len(batch), len(self.layout.feature_index)))
+        self.cells.add(features, [location for location, _ in batch])
 
     def _add_id(self, identifier: str, location: str) -> None:
         column = self.layout.header[self.layout.id_index]
         if not identifier:
             raise self.at.error("the ID cell is empty", location, column)
-        previous = self.first_seen.setdefault(identifier, location)
+        try:
+            key = self.options.id_rule.key(identifier)
+        except DataError as error:
+            raise self.at.error(str(error), location, column) from None
+        raw, previous = self.first_seen.setdefault(key, (identifier, location))
         if previous != location:
-            raise self.at.error(f"ID {identifier!r} appears twice in this table ({previous} and {location})",
-                                location, column)
+            if raw == identifier:
+                raise self.at.error(f"ID {identifier!r} appears twice in this table ({previous} and {location})",
+                                    location, column)
+            raise self.at.error(f"IDs {raw!r} ({previous}) and {identifier!r} ({location}) both normalise to "
+                                f"{key!r} ({self.options.id_rule.describe()})", location, column)
+        self.raw_ids.append(identifier)
         self.locations.append(location)
 
     def finish(self, with_labels: bool) -> PartyTable:
         if not self.locations:
             raise self.at.error("the table has a header but no rows")
-        x = np.concatenate(self.values)
-        held = np.concatenate(self.held)
-        x.flags.writeable = False
+        x, text = self.cells.finish()
+        table = PartyTable(self.at.party, self.at.path, tuple(self.first_seen), self.layout.columns, x,
+                           np.zeros(0, dtype=bool), tuple(self.labels) if with_labels else None,
+                           tuple(self.locations), text, tuple(self.raw_ids))
+        held = table.observed.any(axis=1)
         held.flags.writeable = False
-        return PartyTable(self.at.party, self.at.path, tuple(self.first_seen), self.layout.columns, x, held,
-                          tuple(self.labels) if with_labels else None, tuple(self.locations))
+        object.__setattr__(table, "held", held)
+        return table
 
 
-def _parse_features(rows: list[list[str]], locations: list[str], columns: tuple[str, ...],
-                    at: _Context) -> tuple[np.ndarray, np.ndarray]:
-    """float32 values and the held mask of a batch; a DataError names the first bad cell in file order."""
-    cells = np.char.strip(np.array(rows, dtype=str).reshape(len(rows), len(columns)))
-    empty = cells == ""
-    n_empty = empty.sum(axis=1)
-    partial = np.flatnonzero((n_empty > 0) & (n_empty < len(columns)))
-    if partial.size:
-        row = int(partial[0])
-        blank = [columns[j] for j in np.flatnonzero(empty[row])]
-        raise at.error(f"some but not all feature cells are empty (empty: {_listing(blank)}); a row must hold "
-                       "all of the party's features or none (partially missing blocks are not supported)",
-                       locations[row])
-    filled = np.where(empty, "0", cells)
+class _Cells:
+    """The feature cells of the batches read so far: numbers in one float32 matrix, text per column, and
+    each column's kind as far as the cells seen decide it."""
+
+    def __init__(self, columns: tuple[str, ...], options: ReadOptions, at: _Context) -> None:
+        self.columns, self.at, self.detect = columns, at, options.detect_categories
+        self.listed = {columns.index(name) for name in options.categorical}
+        self.tokens = sorted(options.tokens)
+        self.spellings = _spellings(self.tokens)
+        self.kind: dict[int, tuple[str, str, str]] = {}  # column -> (kind, first cell, its location)
+        self.numbers: list[np.ndarray] = []
+        self.text: dict[int, list[tuple[int, list[str | None]]]] = {}  # column -> (first row, cells)
+        self.rows = 0
+
+    def add(self, cells: np.ndarray, locations: list[str]) -> None:
+        numeric = [j for j in range(cells.shape[1]) if j not in self.listed and self._kind(j) != "text"]
+        parsed = self._numbers(_columns(cells, numeric))
+        if parsed is None:  # some column holds text: find which, in file order
+            texts = self._text_columns(numeric, cells, locations)
+            numeric = [j for j in numeric if j not in texts]
+            parsed = self._numbers(_columns(cells, numeric))
+        if len(numeric) == cells.shape[1]:
+            out = self._checked(*parsed, numeric, cells, locations)
+        else:
+            out = np.full(cells.shape, np.nan, dtype=np.float32)
+            out[:, numeric] = self._checked(*parsed, numeric, cells, locations)
+        for j in sorted(set(range(cells.shape[1])) - set(numeric)):
+            missing = self._missing(cells[:, j])
+            if j not in self.listed:
+                self._still_text(j, cells[:, j], missing, locations)
+            self.text.setdefault(j, []).append((self.rows, _text_cells(cells[:, j], missing)))
+        self.numbers.append(out)
+        self.rows += cells.shape[0]
+
+    def _missing(self, cells: np.ndarray) -> np.ndarray:
+        """Which cells are missing: empty, or a missing token whatever its case."""
+        if self.spellings is not None:  # comparing with every spelling avoids lower-casing every cell
+            return np.isin(cells, self.spellings)
+        return (cells == "") | np.isin(np.char.lower(cells), self.tokens)
+
+    def _numbers(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(float64 values, missing) when every cell is a number or missing, else None."""
+        missing = self._missing(cells)
+        try:
+            values = np.where(missing, "nan", cells).astype(np.float64)
+        except ValueError:
+            return None
+        return values, missing
+
+    def _kind(self, j: int) -> str | None:
+        return self.kind[j][0] if j in self.kind else None
+
+    def _text_columns(self, numeric: list[int], cells: np.ndarray, locations: list[str]) -> set[int]:
+        """The columns (numbers so far) that hold text in this batch; a DataError names the first cell in
+        file order that may not be text (any, when categories are not detected; else one of a mixed column)."""
+        first_text = {}
+        for j in numeric:
+            if self._numbers(cells[:, [j]]) is not None:
+                continue
+            present = ~self._missing(cells[:, j])
+            numbers = np.zeros(present.shape, dtype=bool)
+            numbers[present] = _parses(cells[present, j])
+            text = present & ~numbers
+            first_text[j] = (int(np.argmax(text)), numbers, int(text.sum()))
+        for j in sorted(first_text, key=lambda c: (first_text[c][0], c)):
+            row, numbers, texts = first_text[j]
+            if not self.detect:
+                raise self.at.error(f"{str(cells[row, j])!r} is not a number", locations[row], self.columns[j])
+            seen = [(texts, row, "text")] + ([(int(numbers.sum()), int(np.argmax(numbers)), "number")]
+                                              if numbers.any() else [])
+            for _, at, kind in sorted(seen, key=lambda s: (-s[0], s[1])):  # named at the rarer kind, else the later
+                self._saw(j, kind, cells[at, j], locations[at])
+        return set(first_text)
+
+    def _still_text(self, j: int, cells: np.ndarray, missing: np.ndarray, locations: list[str]) -> None:
+        """A text column stays text: a number among its cells is refused (a column mixing both)."""
+        present = np.flatnonzero(~missing)
+        numeric = _parses(cells[present]) if present.size else np.zeros(0, dtype=bool)
+        if numeric.any():
+            number = present[int(np.argmax(numeric))]
+            self._saw(j, "number", cells[number], locations[number])
+
+    def _saw(self, j: int, kind: str, cell: str, location: str) -> None:
+        """Record column j's kind; a column holding both numbers and text is refused at this cell (the
+        odd one: the later or the rarer kind), naming one cell of each kind."""
+        known = self.kind.setdefault(j, (kind, str(cell), location))
+        if known[0] != kind:
+            (text, text_at), (number, number_at) = sorted([known[1:], (str(cell), location)],
+                                                          key=lambda c: _is_number(c[0]))
+            raise self.at.error(
+                f"the column mixes numbers and text: {text!r} ({text_at}) is not a number, but {number!r} "
+                f"({number_at}) is; list the column as categorical to treat every value as a category, or add "
+                f"{text!r} to the missing values if it marks an empty cell", location, self.columns[j])
+
+    def _checked(self, values: np.ndarray, missing: np.ndarray, numeric: list[int], cells: np.ndarray,
+                 locations: list[str]) -> np.ndarray:
+        """float32 values of the numeric columns; the first non-finite or too large cell is refused."""
+        present = ~missing
+        bad = present & (~np.isfinite(values) | (np.abs(values) > _FLOAT32_MAX))
+        if bad.any():
+            row, k = (int(v) for v in np.argwhere(bad)[0])
+            cell, j = str(cells[row, numeric[k]]), numeric[k]
+            reason = "is not a finite number" if not math.isfinite(values[row, k]) else \
+                f"is too large (features are stored as float32, at most {_FLOAT32_MAX:.4g} in magnitude)"
+            raise self.at.error(f"{cell!r} {reason}", locations[row], self.columns[j])
+        for k in np.flatnonzero(present.any(axis=0)):
+            if numeric[k] not in self.kind:
+                row = int(np.argmax(present[:, k]))
+                self._saw(numeric[k], "number", cells[row, numeric[k]], locations[row])
+        return values.astype(np.float32)
+
+    def finish(self) -> tuple[np.ndarray, dict[str, tuple[str | None, ...]]]:
+        x = np.concatenate(self.numbers)
+        text = {}
+        for j, pieces in sorted(self.text.items()):
+            column: list[str | None] = [None] * self.rows
+            for start, cells in pieces:
+                column[start:start + len(cells)] = cells
+            text[self.columns[j]] = tuple(column)
+            x[:, j] = np.nan
+        x.flags.writeable = False
+        return x, text
+
+
+def _spellings(tokens: list[str], most: int = 4096) -> list[str] | None:
+    """Every upper/lower-case spelling of the tokens ("na": "na", "nA", "Na", "NA"), or None when there
+    are more than `most`."""
+    out: set[str] = set()
+    for token in tokens:
+        if 2 ** sum(c.lower() != c.upper() for c in token) + len(out) > most:
+            return None
+        out |= {"".join(chars) for chars in itertools.product(*({c.lower(), c.upper()} for c in token))}
+    return sorted(out)
+
+
+def _columns(cells: np.ndarray, numeric: list[int]) -> np.ndarray:
+    """The `numeric` columns of `cells` (no copy when they are all of them)."""
+    return cells if len(numeric) == cells.shape[1] else cells[:, numeric]
+
+
+def _text_cells(cells: np.ndarray, missing: np.ndarray) -> list[str | None]:
+    return [None if gone else str(cell) for cell, gone in zip(cells, missing, strict=True)]
+
+
+def _parses(cells: np.ndarray) -> np.ndarray:
+    """Which cells are numbers (what float() accepts: "1e5", " 2", "inf", "1_0"), vectorised when all are."""
     try:
-        values = filled.astype(np.float64)
+        cells.astype(np.float64)
+        return np.ones(cells.shape, dtype=bool)
     except ValueError:
-        row, column = _first_unparsable(filled)
-        raise at.error(f"{str(filled[row, column])!r} is not a number", locations[row], columns[column]) from None
-    bad = ~np.isfinite(values) | (np.abs(values) > _FLOAT32_MAX)
-    if bad.any():
-        row, column = (int(v) for v in np.argwhere(bad)[0])
-        text = str(filled[row, column])
-        reason = "is not a finite number" if not math.isfinite(values[row, column]) else \
-            f"is too large (features are stored as float32, at most {_FLOAT32_MAX:.4g} in magnitude)"
-        raise at.error(f"{text!r} {reason}", locations[row], columns[column])
-    return values.astype(np.float32), n_empty == 0
+        return np.array([_is_number(str(cell)) for cell in cells], dtype=bool)
 
 
-def _first_unparsable(cells: np.ndarray) -> tuple[int, int]:
-    """(row, column) of the first cell, in file order, that is not a number."""
-    for row in range(cells.shape[0]):
-        for column in range(cells.shape[1]):
-            try:
-                float(cells[row, column])
-            except ValueError:
-                return row, column
-    raise AssertionError("unreachable: numpy refused a batch whose every cell float() accepts")
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- labels

@@ -1,17 +1,22 @@
 """Command line of a federation on separately held tables.
 
     python -m falsevfl_secure.federation demo --dataset digits|isolet --parties K --out DIR [--seed N]
+    python -m falsevfl_secure.federation demo --dataset breast-cancer|wine|diabetes --out DIR [--missing F]
+        [--categorical] [--mixed-ids]
     python -m falsevfl_secure.federation keygen --config DIR/federation.toml --party NAME
+    python -m falsevfl_secure.federation check --config DIR/federation.toml [--party NAME]
     python -m falsevfl_secure.federation train --config DIR/federation.toml [--party NAME] [--protocol P]
     python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME]
         [--absent NAME ...] --out PREDICTIONS.csv
     python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv
 
-Without --party, every listed party (and the he aggregator) runs as its own local process, each reading
-only its own files; with --party, this process is that party alone (one host per party: the active party
-listens at the rendezvous, the he aggregator at its address, every other party only connects out over
-mutual TLS to the identities pinned in its own file). Every expected failure ends with one `error:` line
-and a non-zero exit.
+`check` reads each party's own files as `train` and `predict` will, without starting a federation;
+`train` and `predict` run it for every local party before anything is launched. Without --party, every
+listed party (and the he aggregator) runs as its own local process, each reading only its own files;
+with --party, this process is that party alone (one host per party: the active party listens at the
+rendezvous, the he aggregator at its address, every other party only connects out over mutual TLS to the
+identities pinned in its own file). The federation file's format: docs/federation-toml.md. Every expected
+failure ends with one `error:` line and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -20,30 +25,30 @@ import argparse
 import csv
 import json
 import sys
+from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from ..cli import guarded
 from ..errors import InputError
 from ..transport.protocols import PROTOCOLS
 from .config import load_federation
+from .tables_demo import DATASETS as TABLES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.federation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="write per-party tables of a benchmark dataset and a federation.toml")
-    demo.add_argument("--dataset", choices=("digits", "isolet", "fashion-mnist", "hapt"), default="digits")
-    demo.add_argument("--parties", type=int, default=4)
-    demo.add_argument("--out", required=True)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--protocol", choices=tuple(PROTOCOLS), default="mpc")
-    demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
-    demo.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
-                      help="the model's schedule written into federation.toml")
+    _demo_options(commands.add_parser("demo", help="write per-party tables (a benchmark's split, or tables as a "
+                                                       "new user's would look) and a federation.toml"))
     keygen = commands.add_parser("keygen", help="create a participant's identity key and print the line to pin")
     keygen.add_argument("--config", required=True, help="the federation.toml that names the participant")
     keygen.add_argument("--party", required=True, help="a party's name, or 'aggregator'")
+    check = commands.add_parser("check", help="check each party's own tables against the federation file")
+    check.add_argument("--config", required=True, help="the federation.toml")
+    check.add_argument("--party", default=None, help="check this party only (default: every party)")
     for name in ("train", "predict"):
         sub = commands.add_parser(name, help=f"{name} the federation")
         sub.add_argument("--config", required=True, help="the federation.toml")
@@ -54,20 +59,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.choices["train"].add_argument("--resume", action="store_true")
     commands.choices["predict"].add_argument("--absent", nargs="*", default=[], help="listed parties that are away")
     commands.choices["predict"].add_argument("--out", required=True, help="the predictions CSV (active party)")
-    score = commands.add_parser("score", help="accuracy of a predictions CSV against a truth CSV")
+    score = commands.add_parser("score", help="accuracy, or RMSE, MAE and R^2, of a predictions CSV against the truth")
     score.add_argument("--predictions", required=True)
     score.add_argument("--truth", required=True)
+    score.add_argument("--id-column", default="id", help="the truth's ID column (default id)")
+    score.add_argument("--label-column", default="label", help="the truth's label column (default label)")
     return parser.parse_args(argv)
 
 
-def demo(args: argparse.Namespace) -> int:
-    from .demo import write_demo
+def _demo_options(demo: argparse.ArgumentParser) -> None:
+    demo.add_argument("--dataset", choices=("digits", "isolet", "fashion-mnist", "hapt", *TABLES), default="digits",
+                      help="a benchmark's split (digits, isolet, fashion-mnist, hapt) or tables as a new user's would "
+                           "look (breast-cancer, wine, diabetes)")
+    demo.add_argument("--parties", type=int, default=4)
+    demo.add_argument("--out", required=True)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--protocol", choices=tuple(PROTOCOLS), default="mpc")
+    demo.add_argument("--test-pattern", default="mcar:0.2", help="the missingness of the prediction set")
+    demo.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
+                      help="the model's schedule written into federation.toml")
+    demo.add_argument("--missing", type=float, default=0.0,
+                      help="breast-cancer, wine, diabetes: the share of cells removed inside held rows")
+    demo.add_argument("--categorical", action="store_true",
+                      help="breast-cancer, wine, diabetes: add text columns (smoker, region)")
+    demo.add_argument("--mixed-ids", action="store_true",
+                      help="breast-cancer, wine, diabetes: each party writes its IDs differently")
+    demo.add_argument("--validation-fraction", type=float, default=None,
+                      help="[federation] validation_fraction written into federation.toml (default: 0 for a "
+                           "benchmark's split, every labeled row trains as in `simulate`; 0.1 for the tables)")
 
+
+def demo(args: argparse.Namespace) -> int:
     if args.parties < 2:
         raise InputError(f"--parties {args.parties}: a federation needs at least 2 parties")
+    if args.dataset in TABLES:
+        return _tables_demo(args)
+    from .demo import write_demo
+
     path = write_demo(args.dataset, args.parties, Path(args.out), args.seed, args.protocol, args.test_pattern,
-                      args.preset)
+                      args.preset, args.validation_fraction or 0.0)
     print(f"wrote {path}, one folder per party and {Path(args.out) / 'truth.csv'}")
+    return 0
+
+
+def _tables_demo(args: argparse.Namespace) -> int:
+    from .tables_demo import NAMES, Spec, write_federation
+
+    if args.parties > len(NAMES) or not 0 <= args.missing < 1:
+        raise InputError(f"--dataset {args.dataset}: at most {len(NAMES)} parties and --missing in [0, 1)")
+    spec = Spec(args.dataset, args.parties, args.seed, missing=args.missing, categorical=args.categorical,
+                ids="mixed" if args.mixed_ids else "plain", protocol=args.protocol,
+                extra={"validation_fraction": 0.1 if args.validation_fraction is None else args.validation_fraction},
+                model=f'preset = "{args.preset}"\nseed = {args.seed}\n')
+    written = write_federation(Path(args.out), spec)
+    print(f"wrote {written.path}, one folder per party ({', '.join(written.names)}; {written.names[0]} holds the "
+          f"labels) and {Path(args.out) / 'truth.csv'}")
     return 0
 
 
@@ -91,11 +137,14 @@ def keygen(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """train or predict: one party here, or all of them as local processes."""
+    """train or predict: one party here, or all of them as local processes, after checking the tables of
+    the parties run here."""
     from .launch import present_parties, run_all, run_party
 
     fed = load_federation(args.config)
     present = present_parties(fed, getattr(args, "absent", []))
+    if not _tables_ready(fed, present if args.party is None else [args.party], args.command, quiet=args.quiet):
+        return 2
     protocol = args.protocol or fed.protocol
     out = str(Path(args.out).resolve()) if getattr(args, "out", None) else None
     options = {"resume": getattr(args, "resume", False), "progress": not args.quiet, "out": out}
@@ -106,44 +155,139 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check(args: argparse.Namespace) -> int:
+    """`check`: every party's files (or one party's), without starting a federation."""
+    fed = load_federation(args.config)
+    names = fed.names if args.party is None else [args.party]
+    return 0 if _tables_ready(fed, names, "check", quiet=False) else 2
+
+
+def _tables_ready(fed, names: list[str], command: str, quiet: bool) -> bool:
+    """Check the named parties' files for `command`; print the report (stdout) and one `error:` line per
+    party with a problem (stderr). True when every party's files are fine."""
+    from .check import timed_check
+
+    reports, seconds = timed_check(fed, names, command)
+    for report in reports:
+        for line in report.notes if quiet else report.lines:
+            print(line)
+        if report.error is not None:
+            print(f"error: {report.error}", file=sys.stderr)
+    failed = [r.name for r in reports if r.error is not None]
+    if failed:
+        print(f"error: {command}: the files of {', '.join(failed)} need fixing (see above); nothing was started",
+              file=sys.stderr)
+        return False
+    if not quiet:
+        print(f"checked the files of {len(reports)} {'party' if len(reports) == 1 else 'parties'} in {seconds:.2f} s")
+    return True
+
+
 def _summarise(fed, args: argparse.Namespace) -> None:
+    from .quality import validation_summary
+
     if args.command == "predict":
-        print(f"predictions: {args.out}")
+        print(_predictions_summary(Path(args.out)))
         return
     record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
     alignment = record["alignment"]
     print(f"trained {len(fed.parties)} parties under {record['protocol']} in {record['wall_time_s']:.1f} s: "
           f"{alignment['union_size']} records aligned in {alignment['seconds']:.1f} s "
           f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}), "
-          f"{alignment['labeled']} labeled; models in each party's folder")
+          f"{alignment['labeled']} labeled for training, {alignment['validation']} held out; models in each "
+          "party's folder")
+    print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
+        f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}" for name, o in alignment["overlap"].items()))
+    print(validation_summary(record["validation"]))
+
+
+def _predictions_summary(path: Path) -> str:
+    """Where the predictions are and how many records each number of parties observed."""
+    rows = _table(path, ("id", "prediction", "parties_observed"))
+    counts = Counter(row["parties_observed"] for row in rows)
+    held = [f"{counts[k]} held by {k} {'party' if k == '1' else 'parties'}"
+            for k in sorted(counts, key=int, reverse=True) if k != "0"]
+    return f"predictions: {path} ({len(rows)} records: {', '.join([*held, f'{counts.get(chr(48), 0)} by none'])})"
 
 
 def score(args: argparse.Namespace) -> int:
-    truth = _column(Path(args.truth), "label")
-    predicted = _column(Path(args.predictions), "prediction")
+    """Accuracy (a predictions file with class probabilities) or RMSE, MAE and R^2 (a regression file)."""
+    truth_rows = _table(Path(args.truth), (args.id_column, args.label_column))
+    rows = _table(Path(args.predictions), ("id", "prediction"))
+    predicted = {row["id"]: row for row in rows}
+    truth = {row[args.id_column]: row[args.label_column] for row in truth_rows}
     missing = [i for i in truth if i not in predicted]
     if missing:
         raise InputError(f"{args.predictions} has no row for {len(missing)} IDs of {args.truth} (e.g. {missing[0]!r})")
-    scored = [i for i in truth if predicted[i] != ""]
-    accuracy = 100.0 * sum(predicted[i] == truth[i] for i in scored) / max(len(scored), 1)
-    print(f"accuracy {accuracy:.2f} % on {len(scored)} records ({len(truth) - len(scored)} held by no present party)")
+    scored = [i for i in truth if predicted[i]["prediction"] != "" and truth[i] != ""]
+    if not scored:
+        raise InputError(f"{args.predictions}: no record has both a prediction and a true label in {args.truth}")
+    regression = not any(name.startswith("p_") for name in rows[0])
+    left = f"on {len(scored)} records ({sum(predicted[i]['prediction'] == '' for i in truth)} held by no present party)"
+    print(f"{_score_line(scored, predicted, truth, regression, args)} {left}")
+    groups: dict[str, list[str]] = {}
+    for i in scored:
+        groups.setdefault(predicted[i].get("parties_observed", ""), []).append(i)
+    if len(groups) > 1 and all(g.isdigit() for g in groups):
+        print("by parties observed: " + ", ".join(
+            f"{g}: {_score_line(ids, predicted, truth, regression, args, short=True)} ({len(ids)})"
+            for g, ids in sorted(groups.items(), key=lambda item: int(item[0]))))
     return 0
 
 
-def _column(path: Path, name: str) -> dict[str, str]:
+def _score_line(ids: list[str], predicted: dict, truth: dict, regression: bool, args, short: bool = False) -> str:
+    from ..data.targets import accuracy, regression_metrics
+
+    if not regression:
+        value = accuracy(np.array([predicted[i]["prediction"] for i in ids]), np.array([truth[i] for i in ids]))
+        return f"accuracy {value:.2f} %"
+    metrics = regression_metrics(_numbers([predicted[i]["prediction"] for i in ids], args.predictions, "prediction"),
+                                 _numbers([truth[i] for i in ids], args.truth, args.label_column))
+    if short:
+        return f"RMSE {metrics['rmse']:.4g}"
+    return f"RMSE {metrics['rmse']:.4g}, MAE {metrics['mae']:.4g}, R^2 {metrics['r2']:.3f}"
+
+
+def _numbers(cells: list[str], path: str, column: str) -> np.ndarray:
     try:
-        with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
-    except OSError as error:
-        raise InputError(f"{path}: {error.strerror}") from error
-    if not rows or "id" not in rows[0] or name not in rows[0]:
-        raise InputError(f"{path}: expected the columns 'id' and {name!r}")
-    return {row["id"]: row[name] for row in rows}
+        values = np.array([float(cell) for cell in cells])
+    except ValueError:
+        bad = next(cell for cell in cells if not _is_float(cell))
+        raise InputError(f"{path}: column {column!r} holds {bad!r}, not a number (a regression file needs numbers; "
+                         "a classification file has p_<class> columns)") from None
+    if not np.isfinite(values).all():
+        raise InputError(f"{path}: column {column!r} holds a value that is not a finite number")
+    return values
+
+
+def _is_float(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _table(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
+    """The rows of a CSV file (BOM, CRLF and spaces around cells allowed) with the `needed` columns."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.reader(handle)
+            header = [cell.strip() for cell in next(reader, [])]
+            rows = [dict(zip(header, (cell.strip() for cell in row), strict=False)) for row in reader if row]
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise InputError(f"{path}: cannot read the file ({getattr(error, 'strerror', None) or error})") from None
+    absent = [name for name in needed if name not in header]
+    if absent or not rows:
+        raise InputError(f"{path}: expected a header with the columns {', '.join(map(repr, needed))} and at least one "
+                         f"row; found columns {', '.join(map(repr, header)) or 'none'}, {len(rows)} rows")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = {"demo": demo, "keygen": keygen, "train": run, "predict": run, "score": score}[args.command]
+    command = {"demo": demo, "keygen": keygen, "check": check, "train": run, "predict": run,
+               "score": score}[args.command]
     return guarded(lambda: command(args))
 
 

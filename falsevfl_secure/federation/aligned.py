@@ -5,25 +5,69 @@ The alignment (`secure.align`) gives every party the position of each of its lis
 active party which parties list each record. A passive party lists the rows whose features it holds;
 the active party lists every row of its table, also those where it only knows a label (or wants a
 prediction) without holding the features. The active party then keeps the records that some party
-holds features of (the empty-row rule) and tells every party, in one frame, the kept positions and
-which of them are labeled: row numbers of the shared order, never labels.
+holds features of (the empty-row rule), holds out a share of the labeled ones for validation, and
+tells every party, in one frame (the announcement):
+
+- `kept`: the kept positions of the union's order (increasing);
+- `labeled`: the kept positions that train stage 2 (increasing);
+- `validation`: the kept positions held out to measure the model (increasing, disjoint from `labeled`);
+- `counts`: for the receiving party only, [records it listed that another party lists too,
+  records it listed that the active party lists too];
+- `short`: (rank, overlap, base) for every party whose overlap with the active party (records both
+  list, out of base = the smaller of the two lists) is below `[federation] min_overlap`: training stops.
+
+All of it is row numbers of the shared order and counts, never labels or IDs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..data import LabelSide, PartyView
-from ..data.standardize import Standardizer
-from ..data.tables import PartyTable
+from ..data.encoding import EncodedBlock
+from ..randomness import public_rng
 from ..secure import frames
-from ..secure.align import MAX_IDS, align
+from ..secure.align import MAX_IDS, Alignment, align
 from ..secure.errors import SecureMessageError
 from ..secure.identity import sign, verify
+
+_BLOBS = 5
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the active party applies after alignment (public settings of the federation file)."""
+
+    min_overlap: float = 0.0
+    validation_fraction: float = 0.0
+    seed: int = 0
+    max_ids: int = MAX_IDS  # the alignment's bound on every party's list (threat_models/alignment.toml)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """A party whose records barely meet the active party's: `overlap` records both list, of `base`."""
+
+    rank: int
+    overlap: int
+    base: int
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """How this party's listed records meet the federation: `shared` are also listed by another party,
+    `with_active` also by the active party. At the active party `per_party` has (listed, shared,
+    with_active) of every rank."""
+
+    listed: int
+    shared: int
+    with_active: int
+    per_party: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -32,93 +76,190 @@ class Aligned:
 
     n: int  # records in the shared order
     positions: np.ndarray  # per table row, its position (-1: not in the order)
-    labeled: np.ndarray  # positions of the labeled records (public)
+    labeled: np.ndarray  # positions of the labeled records that train (public)
     holders: np.ndarray | None  # (n, K) bool at the active party: which parties hold the features
     dropped: int  # records listed by the active party that no party holds features of
     seconds: float
+    validation: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # held out (public)
+    overlap: Overlap | None = None
+    short: tuple[Shortfall, ...] = ()
 
 
-def align_table(role, table: PartyTable, labeled_rows: np.ndarray | None, restrict: bool,
-                max_ids: int = MAX_IDS) -> Aligned:
-    """Align this party's table with every other party's (a collective over the parties)."""
+def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.ndarray | None, restrict: bool,
+                policy: Policy = Policy()) -> Aligned:
+    """Align this party's rows (`ids`, the normalised keys; `held`: rows holding some feature cell) with
+    every other party's (a collective over the parties)."""
     started = time.perf_counter()
-    listed = np.arange(table.n_rows) if role.is_active else np.flatnonzero(table.held)
-    channel = role.channel()
     active = role.peers.active_index
-    result = align(channel, [table.ids[i] for i in listed], active, restrict_to_active=restrict, max_ids=max_ids)
-    positions = np.full(table.n_rows, -1, dtype=np.int64)
+    listed = np.arange(len(ids)) if role.is_active else np.flatnonzero(held)
+    if role.peers.n_parties > 1:
+        result = align(role.channel(), [ids[i] for i in listed], active, restrict_to_active=restrict,
+                       max_ids=policy.max_ids)
+    else:  # the active party alone: nothing to align
+        result = Alignment(listed.size, np.arange(listed.size), np.ones((listed.size, 1), dtype=bool))
+    positions = np.full(len(ids), -1, dtype=np.int64)
     positions[listed] = result.positions
     if role.is_active:
+        per_party = _overlaps(result.holders, active)
         holders = result.holders.copy()
         holders[:, active] = False
-        holders[positions[table.held & (positions >= 0)], active] = True
+        holders[positions[held & (positions >= 0)], active] = True
         kept = np.flatnonzero(holders.any(axis=1))
-        labeled = np.intersect1d(positions[labeled_rows], kept) if labeled_rows is not None else kept[:0]
-        _announce(role, kept, labeled)
+        rows = labeled_rows[np.isin(positions[labeled_rows], kept)] if labeled_rows is not None else kept[:0]
+        labeled, validation = (np.sort(positions[part]) for part in _hold_out(np.sort(rows), policy))
+        short = _short(per_party, active, policy.min_overlap)
+        _announce(role, kept, labeled, validation, per_party, short)
         holders, dropped = holders[kept], int(result.n_union - kept.size)
+        overlap = Overlap(*(int(v) for v in per_party[active]), per_party)
     else:
-        (kept, labeled), holders, dropped = _announced(role, result.n_union), None, 0
+        announced = _announced(role, result.n_union, listed.size)
+        kept, labeled, validation, (shared, with_active), short = announced
+        holders, dropped, overlap = None, 0, Overlap(int(listed.size), int(shared), int(with_active))
     remap = np.full(result.n_union, -1, dtype=np.int64)
     remap[kept] = np.arange(kept.size)
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
-    return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started)
+    return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
+                   remap[validation], overlap, short)
 
 
-def _announce(role, kept: np.ndarray, labeled: np.ndarray) -> None:
-    """The declared `kept` step: the active party's signed announcement of the kept and labeled positions."""
-    frame = frames.encode(frames.Kind.DATA, [kept.astype("<i8").tobytes(), labeled.astype("<i8").tobytes()])
-    signature = sign(role.key, "kept rows", role.session.id + hashlib.sha256(frame).digest())
+def _overlaps(listing: np.ndarray, active: int) -> np.ndarray:
+    """(K, 3) int64 per rank: records it lists, of them listed by another party too, by the active party too."""
+    others = listing.sum(axis=1, keepdims=True) >= 2
+    return np.stack([listing.sum(axis=0), (listing & others).sum(axis=0),
+                     (listing & listing[:, [active]]).sum(axis=0)], axis=1).astype(np.int64)
+
+
+def _short(per_party: np.ndarray, active: int, min_overlap: float) -> tuple[Shortfall, ...]:
+    """The parties whose overlap with the active party, out of the smaller of the two lists, is below
+    `min_overlap` (0 disables the check)."""
+    out = []
+    for rank, (listed, _, with_active) in enumerate(per_party.tolist()):
+        base = min(listed, int(per_party[active, 0]))
+        if rank != active and min_overlap > 0 and (base == 0 or with_active < min_overlap * base):
+            out.append(Shortfall(rank, with_active, base))
+    return tuple(out)
+
+
+def _hold_out(rows: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) rows of the active party's table: a public draw of `validation_fraction` of
+    its labeled rows (in table order, so one table and seed always hold out the same records), leaving at
+    least one to train on."""
+    count = min(int(round(policy.validation_fraction * rows.size)), max(rows.size - 1, 0))
+    if count == 0:
+        return rows, rows[:0]
+    chosen = public_rng(policy.seed, zlib.crc32(b"federation validation")).permutation(rows.size)[:count]
+    mask = np.zeros(rows.size, dtype=bool)
+    mask[chosen] = True
+    return rows[~mask], rows[mask]
+
+
+def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray, per_party: np.ndarray,
+              short: tuple[Shortfall, ...]) -> None:
+    """The declared `kept` step: to every party its announcement, signed by the active party over the session."""
+    shortfalls = np.array([[s.rank, s.overlap, s.base] for s in short], dtype="<i8").reshape(-1)
+    common = [kept.astype("<i8").tobytes(), labeled.astype("<i8").tobytes(), validation.astype("<i8").tobytes()]
     peers = role.peers
     for rank in range(peers.n_parties):
         if rank != peers.active_index:
+            counts = per_party[rank, 1:].astype("<i8").tobytes()
+            frame = frames.encode(frames.Kind.DATA, [*common, counts, shortfalls.tobytes()])
+            signature = sign(role.key, "kept rows", role.session.id + peers.names[rank].encode() + b"\0"
+                             + hashlib.sha256(frame).digest())
             peers.send(rank, "kept", signature + frame)
 
 
-def _announced(role, n_union: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kept and labeled positions from the active party, signed by it over this session: increasing
-    positions of the shared order, the labeled ones among the kept (anything else is refused)."""
+def _announced(role, n_union: int, listed: int):
+    """The announcement from the active party, its signature checked against the active party's pin, then
+    its contents (`check_announcement`)."""
     peers, active = role.peers, role.session.active
     payload = peers.recv(peers.active_index, "kept")
     signature, frame = payload[:64], payload[64:]
-    verify(role.spec.cast.pins[active], "kept rows", role.session.id + hashlib.sha256(frame).digest(), signature,
-           active)
-    return check_announcement(frame, peers.active_index, n_union)
+    verify(role.spec.cast.pins[active], "kept rows", role.session.id + role.spec.name.encode() + b"\0"
+           + hashlib.sha256(frame).digest(), signature, active)
+    return check_announcement(frame, peers.active_index, n_union, listed, peers.n_parties)
 
 
-def check_announcement(data: bytes, active: int, n_union: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kept and labeled positions in an announcement frame, checked (see `_announced`)."""
+def check_announcement(data: bytes, active: int, n_union: int, listed: int, world: int):
+    """(kept, labeled, validation, counts, short) of an announcement frame, each checked: increasing
+    positions of the shared order, labeled and validation disjoint among the kept, counts within this
+    party's `listed` records, shortfalls of other ranks of the `world` within their base (anything else
+    is refused, naming the sender)."""
     frame = frames.decode(data, expect=(frames.Kind.DATA,))
-    if len(frame.blobs) != 2 or any(len(b) % 8 for b in frame.blobs):
-        raise SecureMessageError(f"the row announcement from party {active} is not two int64 arrays")
-    kept, labeled = (np.frombuffer(b, dtype="<i8").astype(np.int64) for b in frame.blobs)
-    if not (_increasing_within(kept, n_union) and _increasing_within(labeled, n_union)
-            and np.isin(labeled, kept).all()):
+    if len(frame.blobs) != _BLOBS or any(len(b) % 8 for b in frame.blobs):
+        raise SecureMessageError(f"the row announcement from party {active} is not {_BLOBS} int64 arrays")
+    kept, labeled, validation, counts, short = (np.frombuffer(b, dtype="<i8").astype(np.int64) for b in frame.blobs)
+    if not (all(_increasing_within(p, n_union) for p in (kept, labeled, validation))
+            and np.isin(labeled, kept).all() and np.isin(validation, kept).all()
+            and not np.isin(validation, labeled).any()):
         raise SecureMessageError(f"the row announcement from party {active} names positions that are not "
                                  f"increasing positions of the shared order of {n_union} records")
-    return kept, labeled
+    if counts.size != 2 or counts.min() < 0 or counts.max() > listed:
+        raise SecureMessageError(f"the row announcement from party {active} gives counts {counts.tolist()} "
+                                 f"outside this party's {listed} records")
+    return kept, labeled, validation, counts, _shortfalls(short, world, active)
+
+
+def _shortfalls(values: np.ndarray, world: int, active: int) -> tuple[Shortfall, ...]:
+    triples = values.reshape(-1, 3) if values.size % 3 == 0 else None
+    if triples is None or not _increasing_within(triples[:, 0], world) or (triples[:, 0] == active).any() \
+            or (triples[:, 1] < 0).any() or (triples[:, 1] > triples[:, 2]).any():
+        raise SecureMessageError(f"the row announcement from party {active} names shortfalls that are not "
+                                 f"(rank, overlap <= base) of other parties")
+    return tuple(Shortfall(*(int(v) for v in row)) for row in triples)
 
 
 def _increasing_within(positions: np.ndarray, n: int) -> bool:
     return bool(positions.size == 0 or (positions[0] >= 0 and positions[-1] < n and (np.diff(positions) > 0).all()))
 
 
-def party_view(table: PartyTable, aligned: Aligned, scaler: Standardizer, rank: int,
-               targets: np.ndarray | None) -> PartyView:
-    """What this party holds of the shared order: its standardised block at its positions (zeros
-    elsewhere), its held rows, and at the active party the label side (targets of labeled rows)."""
-    own = table.held & (aligned.positions >= 0)
-    x = np.zeros((aligned.n, table.x.shape[1]), dtype=np.float32)
-    x[aligned.positions[own]] = scaler.transform(table.x[own])
+@dataclass(frozen=True)
+class Placed:
+    """A party's encoded block at the shared positions: `x` (n, d) float32 (zeros where not held),
+    `observed` (n, d) bool (the per-cell mask), `held` (n,) bool."""
+
+    x: np.ndarray
+    observed: np.ndarray
+    held: np.ndarray
+
+
+def place_block(block: EncodedBlock, aligned: Aligned) -> Placed:
+    """This party's encoded rows at their positions in the shared order."""
+    own = block.held & (aligned.positions >= 0)
+    at = aligned.positions[own]
+    x = np.zeros((aligned.n, block.x.shape[1]), dtype=np.float32)
+    observed = np.zeros((aligned.n, block.x.shape[1]), dtype=bool)
     held = np.zeros(aligned.n, dtype=bool)
-    held[aligned.positions[own]] = True
+    x[at], observed[at], held[at] = block.x[own], block.observed[own], True
+    return Placed(x, observed, held)
+
+
+def party_view(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray | None,
+               rows: np.ndarray | None = None) -> PartyView:
+    """What this party holds of the shared order (or of its `rows` positions, in that order): its block
+    and held rows, and at the active party the label side (targets of labeled rows). With `rows`, every
+    row counts as labeled (a validation set). The cell mask is `placed.observed` (to be handed over as
+    `PartyView.observed = {rank: placed.observed[rows]}` once the view carries it)."""
+    whole = rows is None
+    rows = np.arange(aligned.n) if whole else np.asarray(rows, dtype=np.int64)
     labels = None
     if aligned.holders is not None:
         y = np.zeros(aligned.n, dtype=np.float32 if targets is not None and targets.dtype.kind == "f" else np.int64)
         if targets is not None:
-            rows = (aligned.positions >= 0) & is_labeled(targets)
-            y[aligned.positions[rows]] = targets[rows]
-        labels = LabelSide(aligned.holders.sum(axis=1).astype(np.int64), y)
-    return PartyView(aligned.n, {rank: (x, held)}, labels, aligned.labeled)
+            have = (aligned.positions >= 0) & is_labeled(targets)
+            y[aligned.positions[have]] = targets[have]
+        labels = LabelSide(aligned.holders.sum(axis=1).astype(np.int64)[rows], y[rows])
+    labeled = aligned.labeled if whole else np.arange(rows.size)
+    return PartyView(rows.size, {rank: (placed.x[rows], placed.held[rows])}, labels, labeled)
+
+
+def ids_in_order(ids: tuple[str, ...], aligned: Aligned) -> list[str | None]:
+    """The normalised ID of each record of the shared order that this party lists, None elsewhere (at the
+    active party in a prediction: every record). For per-record keys (`randomness.record_keys`); the IDs
+    stay with this party."""
+    out: list[str | None] = [None] * aligned.n
+    for row in np.flatnonzero(aligned.positions >= 0):
+        out[aligned.positions[row]] = ids[row]
+    return out
 
 
 def is_labeled(targets: np.ndarray) -> np.ndarray:

@@ -1,5 +1,8 @@
-"""`federation.toml`: who the parties are, which one holds the labels, the protocol, the tables' ID and
-label columns, the model's hyperparameters, where the parties meet, and each party's own files.
+"""`federation.toml`: who the parties are, which one holds the labels, the protocol, how the tables are
+read (ID and label columns, missing cells, ID normalisation), the checks after alignment, the model's
+hyperparameters, where the parties meet, and each party's own files.
+
+Every key, its type, default and an example: docs/federation-toml.md. In short:
 
     [federation]
     active = "bank"                 # the party that holds the labels
@@ -8,14 +11,10 @@ label columns, the model's hyperparameters, where the parties meet, and each par
     label_column = "label"          # in the active party's tables; empty where unlabeled
     task = "classification"         # or "regression"
     rendezvous = "10.0.0.1:29611"   # host:port where the active party listens (gRPC, mutual TLS)
-    join_timeout_s = 60             # one host per party: how long the active party waits for the others
     max_ids = 1000000               # the largest ID list any party may bring to the alignment
 
-    [model]                         # a preset ("digits", "isolet:quick", ...) and/or explicit settings
-    preset = "digits"
-    kappa = 10
-    [model.pretrain]
-    epochs = 60
+    [model]
+    preset = "quick"                # quick | default | paper | <dataset>[:<schedule>]
 
     [[party]]                       # one per party, in rank order
     name = "bank"
@@ -23,34 +22,48 @@ label columns, the model's hyperparameters, where the parties meet, and each par
     predict = "bank/predict.csv"
     model = "bank/model"
     key = "ed25519:..."             # the party's pinned identity (`federation keygen` prints this line)
-    identity = "bank/identity.key"  # optional: this party's own private key (default: next to its model folder)
 
     [aggregator]                    # he only: the non-colluding aggregator
     address = "10.0.0.9:29612"      # host:port where it listens
     key = "ed25519:..."             # its pinned identity
-    identity = "aggregator/identity.key"  # optional: its own private key (on its host)
 
-Every mistake is one `InputError` naming the file and the setting.
+Every mistake is one `InputError` naming the file and the setting; an unknown key is refused with the
+valid keys of its section and the closest one.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import tomllib
-from dataclasses import dataclass, fields, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..config import Config, StageConfig, make_config
+from ..config import PRESETS, Config, StageConfig, make_config
+from ..data.errors import DataError
+from ..data.ids import IdRule
+from ..data.tables import DEFAULT_MISSING, ReadOptions
 from ..errors import InputError
 from ..secure.identity import IdentityError, parse_pin
 from ..transport.protocols import PROTOCOLS
 
 AGGREGATOR = "aggregator"
+SECTIONS = ("federation", "model", "party", "aggregator")
+FEDERATION_KEYS = ("active", "protocol", "id_column", "label_column", "task", "rendezvous",
+                   "allow_two_party_disclosure", "join_timeout_s", "missing_values", "id_fold_case",
+                   "id_strip_leading_zeros", "id_pattern", "min_overlap", "validation_fraction", "max_ids")
+PARTY_KEYS = ("name", "train", "predict", "model", "key", "identity", "categorical")
+AGGREGATOR_KEYS = ("address", "key", "identity")
 DEFAULT_MAX_IDS = 1_000_000
-_SECTIONS = {"federation", "model", "party", "aggregator"}
-_FEDERATION_KEYS = {"active", "protocol", "id_column", "label_column", "task", "rendezvous",
-                    "allow_two_party_disclosure", "join_timeout_s", "max_ids"}
-_PARTY_KEYS = {"name", "train", "predict", "model", "key", "identity"}
-_AGGREGATOR_KEYS = {"address", "key", "identity"}
+STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
+# Not model settings of a federation: fixed by the file ([[party]] order, active, task), chosen per host
+# (device), or used by `simulate` only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows).
+_NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "device", "train_mechanism", "n_labeled", "n_aligned",
+                   "max_rows"}
+MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
+SCHEDULES = ("quick", "default", "paper")  # a bare schedule: the sizes tuned on digits (small tables)
+DEFAULT_PRESET = "digits"
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,7 @@ class PartySpec:
     model_dir: Path
     key: bytes | None = None  # the pinned Ed25519 public key
     identity: Path | None = None  # this party's own private key file (used only on its own host)
+    categorical: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,10 @@ class Federation:
     aggregator: AggregatorSpec = AggregatorSpec()
     allow_two_party_disclosure: bool = False
     join_timeout_s: float = 60.0
+    missing_values: tuple[str, ...] = DEFAULT_MISSING
+    id_rule: IdRule = field(default_factory=IdRule)
+    min_overlap: float = 0.01
+    validation_fraction: float = 0.1
     max_ids: int = DEFAULT_MAX_IDS
 
     @property
@@ -116,6 +134,12 @@ class Federation:
         spec = self.party(name)
         return spec.identity or spec.model_dir.parent / "identity.key"
 
+    def read_options(self, name: str, detect_categories: bool = True,
+                     categorical: tuple[str, ...] | None = None) -> ReadOptions:
+        """How party `name` reads its tables (a prediction table: the saved model's categorical columns)."""
+        listed = self.party(name).categorical if categorical is None else categorical
+        return ReadOptions(self.missing_values, listed, detect_categories, self.id_rule)
+
 
 def load_federation(path: Path | str) -> Federation:
     path = Path(path)
@@ -125,10 +149,9 @@ def load_federation(path: Path | str) -> Federation:
         raise InputError(f"{path}: no such federation file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise InputError(f"{path}: not a readable TOML file ({error})") from error
-    unknown = set(raw) - _SECTIONS
-    if unknown:
-        raise InputError(f"{path}: unknown sections {sorted(unknown)}; expected {sorted(_SECTIONS)}")
+    refuse_unknown(raw, SECTIONS, path, "the file", "section")
     section = _table(raw, "federation", path)
+    refuse_unknown(section, FEDERATION_KEYS, path, "[federation]")
     parties = _parties(raw, path)
     names = [p.name for p in parties]
     active = _text(section, "active", path, "federation")
@@ -139,14 +162,30 @@ def load_federation(path: Path | str) -> Federation:
                       _text(section, "label_column", path, "federation"), task,
                       _address(section, "rendezvous", path, "federation"),
                       _model(raw, path, len(parties), names.index(active), task), _aggregator(raw, path),
-                      _disclosure(section, path), _join_timeout(section, path), _max_ids(section, path))
+                      _flag(section, "allow_two_party_disclosure", path), _join_timeout(section, path),
+                      _missing_values(section, path), _id_rule(section, path),
+                      _fraction(section, "min_overlap", 0.01, 1.0, path),
+                      _fraction(section, "validation_fraction", 0.1, 0.5, path), _max_ids(section, path))
+
+
+def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where: str, what: str = "setting") -> None:
+    """An InputError naming every unknown key, the closest valid one (difflib) and all the valid ones."""
+    valid = sorted(valid)
+    unknown = sorted(set(given) - set(valid))
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, valid, n=1)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    plural = "s" if len(unknown) > 1 else ""
+    raise InputError(f"{path}: {where}: unknown {what}{plural} {', '.join(named)}; the valid {what}s are "
+                     f"{', '.join(valid)} (see docs/federation-toml.md)")
 
 
 def _table(raw: dict, key: str, path: Path) -> dict:
     if not isinstance(raw.get(key), dict):
         raise InputError(f"{path}: missing section [{key}]")
-    if key == "federation" and set(raw[key]) - _FEDERATION_KEYS:
-        raise InputError(f"{path}: unknown [federation] settings {sorted(set(raw[key]) - _FEDERATION_KEYS)}")
     return raw[key]
 
 
@@ -171,10 +210,10 @@ def _task(section: dict, path: Path) -> str:
     return task
 
 
-def _disclosure(section: dict, path: Path) -> bool:
-    value = section.get("allow_two_party_disclosure", False)
+def _flag(section: dict, key: str, path: Path, where: str = "federation") -> bool:
+    value = section.get(key, False)
     if not isinstance(value, bool):
-        raise InputError(f"{path}: [federation] allow_two_party_disclosure = {value!r} must be true or false")
+        raise InputError(f"{path}: [{where}] {key} = {value!r} must be true or false")
     return value
 
 
@@ -183,6 +222,33 @@ def _join_timeout(section: dict, path: Path) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
         raise InputError(f"{path}: [federation] join_timeout_s = {value!r} must be a number of seconds in (0, 86400]")
     return float(value)
+
+
+def _fraction(section: dict, key: str, default: float, most: float, path: Path) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                               and 0 <= value <= most):
+        raise InputError(f"{path}: [federation] {key} = {value!r} must be a number in [0, {most:g}] "
+                         f"(a fraction, e.g. {default:g})")
+    return float(value)
+
+
+def _missing_values(section: dict, path: Path) -> tuple[str, ...]:
+    value = section.get("missing_values", list(DEFAULT_MISSING))
+    if not isinstance(value, list) or not all(isinstance(token, str) for token in value):
+        raise InputError(f"{path}: [federation] missing_values = {value!r} must be a list of strings, "
+                         f"e.g. {list(DEFAULT_MISSING)} (an empty cell is always missing)")
+    return tuple(token.strip() for token in value)
+
+
+def _id_rule(section: dict, path: Path) -> IdRule:
+    pattern = section.get("id_pattern")
+    if pattern is not None and (not isinstance(pattern, str) or not pattern):
+        raise InputError(f"{path}: [federation] id_pattern = {pattern!r} must be a non-empty regular expression")
+    try:
+        return IdRule(_flag(section, "id_fold_case", path), _flag(section, "id_strip_leading_zeros", path), pattern)
+    except DataError as error:
+        raise InputError(f"{path}: [federation] {error}") from None
 
 
 def _address(section: dict, key: str, path: Path, where: str) -> tuple[str, int]:
@@ -194,9 +260,9 @@ def _address(section: dict, key: str, path: Path, where: str) -> tuple[str, int]
 
 
 def _max_ids(section: dict, path: Path) -> int:
-    value = section.get("max_ids", DEFAULT_MAX_IDS)
     from ..secure.align import MAX_IDS
 
+    value = section.get("max_ids", DEFAULT_MAX_IDS)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_IDS:
         raise InputError(f"{path}: [federation] max_ids = {value!r} must be an integer in 1..{MAX_IDS}")
     return value
@@ -213,7 +279,7 @@ def _pin(section: dict, path: Path, where: str) -> bytes | None:
 
 def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
     entries = raw.get("party")
-    if not isinstance(entries, list) or len(entries) < 2:
+    if not isinstance(entries, list) or len(entries) < 2 or not all(isinstance(e, dict) for e in entries):
         raise InputError(f"{path}: a federation needs at least two [[party]] tables")
     parties = tuple(_party(entry, i, path) for i, entry in enumerate(entries))
     names = [p.name for p in parties]
@@ -224,37 +290,68 @@ def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
 
 def _party(entry: dict, index: int, path: Path) -> PartySpec:
     where = f"party #{index + 1}"
-    unknown = set(entry) - _PARTY_KEYS
-    if unknown:
-        raise InputError(f"{path}: [{where}] unknown settings {sorted(unknown)}; valid: {sorted(_PARTY_KEYS)}")
+    refuse_unknown(entry, PARTY_KEYS, path, f"[[party]] #{index + 1}")
     base = path.parent
     identity = base / _text(entry, "identity", path, where) if "identity" in entry else None
     return PartySpec(_text(entry, "name", path, where), base / _text(entry, "train", path, where),
                      base / _text(entry, "predict", path, where), base / _text(entry, "model", path, where),
-                     _pin(entry, path, where), identity)
+                     _pin(entry, path, where), identity, _categorical(entry, path, where))
+
+
+def _categorical(entry: dict, path: Path, where: str) -> tuple[str, ...]:
+    value = entry.get("categorical", [])
+    if not isinstance(value, list) or not all(isinstance(name, str) and name.strip() for name in value) \
+            or len({name.strip() for name in value}) != len(value):
+        raise InputError(f"{path}: [{where}] categorical = {value!r} must be a list of distinct column names, "
+                         'e.g. ["smoker", "region"]')
+    return tuple(name.strip() for name in value)
 
 
 def _aggregator(raw: dict, path: Path) -> AggregatorSpec:
     section = raw.get("aggregator", {})
-    if not isinstance(section, dict) or set(section) - _AGGREGATOR_KEYS:
-        raise InputError(f"{path}: [aggregator] takes only {sorted(_AGGREGATOR_KEYS)}")
+    if not isinstance(section, dict):
+        raise InputError(f"{path}: [aggregator] must be a table")
+    refuse_unknown(section, AGGREGATOR_KEYS, path, "[aggregator]")
     address = _address(section, "address", path, "aggregator") if "address" in section else None
     identity = path.parent / _text(section, "identity", path, "aggregator") if "identity" in section else None
     return AggregatorSpec(address, _pin(section, path, "aggregator"), identity)
 
 
+def preset_names() -> list[str]:
+    """Every accepted `[model] preset`: a bare schedule, a dataset, or dataset:schedule."""
+    return [*SCHEDULES, *(name for dataset in sorted(PRESETS)
+                          for name in (dataset, *(f"{dataset}:{s}" for s in sorted(PRESETS[dataset]))))]
+
+
+def _preset(value: object, path: Path) -> tuple[str, str]:
+    """(dataset, schedule) of a preset name; an InputError lists the valid names and the closest one."""
+    names = preset_names()
+    if not isinstance(value, str) or value not in names:
+        close = difflib.get_close_matches(str(value), names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputError(f"{path}: [model] preset = {value!r} is not a preset{hint}; the presets are "
+                         f"{', '.join(names)} (see docs/federation-toml.md)")
+    if value in SCHEDULES:
+        return DEFAULT_PRESET, value
+    dataset, _, schedule = value.partition(":")
+    return dataset, schedule or "default"
+
+
 def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Config:
-    """The preset (dataset[:schedule], default schedule "default") with explicit settings on top."""
+    """The preset with the explicit settings on top."""
     section = dict(raw.get("model", {}))
-    dataset, _, schedule = str(section.pop("preset", "digits")).partition(":")
-    allowed = {f.name for f in fields(Config)} - {"parties", "active_party", "task", "dataset", "device"}
-    unknown = set(section) - allowed
-    if unknown:
-        raise InputError(f"{path}: [model] unknown settings {sorted(unknown)}")
+    refuse_unknown(section, MODEL_KEYS, path, "[model]")
+    dataset, schedule = _preset(section.pop("preset", DEFAULT_PRESET), path)
+    stages = {}
+    for key in ("pretrain", "train"):
+        if key in section:
+            if not isinstance(section[key], dict):
+                raise InputError(f"{path}: [model.{key}] must be a table of {', '.join(STAGE_KEYS)}")
+            refuse_unknown(section[key], STAGE_KEYS, path, f"[model.{key}]")
+            stages[key] = section.pop(key)
     try:
-        cfg = make_config(dataset, schedule or "default")
-        stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **section.pop(k)}) for k in ("pretrain", "train")
-                  if isinstance(section.get(k), dict)}
+        cfg = make_config(dataset, schedule)
+        stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **v}) for k, v in stages.items()}
         return replace(cfg, **section, **stages, parties=parties, active_party=active, task=task).validate()
     except (TypeError, ValueError) as error:
         raise InputError(f"{path}: [model] {error}") from error

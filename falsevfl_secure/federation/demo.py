@@ -31,7 +31,7 @@ def label_name(dataset: str, y: int) -> str:
 
 
 def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: str = "mpc",
-               test_pattern: str = "mcar:0.2", preset: str = "default") -> Path:
+               test_pattern: str = "mcar:0.2", preset: str = "default", validation_fraction: float = 0.0) -> Path:
     """Write the demo federation to `out`; returns the path of its federation.toml."""
     cfg = make_config(dataset, preset, parties=parties, seed=seed)
     data, train, tests = make_splits(cfg, (test_pattern,))
@@ -52,14 +52,14 @@ def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: s
                      with_unheld=np.ones(test.n, dtype=bool) if is_active else None)
     truth = [("id", "label")] + [(test_ids[i], label_name(cfg.dataset, int(y))) for i, y in enumerate(test.y)]
     atomic_write(out / "truth.csv", _csv(truth))
-    pins = _identities(out, names)
+    pins = write_identities(out, names)
     path = out / "federation.toml"
     atomic_write(path, _toml(cfg.dataset if preset == "default" else f"{cfg.dataset}:{preset}", names, names[active],
-                             protocol, seed, pins))
+                             protocol, seed, pins, validation_fraction))
     return path
 
 
-def _identities(out: Path, names: list[str]) -> dict[str, str]:
+def write_identities(out: Path, names: list[str]) -> dict[str, str]:
     """An identity key per party (party folder/identity.key) and for the aggregator; the pins. In a real
     federation each participant runs `federation keygen` on its own host and sends only the printed pin."""
     from ..secure import identity
@@ -99,10 +99,15 @@ def _csv(rows: list) -> str:
     return buffer.getvalue()
 
 
-def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int, pins: dict[str, str]) -> str:
+def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int, pins: dict[str, str],
+          validation_fraction: float) -> str:
     parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
                       f'model = "{n}/model"\nkey = "{pins[n]}"\n' for n in names)
     return (f'# A demo federation written by `python -m falsevfl_secure.federation demo` ({preset}).\n'
+            '# Every key is explained in docs/federation-toml.md.\n'
             f'[federation]\nactive = "{active}"\nprotocol = "{protocol}"\nid_column = "id"\nlabel_column = "label"\n'
-            f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n\n[model]\npreset = "{preset}"\n'
-            f"seed = {seed}\n{parties}\n[aggregator]\naddress = \"127.0.0.1:29612\"\nkey = \"{pins['aggregator']}\"\n")
+            f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n'
+            f"validation_fraction = {validation_fraction!r}  # labeled records held out to measure the model "
+            "(0: every labeled record trains, as in `simulate`)\n"
+            f'\n[model]\npreset = "{preset}"\nseed = {seed}\n{parties}'
+            f"\n[aggregator]\naddress = \"127.0.0.1:29612\"\nkey = \"{pins['aggregator']}\"\n")

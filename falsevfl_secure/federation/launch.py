@@ -20,7 +20,7 @@ from ..runtime.world import World
 from ..transport.handshake import Cast, Request, check_two_parties
 from ..transport.protocols import Protocol, protocol_named
 from .config import AGGREGATOR, Federation
-from .party import federation_program, read_inputs
+from .party import federation_program
 
 
 def present_parties(fed: Federation, absent: list[str]) -> list[str]:
@@ -64,14 +64,13 @@ def file_addresses(fed: Federation, protocol: Protocol) -> dict[str, str]:
 
 
 def run_party(fed: Federation, name: str, command: str, protocol: str, present: list[str], options: dict) -> int:
-    """Run role `name` of the command in this process (one host per party); 0 when it ended well (any
-    failure raises with one line)."""
+    """Run role `name` of the command in this process (one host per party; the command line checked its own
+    files first); 0 when it ended well (any failure raises with one line)."""
     proto = protocol_named(protocol)
     if name not in role_names(fed, fed.names, proto):
         raise InputError(f"--party {name!r} is not a role of this run; the roles are "
                          f"{', '.join(role_names(fed, fed.names, proto))}")
     spec = spec_of(fed, name, command, proto, present, file_addresses(fed, proto))
-    read_inputs(fed, name, command)  # this party's own files are checked before it joins
     run_role(spec, federation_program, (str(fed.path), command, options))
     return 0
 
@@ -83,8 +82,6 @@ def run_all(fed: Federation, command: str, protocol: str, present: list[str], op
     loopback = {fed.active: LOOPBACK, **({AGGREGATOR: LOOPBACK} if proto.helpers else {})}
     specs = [spec_of(fed, name, command, proto, present, loopback) for name in role_names(fed, present, proto)]
     check_two_parties(len(present), specs[0].agreement, str(fed.path))  # every role would refuse: say it now
-    for name in present:
-        read_inputs(fed, name, command)  # every local party's own files, before anything is started
     logs = Path(fed.path).parent / "logs" / command
     show = fed.active if options.get("progress") else None
     World(specs, federation_program, (str(fed.path), command, options), logs, show=show).start().wait()

@@ -1,10 +1,12 @@
 """What one party of a federation does, in its own process and with its own files only.
 
-`federation_program` is what every role runs: in `train`, a party aligns its training table with the
-others', standardises its block with its own rows' statistics, trains the unchanged FALSE-VFL core and
-saves its part of the model and its own communication counters; in `predict`, the parties present align
-their prediction tables, load their saved parts, and the active party writes the predictions. The he
-aggregator has no files: it serves its protocol.
+The party's files are read and checked before it joins (`inputs.read_training_table` and
+`read_prediction_table`, the functions `federation check` runs). `federation_program` is what every role
+runs: in `train`, a party aligns its training table with the others', encodes its block with its own
+rows' statistics (data/encoding.py), trains the FALSE-VFL core, measures the model on the held-out
+validation records and saves its part and its own communication counters (never sent to another party);
+in `predict`, the parties present align their prediction tables, load their saved parts, and the active
+party writes the predictions. The he aggregator has no files: it serves its protocol.
 """
 
 from __future__ import annotations
@@ -18,49 +20,50 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.standardize import Standardizer
-from ..data.tables import PartyTable, encode_labels, read_party_table
+from ..data.tables import PartyTable
+from ..errors import InputError
 from ..fsio import atomic_write, write_json
 from ..node import build_node, resolve_device
 from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split
-from .aligned import Aligned, align_table, is_labeled, party_view
-from .config import Federation, load_federation
-from .store import Manifest, load_manifest, load_weights, save_model
+from .aligned import Aligned, Placed, Policy, align_table, is_labeled, party_view, place_block
+from .config import AGGREGATOR, Federation, load_federation
+from .inputs import PartyInput, read_prediction_table, read_training_table
+from .quality import validation_summary, validation_table
+from .store import Manifest, load_weights, save_model
 
-
-def _targets(fed: Federation, table: PartyTable, classes=None) -> tuple[np.ndarray, tuple[str, ...]]:
-    return encode_labels(table.labels, classes, fed.task, table.where, table.locations)
+__all__ = ["PartyInput", "federation_program", "overlap_line", "predictions_csv", "read_inputs",
+           "read_prediction_table", "read_training_table"]
 
 
 def _n_classes(fed: Federation, classes: tuple[str, ...]) -> int:
     return len(classes) if fed.task == "classification" else 1
 
 
-def read_training_table(fed: Federation, name: str) -> PartyTable:
-    """Party `name`'s training table, checked before the party joins the federation."""
-    labels = fed.label_column if name == fed.active else None
-    table = read_party_table(fed.party(name).train, name, fed.id_column, labels)
+def overlap_line(fed: Federation, name: str, aligned: Aligned) -> str:
+    """What this party prints after alignment: how many of its records it shares with the federation."""
+    o = aligned.overlap
     if name == fed.active:
-        _targets(fed, table)  # unusable labels are refused before any other party waits
-    return table
+        return f"party {name!r} (active): {o.shared} of its {o.listed} listed records are shared with the federation"
+    return (f"party {name!r}: {o.shared} of its {o.listed} records are shared with the federation "
+            f"({o.with_active} also listed by the active party {fed.active!r})")
 
 
-def read_prediction_table(fed: Federation, name: str) -> tuple[PartyTable, Manifest]:
-    """Party `name`'s saved model and prediction table, checked against each other before it joins."""
-    manifest = load_manifest(fed.party(name).model_dir, name, fed.model)
-    labels = fed.label_column if name == fed.active else None
-    table = read_party_table(fed.party(name).predict, name, fed.id_column, labels, expected_columns=manifest.columns,
-                             label_optional=True)
-    if table.labels is not None:  # labels in a prediction table are for scoring only, but must be known ones
-        _targets(fed, table, manifest.classes)
-    return table, manifest
+def _stop_when_short(fed: Federation, aligned: Aligned, names: list[str]) -> None:
+    """One line, at every party, when some party's records barely meet the active party's."""
+    if not aligned.short:
+        return
+    parts = [f"party {names[s.rank]!r} and the active party {fed.active!r} both list {s.overlap} records "
+             f"({100.0 * s.overlap / max(s.base, 1):.1f} % of the {s.base} records of the smaller list)"
+             for s in aligned.short]
+    raise InputError(f"training stopped: {'; '.join(parts)}, below [federation] min_overlap = "
+                     f"{100.0 * fed.min_overlap:g} % in {fed.path}: the IDs do not line up. Make every party write "
+                     "its IDs alike, or normalise them with id_pattern, id_strip_leading_zeros or id_fold_case in "
+                     "[federation] (`federation check` shows each party's IDs); min_overlap = 0 trains anyway")
 
 
-def read_inputs(fed: Federation, name: str, command: str):
-    """Role `name`'s own files for `command`, checked (before it joins: a bad table is named at once)."""
-    from .config import AGGREGATOR
-
+def read_inputs(fed: Federation, name: str, command: str) -> PartyInput | None:
+    """Role `name`'s own files for `command`, checked (the aggregator has none)."""
     if name == AGGREGATOR:
         return None
     return read_training_table(fed, name) if command == "train" else read_prediction_table(fed, name)
@@ -80,77 +83,110 @@ def federation_program(role, config: str, command: str, options: dict):
     return _train(role, fed, inputs, options) if command == "train" else _predict(role, fed, inputs, options)
 
 
-def _train(role, fed: Federation, table: PartyTable, options: dict) -> None:
-    """Align, standardise with its own rows, train the FALSE-VFL core, save its own part of the model."""
-    started, me, rank = time.perf_counter(), fed.party(role.spec.name), role.rank
-    targets, classes = _targets(fed, table) if role.is_active else (None, ())
-    aligned = align_table(role, table, np.flatnonzero(is_labeled(targets)) if targets is not None else None,
-                          restrict=False, max_ids=fed.max_ids)
-    scaler = Standardizer.fit(table.x, table.held)
+def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
+    """Align, encode with its own rows, train, validate, save its own part (and its own counters)."""
+    started, name, rank = time.perf_counter(), role.spec.name, role.rank
+    me = fed.party(name)
+    targets = inputs.targets if role.is_active else None
+    labeled_rows = np.flatnonzero(is_labeled(targets)) if targets is not None else None
+    aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
+                          policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids))
+    print(overlap_line(fed, name, aligned), flush=True)
+    _stop_when_short(fed, aligned, list(role.session.present))
     cfg, device = fed.model, resolve_device(fed.model.device)
-    n_classes = _n_classes(fed, classes) if role.is_active else None
-    node = build_node(cfg, {rank: len(table.columns)}, n_classes, role.transport(device), device)
-    data = host_split(party_view(table, aligned, scaler, rank, targets), device,
+    n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
+    node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device)
+    placed = place_block(inputs.block, aligned)
+    data = host_split(party_view(placed, aligned, rank, targets), device,
                       n_classes if fed.task == "classification" else None)
     progress = options.get("progress", False) and role.is_active
-    trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress,
-                  agree_resume(role))
-    manifest = Manifest(me.name, table.columns, scaler, cfg.fingerprint(), cfg.training_settings(),
-                        role.protocol.name, classes or None)
-    save_model(me.model_dir, node, rank, manifest)
+    trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role))
+    validation = _validate(fed, node, placed, aligned, rank, inputs, device)
+    save_model(me.model_dir, node, rank, Manifest(name, inputs.encoding, cfg.fingerprint(), cfg.training_settings(),
+                                                  role.protocol.name, inputs.classes or None, inputs.target_scale))
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name}
     write_json(me.model_dir / "train_log.json", own)  # this party's own counters stay with it
     if role.is_active:
-        write_json(me.model_dir / "train_result.json", _train_record(
-            fed, role.protocol.name, aligned, trained, own["communication"], time.perf_counter() - started))
+        record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
+                               time.perf_counter() - started, validation)
+        write_json(me.model_dir / "train_result.json", record)
+        print(validation_summary(validation), flush=True)
+
+
+def _validate(fed: Federation, node, placed: Placed, aligned: Aligned, rank: int, inputs: PartyInput,
+              device) -> dict | None:
+    """The model's quality on the held-out validation records, per number of parties observed (a
+    collective: every party encodes its rows of them; the active party scores)."""
+    if aligned.validation.size == 0:
+        return None
+    targets = inputs.targets if aligned.holders is not None else None
+    view = party_view(placed, aligned, rank, targets, rows=aligned.validation)
+    predictions = predict_split(node, host_split(view, device))
+    if view.labels is None:
+        return None
+    return validation_table(predictions.get().numpy(), view.labels.y, view.labels.n_observed, fed.task,
+                            inputs.target_scale)
 
 
 def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, communication: list[dict],
-                  wall: float) -> dict:
+                  wall: float, validation: dict | None) -> dict:
     rows = dict(zip(fed.names, aligned.holders.sum(axis=0).tolist(), strict=True))
+    per_party = aligned.overlap.per_party
+    overlap = {n: {"listed": int(per_party[k, 0]), "shared": int(per_party[k, 1]),
+                   "with_active": int(per_party[k, 2])} for k, n in enumerate(fed.names)}
     return {"losses": trained.losses, "stage_time_s": trained.seconds, "wall_time_s": round(wall, 3),
             "protocol": protocol, "alignment": {"union_size": aligned.n + aligned.dropped, "records": aligned.n,
                                                 "rows_per_party": rows, "labeled": int(aligned.labeled.size),
+                                                "validation": int(aligned.validation.size),
+                                                "overlap": overlap,
                                                 "dropped_no_observed_party": aligned.dropped,
                                                 "seconds": round(aligned.seconds, 3)},
-            "communication": communication, "config": fed.model.to_dict()}
+            "validation": validation, "communication": communication, "config": fed.model.to_dict()}
 
 
-def _predict(role, fed: Federation, loaded: tuple[PartyTable, Manifest], options: dict) -> None:
+def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     """Among the parties present (the world is theirs alone: records held only by absent parties simply
     have fewer holders), align the prediction tables, load this party's part, predict."""
     present = list(role.session.present)
     cfg = replace(fed.model, parties=len(present), active_party=present.index(fed.active))
-    me, rank = fed.party(role.spec.name), role.rank
-    table, manifest = loaded
-    aligned = align_table(role, table, None, restrict=True, max_ids=fed.max_ids)
+    name, rank, manifest = role.spec.name, role.rank, loaded.manifest
+    aligned = align_table(role, loaded.table.ids, loaded.block.held, None, restrict=True,
+                          policy=Policy(max_ids=fed.max_ids))
+    print(overlap_line(fed, name, aligned), flush=True)
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
-    node = build_node(cfg, {rank: len(manifest.columns)}, n_classes, role.transport(device), device)
-    load_weights(me.model_dir, node, rank)
-    view = party_view(table, aligned, manifest.standardizer, rank, None)
+    node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device)
+    load_weights(fed.party(name).model_dir, node, rank)
+    view = party_view(place_block(loaded.block, aligned), aligned, rank, None)
     predictions = predict_split(node, host_split(view, device))
     if role.is_active:
-        atomic_write(Path(options["out"]), _predictions_csv(table, aligned, predictions.get().numpy(),
-                                                            manifest.classes))
+        atomic_write(Path(options["out"]), predictions_csv(loaded.table, aligned, predictions.get().numpy(),
+                                                           manifest, present))
 
 
-def _predictions_csv(table: PartyTable, aligned: Aligned, predictions: np.ndarray,
-                     classes: tuple[str, ...] | None) -> str:
-    """One row per record the active party listed: id, prediction, parties observed, class probabilities
-    (empty where no present party holds the record's features)."""
+def predictions_csv(table: PartyTable, aligned: Aligned, predictions: np.ndarray, manifest: Manifest,
+                    present: list[str]) -> str:
+    """One row per record the active party listed, in its table's order: id (as written), prediction (in
+    the target's unit for regression), parties_observed, parties (the names of the parties holding the
+    record, `;`-separated) and one probability column per class; empty where no present party holds it."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
+    classes = manifest.classes
     probability_columns = [f"p_{c}" for c in classes] if classes else []
-    writer.writerow(["id", "prediction", "parties_observed", *probability_columns])
+    writer.writerow(["id", "prediction", "parties_observed", "parties", *probability_columns])
+    if not classes and manifest.target is not None:
+        predictions = manifest.target.inverse(predictions)
     observed = aligned.holders.sum(axis=1)
     for row, position in enumerate(aligned.positions):
+        identifier = table.raw_ids[row] if table.raw_ids else table.ids[row]
         if position < 0:
-            writer.writerow([table.ids[row], "", 0, *([""] * len(probability_columns))])
-        elif classes:
+            writer.writerow([identifier, "", 0, "", *([""] * len(probability_columns))])
+            continue
+        holders = ";".join(present[k] for k in np.flatnonzero(aligned.holders[position]))
+        if classes:
             p = predictions[position]
-            writer.writerow([table.ids[row], classes[int(p.argmax())], int(observed[position]),
+            writer.writerow([identifier, classes[int(p.argmax())], int(observed[position]), holders,
                              *(f"{v:.6f}" for v in p)])
         else:
-            writer.writerow([table.ids[row], f"{float(predictions[position]):.6g}", int(observed[position])])
+            writer.writerow([identifier, f"{float(predictions[position]):.6g}", int(observed[position]), holders])
     return buffer.getvalue()

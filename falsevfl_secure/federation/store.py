@@ -1,10 +1,19 @@
 """A party's saved model: only its own part, and a manifest that says what it belongs to.
 
 `MODEL_DIR/model.pt` holds the party's networks (the active party's also the global encoder and decoder
-and the discriminator), read back with ``torch.load(weights_only=True)``. `MODEL_DIR/manifest.json` holds
-the feature columns in order, the standardisation fitted on the party's own training rows, the
-fingerprint and settings of the configuration, the protocol it was trained under and, at the active
-party, the classes. A prediction table whose columns differ from the manifest's is refused, naming them.
+and the discriminator), read back with ``torch.load(weights_only=True)``. `MODEL_DIR/manifest.json`
+(format `falsevfl-party-model/2`) holds:
+
+- `party`;
+- `encoding` (data/encoding.py): the party's raw feature `columns` (a prediction table may list them in
+  any order), the categories of each categorical column and their training shares,
+  the standardisation of the numeric columns fitted on their observed training cells, and the encoded
+  column names (`encoded_columns`, e.g. `smoker=yes`) in the block's order;
+- `fingerprint`, `settings`: the configuration the model was trained with; `protocol`;
+- at the active party: `classes` (classification) or `target` (regression: the labeled rows' mean and
+  std, `{"mean": m, "std": s}`), else null.
+
+A manifest of format 1 (numeric columns only, no target scale) is still read.
 """
 
 from __future__ import annotations
@@ -13,37 +22,64 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..config import Config
+from ..data.encoding import Encoding
+from ..data.errors import DataError
 from ..data.standardize import Standardizer
+from ..data.targets import TargetScale
 from ..errors import InputError
 from ..fsio import atomic_write, write_json
-from ..node import Node
 
-FORMAT = "falsevfl-party-model/1"
+if TYPE_CHECKING:
+    from ..node import Node
+
+FORMAT = "falsevfl-party-model/2"
+_FORMAT_1 = "falsevfl-party-model/1"
 
 
 @dataclass(frozen=True)
 class Manifest:
     party: str
-    columns: tuple[str, ...]
-    standardizer: Standardizer
+    encoding: Encoding
     fingerprint: str
     settings: dict
     protocol: str
     classes: tuple[str, ...] | None  # the active party's label classes (classification)
+    target: TargetScale | None = None  # the active party's target scale (regression)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.encoding.columns
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "party": self.party, "columns": list(self.columns),
-                "standardizer": self.standardizer.to_dict(), "fingerprint": self.fingerprint,
-                "settings": self.settings, "protocol": self.protocol,
-                "classes": None if self.classes is None else list(self.classes)}
+        return {"format": FORMAT, "party": self.party,
+                "encoding": {**self.encoding.to_dict(), "encoded_columns": list(self.encoding.names)},
+                "fingerprint": self.fingerprint, "settings": self.settings, "protocol": self.protocol,
+                "classes": None if self.classes is None else list(self.classes),
+                "target": None if self.target is None else self.target.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Manifest:
+        """The inverse of `to_dict` (also format 1); KeyError, TypeError or ValueError when malformed."""
+        if d.get("format") == _FORMAT_1:
+            columns = tuple(d["columns"])
+            encoding = Encoding(columns, {}, {}, Standardizer.from_dict(d["standardizer"]))
+            target = None
+        elif d.get("format") == FORMAT:
+            encoding = Encoding.from_dict(d["encoding"])
+            target = None if d["target"] is None else TargetScale.from_dict(d["target"])
+        else:
+            raise ValueError(f"unknown format {d.get('format')!r}, expected {FORMAT!r}")
+        return cls(d["party"], encoding, d["fingerprint"], d["settings"], d["protocol"],
+                   None if d["classes"] is None else tuple(d["classes"]), target)
 
 
 def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> None:
     """Write this party's part of the trained model and its manifest (each file atomically)."""
+    import torch  # here, not at the top: reading a manifest (`federation check`) needs no torch
+
     state = {"party_module": node.parties[rank].model.state_dict()}
     if node.active.present:
         state["active_module"] = node.active.get().model.state_dict()
@@ -57,13 +93,10 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
     """The manifest of `party`'s saved model, refused when it belongs to another party or configuration."""
     path = Path(model_dir) / "manifest.json"
     try:
-        d = json.loads(path.read_text())
-        manifest = Manifest(d["party"], tuple(d["columns"]), Standardizer.from_dict(d["standardizer"]),
-                            d["fingerprint"], d["settings"], d["protocol"],
-                            None if d["classes"] is None else tuple(d["classes"]))
+        manifest = Manifest.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
         raise InputError(f"party {party!r}: no trained model in {model_dir} (run `train` first)") from None
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError) as error:
         raise InputError(f"party {party!r}: {path} is not a model manifest ({error})") from error
     if manifest.party != party:
         raise InputError(f"party {party!r}: {model_dir} holds the model of party {manifest.party!r}")
@@ -77,6 +110,8 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
 
 def load_weights(model_dir: Path, node: Node, rank: int) -> None:
     """Load this party's saved networks into `node` (tensors only: weights_only=True)."""
+    import torch
+
     path = Path(model_dir) / "model.pt"
     try:
         state = torch.load(path, weights_only=True)

@@ -1,0 +1,198 @@
+"""A party's feature block as the model sees it, learned from the party's own training table only.
+
+Numeric columns are standardised (`Standardizer`) with the statistics of their OBSERVED training cells;
+categorical columns are one-hot encoded, one cell per category seen in the training table (sorted),
+named `column=category`. A missing cell is imputed with its column's training mean (0 for a
+standardised numeric cell, the category's training share for each one-hot cell of a missing category)
+and marked unobserved in the per-cell `observed` mask; a missing categorical cell is unobserved in all
+its one-hot cells. A category the training table never held (at prediction) gives all-zero one-hot
+cells, unobserved, and is counted. A row whose every encoded cell is unobserved is not held.
+
+The encoding (categories, their shares, the standardisation) is saved in the party's manifest and never
+leaves the party.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError
+from .standardize import DEFAULT_CLIP, Standardizer
+from .tables import PartyTable
+
+_UNSEEN_SHOWN = 5  # unseen values kept per column for the report
+
+
+@dataclass(frozen=True, eq=False)
+class Encoding:
+    """What turns a party's table into its block: the raw columns in the model's order, the categories
+    (and their training shares) of each categorical column, the standardisation of the numeric ones."""
+
+    columns: tuple[str, ...]
+    categories: Mapping[str, tuple[str, ...]]
+    shares: Mapping[str, tuple[float, ...]]
+    scaler: Standardizer | None  # the numeric columns, in column order; None when there is none
+
+    @property
+    def numeric(self) -> tuple[str, ...]:
+        return tuple(name for name in self.columns if name not in self.categories)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The encoded columns: a numeric column keeps its name, a category cell is `column=category`."""
+        out: list[str] = []
+        for name in self.columns:
+            out += [f"{name}={c}" for c in self.categories[name]] if name in self.categories else [name]
+        return tuple(out)
+
+    @property
+    def width(self) -> int:
+        return len(self.names)
+
+    def spans(self) -> list[tuple[str, int, int]]:
+        """(column, first encoded cell, end) of each raw column, in order."""
+        out, start = [], 0
+        for name in self.columns:
+            width = len(self.categories[name]) if name in self.categories else 1
+            out.append((name, start, start + width))
+            start += width
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (see `from_dict`)."""
+        return {"columns": list(self.columns),
+                "categories": {name: list(values) for name, values in self.categories.items()},
+                "shares": {name: [float(v) for v in values] for name, values in self.shares.items()},
+                "standardizer": None if self.scaler is None else self.scaler.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Encoding:
+        """The inverse of `to_dict`; a DataError names what is malformed."""
+        try:
+            columns = tuple(str(c) for c in d["columns"])
+            categories = {str(k): tuple(str(v) for v in values) for k, values in d["categories"].items()}
+            shares = {str(k): tuple(float(v) for v in values) for k, values in d["shares"].items()}
+            scaler = None if d["standardizer"] is None else Standardizer.from_dict(d["standardizer"])
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise DataError(f"encoding: not a saved encoding ({type(error).__name__}: {error})") from None
+        encoding = cls(columns, categories, shares, scaler)
+        _check(encoding)
+        return encoding
+
+
+def _check(encoding: Encoding) -> None:
+    """The parts of an encoding must agree (a hand-edited or foreign manifest is refused)."""
+    if len(set(encoding.columns)) != len(encoding.columns) or set(encoding.categories) - set(encoding.columns):
+        raise DataError("encoding: the columns must be distinct and include every categorical column")
+    for name, values in encoding.categories.items():
+        if not values or len(encoding.shares.get(name, ())) != len(values):
+            raise DataError(f"encoding: column {name!r} needs at least one category and one share per category")
+    numeric = len(encoding.numeric)
+    if (encoding.scaler.n_features if encoding.scaler is not None else 0) != numeric:
+        raise DataError(f"encoding: the standardisation must cover the {numeric} numeric columns")
+
+
+def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
+    """The encoding learned from a training table; a DataError names a column with no value at all."""
+    observed = table.observed
+    empty = np.flatnonzero(~observed.any(axis=0))
+    if empty.size:
+        raise DataError(f"{table.where}, column {table.columns[empty[0]]!r}: no cell of the column holds a "
+                        "value; remove the column or fill some of its cells")
+    categories, shares = {}, {}
+    for name in table.categorical:
+        counts = Counter(cell for cell in table.text[name] if cell is not None)
+        categories[name] = tuple(sorted(counts))
+        total = sum(counts.values())
+        shares[name] = tuple(counts[c] / total for c in categories[name])
+    numeric = [j for j, name in enumerate(table.columns) if name not in table.text]
+    scaler = _fit_numeric(table.x[:, numeric], observed[:, numeric], clip) if numeric else None
+    return Encoding(table.columns, categories, shares, scaler)
+
+
+def _fit_numeric(x: np.ndarray, observed: np.ndarray, clip: float) -> Standardizer:
+    """One standardisation over the numeric columns, each fitted on its observed cells (the columns
+    observed wherever the block is held are fitted together, in one pass)."""
+    held = observed.any(axis=1)
+    full = observed[held].all(axis=0)
+    mean, scale = np.zeros(x.shape[1]), np.zeros(x.shape[1])
+    if full.any():
+        joint = Standardizer.fit(x[held][:, full], clip=clip)
+        mean[full], scale[full] = joint.mean, joint.scale
+    for j in np.flatnonzero(~full):
+        alone = Standardizer.fit(x[observed[:, j]][:, [j]], clip=clip)
+        mean[j], scale[j] = alone.mean[0], alone.scale[0]
+    return Standardizer(mean, scale, clip)
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedBlock:
+    """A table's block under an encoding: `x` float32 (n_rows, width) finite, `observed` bool (n_rows,
+    width), `held` bool (n_rows,) (some cell observed), and per categorical column with categories the
+    encoding never saw: (cells, some of the values)."""
+
+    x: np.ndarray
+    observed: np.ndarray
+    held: np.ndarray
+    unseen: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+
+    @property
+    def unseen_cells(self) -> int:
+        return sum(count for count, _ in self.unseen.values())
+
+
+def encode(table: PartyTable, encoding: Encoding) -> EncodedBlock:
+    """`table`'s block under `encoding` (columns matched by name); a DataError names a column the table
+    lacks or a column whose kind differs from training."""
+    x = np.zeros((table.n_rows, encoding.width), dtype=np.float32)
+    observed = np.zeros((table.n_rows, encoding.width), dtype=bool)
+    unseen = {}
+    numeric_at = []
+    for name, start, stop in encoding.spans():
+        if name not in table.columns:
+            raise DataError(f"{table.where}: no column {name!r}, which the encoding needs")
+        if (name in encoding.categories) != (name in table.text):
+            kind = "categorical" if name in encoding.categories else "numeric"
+            raise DataError(f"{table.where}, column {name!r}: the column was {kind} in training")
+        if name in encoding.categories:
+            count = _one_hot(table.text[name], encoding, name, x[:, start:stop], observed[:, start:stop])
+            if count[0]:
+                unseen[name] = count
+        else:
+            numeric_at.append(start)
+    if numeric_at:
+        _standardised(table, encoding, x, observed, numeric_at)
+    return EncodedBlock(_frozen(x), _frozen(observed), _frozen(observed.any(axis=1)), unseen)
+
+
+def _one_hot(cells: tuple[str | None, ...], encoding: Encoding, name: str, x: np.ndarray,
+             observed: np.ndarray) -> tuple[int, tuple[str, ...]]:
+    """Write one column's one-hot cells into the views `x` and `observed`; (unseen cells, some values)."""
+    index = {category: i for i, category in enumerate(encoding.categories[name])}
+    codes = np.array([-2 if cell is None else index.get(cell, -1) for cell in cells], dtype=np.int64)
+    known = np.flatnonzero(codes >= 0)
+    x[known, codes[known]] = 1.0
+    observed[known] = True
+    x[codes == -2] = np.asarray(encoding.shares[name], dtype=np.float32)
+    strange = [cells[i] for i in np.flatnonzero(codes == -1)]
+    return len(strange), tuple(dict.fromkeys(strange))[:_UNSEEN_SHOWN]
+
+
+def _standardised(table: PartyTable, encoding: Encoding, x: np.ndarray, observed: np.ndarray,
+                  positions: list[int]) -> None:
+    """Write the standardised numeric cells (missing cells at the training mean, i.e. 0) into `x`."""
+    raw = table.x[:, [table.columns.index(name) for name in encoding.numeric]].astype(np.float64)
+    present = ~np.isnan(raw)
+    filled = np.where(present, raw, encoding.scaler.mean)
+    x[:, positions] = encoding.scaler.transform(filled)
+    observed[:, positions] = present
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array

@@ -1,0 +1,77 @@
+"""A party's own files, read and checked before it joins a federation (and by `federation check`): the
+table, the encoding of its block and, at the active party, the targets as the model sees them.
+
+Nothing here imports torch, so `federation check` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data.encoding import EncodedBlock, Encoding, encode, fit_encoding
+from ..data.errors import DataError
+from ..data.tables import PartyTable, encode_labels, read_party_table
+from ..data.targets import TargetScale
+from .config import Federation
+from .store import Manifest, load_manifest
+
+
+@dataclass(frozen=True, eq=False)
+class PartyInput:
+    """A party's checked files: its table, the encoding (fitted on the training table, or the saved
+    model's), the encoded block and, at the active party, the targets as the model sees them (class
+    indices, or the standardised regression target; -1 / NaN where unlabeled)."""
+
+    table: PartyTable
+    encoding: Encoding
+    block: EncodedBlock
+    manifest: Manifest | None = None  # prediction: the saved model's manifest
+    targets: np.ndarray | None = None
+    classes: tuple[str, ...] = ()
+    target_scale: TargetScale | None = None
+
+
+def _labels(fed: Federation, table: PartyTable, classes=None) -> tuple[np.ndarray, tuple[str, ...]]:
+    return encode_labels(table.labels, classes, fed.task, table.where, table.locations)
+
+
+def read_training_table(fed: Federation, name: str) -> PartyInput:
+    """Party `name`'s training table, encoded and checked before the party joins the federation."""
+    labels = fed.label_column if name == fed.active else None
+    table = read_party_table(fed.party(name).train, name, fed.id_column, labels, options=fed.read_options(name))
+    encoding = fit_encoding(table)
+    block = encode(table, encoding)
+    if name != fed.active:
+        return PartyInput(table, encoding, block)
+    raw, classes = _labels(fed, table)  # unusable labels are refused before any other party waits
+    if fed.task == "classification":
+        return PartyInput(table, encoding, block, None, raw, classes)
+    try:
+        scale = TargetScale.fit(raw)
+    except DataError as error:
+        raise DataError(f"{table.where}: {error}") from None
+    return PartyInput(table, encoding, block, None, scale.transform(raw), (), scale)
+
+
+def read_prediction_table(fed: Federation, name: str) -> PartyInput:
+    """Party `name`'s saved model and prediction table (columns matched by name), checked against each
+    other before it joins."""
+    manifest = load_manifest(fed.party(name).model_dir, name, fed.model)
+    return prediction_input(fed, name, manifest.encoding, manifest.classes, manifest)
+
+
+def prediction_input(fed: Federation, name: str, encoding: Encoding, classes: tuple[str, ...] | None,
+                     manifest: Manifest | None = None) -> PartyInput:
+    """Party `name`'s prediction table read against an encoding (the saved model's, or for `check` before
+    training the one fitted on the training table): the same columns by name, the same kinds."""
+    labels = fed.label_column if name == fed.active else None
+    options = fed.read_options(name, detect_categories=False, categorical=tuple(encoding.categories))
+    table = read_party_table(fed.party(name).predict, name, fed.id_column, labels, expected_columns=encoding.columns,
+                             label_optional=True, options=options)
+    if table.labels is not None and fed.task == "classification" and classes:
+        _labels(fed, table, classes)  # labels in a prediction table are for scoring only, but must be known ones
+    elif table.labels is not None and fed.task == "regression":
+        _labels(fed, table)
+    return PartyInput(table, encoding, encode(table, encoding), manifest)

@@ -1,0 +1,47 @@
+"""How good the joint model is: the metric on the held-out validation records at the end of training,
+overall and per number of parties observed (accuracy in % for classification, RMSE in the target's unit
+for regression, with MAE and R^2), and the `score` of a predictions file against the truth."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..data.targets import TargetScale, accuracy, regression_metrics
+
+
+def validation_table(predictions: np.ndarray, targets: np.ndarray, n_observed: np.ndarray, task: str,
+                     scale: TargetScale | None) -> dict:
+    """The metric of the validation records: `predictions` as the model gives them (probabilities, or
+    standardised values), `targets` the model's targets, `n_observed` the parties holding each record."""
+    if task == "classification":
+        predicted, truth = np.asarray(predictions).argmax(-1), np.asarray(targets)
+    else:
+        scale = scale or TargetScale(0.0, 1.0)
+        predicted, truth = scale.inverse(np.asarray(predictions).reshape(-1)), scale.inverse(targets)
+    table = {"metric": "accuracy" if task == "classification" else "rmse", "records": int(truth.size),
+             **_metric(predicted, truth, task, full=True), "by_parties_observed": {}}
+    for count in np.unique(n_observed):
+        rows = np.asarray(n_observed) == count
+        table["by_parties_observed"][str(int(count))] = {"records": int(rows.sum()),
+                                                         "value": _metric(predicted[rows], truth[rows], task)["value"]}
+    return table
+
+
+def _metric(predicted: np.ndarray, truth: np.ndarray, task: str, full: bool = False) -> dict:
+    if task == "classification":
+        return {"value": round(accuracy(predicted, truth), 4)}
+    metrics = regression_metrics(predicted, truth)
+    extra = {"mae": round(metrics["mae"], 6), "r2": round(metrics["r2"], 6)} if full else {}
+    return {"value": round(metrics["rmse"], 6), **extra}
+
+
+def validation_summary(validation: dict | None) -> str:
+    """One line for stdout: the overall metric and the metric per number of parties observed."""
+    if not validation:
+        return "validation: no labeled record held out ([federation] validation_fraction = 0, or too few labels)"
+    unit = " %" if validation["metric"] == "accuracy" else ""
+    groups = ", ".join(f"{k} {'party' if k == '1' else 'parties'}: {v['value']:.4g}{unit} ({v['records']})"
+                       for k, v in validation["by_parties_observed"].items())
+    extra = f", MAE {validation['mae']:.4g}, R^2 {validation['r2']:.3f}" if "mae" in validation else ""
+    return (f"validation ({validation['records']} held-out labeled records): {validation['metric']} "
+            f"{validation['value']:.4g}{unit}{extra}; by parties observed: {groups}")

@@ -1,0 +1,199 @@
+"""A party's block as the model sees it (data/encoding.py), the ID rule (data/ids.py) and the regression
+target scale and metrics (data/targets.py), checked against plain numpy references and closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from falsevfl_secure.data import DataError
+from falsevfl_secure.data.encoding import Encoding, encode, fit_encoding
+from falsevfl_secure.data.ids import IdRule
+from falsevfl_secure.data.tables import PartyTable, ReadOptions, read_party_table
+from falsevfl_secure.data.targets import TargetScale, accuracy, regression_metrics
+
+
+def table_of(x: np.ndarray, text: dict | None = None, columns: tuple[str, ...] | None = None) -> PartyTable:
+    """A table in memory: numeric cells `x` (NaN = missing) and categorical columns `text` appended."""
+    from pathlib import Path
+
+    text = text or {}
+    n = x.shape[0]
+    names = columns or tuple(f"c{j}" for j in range(x.shape[1])) + tuple(text)
+    full = np.concatenate([x, np.full((n, len(text)), np.nan)], axis=1).astype(np.float32)
+    table = PartyTable("bank", Path("/x/t.csv"), tuple(f"r{i}" for i in range(n)), names, full,
+                       np.zeros(0, dtype=bool), None, tuple(f"line {i + 2}" for i in range(n)),
+                       {k: tuple(v) for k, v in text.items()}, tuple(f"r{i}" for i in range(n)))
+    object.__setattr__(table, "held", table.observed.any(axis=1))
+    return table
+
+
+def test_numeric_columns_are_standardised_on_their_observed_cells_only():
+    rng = np.random.default_rng(0)
+    x = rng.normal([5.0, -2.0], [2.0, 0.5], size=(300, 2))
+    x[rng.random(x.shape) < 0.3] = np.nan
+    encoding = fit_encoding(table_of(x))
+    for j in range(2):  # reference: numpy over the observed cells (the range floor does not bite on normal data)
+        cells = x[~np.isnan(x[:, j]), j]
+        assert encoding.scaler.mean[j] == pytest.approx(cells.mean(), rel=1e-6)
+        assert encoding.scaler.scale[j] == pytest.approx(cells.std(), rel=1e-5)
+    block = encode(table_of(x), encoding)
+    present = ~np.isnan(x)
+    assert np.array_equal(block.observed, present)
+    assert np.all(block.x[~present] == 0.0)  # a missing cell sits at the column's mean
+    expected = (x - encoding.scaler.mean) / encoding.scaler.scale
+    np.testing.assert_allclose(block.x[present], expected[present], rtol=1e-5, atol=1e-5)
+
+
+def test_categorical_columns_are_one_hot_with_shares_and_unseen_categories_counted():
+    x = np.array([[1.0], [2.0], [np.nan], [4.0]])
+    training = table_of(x, {"smoker": ["yes", "no", "yes", None]})
+    encoding = fit_encoding(training)
+    assert encoding.names == ("c0", "smoker=no", "smoker=yes") and encoding.width == 3
+    assert encoding.categories["smoker"] == ("no", "yes") and encoding.shares["smoker"] == (1 / 3, 2 / 3)
+    block = encode(training, encoding)
+    assert block.x[:, 1:].tolist() == [[0, 1], [1, 0], [0, 1], [pytest.approx(1 / 3), pytest.approx(2 / 3)]]
+    assert block.observed[:, 1:].tolist() == [[True, True], [True, True], [True, True], [False, False]]
+    assert block.held.tolist() == [True, True, True, True] and block.unseen == {}
+    later = table_of(np.array([[1.0], [np.nan], [3.0]]), {"smoker": ["maybe", "maybe", "no"]})
+    block = encode(later, encoding)
+    assert block.x[:, 1:].tolist() == [[0, 0], [0, 0], [1, 0]]
+    assert block.observed[:, 1:].tolist() == [[False, False], [False, False], [True, True]]
+    assert block.held.tolist() == [True, False, True]  # its only present cell was a category never seen
+    assert block.unseen == {"smoker": (2, ("maybe",))} and block.unseen_cells == 2
+
+
+def test_encoding_matches_columns_by_name_and_refuses_another_kind():
+    training = table_of(np.array([[1.0, 2.0], [3.0, 5.0]]), columns=("a", "b"))
+    encoding = fit_encoding(training)
+    swapped = table_of(np.array([[5.0, 3.0]]), columns=("b", "a"))
+    assert encode(swapped, encoding).x.tolist() == encode(table_of(np.array([[3.0, 5.0]]), columns=("a", "b")),
+                                                          encoding).x.tolist()
+    with pytest.raises(DataError, match="column 'b': the column was numeric in training"):
+        encode(table_of(np.array([[1.0]]), {"b": ["x"]}, columns=("a", "b")), encoding)
+
+
+def test_a_column_without_any_value_is_refused(refused):
+    with pytest.raises(DataError, match="column 'c1': no cell of the column holds a value"):
+        fit_encoding(table_of(np.array([[1.0, np.nan], [2.0, np.nan]])))
+    refused("encoding")
+
+
+def test_encoding_round_trips_through_its_dict_and_refuses_a_foreign_one(refused):
+    encoding = fit_encoding(table_of(np.array([[1.0], [3.0]]), {"city": ["a", "b"]}))
+    again = Encoding.from_dict(encoding.to_dict())
+    assert again.names == encoding.names and again.shares == encoding.shares
+    assert again.scaler.mean.tolist() == encoding.scaler.mean.tolist()
+    for broken in ({**encoding.to_dict(), "shares": {"city": [1.0]}}, {**encoding.to_dict(), "standardizer": None},
+                   {"columns": "x"}, {**encoding.to_dict(), "categories": {"nowhere": ["a"]}}):
+        with pytest.raises(DataError):
+            Encoding.from_dict(broken)
+        refused("encoding")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 30), st.integers(1, 4), st.lists(st.sampled_from(["a", "b", "c", None]), min_size=30,
+                                                        max_size=30), st.integers(0, 2**31))
+def test_encoded_blocks_are_finite_and_their_mask_expands_the_cells(n, d, categories, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)) * rng.choice([1e-3, 1.0, 1e4], size=d)
+    x[rng.random(x.shape) < 0.3] = np.nan
+    x[0] = 1.0  # every column holds a value
+    cells = categories[:n]
+    cells[0] = "a"
+    table = table_of(x, {"k": cells})
+    encoding = fit_encoding(table)
+    block = encode(table, encoding)
+    k = len(encoding.categories["k"])
+    assert block.x.shape == block.observed.shape == (n, d + k) and np.isfinite(block.x).all()
+    assert np.array_equal(block.observed[:, :d], ~np.isnan(x))
+    assert np.array_equal(block.observed[:, d:], np.repeat([[c is not None] for c in cells], k, axis=1))
+    assert np.array_equal(block.held, table.held)
+    assert np.abs(block.x[:, :d]).max() <= encoding.scaler.clip
+
+
+# ---------------------------------------------------------------------------------------------- IDs
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 10**9), st.integers(0, 6), st.sampled_from(["", "MRN-", "mrn-", "ID "]))
+def test_one_record_written_in_different_ways_gets_one_key(number, zeros, prefix):
+    rule = IdRule(strip_leading_zeros=True, pattern=r"0*(\d+)$")
+    written = f" {prefix}{'0' * zeros}{number} "
+    assert rule.key(written) == str(number)
+    assert IdRule(strip_leading_zeros=True).key("0" * zeros + str(number)) == str(number)
+
+
+def test_id_rule_steps_and_refusals(refused):
+    assert IdRule().key("  AB-007 ") == "AB-007" and IdRule().is_plain
+    assert IdRule(fold_case=True).key("AB-007") == "ab-007"
+    assert IdRule(strip_leading_zeros=True).key("000") == "0"
+    assert IdRule(pattern="MRN-(.*)").key("MRN-x1") == "x1" and IdRule(pattern="[0-9]+").key("a12b") == "12"
+    for rule, text, message in ((IdRule(pattern=r"\d+"), "abc", "does not match id_pattern"),
+                                (IdRule(pattern=r"x(\d*)"), "x", "normalises to an empty key")):
+        with pytest.raises(DataError, match=message):
+            rule.key(text)
+        refused("id rule")
+    with pytest.raises(DataError, match="is not a regular expression"):
+        IdRule(pattern="(")
+    refused("id rule")
+
+
+def test_tables_written_with_differently_formatted_ids_meet_under_the_rule(tmp_path):
+    # Issue 22, problem 4: 0004217 / 4217 / MRN-004217 at three parties gave an empty overlap.
+    rule = ReadOptions(id_rule=IdRule(pattern=r"0*(\d+)$"))
+    keys = []
+    for k, ids in enumerate((["0004217", "0004218"], ["4217", "4219"], ["MRN-004217", "MRN-004218"])):
+        path = tmp_path / f"p{k}.csv"
+        path.write_text("id,a\n" + "".join(f"{i},1\n" for i in ids))
+        plain, normalised = read_party_table(path, f"p{k}", "id"), read_party_table(path, f"p{k}", "id", options=rule)
+        keys.append((set(plain.ids), set(normalised.ids)))
+    assert not (keys[0][0] & keys[1][0]) and not (keys[0][0] & keys[2][0])
+    assert keys[0][1] & keys[1][1] & keys[2][1] == {"4217"} and keys[0][1] & keys[2][1] == {"4217", "4218"}
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.floats(-1e6, 1e6)), min_size=1, max_size=40))
+def test_target_scale_standardises_the_labeled_values_and_inverts(values):
+    y = np.array([np.nan if v is None else v for v in values])
+    if np.isnan(y).all():
+        with pytest.raises(DataError, match="at least one labeled row"):
+            TargetScale.fit(y)
+        return
+    scale = TargetScale.fit(y)
+    labeled = y[~np.isnan(y)]
+    assert scale.mean == pytest.approx(labeled.mean(), abs=1e-6)
+    z = scale.transform(y)
+    assert np.array_equal(np.isnan(z), np.isnan(y))
+    if labeled.std() > 1e-6 * max(1.0, np.abs(labeled).max()):
+        assert z[~np.isnan(z)].mean() == pytest.approx(0.0, abs=1e-6)
+        assert z[~np.isnan(z)].std() == pytest.approx(1.0, rel=1e-6)
+    np.testing.assert_allclose(scale.inverse(z)[~np.isnan(y)], labeled, rtol=1e-9, atol=1e-6)
+    assert TargetScale.from_dict(scale.to_dict()) == scale
+
+
+def test_a_constant_target_keeps_scale_one_and_bad_scales_are_refused(refused):
+    assert TargetScale.fit(np.array([3.0, 3.0, np.nan])) == TargetScale(3.0, 1.0)
+    for bad in ({"mean": 0.0, "std": 0.0}, {"mean": "x", "std": 1.0}, {"std": 1.0}):
+        with pytest.raises(DataError):
+            TargetScale.from_dict(bad)
+        refused("target scale")
+
+
+def test_regression_metrics_against_closed_forms():
+    truth = np.array([1.0, 2.0, 3.0, 4.0])
+    assert regression_metrics(truth, truth) == {"rmse": 0.0, "mae": 0.0, "r2": 1.0}
+    mean = regression_metrics(np.full(4, 2.5), truth)
+    assert mean["r2"] == pytest.approx(0.0) and mean["mae"] == pytest.approx(1.0)
+    assert mean["rmse"] == pytest.approx(math.sqrt(1.25))
+    shifted = regression_metrics(truth + 2.0, truth)
+    assert shifted["rmse"] == pytest.approx(2.0) and shifted["r2"] == pytest.approx(1 - 16 / 5)
+    assert math.isnan(regression_metrics(np.array([1.0, 2.0]), np.array([3.0, 3.0]))["r2"])
+    assert accuracy(np.array(["a", "b", "b"]), np.array(["a", "b", "a"])) == pytest.approx(200 / 3)

@@ -1,0 +1,411 @@
+"""The federation's file side on tables no demo wrote (scikit-learn's breast cancer, wine and diabetes split
+across parties with string IDs, shuffled rows, partly overlapping ID sets and messy cells): the federation
+file's keys and their refusals, `federation check` (also run by `train` and `predict` before anything
+starts), the alignment's overlap counts, validation hold-out and announcement, the predictions file and
+`score`. Nothing here starts a federation (tests/test_real_tables_e2e.py does)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import time
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from falsevfl_secure.errors import InputError
+from falsevfl_secure.federation import aligned as aligned_module
+from falsevfl_secure.federation.__main__ import main
+from falsevfl_secure.federation.config import (
+    AGGREGATOR_KEYS,
+    FEDERATION_KEYS,
+    MODEL_KEYS,
+    PARTY_KEYS,
+    STAGE_KEYS,
+    load_federation,
+    preset_names,
+)
+from falsevfl_secure.federation.inputs import read_training_table
+from falsevfl_secure.federation.tables_demo import MIXED_PATTERN, Spec, write_federation
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "federation-toml.md"
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+# ---------------------------------------------------------------------------------------------- the file
+
+
+def test_every_key_is_documented_and_the_documented_example_loads(tmp_path):
+    # Issue 22, problem 5: the format was documented nowhere a user looks.
+    text = DOCS.read_text()
+    for key in (*FEDERATION_KEYS, *PARTY_KEYS, *AGGREGATOR_KEYS, *MODEL_KEYS, *STAGE_KEYS):
+        assert re.search(rf"^\| `{key}` \|", text, re.MULTILINE), f"{key} has no row in {DOCS.name}"
+    for name in preset_names():
+        assert f"`{name}`" in text, name
+    example = text.split("## A complete example", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "federation.toml").write_text(example)
+    fed = load_federation(tmp_path / "federation.toml")
+    assert fed.id_rule.key("MRN-004217") == "4217" and fed.party("clinic").categorical == ("smoker",)
+    assert fed.missing_values == ("NA", "nan", "null", "?") and fed.model.train.epochs == 40
+
+
+@pytest.mark.parametrize(("where", "old", "new", "fragments"), [
+    ("federation", "rendezvous", "min_overlab = 0.1\nrendezvous", ["[federation]", "'min_overlab' (did you mean "
+                                                                   "'min_overlap'?)", "active, allow_two_party"]),
+    ("party", 'model = "lab/model"', 'model = "lab/model"\ncategorial = ["x"]',
+     ["[[party]] #2", "'categorial' (did you mean 'categorical'?)", "categorical, identity, key, model, name"]),
+    ("model", "[model]\n", "[model]\nkapa = 3\n", ["[model]", "'kapa' (did you mean 'kappa'?)", "eval_batch_size"]),
+    ("stage", "[model]\n", "[model.train]\nepoch = 3\n[model]\n", ["[model.train]", "'epoch' (did you mean 'epochs'?)",
+                                                                "batch_size, epochs, lr, weight_decay"]),
+    ("aggregator", "[aggregator]\n", "[aggregator]\nadress = '10.0.0.9:29612'\n",
+     ["[aggregator]", "'adress' (did you mean 'address'?)", "are address, identity, key "]),
+    ("section", "[model]\n", "[modle]\nx = 1\n[model]\n", ["unknown section 'modle' (did you mean 'model'?)"]),
+    ("preset", 'preset = "quick"', 'preset = "quik"', ["preset = 'quik' is not a preset (did you mean 'quick'?)",
+                                                       "quick, default, paper, digits"]),
+    ("simulate only", "[model]\n", "[model]\nn_labeled = 30\n", ["'n_labeled'"]),
+    ("missing values", "rendezvous", 'missing_values = "NA"\nrendezvous', ["missing_values = 'NA' must be a list"]),
+    ("pattern", "rendezvous", 'id_pattern = "("\nrendezvous', ["id_pattern '(' is not a regular expression"]),
+    ("overlap", "rendezvous", "min_overlap = 2\nrendezvous", ["min_overlap = 2 must be a number in [0, 1]"]),
+    ("validation", "rendezvous", "validation_fraction = 0.9\nrendezvous",
+     ["validation_fraction = 0.9 must be a number in [0, 0.5]"]),
+    ("categorical", 'model = "lab/model"', 'model = "lab/model"\ncategorical = "x"',
+     ["categorical = 'x' must be a list of distinct column names"]),
+])
+def test_mistakes_in_the_file_are_refused_with_the_valid_keys(tmp_path, refused, where, old, new, fragments):
+    written = write_federation(tmp_path, Spec())
+    edit(written.path, old, new)
+    with pytest.raises(InputError) as info:
+        load_federation(written.path)
+    message = str(info.value)
+    assert message.startswith(str(written.path))
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    refused("federation file")
+
+
+@pytest.mark.parametrize(("preset", "dataset", "epochs"), [("quick", "digits", 40), ("default", "digits", 150),
+                                                           ("paper", "digits", 150), ("isolet:quick", "isolet", 30),
+                                                           ("hapt", "hapt", 500)])
+def test_documented_preset_names_load(tmp_path, preset, dataset, epochs):
+    # Issue 22, problem 5: `preset = "quick"` failed with "unknown dataset".
+    written = write_federation(tmp_path, Spec(model=f'preset = "{preset}"\n'))
+    cfg = load_federation(written.path).model
+    assert cfg.dataset == dataset and cfg.pretrain.epochs == epochs and cfg.parties == 3
+
+
+# ---------------------------------------------------------------------------------------------- check
+
+
+def test_check_reads_messy_sklearn_tables_in_about_a_second(tmp_path):
+    written = write_federation(tmp_path, Spec(dataset="wine", missing=0.15, categorical=True, ids="mixed",
+                                              extra={"id_pattern": MIXED_PATTERN}))
+    started = time.perf_counter()
+    code, out, err = cli("check", "--config", str(written.path))
+    seconds = time.perf_counter() - started
+    assert code == 0, err
+    assert seconds < 5.0, seconds  # a generous bound on a loaded 2-core machine (the import of torch dominates)
+    assert "party 'clinic' (active)" in out and "1 categorical (smoker: 2 categories)" in out
+    assert "region: 3 categories" in out and "'MRN-00" in out and "-> '4" in out
+    assert re.search(r"\d+ labeled \('class_0': \d+, 'class_1': \d+, 'class_2': \d+\)", out)
+    assert "checked the files of 3 parties" in out
+
+
+def test_check_of_one_party_names_the_bad_cell_without_starting_anything(tmp_path, refused):
+    written = write_federation(tmp_path, Spec(messy=False))
+    edit(tmp_path / "lab" / "train.csv", "\n", "\nR99999," + ",".join(["1"] * (len(written.columns["lab"]) - 1))
+         + ",abc\n")
+    code, out, err = cli("check", "--config", str(written.path), "--party", "lab")
+    assert code == 2 and "Traceback" not in err
+    assert re.search(r"^error: party 'lab', file .*lab/train.csv, line 2, column '[a-z_]+': the column mixes numbers "
+                     r"and text: 'abc' \(line 2\) is not a number", err, re.MULTILINE), err
+    assert "clinic" not in out + err
+    refused("federation check")
+
+
+def test_train_and_predict_check_every_table_before_launching(tmp_path, refused):
+    # Issue 22, problems 7 and 8: table problems surfaced after every party process started (11 to 45 s),
+    # and the launcher cut the message at 300 characters.
+    written = write_federation(tmp_path, Spec(messy=False))
+    table = tmp_path / "insurer" / "train.csv"
+    table.write_text(table.read_text().replace(",", ";"))
+    started = time.perf_counter()
+    code, _, err = cli("train", "--config", str(written.path), "--quiet")
+    assert code == 2 and time.perf_counter() - started < 5.0
+    assert not (tmp_path / "logs").exists()  # nothing was launched
+    line = next(line for line in err.splitlines() if "insurer" in line)
+    assert "no ID column 'patient_id'; the header looks separated by semicolons" in line
+    assert line.endswith("')") and len(line) > 300  # the whole message, up to the columns found
+    assert "error: train: the files of insurer need fixing" in err
+    code, _, err = cli("predict", "--config", str(written.path), "--out", str(tmp_path / "p.csv"), "--quiet")
+    assert code == 2 and "no trained model" in err and not (tmp_path / "logs").exists()
+    refused("federation check")
+
+
+def _saved_model(tmp_path: Path, written, name: str) -> None:
+    """The manifest `train` would save for party `name` (the encoding fitted on its training table)."""
+    from falsevfl_secure.federation.store import Manifest
+    from falsevfl_secure.fsio import write_json
+
+    fed = load_federation(written.path)
+    inputs = read_training_table(fed, name)
+    manifest = Manifest(name, inputs.encoding, fed.model.fingerprint(), fed.model.training_settings(), "plain",
+                        inputs.classes or None, inputs.target_scale)
+    write_json(fed.party(name).model_dir / "manifest.json", manifest.to_dict())
+
+
+def test_prediction_tables_are_checked_against_the_saved_model_by_name(tmp_path, refused):
+    written = write_federation(tmp_path, Spec(categorical=True, messy=False))
+    _saved_model(tmp_path, written, "clinic")
+    predict = tmp_path / "clinic" / "predict.csv"
+    lines = predict.read_text().splitlines()
+    header = lines[0].split(",")
+    order = [header.index("smoker"), *[i for i in range(len(header)) if header[i] != "smoker"]]
+    body = [",".join(r.split(",")[i] for i in order) for r in lines[1:]]
+    body = [re.sub(r"^(no|yes),", "maybe,", row, count=1) if k % 10 == 0 else row for k, row in enumerate(body)]
+    predict.write_text("\n".join([",".join(header[i] for i in order), *body]) + "\n")
+    code, out, err = cli("check", "--config", str(written.path), "--party", "clinic")
+    assert code == 0, err
+    unseen = sum(1 for k in range(len(body)) if k % 10 == 0)
+    assert "columns match the saved model by name" in out
+    note = f"  note: {unseen} cells hold categories unseen in training, encoded as missing: smoker: {unseen} ('maybe')"
+    assert note in out
+    predict.write_text(predict.read_text().replace("smoker,", "smokes,", 1))
+    code, _, err = cli("check", "--config", str(written.path), "--party", "clinic")
+    assert code == 2 and "missing 'smoker'; extra 'smokes'" in err, err
+    refused("federation check")
+
+
+# ---------------------------------------------------------------------------------------------- alignment
+
+
+def _align_party(role, inputs: list, restrict: bool, policy) -> dict:
+    """One party process: align_table over the run's links; the result as plain values."""
+    i = inputs[role.rank]
+    labeled = np.flatnonzero(aligned_module.is_labeled(i.targets)) if i.targets is not None else None
+    result = aligned_module.align_table(role, i.table.ids, i.block.held, labeled, restrict, policy)
+    o = result.overlap
+    return {"n": result.n, "positions": result.positions, "labeled": result.labeled,
+            "validation": result.validation, "short": [[s.rank, s.overlap, s.base] for s in result.short],
+            "overlap": [o.listed, o.shared, o.with_active], "holders": result.holders, "dropped": result.dropped}
+
+
+def _align_all(monkeypatch, fed, inputs: dict, restrict: bool = False, policy=None) -> list:
+    """align_table at every party at once: one real party process each, over the pinned links."""
+    from falsevfl_secure.runtime.world import run_world
+
+    names, active = fed.names, fed.names.index(fed.active)
+    policy = policy or aligned_module.Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed)
+    out = run_world("plain", len(names), _align_party, ([inputs[n] for n in names], restrict, policy),
+                    timeout_s=120, active_index=active)
+    return [SimpleNamespace(n=r["n"], positions=r["positions"], labeled=r["labeled"], validation=r["validation"],
+                            short=tuple(aligned_module.Shortfall(*s) for s in r["short"]),
+                            overlap=aligned_module.Overlap(*r["overlap"]), holders=r["holders"], dropped=r["dropped"])
+            for r in out]
+
+
+def test_alignment_counts_each_partys_shared_records_and_holds_out_validation(tmp_path, monkeypatch):
+    written = write_federation(tmp_path, Spec(missing=0.1, categorical=True))
+    fed = load_federation(written.path)
+    inputs = {name: read_training_table(fed, name) for name in fed.names}
+    results = _align_all(monkeypatch, fed, inputs)
+    rows = {name: set(r.tolist()) for name, r in written.train_rows.items()}  # independent truth: record numbers
+    for k, name in enumerate(fed.names):
+        others = set().union(*(rows[m] for m in fed.names if m != name))
+        overlap = results[k].overlap
+        assert (overlap.listed, overlap.shared, overlap.with_active) == (
+            len(rows[name]), len(rows[name] & others), len(rows[name] & rows["clinic"]))
+    active = results[0]
+    labeled = int(np.sum(aligned_module.is_labeled(inputs["clinic"].targets)))
+    assert active.validation.size == round(0.1 * labeled) and active.labeled.size == labeled - active.validation.size
+    assert not np.intersect1d(active.labeled, active.validation).size and active.short == ()
+    for result in results[1:]:  # every party learns the same public positions
+        assert np.array_equal(result.labeled, active.labeled) and np.array_equal(result.validation, active.validation)
+    again = _align_all(monkeypatch, fed, inputs)[0]
+    assert not np.array_equal(again.positions, active.positions)  # each alignment has its own random order ...
+
+    def held_out(result):
+        return np.flatnonzero(np.isin(result.positions, result.validation))
+
+    assert np.array_equal(held_out(again), held_out(active))  # ... but holds out the same records
+
+
+def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_path, monkeypatch, refused):
+    # Issue 22, problem 4: IDs written differently gave a federation that silently did nothing.
+    from falsevfl_secure.federation.party import _stop_when_short
+
+    written = write_federation(tmp_path, Spec(ids="mixed", parties=3))
+    fed = load_federation(written.path)
+    inputs = {name: read_training_table(fed, name) for name in fed.names}
+    results = _align_all(monkeypatch, fed, inputs)
+    messages = set()
+    for result in results:
+        assert [s.rank for s in result.short] == [1, 2] and all(s.overlap == 0 for s in result.short)
+        with pytest.raises(InputError) as info:
+            _stop_when_short(fed, result, fed.names)
+        messages.add(str(info.value))
+    (message,) = messages
+    assert message.startswith("training stopped: party 'lab' and the active party 'clinic' both list 0 records")
+    assert "min_overlap = 1 %" in message and "id_pattern" in message
+    refused("federation alignment")
+    fixed = write_federation(tmp_path / "fixed", Spec(ids="mixed", extra={"id_pattern": MIXED_PATTERN}))
+    fed = load_federation(fixed.path)
+    inputs = {name: read_training_table(fed, name) for name in fed.names}
+    assert all(r.short == () for r in _align_all(monkeypatch, fed, inputs))
+
+
+def test_a_hostile_row_announcement_is_refused(tmp_path):
+    import pickle
+
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.secure.errors import SecureMessageError
+
+    def announcement(kept, labeled, validation=(), counts=(3, 2), short=()) -> bytes:
+        return frames.encode(frames.Kind.DATA, [np.asarray(v, "<i8").reshape(-1).tobytes()
+                                                for v in (kept, labeled, validation, counts, short)])
+
+    kept, labeled, validation, counts, short = aligned_module.check_announcement(
+        announcement([0, 2, 5], [2], [5], (3, 1), [[2, 0, 4]]), 0, 6, 4, 3)
+    assert (kept.tolist(), labeled.tolist(), validation.tolist(), counts.tolist()) == ([0, 2, 5], [2], [5], [3, 1])
+    assert short == (aligned_module.Shortfall(2, 0, 4),)
+
+    class Armed:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "marker"), "w"))
+
+    hostile = [announcement([0, 6], []), announcement([-1, 2], []), announcement([2, 1], []),
+               announcement([0, 0], []), announcement([0, 2], [1]), announcement([0, 2], [0, 0]),
+               announcement([0, 2], [0], [0]), announcement([0, 2], [], [1]), announcement([0, 2], [], [], (5, 1)),
+               announcement([0, 2], [], [], (1,)), announcement([0, 2], [], [], (1, -1)),
+               announcement([0, 2], [], [], (1, 1), [[0, 0, 4]]), announcement([0, 2], [], [], (1, 1), [[3, 0, 4]]),
+               announcement([0, 2], [], [], (1, 1), [[1, 5, 4]]), announcement([0, 2], [], [], (1, 1), [1, 2]),
+               frames.encode(frames.Kind.DATA, [b"\0" * 8, b"", b""]),
+               frames.encode(frames.Kind.DATA, [b"\0" * 7, b"", b"", b"", b""]), pickle.dumps(Armed())]
+    for frame in hostile:
+        with pytest.raises(SecureMessageError):
+            aligned_module.check_announcement(frame, 0, 6, 4, 3)
+    assert not (tmp_path / "marker").exists()
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+def test_predictions_name_the_holders_and_regression_comes_back_in_the_label_unit(tmp_path, monkeypatch):
+    # Issue 22, problems 1 and 11: regression predictions came out near 4 for labels near 160; nobody
+    # could tell which parties held a record.
+    from falsevfl_secure.federation.inputs import read_prediction_table
+    from falsevfl_secure.federation.party import predictions_csv
+
+    written = write_federation(tmp_path, Spec(dataset="diabetes"))
+    fed = load_federation(written.path)
+    training = read_training_table(fed, "clinic")
+    labels = np.array([float(v) for v in training.table.labels if v is not None])
+    scale = training.target_scale
+    assert scale.mean == pytest.approx(labels.mean()) and scale.std == pytest.approx(labels.std())
+    z = training.targets[~np.isnan(training.targets)]
+    assert abs(z.mean()) < 1e-9 and z.std() == pytest.approx(1.0)
+    for name in fed.names:
+        _saved_model(tmp_path, written, name)
+    inputs = {name: read_prediction_table(fed, name) for name in fed.names}
+    results = _align_all(monkeypatch, fed, inputs, restrict=True, policy=aligned_module.Policy())
+    active = results[0]
+    standardised = np.linspace(-1.0, 1.0, active.n)
+    rows = list(csv_rows(predictions_csv(inputs["clinic"].table, active, standardised, inputs["clinic"].manifest,
+                                         fed.names)))
+    assert list(rows[0]) == ["id", "prediction", "parties_observed", "parties"]
+    position = dict(zip(inputs["clinic"].table.raw_ids, active.positions.tolist(), strict=True))
+    holders = {name: set(inputs[name].table.ids) for name in fed.names}
+    for row in rows:
+        key = row["id"]
+        expected = [name for name in fed.names if key in holders[name]]
+        assert row["parties"].split(";") == expected and int(row["parties_observed"]) == len(expected)
+        assert float(row["prediction"]) == pytest.approx(standardised[position[key]] * scale.std + scale.mean,
+                                                         rel=1e-5)
+    assert set(written.truth) == {row["id"] for row in rows}
+    in_order = aligned_module.ids_in_order(inputs["clinic"].table.ids, active)
+    assert sorted(in_order) == sorted(inputs["clinic"].table.ids)  # the active party lists every record
+    passive = aligned_module.ids_in_order(inputs["lab"].table.ids, results[1])
+    assert all(key is None or key == in_order[p] for p, key in enumerate(passive))
+    assert sum(key is not None for key in passive) == len(inputs["lab"].table.ids)
+
+
+def csv_rows(text: str):
+    import csv
+
+    return csv.DictReader(io.StringIO(text))
+
+
+def test_score_reports_rmse_mae_and_r2_for_a_regression_file(tmp_path):
+    # Issue 22, problem 1: `score` printed "accuracy 0.00 %" for a regression file.
+    (tmp_path / "truth.csv").write_text("\ufeffpatient_id,y\r\nA,1\r\nB,2\r\nC,3\r\nD,4\r\nE,5\r\n")
+    (tmp_path / "p.csv").write_text("id,prediction,parties_observed,parties\nA,2,2,x;y\nB,2,2,x;y\nC,3,1,x\n"
+                                    "D,6,1,x\nE,,0,\n")
+    code, out, err = cli("score", "--predictions", str(tmp_path / "p.csv"), "--truth", str(tmp_path / "truth.csv"),
+                         "--id-column", "patient_id", "--label-column", "y")
+    assert code == 0, err
+    # closed form on A..D: errors 1, 0, 0, 2 -> RMSE sqrt(5/4), MAE 3/4, R^2 = 1 - 5 / 5
+    assert out.splitlines()[0] == "RMSE 1.118, MAE 0.75, R^2 0.000 on 4 records (1 held by no present party)"
+    assert out.splitlines()[1] == "by parties observed: 1: RMSE 1.414 (2), 2: RMSE 0.7071 (2)"
+    (tmp_path / "c.csv").write_text("id,prediction,parties_observed,parties,p_1,p_2\nA,1,1,x,1,0\nB,1,1,x,1,0\n"
+                                    "C,3,1,x,0,1\nD,4,1,x,0,1\nE,5,1,x,0,1\n")
+    code, out, _ = cli("score", "--predictions", str(tmp_path / "c.csv"), "--truth", str(tmp_path / "truth.csv"),
+                       "--id-column", "patient_id", "--label-column", "y")
+    assert code == 0 and out.startswith("accuracy 80.00 % on 5 records")
+
+
+def test_validation_metric_per_parties_observed_against_hand_counts():
+    # Issue 22, problem 10: nothing reported the joint model's quality.
+    from falsevfl_secure.data.targets import TargetScale
+    from falsevfl_secure.federation.quality import validation_summary, validation_table
+
+    p = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7], [0.5, 0.45]])
+    table = validation_table(p, np.array([0, 1, 1, 1, 0]), np.array([1, 2, 2, 3, 3]), "classification", None)
+    assert table["metric"] == "accuracy" and table["value"] == 80.0 and table["records"] == 5
+    assert table["by_parties_observed"] == {"1": {"records": 1, "value": 100.0}, "2": {"records": 2, "value": 50.0},
+                                            "3": {"records": 2, "value": 100.0}}
+    line = validation_summary(table)
+    assert line.startswith("validation (5 held-out labeled records): accuracy 80 %") and "2 parties: 50 % (2)" in line
+    scale = TargetScale(100.0, 10.0)
+    table = validation_table(np.array([0.0, 1.0, -1.0]), np.array([0.0, 0.5, -1.0]), np.array([2, 2, 1]),
+                             "regression", scale)
+    assert table["metric"] == "rmse" and table["value"] == pytest.approx(np.sqrt(25 / 3))  # errors 0, 5, 0 units
+    assert table["mae"] == pytest.approx(5 / 3) and table["by_parties_observed"]["1"]["value"] == 0.0
+    json.dumps(table)  # it goes into train_result.json
+
+
+def test_federation_file_of_the_sklearn_helper_is_valid_toml(tmp_path):
+    written = write_federation(tmp_path, Spec(extra={"missing_values": ["NA", "?"], "id_fold_case": True}))
+    assert tomllib.loads(written.path.read_text())["federation"]["missing_values"] == ["NA", "?"]
+    assert load_federation(written.path).id_rule.fold_case
+
+
+def test_the_tables_demo_writes_messy_tables_that_check_accepts(tmp_path):
+    code, out, err = cli("demo", "--dataset", "diabetes", "--parties", "4", "--missing", "0.1", "--categorical",
+                         "--mixed-ids", "--preset", "quick", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "pharmacy" in out and (tmp_path / "pharmacy" / "predict.csv").exists()
+    text = (tmp_path / "federation.toml").read_text()
+    assert 'task = "regression"' in text and "validation_fraction = 0.1" in text and "# id_pattern = " in text
+    raw = (tmp_path / "clinic" / "train.csv").read_bytes()
+    assert raw.startswith("\ufeff".encode()) and b"\r\n" in raw
+    code, out, err = cli("check", "--config", str(tmp_path / "federation.toml"))
+    assert code == 0, err
+    assert "smoker: 2 categories" in out and "region: 2 categories" in out and "'mrn-00" in out
+    code, _, err = cli("demo", "--dataset", "wine", "--parties", "5", "--out", str(tmp_path / "five"))
+    assert code == 2 and "at most 4 parties" in err

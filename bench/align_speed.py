@@ -1,4 +1,5 @@
-"""Speed of the private record alignment (falsevfl_secure/secure/align.py): K real processes over gloo.
+"""Speed of the private record alignment (falsevfl_secure/secure/align.py): K real processes over the pinned
+gRPC links (frames between passive parties relayed by the active party and sealed, as in a federation).
 
     python bench/align_speed.py [--parties 4] [--ids 100000] [--overlap 0.5] [--active K-1] [--threads 1] --out DIR
         [--readme README.md]
@@ -21,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue
-import socket
 import sys
 import time
 from pathlib import Path
@@ -40,78 +38,35 @@ def party_ids(rank: int, n: int, overlap: float) -> list[str]:
     return [f"shared-{i:010d}" for i in range(shared)] + [f"party{rank}-{i:010d}" for i in range(n - shared)]
 
 
-def party(rank: int, size: int, port: int, n: int, overlap: float, active: int, threads: int, results) -> None:
-    """One party process: align once, report its timings (or its error) on `results`."""
-    try:
-        results.put((rank, _timed_alignment(rank, size, port, n, overlap, active, threads)))
-    except BaseException as exc:  # noqa: BLE001 - the launcher reports it in one line
-        results.put((rank, {"error": f"{type(exc).__name__}: {exc}"}))
-
-
-def _timed_alignment(rank: int, size: int, port: int, n: int, overlap: float, active: int, threads: int) -> dict:
-    import datetime
-
+def timed_alignment(role, n: int, overlap: float, threads: int) -> dict:
+    """One party process: align once over the run's links (the same pinned, sealed links as a federation),
+    timed from a barrier; its own report."""
     import torch
-    import torch.distributed as dist
 
+    from falsevfl_secure.runtime.session import barrier
     from falsevfl_secure.secure.align import align
     from falsevfl_secure.secure.ristretto import sodium_version
-    from falsevfl_secure.transport.channel import GlooChannel
 
     torch.set_num_threads(1)
+    rank, phases, channel = role.rank, {}, role.channel()
     ids = party_ids(rank, n, overlap)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=600))
-    try:
-        channel, phases = GlooChannel(), {}
-        dist.barrier()
-        start, cpu = time.perf_counter(), time.process_time()
-        result = align(channel, ids, active, timings=phases, threads=threads)
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        dist.barrier()
-        return {"rank": rank, "seconds": seconds, "cpu_s": cpu, "ids_per_s": n / seconds if seconds else None,
-                "phases": phases, "bytes_sent": channel.bytes_sent, "bytes_received": channel.bytes_received,
-                "n_union": result.n_union, "positions_ok": bool((result.positions >= 0).all()),
-                "libsodium": sodium_version()}
-    finally:
-        dist.destroy_process_group()
+    barrier(role)
+    start, cpu = time.perf_counter(), time.process_time()
+    result = align(channel, ids, role.peers.active_index, timings=phases, threads=threads)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    barrier(role)
+    return {"rank": rank, "seconds": seconds, "cpu_s": cpu, "ids_per_s": n / seconds if seconds else None,
+            "phases": phases, "bytes_sent": channel.bytes_sent, "bytes_received": channel.bytes_received,
+            "n_union": result.n_union, "positions_ok": bool((result.positions >= 0).all()),
+            "libsodium": sodium_version()}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def run_parties(k: int, n: int, overlap: float, active: int, threads: int, timeout: float = 900.0) -> dict[int, dict]:
+    """The K parties as a local world (`runtime.world`); {rank: report}."""
+    from falsevfl_secure.runtime.world import run_world
 
-
-def run_world(k: int, n: int, overlap: float, active: int, threads: int, timeout: float = 900.0) -> dict[int, dict]:
-    """Spawn the K parties, collect {rank: report} (stopping at the first error), reap every child."""
-    ctx, port = mp.get_context("spawn"), free_port()
-    results = ctx.Queue()
-    procs = [ctx.Process(target=party, args=(r, k, port, n, overlap, active, threads, results)) for r in range(k)]
-    reports: dict[int, dict] = {}
-    try:
-        for proc in procs:
-            proc.start()
-        deadline = time.monotonic() + timeout
-        while len(reports) < k and time.monotonic() < deadline:
-            try:
-                rank, report = results.get(timeout=1.0)
-                reports[rank] = report
-                if "error" in report:  # the others fail soon (or wait for the gloo timeout): collect 3 s more
-                    deadline = min(deadline, time.monotonic() + 3.0)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    break
-    finally:
-        for proc in procs:
-            proc.join(timeout=30 if len(reports) == k else 1)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    missing = [r for r in range(k) if r not in reports]
-    if missing and not any("error" in r for r in reports.values()):
-        raise RuntimeError(f"parties {missing} did not report (exit codes {[p.exitcode for p in procs]})")
-    return reports if len(reports) < k else {r: reports[r] for r in range(k)}
+    reports = run_world("plain", k, timed_alignment, (n, overlap, threads), timeout_s=timeout, active_index=active)
+    return dict(enumerate(reports))
 
 
 def summarise(args: argparse.Namespace, reports: list[dict], total: float) -> dict:
@@ -174,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        reports = run_world(args.parties, args.ids, args.overlap, args.active, args.threads)
+        reports = run_parties(args.parties, args.ids, args.overlap, args.active, args.threads)
         errors = [f"party {i}: {r['error']}" for i, r in sorted(reports.items()) if "error" in r]
         if errors:
             _fail("; ".join(errors), 1)

@@ -53,52 +53,56 @@ from falsevfl_secure.fsio import write_json  # noqa: E402
 def _mpc_rank(role, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
     """One mpc party: the median ms of each piece, barrier to barrier (so: the slowest rank)."""
     import torch
-    import torch.distributed as dist
 
     from falsevfl_secure.randomness import KeyStream
+    from falsevfl_secure.runtime.session import barrier
     from falsevfl_secure.secure.fixed_point import encode_fixed_point
     from falsevfl_secure.secure.masks import X25519Agreement, zero_share
     from falsevfl_secure.secure.mpc_sum import secure_sum
-    from falsevfl_secure.transport.mpc import exchange_public_keys
 
-    rank, world_size = role.spec.rank, role.spec.n_parties
+    peers = role.peers
+    rank, world_size = peers.rank, peers.n_parties
     value = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))  # benchmark input, not a secret
-    numel, dst = value.numel() + 1, world_size - 1
+    numel, dst = value.numel() + 1, peers.active_index
     streams = {peer: KeyStream(bytes(32)) for peer in range(world_size) if peer != rank}
+    publics = [X25519Agreement().public_key() for _ in range(world_size)]
 
     def agree() -> None:
         agreement = X25519Agreement()
-        agreement.pair_keys(rank, exchange_public_keys(agreement.public_key(), world_size))
+        agreement.pair_keys(rank, [*publics[:rank], agreement.public_key(), *publics[rank + 1:]], bytes(32))
 
-    def gather(payload: torch.Tensor) -> None:
-        buffers = [torch.empty_like(payload) for _ in range(world_size)] if rank == dst else None
-        dist.gather(payload, buffers, dst=dst)
+    def gather(payload: bytes) -> None:
+        if rank != dst:
+            peers.send(dst, "bench", payload)
+            return
+        for src in (k for k in range(world_size) if k != rank):
+            peers.recv(src, "bench")
 
     pieces = {
-        "mpc: X25519 key agreement with every other party (once, at start-up)": agree,
+        "mpc: X25519 pair keys with every other party (computation, once per session)": agree,
         f"mpc: zero share, {world_size - 1} AES-256-CTR pair streams, drawn now":
             lambda: zero_share(rank, streams, numel),
         "mpc: fixed-point encoding": lambda: encode_fixed_point(value, 16, n_addends=world_size),
-        "plain: gather float32 payload": lambda: gather(value.reshape(-1)),
-        "mpc: gather int64 payload": lambda: gather(torch.zeros(numel, dtype=torch.int64)),
+        "plain: gather float32 payload": lambda: gather(value.numpy().tobytes()),
+        "mpc: gather int64 payload": lambda: gather(bytes(8 * numel)),
         "mpc: secure_sum, all of it (shares drawn ahead while waiting)":
-            lambda: secure_sum(value, dst, role.backend.shares),
+            lambda: secure_sum(value, dst, role.backend.shares, peers),
     }
     out = {}
     for name, piece in pieces.items():
         times = []
         for _ in range(repeats):
-            dist.barrier()
+            barrier(role)
             start = time.perf_counter()
             piece()
-            dist.barrier()
+            barrier(role)
             times.append(1000 * (time.perf_counter() - start))
         out[name] = statistics.median(times)
     return out
 
 
 def mpc_costs(parties: int, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
-    from falsevfl_secure.runtime.worlds import run_world
+    from falsevfl_secure.runtime.world import run_world
 
     per_rank = run_world("mpc", parties, _mpc_rank, args=(shape, repeats), timeout_s=900)
     return {name: round(max(r[name] for r in per_rank), 2) for name in per_rank[0]}

@@ -76,8 +76,9 @@ class Role:
     def join(self, addresses: dict[str, str] | None = None) -> Role:
         spec = self.spec
         self.network.connect(time.monotonic() + spec.request.join_timeout_s, addresses)
-        handshake = self.handshake_class(self.network, spec.name, self.key, spec.agreement, spec.cast, spec.request)
-        session, exchange = handshake.run(spec.protocol.key_agreement)
+        self.handshake = self.handshake_class(self.network, spec.name, self.key, spec.agreement, spec.cast,
+                                              spec.request)
+        session, exchange = self.handshake.run(spec.protocol.key_agreement)
         names = (*session.present, *([session.aggregator] if session.aggregator else []))
         peers = Peers(self.network, names, names.index(spec.name), len(session.present), session.active_index)
         self.session = session

@@ -111,7 +111,7 @@ def _job(job: StepJob, role) -> dict:
     try:
         role.backend.view = View() if job.record else None
         node, data = build_step(job, [role.rank], role.is_active, role.transport(CPU))
-        _barrier(role)  # every party starts the step together
+        barrier(role)  # every party starts the step together
         out = run_step(node, data, job)
         if job.record:
             out["view"] = [{**asdict(e)} for e in role.backend.view]
@@ -120,7 +120,7 @@ def _job(job: StepJob, role) -> dict:
         return {"error": traceback.format_exc(), "outcome": "crash", "at": time.time()}
 
 
-def _barrier(role) -> None:
+def barrier(role) -> None:
     """A declared `barrier` step: every party tells the active party it is ready, which then says go."""
     peers = role.peers
     others = [k for k in range(peers.n_parties) if k != peers.active_index]

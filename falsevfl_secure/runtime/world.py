@@ -36,9 +36,10 @@ class World:
 
     def __init__(self, specs: Sequence[RoleSpec], program: Callable, args: tuple = (), out_dir: Path | None = None,
                  show: str | None = None, per_role: dict[str, tuple] | None = None,
-                 role_classes: dict[str, type] | None = None) -> None:
+                 role_classes: dict[str, type] | None = None, via: dict[str, str] | None = None) -> None:
         self.specs, self.program, self.args = list(specs), program, tuple(args)
         self.role_classes = role_classes or {}  # tests: a weakened or malicious participant's class
+        self.via = via or {}  # tests: dial these roles at these addresses instead (e.g. a capturing proxy)
         self.per_role = per_role or {}  # extra arguments handed to one role's process alone (e.g. a test secret)
         self.names = [s.name for s in self.specs]
         self.out_dir, self.show = (Path(out_dir) if out_dir is not None else None), show
@@ -62,8 +63,10 @@ class World:
             self._write_pids()
             ports = {self.names[r]: self._next(r, "port", 180.0)["port"] for r in range(len(self.procs))}
             book = {name: f"127.0.0.1:{port}" for name, port in ports.items() if port}
+            if self.out_dir is not None:
+                atomic_write(self.out_dir / "world.addresses", json.dumps(book))
             for conn in self.conns:
-                conn.send_bytes(codec.pack({"addresses": book}))
+                conn.send_bytes(codec.pack({"addresses": {**book, **self.via}}))
         except BaseException:
             self.stop()
             raise
@@ -93,6 +96,20 @@ class World:
 
     def answer(self, rank: int, key: str, timeout_s: float) -> object:
         return self._next(rank, key, timeout_s)[key]
+
+    def outcomes(self, timeout_s: float = 120.0) -> list[dict]:
+        """Every role's own record (`{"ok": ...}` or its error report) once all have ended or died (no failure
+        is raised: the attack tests read how each role ended)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline and any(
+                    r not in self.reports and p.exitcode is None for r, p in enumerate(self.procs)):
+                self._collect()
+            self._collect(0.5)
+            return [self.reports.get(r, {"error": f"exit code {p.exitcode}", "outcome": "died"})
+                    for r, p in enumerate(self.procs)]
+        finally:
+            self.stop()
 
     def wait(self, timeout_s: float | None = None) -> list[object]:
         """Every role's value (by rank) once all have finished; the first failure raises `PartyFailure`."""

@@ -90,6 +90,9 @@ def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: Peers, 
     if own_error is not None:
         raise own_error
     refused = int(total[-1])
+    if not 0 <= refused <= peers.size:
+        raise SecureMessageError(f"the secure sum's check element came out as {refused}: the masks do not cancel "
+                                 "(the parties did not agree the same pair keys)")
     if refused:
         raise SecureRangeError(f"the input of {refused} part{'y' if refused == 1 else 'ies'} was non-finite or "
                                "outside the secure sum's range (see those parties' own errors)")

@@ -189,6 +189,7 @@ class Handshake:
         protocol = str(self.agreement.get("protocol")) if len(present) > 1 else "plain"
         roster = {"present": list(present), "protocol": protocol, "hellos": [hellos[r] for r in roles]}
         self.announce(sorted(linked), roster)
+        net.dismiss(r for r in linked if r not in roles)  # told they are not in this run, they leave
         left_out = tuple(p for p in request.expected if p not in present)
         return Session(session_id(roster["hellos"]), self.agreement, tuple(present), protocol, self.me,
                        cast.aggregator, left_out=left_out)

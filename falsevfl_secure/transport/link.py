@@ -97,18 +97,26 @@ class Hub:
         handler = grpc.stream_stream_rpc_method_handler(self._stream)
         self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             METHOD.split("/")[1], {METHOD.split("/")[2]: handler})])
-        credentials = grpc.ssl_server_credentials([(material.private_key, material.certificate)],
-                                                  root_certificates=material.trusted, require_client_auth=True)
-        self.port = self._server.add_secure_port(address, credentials)
+        self.port = self.listen(address, material)
         if not self.port:
             raise PartyFailure(f"cannot listen on {address} (the address is not on this host or the port is taken)")
+
+    def listen(self, address: str, material: TlsMaterial) -> int:
+        """Bind `address` with mutual TLS (the only way the shipped build listens); the port, 0 on failure."""
+        credentials = grpc.ssl_server_credentials([(material.private_key, material.certificate)],
+                                                  root_certificates=material.trusted, require_client_auth=True)
+        return self._server.add_secure_port(address, credentials)
+
+    def peer_of(self, context) -> str | None:
+        """The pinned role whose identity issued the peer's TLS certificate (None: not a pinned participant)."""
+        return issuer_of(dict(context.auth_context()).get("x509_pem_cert", [b""])[0], self.pins)
 
     def start(self) -> Hub:
         self._server.start()
         return self
 
     def _stream(self, requests, context):
-        peer = issuer_of(dict(context.auth_context()).get("x509_pem_cert", [b""])[0], self.pins)
+        peer = self.peer_of(context)
         with self._lock:
             if peer is None or peer in self.links:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a pinned participant, or already connected")
@@ -124,12 +132,17 @@ class Hub:
         self._server.stop(grace_s)
 
 
-def dial(address: str, peer: str, material: TlsMaterial, on_envelope: OnEnvelope, on_closed: OnClosed,
-         deadline: float) -> tuple[Link, grpc.Channel]:
-    """An open link to role `peer` at `address`, trying until `deadline` (time.monotonic)."""
-    channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(
+def secure_channel(address: str, material: TlsMaterial) -> grpc.Channel:
+    """A channel that finishes its TLS handshake only with the pinned identity of `material.trusted`."""
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(
         root_certificates=material.trusted, private_key=material.private_key,
         certificate_chain=material.certificate), options=_DIAL_OPTIONS)
+
+
+def dial(address: str, peer: str, material: TlsMaterial, on_envelope: OnEnvelope, on_closed: OnClosed,
+         deadline: float, open_channel: Callable = secure_channel) -> tuple[Link, grpc.Channel]:
+    """An open link to role `peer` at `address`, trying until `deadline` (time.monotonic)."""
+    channel = open_channel(address, material)
     try:
         grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
     except grpc.FutureTimeoutError:

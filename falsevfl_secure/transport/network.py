@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from ..errors import PartyFailure, ProtocolError
 from ..secure.identity import PrivateKey, tls_material
 from . import wire
-from .link import Hub, Link, dial
+from .link import Hub, Link, dial, secure_channel
 
 HEARTBEAT_S = 1.0
 STALL_S = 10.0
@@ -71,6 +71,12 @@ class Plan:
 
 
 class Network:
+    """One role's links (see the module docstring). `hub_class` and `open_channel` are what it listens and
+    dials with (mutual TLS); the attack tests replace them to build a deliberately weakened clear transport."""
+
+    hub_class = Hub
+    open_channel = staticmethod(secure_channel)
+
     def __init__(self, me: str, key: PrivateKey, pins: dict[str, bytes], plan: Plan,
                  on_delivered: Callable[[str, str, bytes], None] | None = None) -> None:
         self.me, self.plan, self.pins = me, plan, dict(pins)
@@ -79,7 +85,7 @@ class Network:
         self.traffic: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # tag -> [bytes sent, bytes received]
         self.round: str | None = None
         self._mail: dict[str, deque] = defaultdict(deque)
-        self._reassembly, self._byes = wire.Reassembly(), set()
+        self._reassembly, self._byes, self._dismissed = wire.Reassembly(), set(), set()
         self._cond, self._count = threading.Condition(), threading.Lock()
         self._aborted: Blame | None = None
         self._closing = False
@@ -95,8 +101,9 @@ class Network:
         if self.plan.serve_at is None:
             return None
         trusted = {r: self.pins[r] for r in self.plan.accept}
-        self._hub = Hub(self.plan.serve_at, tls_material(self._key, self.me, trusted), trusted, self._arrived,
-                        self._link_closed, self._joined).start()
+        material = tls_material(self._key, self.me, trusted)
+        self._hub = self.hub_class(self.plan.serve_at, material, trusted, self._arrived, self._link_closed,
+                                   self._joined).start()
         self._monitor_once()
         return self._hub.port
 
@@ -106,7 +113,8 @@ class Network:
         for peer, address in self.plan.dial:
             address = (addresses or {}).get(peer, address)
             material = tls_material(self._key, self.me, {peer: self.pins[peer]})
-            link, channel = dial(address, peer, material, self._arrived, self._link_closed, deadline)
+            link, channel = dial(address, peer, material, self._arrived, self._link_closed, deadline,
+                                 self.open_channel)
             self._channels.append(channel)
             with self._cond:
                 self.links[peer] = link
@@ -124,6 +132,14 @@ class Network:
             while not wanted <= set(self.links) and time.monotonic() < deadline and self._aborted is None:
                 self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             return wanted & set(self.links)
+
+    def dismiss(self, peers: Iterable[str]) -> None:
+        """Let `peers` go: roles that linked but are not in this run (they leave without ending it)."""
+        for peer in peers:
+            self._dismissed.add(peer)
+            link = self.links.pop(peer, None)
+            if link is not None:
+                link.close()
 
     def _monitor_once(self) -> None:
         if not self._monitor.is_alive() and not self._stop.is_set():
@@ -171,6 +187,8 @@ class Network:
             self._abort(Blame(link.peer, "failed", link.last_round, "a malformed or misaddressed frame"))
 
     def _dispatch(self, link: Link, envelope: wire.Envelope) -> None:
+        if link.peer in self._dismissed:
+            return  # a role that is not in this run has nothing more to say to it
         if envelope.kind is wire.Kind.HEARTBEAT:
             link.last_round = envelope.payload.decode("ascii", "replace") or None
         elif envelope.kind is wire.Kind.ABORT:
@@ -217,7 +235,7 @@ class Network:
                     self._abort(Blame(link.peer, "stalled", link.last_round or self.round))
 
     def _link_closed(self, link: Link, reason: str | None) -> None:
-        if not self._closing and link.peer not in self._byes:  # the rounds run in step: ours is where it left
+        if not self._closing and link.peer not in self._byes | self._dismissed:  # rounds run in step
             self._abort(Blame(link.peer, "left", link.last_round or self.round))
 
     def fail(self, blame: Blame) -> None:

@@ -117,8 +117,9 @@ class Hub:
 
     def _stream(self, requests, context):
         peer = self.peer_of(context)
+        claimed = dict(context.invocation_metadata()).get("falsevfl-role", peer)
         with self._lock:
-            if peer is None or peer in self.links:
+            if peer is None or peer in self.links or claimed != peer:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a pinned participant, or already connected")
             link = self.links[peer] = Link(peer, self._on_envelope, self._on_closed)
         threading.Thread(target=link.read, args=(requests,), name=f"hub-read-{peer}", daemon=True).start()
@@ -140,8 +141,9 @@ def secure_channel(address: str, material: TlsMaterial) -> grpc.Channel:
 
 
 def dial(address: str, peer: str, material: TlsMaterial, on_envelope: OnEnvelope, on_closed: OnClosed,
-         deadline: float, open_channel: Callable = secure_channel) -> tuple[Link, grpc.Channel]:
-    """An open link to role `peer` at `address`, trying until `deadline` (time.monotonic)."""
+         deadline: float, open_channel: Callable = secure_channel, me: str = "") -> tuple[Link, grpc.Channel]:
+    """An open link to role `peer` at `address`, trying until `deadline` (time.monotonic). `me` is sent as the
+    stream's metadata; the hub trusts the certificate, never this name (a name a clear test transport needs)."""
     channel = open_channel(address, material)
     try:
         grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
@@ -150,7 +152,7 @@ def dial(address: str, peer: str, material: TlsMaterial, on_envelope: OnEnvelope
         channel.close()
         raise PartyFailure(f"could not connect to {peer} at {address}: {why}") from None
     link = Link(peer, on_envelope, on_closed)
-    responses = channel.stream_stream(METHOD)(link.outbound(), wait_for_ready=True)
+    responses = channel.stream_stream(METHOD)(link.outbound(), wait_for_ready=True, metadata=(("falsevfl-role", me),))
     threading.Thread(target=link.read, args=(responses,), name=f"dial-read-{peer}", daemon=True).start()
     return link, channel
 
@@ -164,5 +166,8 @@ def _why_not_ready(channel: grpc.Channel) -> str:
         if "handshake" in details or "ssl" in details or "certificate" in details:
             return ("the TLS handshake failed: its certificate is not issued by the key pinned for it, or it does "
                     "not pin this party's key (compare the pins in both files)")
+        if "socket closed" in details:
+            return ("it closed the connection during the TLS handshake: it does not pin this party's key, or "
+                    "takes no more connections (compare the pins in both files)")
         return f"nothing answered ({(error.details() or '').strip()})"
     return "no connection within the time allowed"

@@ -114,7 +114,7 @@ class Network:
             address = (addresses or {}).get(peer, address)
             material = tls_material(self._key, self.me, {peer: self.pins[peer]})
             link, channel = dial(address, peer, material, self._arrived, self._link_closed, deadline,
-                                 self.open_channel)
+                                 self.open_channel, self.me)
             self._channels.append(channel)
             with self._cond:
                 self.links[peer] = link

@@ -1,0 +1,306 @@
+"""The cross-party links (threat_models/active_network_attacker.toml): an outsider cannot connect, read, write
+or abort; an eavesdropper on a link finds no known plaintext in the bytes; the active party, which relays
+frames between passive parties, can neither read nor alter them unnoticed. Each attack succeeds against a
+deliberately weakened build (a clear transport, unsealed pair frames) and fails against the shipped one.
+Real role processes over real sockets; the capture is a forwarding TCP proxy on the link."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from falsevfl_secure.runtime.cast import local_specs
+from falsevfl_secure.runtime.role import Role
+from falsevfl_secure.runtime.world import World
+from falsevfl_secure.transport.channel import PairChannel
+from falsevfl_secure.transport.link import Hub
+from falsevfl_secure.transport.network import Network
+from falsevfl_secure.transport.protocols import protocol_named
+
+# -- weakened and malicious builds (module-level: role processes import them by name) -----------------
+
+
+class ClearHub(Hub):
+    """A deliberately weakened hub: no TLS, and whoever says a pinned name is taken for it."""
+
+    def listen(self, address, material):
+        return self._server.add_insecure_port(address)
+
+    def peer_of(self, context):
+        name = dict(context.invocation_metadata()).get("falsevfl-role")
+        return name if name in self.pins else None
+
+
+def _clear_channel(address, material):
+    import grpc
+
+    from falsevfl_secure.transport.link import _DIAL_OPTIONS
+
+    return grpc.insecure_channel(address, options=_DIAL_OPTIONS)
+
+
+class ClearNetwork(Network):
+    hub_class = ClearHub
+    open_channel = staticmethod(_clear_channel)
+
+
+class ClearRole(Role):
+    network_class = ClearNetwork
+
+
+class RecordingRelay(Network):
+    """The active party's hub, which keeps (and, told to, alters) the frames it relays between passive parties."""
+
+    tamper = False
+
+    def _relay(self, link, envelope):
+        self.relayed = [*getattr(self, "relayed", []), envelope.payload]
+        if self.tamper and envelope.tag == "align" and envelope.payload:
+            envelope = type(envelope)(envelope.kind, envelope.src, envelope.dst, envelope.tag,
+                                      bytes([envelope.payload[0] ^ 1]) + envelope.payload[1:], envelope.more)
+        super()._relay(link, envelope)
+
+
+class RelayRole(Role):
+    network_class = RecordingRelay
+
+
+class TamperingRelayRole(Role):
+    class network_class(RecordingRelay):  # noqa: N801 - a class attribute named as the hook it replaces
+        tamper = True
+
+
+class UnsealedChannel(PairChannel):
+    """A deliberately weakened pair channel: frames between passive parties cross the relay unsealed."""
+
+    def _relayed(self, peer):
+        return False
+
+
+class UnsealedRole(Role):
+    def channel(self, tag="align"):
+        from falsevfl_secure.transport.handshake import pair_keys
+
+        keys = pair_keys(self.session, self.spec.name, self.membership.exchange, "pair-channel")
+        return UnsealedChannel(self.peers, keys, tag)
+
+
+# -- programs -----------------------------------------------------------------------------------------
+
+
+def _sums(role, rounds: int, pause_s: float) -> list:
+    """A few secure sums with pauses (time for an outsider to try its luck); the active party's totals."""
+    from falsevfl_secure.secure.mpc_sum import secure_sum
+
+    totals = []
+    for i in range(rounds):
+        value = torch.full((3, 4), float(role.rank + 1) + i)
+        total = secure_sum(value, role.peers.active_index, role.backend.shares, role.peers)
+        totals.append(None if total is None else total.numpy())
+        time.sleep(pause_s)
+    return totals
+
+
+def _one_step(role) -> dict:
+    """One stage-1 step of a small model; every party reports the latent samples it received."""
+    from test_equivalence import make_job
+
+    from falsevfl_secure.runtime.session import build_step, run_step
+
+    job = make_job(role.peers.n_parties, "I", 6, 2, 5, 0.0, "pretrain")
+    node, data = build_step(job, [role.rank], role.is_active, role.transport(torch.device("cpu")))
+    run_step(node, data, job)
+    latent = [e.value for e in (role.view or []) if e.kind == "received" and e.round == "latent"]
+    return {"latent": latent[0] if latent else None}
+
+
+def _align(role, tamper_expected: bool) -> dict:
+    """The private alignment; party 1 records the pass frame that reached it from party 0 (via the relay)."""
+    from falsevfl_secure.secure.align import align
+
+    view: list = []
+    ids = [f"id-{role.rank}-{i}" for i in range(30)] + [f"shared-{i}" for i in range(10)]
+    try:
+        align(role.channel(), ids, role.peers.active_index, view=view)
+    except Exception as error:  # noqa: BLE001 - the tampering test reads how the receiver refused
+        if not tamper_expected:
+            raise
+        return {"refused": f"{type(error).__name__}: {error}"}
+    own = [e["payload"] for e in view if e["step"] == "pass1" and e["from"] == 0]
+    return {"pass_from_0": np.frombuffer(own[0], dtype=np.uint8) if own else None,
+            "relayed": [np.frombuffer(p, dtype=np.uint8) for p in getattr(role.network, "relayed", [])]}
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+
+def _world(tmp_path: Path, protocol: str, parties: int, program, args=(), classes=None, via=None) -> World:
+    names = [f"party{k}" for k in range(parties)]
+    specs = local_specs(protocol_named(protocol), names, names[-1], tmp_path / "keys", {"command": "test"},
+                        consent=True, record=True)
+    return World(specs, program, args, tmp_path / "world", role_classes=classes, via=via)
+
+
+def _addresses(world_dir: Path, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return json.loads((world_dir / "world.addresses").read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise AssertionError("the world wrote no address book")
+
+
+class Proxy:
+    """A forwarding TCP proxy that keeps every byte of both directions (the eavesdropper's capture)."""
+
+    def __init__(self, target) -> None:
+        self.target, self.captured, self._lock = target, bytearray(), threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target())
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                with self._lock:
+                    self.captured += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
+# -- 1. the outsider ----------------------------------------------------------------------------------
+
+
+def _try_everything(address: str, pin_of_active: bytes, tried: dict) -> None:
+    """What an outsider who knows host:port and the active party's public pin can do: nothing."""
+    import grpc
+
+    from falsevfl_secure.errors import PartyFailure
+    from falsevfl_secure.secure import identity
+    from falsevfl_secure.transport.link import METHOD, dial
+
+    material = identity.tls_material(identity.generate(), "party0", {"party2": pin_of_active})
+    try:
+        dial(address, "party2", material, lambda *a: None, lambda *a: None, time.monotonic() + 2.0, me="party0")
+        tried["tls with an unpinned identity"] = "connected"
+    except PartyFailure as error:
+        tried["tls with an unpinned identity"] = str(error)
+    try:
+        grpc.insecure_channel(address).stream_stream(METHOD)(iter([b"FVL1"]), timeout=3.0).next()
+        tried["clear grpc"] = "answered"
+    except grpc.RpcError as error:
+        tried["clear grpc"] = error.code().name
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(b"\x16\x03\x01" + bytes(200) + json.dumps({"refused": "by an outsider"}).encode())
+        raw.settimeout(3.0)
+        try:
+            tried["raw bytes"] = f"answered {len(raw.recv(4096))} bytes"
+        except (TimeoutError, OSError) as error:
+            tried["raw bytes"] = type(error).__name__
+
+
+def test_an_outsider_cannot_connect_read_write_or_abort_and_the_run_completes(tmp_path, attacked):
+    world = _world(tmp_path, "mpc", 3, _sums, (24, 0.5))
+    tried: dict = {}
+
+    def outsider() -> None:
+        book = _addresses(tmp_path / "world")
+        _try_everything(book["party2"], world.specs[0].cast.pins["party2"], tried)
+
+    thread = threading.Thread(target=outsider, daemon=True)
+    thread.start()
+    totals = world.start().wait(120)[2]
+    thread.join(30)
+    assert len(tried) == 3, tried  # every attempt was made while the run was on
+    attacked("outsider (no pinned identity)", "shipped", "; ".join(f"{k}: {v[:60]}" for k, v in tried.items()))
+    assert "TLS handshake" in tried["tls with an unpinned identity"]
+    assert tried["clear grpc"] == "UNAVAILABLE"
+    raw = tried["raw bytes"]  # at most a TLS alert (7 bytes) comes back, never a frame
+    assert not raw.startswith("answered") or int(raw.split()[1]) <= 7, raw
+    for i, total in enumerate(totals):  # the run completed, and its sums are right
+        assert np.allclose(total, np.full((3, 4), 1.0 + 2.0 + 3.0 + 3 * i))
+
+
+# -- 2. the eavesdropper ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", ["weakened: clear transport", "shipped"])
+def test_an_eavesdropper_on_a_link_finds_no_known_plaintext(tmp_path, build, attacked):
+    """Party 0's link to the active party runs through a capturing proxy during a real stage-1 step; the
+    capture is searched for the float32 bytes of a latent row party 0 received, for its pinned key (in its
+    hello) and for a round's name."""
+    book: dict = {}
+    proxy = Proxy(lambda: ("127.0.0.1", int(book.setdefault("a", _addresses(tmp_path / "world"))["party2"]
+                                              .rsplit(":", 1)[1])))
+    classes = dict.fromkeys(("party0", "party1", "party2"), ClearRole) if build.startswith("weakened") else None
+    world = _world(tmp_path, "mpc", 3, _one_step, classes=classes, via={"party2": f"127.0.0.1:{proxy.port}"})
+    reports = world.start().wait(120)
+    proxy.close()
+    captured = bytes(proxy.captured)
+    latent = np.asarray(reports[0]["latent"], dtype="<f4")
+    needles = {"a latent row": latent.reshape(-1, latent.shape[-1])[0].tobytes(),
+               "the pinned key": world.specs[0].agreement.fields["parties"][0][1].encode(),
+               "a round's name": b"posterior"}
+    found = [name for name, needle in needles.items() if needle in captured]
+    attacked("eavesdropper on a link (proxy capture)", build,
+             f"{len(captured)} bytes captured; found {', '.join(found) or 'nothing'}")
+    assert len(captured) > 10_000  # the step's traffic did cross the proxy
+    if build.startswith("weakened"):
+        assert found == list(needles)
+    else:
+        assert found == []
+
+
+# -- 3. the relay -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", ["weakened: unsealed pair frames", "shipped"])
+def test_the_relay_cannot_read_the_frames_it_forwards_between_passive_parties(tmp_path, build, attacked):
+    weak = build.startswith("weakened")
+    parties = UnsealedRole if weak else Role
+    classes = {"party0": parties, "party1": parties, "party2": RelayRole}
+    reports = _world(tmp_path, "plain", 3, _align, (False,), classes).start().wait(120)
+    plain_frame = reports[1]["pass_from_0"].tobytes()  # what party 0 sent party 1 (blinded points)
+    relayed = [r.tobytes() for r in reports[2]["relayed"]]
+    readable = any(plain_frame[:64] in frame for frame in relayed)
+    attacked("relay reads a pair's alignment frame (active)", build,
+             f"{len(relayed)} frames relayed; the blinded points {'readable' if readable else 'not readable'}")
+    assert relayed and len(plain_frame) >= 64
+    assert readable == weak
+
+
+def test_the_relay_cannot_alter_a_frame_unnoticed(tmp_path, attacked):
+    classes = {"party2": TamperingRelayRole}
+    ended = _world(tmp_path, "plain", 3, _align, (True,), classes).start().outcomes(120)
+    refused = ended[1].get("ok", {}).get("refused", "") or ended[1].get("error", "")
+    attacked("relay alters a pair's alignment frame (active)", "shipped", refused[:80])
+    assert "failed its integrity check" in refused and "rank 0" in refused

@@ -1,5 +1,5 @@
 """Private record alignment (`falsevfl_secure.secure.align`): correctness against an independent
-truth (set arithmetic on the raw IDs), real processes over gloo, and the privacy claims of
+truth (set arithmetic on the raw IDs), real processes over the pinned links, and the privacy claims of
 threat_models/alignment.toml as attacks that fail (and that succeed on a weakened build or above
 the collusion threshold, so none of them is vacuous)."""
 
@@ -518,3 +518,80 @@ def test_an_unloadable_rbcl_is_a_clear_error(monkeypatch, failure, message, refu
     finally:
         ristretto._rbcl.cache_clear()  # the next call imports the real rbcl again
     refused("libsodium")
+
+
+# ----------------------------------------------------------------------------------------------
+# Disclosed by design: the membership oracle, and its bound
+
+
+def run_alignment_bounded(id_lists, active, bounds):
+    """Like `run_alignment`, with each party's own `max_ids`; each party's result or the error it raised."""
+    world = MemoryWorld(len(id_lists), timeout=3.0)
+    return world.run([lambda channel, r=r: align(channel, id_lists[r], active, max_ids=bounds[r])
+                      for r in range(len(id_lists))])
+
+
+def test_the_membership_oracle_is_measured_and_bounded_by_max_ids(attacked):
+    """The active party lists 3,000 guessable IDs it does not hold; the holders matrix tells it which of them
+    each passive party holds (by design: threat_models/alignment.toml states it with these numbers). With
+    every party's max_ids below the list's length, each passive party refuses the alignment."""
+    import time as clock
+
+    passive = [[f"user-{i:06d}" for i in range(k * 2000, k * 2000 + 1000)] for k in range(2)]
+    guesses = [f"user-{i:06d}" for i in range(0, 1000, 3)][:300] + [f"user-{i:06d}" for i in range(2000, 2300)] + \
+        [f"user-{i:06d}" for i in range(900_000, 902_400)]  # 300 of each party's and 2,400 that nobody holds
+    started = clock.perf_counter()
+    results = run_alignment([passive[0], passive[1], guesses], 2)
+    seconds = clock.perf_counter() - started
+    holders, positions = results[2].holders, results[2].positions
+    learned = [sum(bool(holders[positions[i], k]) for i, g in enumerate(guesses) if g in set(passive[k]))
+               for k in range(2)]
+    false = sum(bool(holders[positions[i], :2].any()) for i, g in enumerate(guesses)
+                if g not in set(passive[0]) | set(passive[1]))
+    attacked("membership oracle (active lists 3,000 guesses)", "shipped, by design",
+             f"learned {learned[0]} of 300 and {learned[1]} of 300, {false} false, in {seconds:.1f} s")
+    assert learned == [300, 300] and false == 0
+    # An active party that ignores the bound of the agreement for itself: each passive party applies its own.
+    bounded = run_alignment_bounded([passive[0], passive[1], guesses], 2, bounds=(1000, 1000, 10_000))
+    for k in range(2):
+        assert isinstance(bounded[k], AlignmentFrameError) and "max_ids 1000" in str(bounded[k]), bounded[k]
+    honest = run_alignment_bounded([[], guesses], 1, bounds=(1000, 1000))[1]  # refuses its own list at once
+    assert isinstance(honest, AlignmentInputError) and "max_ids" in str(honest)
+    attacked("membership oracle with max_ids = 1000", "shipped", "refused by both passive parties")
+
+
+# ----------------------------------------------------------------------------------------------
+# Nothing secret follows from public data
+
+
+def _public_scalar(rank: int) -> bytes:
+    """A deliberately broken scalar: it follows from public data (the party's rank)."""
+    return (rank + 7).to_bytes(32, "little")
+
+
+@pytest.mark.parametrize("build", ["weakened: scalars from public data", "shipped"])
+def test_alignment_scalars_never_follow_from_public_data(monkeypatch, build, attacked):
+    """Two alignments with identical public inputs draw different scalars; and a party that derives another
+    party's scalar from public data links that party's records only when the scalar really follows from it."""
+    k, active = 3, 2
+    if build.startswith("weakened"):
+        calls = iter(range(10**6))
+        monkeypatch.setattr(ristretto, "random_scalar", lambda: _public_scalar(next(calls) % k))
+    id_lists = overlapping_ids(k)
+    runs = []
+    for _ in range(2):
+        views, party_secrets = [[] for _ in range(k)], [{} for _ in range(k)]
+        run_alignment(id_lists, active, views=views, party_secrets=party_secrets)
+        runs.append((views, party_secrets))
+    same = runs[0][1][0]["scalar"] == runs[1][1][0]["scalar"]
+    views, party_secrets = runs[0]
+    frame = next(e["payload"] for e in views[1] if e["step"] == "pass1" and e["from"] == 0)  # party 0's blinded list
+    session = party_secrets[0]["session"]
+    guessed = _public_scalar(0)
+    linked = sum(ristretto.scalar_mult(guessed, group_hash(session, i)) in frame for i in id_lists[0])
+    attacked("alignment scalar from public data (passive)", build,
+             f"scalars of two runs {'equal' if same else 'differ'}; linked {linked} of {len(id_lists[0])} IDs")
+    if build.startswith("weakened"):
+        assert same and linked == len(id_lists[0])
+    else:
+        assert not same and linked == 0

@@ -57,3 +57,15 @@ def test_local_runtime_executes_the_table():
     for stage in (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT):
         assert local_reference(job(stage))["trace"] == [r.name for r in STAGE_ROUNDS[stage]]
     assert LocalTransport.protection == "clear" and "local" in PROTOCOLS["plain"].runtimes
+
+
+def test_the_session_spec_names_exactly_the_control_steps():
+    """protocols/session.toml specifies every message a role may receive outside the rounds: exactly the
+    steps the audit accepts (anything else is reported as a leak)."""
+    from falsevfl_secure.transport.rounds import CONTROL_STEPS
+
+    spec = load_spec("session")
+    assert [step["name"] for step in spec["steps"]] == list(CONTROL_STEPS)
+    for step in spec["steps"]:
+        assert step["senders"] and step["receivers"] and step["payload"] and step["protection"] and step["learns"]
+    assert {"topology", "transport", "authentication", "relay", "liveness", "ending"} <= set(spec["links"])

@@ -264,3 +264,40 @@ def test_the_probe_step_leaves_parameters_and_random_streams_as_they_were():
         assert all(torch.equal(v, state[k]) for k, v in module.state_dict().items())
         assert all(p.grad is None for p in module.parameters())
     assert [rand.state() for rand in node.randomness()] == streams
+
+
+def _contribute_and_maybe_leak(role, leak: str) -> list[dict]:
+    """Every party adds a contribution to one posterior sum; with `leak` (a weakened build on both sides, as the
+    peak counters of the earlier build were), party 0 then sends the active party its largest value and a row
+    of its contribution in a message outside the round table (`leak` is its tag), and the active party reads
+    it. Every role reports its whole view."""
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    value = (torch.arange(1280, dtype=torch.float32).reshape(40, 32) / 64 - 9.5) * (0.31 + role.rank)
+    role.backend.sum_to_active(POSTERIOR, value)
+    if leak and role.rank == 0:
+        peak = value.abs().max().reshape(1)
+        role.peers.send(role.peers.active_index, leak, torch.cat([peak, value[1]]).numpy().tobytes())
+    elif leak and role.is_active:
+        role.peers.recv(0, leak)
+    return [{"round": e.round, "kind": e.kind, "peer": e.peer, "protection": e.protection, "value": e.value}
+            for e in role.view]
+
+
+@pytest.mark.parametrize("leak", ["", "stats", "resume"])
+def test_the_audit_checks_everything_received_not_only_the_rounds(leak, attacked):
+    """A weakened party that sends values outside the rounds is caught: in an undeclared message ("stats"),
+    or inside a declared control step ("resume"); the shipped build's views pass."""
+    from falsevfl_secure.runtime.world import run_world
+
+    reports = run_world("mpc", PARTIES, _contribute_and_maybe_leak, (leak,), record=True, timeout_s=90)
+    views = {rank: as_view(entries) for rank, entries in enumerate(reports)}
+    audit = audit_recorded_views(views, PARTIES, ACTIVE, "mpc")
+    attacked("values outside the round table (active)", f"weakened: {leak!r} message" if leak else "shipped",
+             f"{audit['leaks_found']} leaks: {(audit['leaks'] or ['none'])[0][:70]}")
+    if not leak:
+        assert audit["passed"] and any(e.kind == "control" for e in views[ACTIVE]), audit["leaks"]
+    elif leak == "stats":
+        assert any("undeclared message 'stats'" in text for text in audit["leaks"]), audit["leaks"]
+    else:
+        assert any("carries party 0's 'posterior' contribution" in text for text in audit["leaks"]), audit["leaks"]

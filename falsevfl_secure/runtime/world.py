@@ -130,13 +130,23 @@ class World:
                                                 timeout=wait_s)
         for rank, conn in enumerate(self.conns):
             if conn in ready and rank not in self.reports:
-                try:
-                    self.reports[rank] = codec.unpack(conn.recv_bytes())
-                except (EOFError, OSError):
-                    pass  # it died; `_died` sees its exit code
+                self._read(rank)
+
+    def _read(self, rank: int) -> None:
+        try:
+            self.reports[rank] = codec.unpack(self.conns[rank].recv_bytes())
+        except (EOFError, OSError):
+            pass  # it died; `_died` sees its exit code
 
     def _died(self) -> bool:
-        return any(p.exitcode is not None and r not in self.reports for r, p in enumerate(self.procs))
+        """A role whose process ended without a report (a report still in its pipe is read first)."""
+        for rank, proc in enumerate(self.procs):
+            if proc.exitcode is not None and rank not in self.reports:
+                if self.conns[rank].poll(0.2):
+                    self._read(rank)
+                if rank not in self.reports:
+                    return True
+        return False
 
     def diagnose(self) -> str:
         """Name the cause: a role's own error first, then a death, then a stall, then anything else."""

@@ -1,7 +1,7 @@
 """The interface of a point-to-point byte channel between the ranks of one world.
 
 The secure protocols that exchange byte frames (the record alignment, the he ciphertexts) are written
-against it; `transport.channel.GlooChannel` realises it over torch.distributed.
+against it; `transport.channel.PairChannel` realises it over the run's authenticated links.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def stage1_job(variant: str = "I", seed: int = 3, batch: int = 24, kappa: int = 
 def test_every_threat_model_file_is_complete():
     names = [p.stem for p in Path(__file__).resolve().parents[1].joinpath("threat_models").glob("*.toml")]
     assert {"active_semi_honest", "passive_semi_honest", "aggregator_he", "collusion", "labels",
-            "eavesdropper", "alignment"} <= set(names)
+            "eavesdropper", "alignment", "active_network_attacker", "malicious_pinned_party"} <= set(names)
     root = Path(__file__).resolve().parents[1]
     for name in names:
         model = load_threat_model(name)

@@ -163,7 +163,7 @@ def audit_aggregator_view(view: View) -> AuditReport:
         except SecureMessageError as error:
             report.leaks.append(f"the aggregator received something other than a frame in {entry.round!r}: {error}")
             continue
-        if frame.kind is frames.Kind.DATA and not all(blob[:4] == b"FVCK" for blob in frame.blobs):
+        if frame.kind is frames.Kind.DATA and not all(blob[:4] in (b"FVCK", b"FVCT") for blob in frame.blobs):
             report.leaks.append(f"the aggregator received something other than ciphertexts in {entry.round!r}")
     return report
 

@@ -142,14 +142,14 @@ def test_an_aggregator_that_is_not_the_pinned_one_is_refused_by_every_party(tmp_
         import tenseal as ts
 
         from falsevfl_secure.secure import frames
-        from falsevfl_secure.secure.ckks import decrypt_tensor
+        from falsevfl_secure.secure.ckks import decrypt_tensors
 
         secret = ts.context_from(ended[2]["ok"]["secret"].tobytes())
         recorded = ended[3]["ok"]["frames"]
         exact = 0
         for k in (0, 1):
             blobs = frames.decode(recorded[str(k)].tobytes()).blobs
-            value = decrypt_tensor(secret, blobs, tuple(party_input(k).shape)).float()
+            value = decrypt_tensors(secret, blobs[0], [tuple(party_input(k).shape)])[0].float()
             exact += int(torch.allclose(value, party_input(k), atol=2.0**-16))
         attacked("rogue he aggregator (active's operator)", build, f"{exact} of 2 passive inputs decrypted")
         assert exact == 2

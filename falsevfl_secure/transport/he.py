@@ -4,11 +4,12 @@ Ranks 0..K-1 are the parties, rank K the aggregator (its identity pinned in ever
 nobody else can act as it). At start-up the active party makes the secret context and sends the public
 context (no secret key, no Galois keys), signed over the session id, to every other role
 (`handshake.send_context`). For each sum, every passive party encrypts its contribution and sends the
-ciphertexts to the aggregator; the aggregator adds them and forwards the encrypted sum to the active
-party, which decrypts it onto the fixed-point grid (no decryption noise survives, `secure.ckks`) and adds
-its own contribution. Every message is a byte frame (`secure.frames`); a party that refuses its own input
-sends an ERROR frame that says only that it refused (never a value), so nobody is left waiting.
-Broadcasts go in clear (inside the links' TLS) among the parties.
+ciphertexts to the aggregator (one densely packed message per round, `secure.ckks.encrypt_tensors`); the
+aggregator adds them and forwards the encrypted sum to the active party, which decrypts it onto the
+fixed-point grid (no decryption noise survives, `secure.ckks`) and adds its own contribution. Every message
+is a byte frame (`secure.frames`); a party that refuses its own input sends an ERROR frame that says only
+that it refused (never a value), so nobody is left waiting. Broadcasts go in clear (inside the links' TLS)
+among the parties.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from ..errors import ProtocolError
 from ..secure import frames
-from ..secure.ckks import decrypt_tensor, encrypt_tensor, max_safe_abs, sum_encrypted
+from ..secure.ckks import decrypt_tensors, encrypt_tensors, max_safe_abs, sum_encrypted
 from ..secure.errors import SecureRangeError
 from ..secure.fixed_point import round_to_grid
 from .distributed import Peers
@@ -45,7 +46,10 @@ class HeBackend(PlainBackend):
             return None
         frame = self._receive(round)
         self._record(round, "received", self.aggregator, frames.encode(frame.kind, frame.blobs, frame.round))
-        total = decrypt_tensor(self.secret, frame.blobs, tuple(value.shape)) + round_to_grid(value)
+        if len(frame.blobs) != 1:
+            raise ProtocolError(f"round {round.name!r}: field 'payload': the aggregator's frame holds "
+                                f"{len(frame.blobs)} messages, not one")
+        total = decrypt_tensors(self.secret, frame.blobs[0], [tuple(value.shape)])[0] + round_to_grid(value)
         self._record(round, "revealed", -1, total)
         return total.to(torch.float32)
 
@@ -53,7 +57,7 @@ class HeBackend(PlainBackend):
         """Encrypt and send to the aggregator; a refused input still sends a frame (ERROR), then raises."""
         k = self.peers.n_parties
         try:
-            chunks = encrypt_tensor(self.public, value, n_addends=k)
+            message = encrypt_tensors(self.public, [value], n_addends=k)
         except SecureRangeError as error:
             notice = f"party {self.peers.rank} refused its own input of round {round.name!r} (outside he's range)"
             self.peers.send(self.aggregator, round.name, frames.encode(Kind.ERROR, [notice.encode()],
@@ -61,7 +65,7 @@ class HeBackend(PlainBackend):
             raise SecureRangeError(f"round {round.name!r}: party {self.peers.rank}: {error}; he carries |x| < "
                                    f"{max_safe_abs(self.public, k):.3g} per party at K = {k} (mpc carries far more: "
                                    "run with --protocol mpc, or check the features are standardised)") from None
-        self.peers.send(self.aggregator, round.name, frames.encode(Kind.DATA, chunks, ROUNDS.index(round)))
+        self.peers.send(self.aggregator, round.name, frames.encode(Kind.DATA, [message], ROUNDS.index(round)))
 
     def _receive(self, round: Round) -> frames.Frame:
         """The aggregator's frame for `round`: the encrypted sum, or a party's refusal."""
@@ -104,10 +108,10 @@ def _forward(context, batch: dict[int, frames.Frame]) -> bytes:
         return frames.encode(Kind.ERROR, refusals[0].blobs, refusals[0].round)
     rounds = {f.round for f in batch.values()}
     kinds = {f.kind for f in batch.values()}
-    if kinds != {Kind.DATA} or len(rounds) != 1:
+    if kinds != {Kind.DATA} or len(rounds) != 1 or any(len(f.blobs) != 1 for f in batch.values()):
         raise ProtocolError(f"aggregator: the parties disagree on the round: kinds {sorted(k.name for k in kinds)}, "
-                            f"rounds {sorted(rounds)}")
-    return frames.encode(Kind.DATA, sum_encrypted(context, [f.blobs for f in batch.values()]), rounds.pop())
+                            f"rounds {sorted(rounds)} (or a frame holds more than one message)")
+    return frames.encode(Kind.DATA, [sum_encrypted(context, [f.blobs[0] for f in batch.values()])], rounds.pop())
 
 
 def _record(view: View, received: dict[int, bytes], on_recorded) -> View | None:

@@ -8,7 +8,10 @@ Secret randomness is everything else: a party's initial weights, its sampling no
 imputations), the active party's latent samples, and mask keys. Each party draws it from its own
 `RoleSecret` (32 bytes of operating-system entropy), expanded by AES-256-CTR from `cryptography`
 into named streams (`KeyStream`). A secret never leaves its party: it is kept beside that party's own
-checkpoints, so a resumed run continues the same streams. Mask keys are not derived from it at all
+checkpoints, so a resumed run continues the same streams. Repeatable predictions key the active party's
+noise per record instead (`RoleSecret.record_stream`, `RecordNoise`: the role secret and a keyed hash of
+the record's ID, so a row's noise does not depend on its batch), and a party's prediction-time imputation
+noise is one secret draw shared by every row (`SharedNoise`). Mask keys are not derived from it at all
 (they come from a fresh X25519 agreement, `secure.masks`). Nothing secret is ever derived from the
 public seed; only tests and the deliberately weakened builds of the attack tests inject secrets
 (`RoleSecret.for_tests`).

@@ -213,7 +213,9 @@ def probe_step(node: Node, data: HostedData) -> None:
 
 
 def predict_split(node: Node, data: HostedData) -> Active[Tensor]:
-    """SNIS predictions for every row of a split, in evaluation batches (at the active party)."""
+    """SNIS predictions for every row of a split, in evaluation batches (at the active party). With record
+    keys a row's prediction does not depend on the batch it is in or on earlier predictions (up to the
+    float rounding of batched products); without, the roles' prediction streams restart here."""
     node.restart_noise(Stage.PREDICT)
     size = node.cfg.eval_batch_size
     outputs = [predict(node, data.batch(np.arange(start, min(start + size, data.n))))

@@ -176,7 +176,9 @@ def remove_cells(blocks: list[np.ndarray], missing: np.ndarray, aligned: np.ndar
     """The observed-cell masks after removing each cell with probability `rate` (one uniform per cell
     of every block, in party order), and the block mask with the blocks that lost every cell marked
     missing; in the aligned reserve such a block keeps its cells. `rate` 0: (None, missing), no draw."""
-    if rate <= 0:
+    if not 0 <= rate < 1:
+        raise DataError(f"cell_missing={rate}: the fraction of cells removed must lie in [0, 1)")
+    if rate == 0:
         return None, missing
     missing, observed = missing.copy(), []
     for k, block in enumerate(blocks):

@@ -15,6 +15,10 @@ The arms of one seed are paired: the same split, the same removed cells, and the
 (`RoleSecret.for_tests(seed, party)`, a benchmark's fixed secrets, so the arms start from the same weights
 and draw the same noise; a real run draws fresh ones), so their difference is the treatment's.
 
+`--reference-tree DIR` also runs the fully observed configurations (same seeds, schedule and secrets) with
+the code of another checkout (e.g. the commit before the cell path), in a subprocess with that checkout on
+PYTHONPATH, and the report says whether they give the same accuracies, test pattern by test pattern.
+
 Writes DIR/missing_cells.json after every run (a killed benchmark resumes), then DIR/missing_cells.md
 (accuracy per test pattern, mean ± std over seeds, and the paired difference mask − mean) and
 DIR/missing_cells.png; `--readme FILE` rewrites FILE's section between `<!-- results:NAME:start -->` and
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -55,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rates", nargs="+", type=float, default=[0.0, 0.1, 0.3], help="fractions of cells removed")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", default="runs/missing-cells")
+    p.add_argument("--reference-tree", default=None, help="another checkout: its fully observed runs, compared")
     p.add_argument("--readme", default=None, help="rewrite this file's generated results section")
     p.add_argument("--report-only", action="store_true", help="no training: tables and plot from the JSON")
     p.add_argument("--quiet", action="store_true")
@@ -95,6 +102,47 @@ def run_one(cfg: Config, progress: bool) -> dict:
             "samples": result.samples, "dropped": result.dropped_no_observed_party}
 
 
+# Runs in the reference checkout: only what every version of the package has (no cell settings).
+REFERENCE_RUN = """
+import json, sys
+from dataclasses import replace
+import torch
+from falsevfl_secure.config import make_config
+from falsevfl_secure.data import TEST_PATTERNS
+from falsevfl_secure.randomness import RoleSecret
+from falsevfl_secure.runtime.local import run_local
+dataset, preset, train, seed, pre, post, threads = sys.argv[1:]
+torch.set_num_threads(int(threads))
+cfg = make_config(dataset, preset, train_mechanism=train, seed=int(seed), device="cpu")
+cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=int(pre)), train=replace(cfg.train, epochs=int(post)))
+secrets = {k: RoleSecret.for_tests(cfg.seed, k) for k in range(cfg.parties)}
+result = run_local(cfg, TEST_PATTERNS, progress=False, secrets=secrets)
+print(json.dumps({"accuracy": result.accuracy, "wall_time_s": result.wall_time_s}))
+"""
+
+
+def run_reference(tree: str, meta: dict, threads: int) -> dict:
+    """The fully observed run of `meta` with the package of checkout `tree` (a subprocess)."""
+    argv = [meta["dataset"], meta["preset"], meta["train"], str(meta["seed"]), *map(str, meta["epochs"]), str(threads)]
+    done = subprocess.run([sys.executable, "-c", REFERENCE_RUN, *argv], cwd=tree, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(tree).resolve())}, check=False)
+    if done.returncode:
+        raise SystemExit(f"error: the reference run in {tree} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def reference_line(group: list[dict]) -> list[str]:
+    """Whether the fully observed runs equal the reference checkout's, per seed."""
+    by = {(c["seed"], c["cell_handling"]): c for c in group if c["cell_missing"] == 0}
+    seeds = sorted(s for s, h in by if h == "reference" and (s, "either") in by)
+    if not seeds:
+        return []
+    same = [s for s in seeds if by[(s, "reference")]["accuracy"] == by[(s, "either")]["accuracy"]]
+    return [f"Fully observed runs against the reference checkout ({by[(seeds[0], 'reference')]['reference']}), same "
+            f"secrets: identical accuracies on all seven test patterns for {len(same)} of {len(seeds)} seeds"
+            + (f" (differing: {sorted(set(seeds) - set(same))})" if len(same) < len(seeds) else "") + ".", ""]
+
+
 def table(cells: list[dict]) -> str:
     """Mean ± std over seeds per (rate, handling) and test pattern, then the paired mask − mean gaps."""
     lines = []
@@ -107,14 +155,15 @@ def table(cells: list[dict]) -> str:
                   f"{train}, seeds {', '.join(map(str, seeds))} (accuracy %, mean ± std over seeds)", "",
                   "| cells removed | empty cells | " + " | ".join(TEST_PATTERNS) + " | mean of 7 | n | wall s |",
                   "|---|---|" + "---|" * (len(TEST_PATTERNS) + 3)]
-        for rate, handling in sorted({(c["cell_missing"], c["cell_handling"]) for c in group}):
+        for rate, handling in sorted({(c["cell_missing"], c["cell_handling"]) for c in group
+                                      if c["cell_handling"] != "reference"}):
             runs = [c for c in group if (c["cell_missing"], c["cell_handling"]) == (rate, handling)]
             acc = np.array([[c["accuracy"][t] for t in TEST_PATTERNS] for c in runs])
             row = " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in zip(acc.mean(0), acc.std(0), strict=True))
             mean7 = acc.mean(1)
             lines.append(f"| {rate:.0%} | {handling} | {row} | {mean7.mean():.1f} ± {mean7.std():.1f} | {len(runs)} "
                          f"| {np.mean([c['wall_time_s'] for c in runs]):.0f} |")
-        lines += ["", *gaps(group), ""]
+        lines += ["", *reference_line(group), *gaps(group), ""]
     return "\n".join(lines)
 
 
@@ -188,6 +237,20 @@ def report(cells: list[dict], out: Path, readme: str | None) -> None:
         print(f"rewrote the results section of {readme}")
 
 
+def references(args, cells: list[dict], path: Path) -> None:
+    """The reference checkout's fully observed runs that are not in the JSON yet."""
+    tree = Path(args.reference_tree)
+    label = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           check=False).stdout.strip() or str(tree)
+    done = {key(c) for c in cells}
+    for _, meta in planned(args):
+        meta = {**meta, "cell_handling": "reference", "reference": label}
+        if meta["cell_missing"] == 0 and key(meta) not in done:
+            cells.append({**meta, **run_reference(str(tree), meta, args.threads)})
+            write_json(path, cells)
+            print(f"reference {label} seed {meta['seed']}: {cells[-1]['accuracy']}", flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -209,6 +272,8 @@ def main(argv=None) -> int:
                   f"{meta['cell_missing']:.0%} {meta['cell_handling']}: "
                   + " ".join(f"{t}={a:.1f}" for t, a in result["accuracy"].items())
                   + f" ({result['wall_time_s']:.0f} s)", flush=True)
+    if args.reference_tree and not args.report_only:
+        references(args, cells, path)
     if not cells:
         print(f"error: no results in {path}", file=sys.stderr)
         return 2

@@ -39,7 +39,9 @@ def check_batch(node: Node, batch: Batch) -> None:
     """Refuse a batch the networks would choke on, with a message that says what is wrong."""
     sizes = {_check_block(k, role.model.n_features, batch) for k, role in node.parties.items()}
     if batch.record_keys is not None:
-        sizes.add(batch.record_keys.shape[0] if batch.record_keys.shape[1:] == (32,) else -1)
+        if batch.record_keys.ndim != 2 or batch.record_keys.shape[1] != 32:
+            raise InputError(f"the batch's record keys must be (B, 32), got {tuple(batch.record_keys.shape)}")
+        sizes.add(batch.record_keys.shape[0])
     if batch.n_observed.present:
         n_observed = batch.n_observed.get()
         sizes.add(n_observed.shape[0] if n_observed.dim() == 1 else -1)

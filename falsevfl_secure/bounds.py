@@ -66,3 +66,13 @@ def diagonal_gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     `Normal.log_prob(...).sum(-1)` to avoid materialising the per-feature tensor twice."""
     z = (x - mean) / std
     return -0.5 * (z * z).sum(-1) - std.log().sum(-1) - 0.5 * math.log(2 * math.pi) * x.shape[-1]
+
+
+def observed_gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, observed: Tensor) -> Tensor:
+    """Sum over the observed cells of the last axis of log N(x; mean, std^2) (`observed`: bool,
+    broadcastable to x): the log-density of the observed part of x, as MIWAE scores a row with
+    missing cells. Unobserved cells add exactly 0 and pass no gradient to mean or std (`torch.where`);
+    x must be finite there (the caller imputes them)."""
+    z = (x - mean) / std
+    cells = -0.5 * (z * z) - std.log() - 0.5 * math.log(2 * math.pi)
+    return torch.where(observed, cells, torch.zeros_like(cells)).sum(-1)

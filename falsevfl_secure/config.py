@@ -29,6 +29,8 @@ class Stage(IntEnum):
         return self.name.lower()
 
 
+CELL_HANDLING = ("mask", "mean")  # how party models treat empty cells (Config.cell_handling)
+
 # Settings that do not change what training computes: a checkpoint may be resumed with others.
 NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
 
@@ -58,6 +60,12 @@ class Config:
     discriminator_hidden: int = 256  # discriminator (2-layer MLP)
     indicator_hidden: int = 64  # FALSE-VFL-II missing indicator (3-layer MLP)
     min_decoder_std: float = 0.05
+    # Empty cells inside a block a party holds: "mask" imputes them by the mean and gives the party's
+    # encoder the missing-cell indicator, and its likelihood covers the observed cells only (MIWAE's
+    # treatment); "mean" imputes them by the mean and treats them as observed (the baseline). With no
+    # empty cell both compute exactly the same (the mask input adds a zero-initialised weight only).
+    cell_handling: str = "mask"
+    cell_missing: float = 0.0  # simulations: the fraction of cells removed at random inside held blocks
     kappa: int = 10  # importance samples in training
     predict_samples: int = 50  # L, importance samples for SNIS prediction
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(5e-4, 512, 300))
@@ -118,6 +126,9 @@ class Config:
         need(self.stack_parties in ("auto", "always", "never"),
              f"stack_parties={self.stack_parties!r}: choose auto, always or never")
         need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
+        need(self.cell_handling in CELL_HANDLING, f"cell_handling={self.cell_handling!r}: choose mask or mean")
+        need(isinstance(self.cell_missing, int | float) and 0 <= self.cell_missing < 1,
+             f"cell_missing={self.cell_missing}: a fraction in [0, 1)")
         need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
         need(self.max_rows is None or (isinstance(self.max_rows, int) and self.max_rows >= 10),
              f"max_rows={self.max_rows}: must be at least 10 (or unset)")

@@ -10,16 +10,18 @@ follows from the public seed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .config import Config, Stage
 from .errors import InputError
 from .model import ActiveModel, PartyModel, PartyStack, initialise
+from .model.party import Noise
 from .placement import Active
-from .randomness import KeyStream, RoleRandomness, RoleSecret
+from .randomness import RecordNoise, RoleRandomness, RoleSecret, SharedNoise
 from .transport.base import Transport
 
 
@@ -41,7 +43,12 @@ class PartyRole:
     model: PartyModel
     randomness: RoleRandomness
 
-    def noise(self, stage: Stage) -> KeyStream:
+    def noise(self, stage: Stage, repeatable: bool = False) -> Noise:
+        """This party's noise stream for `stage`; a repeatable prediction draws one secret (S, 1, d_k)
+        block afresh for every batch and shares it by all rows (`SharedNoise`): nothing depends on the
+        batch, and nothing new is needed from another party."""
+        if repeatable and stage is Stage.PREDICT:
+            return SharedNoise(self.randomness.secret.stream("party/noise/predict/shared"))
         return self.randomness.stream(f"party/noise/{stage.key}")
 
 
@@ -52,19 +59,26 @@ class ActiveRole:
     model: ActiveModel
     randomness: RoleRandomness
 
-    def noise(self, stage: Stage) -> KeyStream:
+    def noise(self, stage: Stage, record_keys: np.ndarray | None = None) -> Noise:
+        """The active party's noise for `stage`; a prediction with record keys draws each row's latent
+        and z noise from that row's own stream (`RecordNoise`: the secret and the row's key only)."""
+        if record_keys is not None and stage is Stage.PREDICT:
+            return RecordNoise(self.randomness.secret, "active/noise", record_keys)
         return self.randomness.stream(f"active/noise/{stage.key}")
 
 
 @dataclass
 class Batch:
     """One mini-batch as this process holds it: its parties' blocks and held-row masks, and at the
-    active party the number of observed parties per row and the labels."""
+    active party the number of observed parties per row and the labels; the observed-cell masks of
+    the parties that have empty cells, and the rows' record keys (repeatable predictions) or None."""
 
     x: dict[int, Tensor]
     held: dict[int, Tensor]
     n_observed: Active[Tensor]
     y: Active[Tensor]
+    observed: dict[int, Tensor] = field(default_factory=dict)
+    record_keys: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -80,18 +94,26 @@ class Node:
     device: torch.device
     stack: PartyStack | None = None  # the hosted parties as batched products (local runtime, CUDA)
 
+    def cells(self, batch: Batch) -> dict[int, Tensor]:
+        """The observed-cell masks the party models see: the batch's under cell_handling "mask"; none
+        under "mean", where the empty cells are the mean-imputed values of the data and count as observed."""
+        return batch.observed if self.cfg.cell_handling == "mask" else {}
+
     def posterior_contributions(self, batch: Batch) -> dict[int, Tensor]:
         """Each hosted party's posterior contribution, computed from its own block only."""
+        cells = self.cells(batch)
         if self.stack is not None:
-            return self.stack.posterior_contributions(batch.x, batch.held)
-        return {k: role.model.posterior_contribution(batch.x[k], batch.held[k]) for k, role in self.parties.items()}
+            return self.stack.posterior_contributions(batch.x, batch.held, cells)
+        return {k: role.model.posterior_contribution(batch.x[k], batch.held[k], cells.get(k))
+                for k, role in self.parties.items()}
 
     def likelihood_contributions(self, h: Mapping[int, Tensor], batch: Batch, stage: Stage) -> dict[int, Tensor]:
         """Each hosted party's log-likelihood contribution for its copy h[k] of the latent samples."""
-        noise = {k: role.noise(stage) for k, role in self.parties.items()}
+        noise = {k: role.noise(stage, batch.record_keys is not None) for k, role in self.parties.items()}
+        cells = self.cells(batch)
         if self.stack is not None:
-            return self.stack.log_likelihood_contributions(h, batch.x, batch.held, noise)
-        return {k: role.model.log_likelihood_contribution(h[k], batch.x[k], batch.held[k], noise[k])
+            return self.stack.log_likelihood_contributions(h, batch.x, batch.held, noise, cells)
+        return {k: role.model.log_likelihood_contribution(h[k], batch.x[k], batch.held[k], noise[k], cells.get(k))
                 for k, role in self.parties.items()}
 
     def modules(self) -> list[nn.Module]:
@@ -129,5 +151,6 @@ def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, tr
 
 
 def _party_model(cfg: Config, width: int, randomness: RoleRandomness) -> PartyModel:
-    model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden)
+    model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden,
+                       cell_mask=cfg.cell_handling == "mask")
     return initialise(model, randomness.stream("party/init"))

@@ -8,7 +8,10 @@ Secret randomness is everything else: a party's initial weights, its sampling no
 imputations), the active party's latent samples, and mask keys. Each party draws it from its own
 `RoleSecret` (32 bytes of operating-system entropy), expanded by AES-256-CTR from `cryptography`
 into named streams (`KeyStream`). A secret never leaves its party: it is kept beside that party's own
-checkpoints, so a resumed run continues the same streams. Mask keys are not derived from it at all
+checkpoints, so a resumed run continues the same streams. Repeatable predictions key the active party's
+noise per record instead (`RoleSecret.record_stream`, `RecordNoise`: the role secret and a keyed hash of
+the record's ID, so a row's noise does not depend on its batch), and a party's prediction-time imputation
+noise is one secret draw shared by every row (`SharedNoise`). Mask keys are not derived from it at all
 (they come from a fresh X25519 agreement, `secure.masks`). Nothing secret is ever derived from the
 public seed; only tests and the deliberately weakened builds of the attack tests inject secrets
 (`RoleSecret.for_tests`).
@@ -28,6 +31,8 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 SECRET_BYTES = 32
+RECORD_KEY_DOMAIN = b"falsevfl-recid"  # BLAKE2b personalisation: record keys from record IDs
+RECORD_STREAM_DOMAIN = b"falsevfl-recnse"  # ... and per-record noise streams (apart from `stream`'s keys)
 _BLOCK = 16  # AES block: the CTR counter counts these
 _ZEROS = memoryview(bytes(1 << 18))  # read-only zeros: AES-CTR turns them into the keystream, 256 KiB per call
 
@@ -37,6 +42,7 @@ SPLIT_LABELED = 1
 SPLIT_TRAIN_MASK = 2
 SPLIT_TEST_MASK = 3
 SUBSAMPLE = 4  # --max-rows: which rows a smoke test keeps
+SPLIT_CELLS = 5  # simulations with missing cells: which cells inside held blocks are removed
 
 
 def public_rng(seed: int, *stream: int) -> np.random.Generator:
@@ -142,6 +148,23 @@ class RoleSecret:
         key = hashlib.blake2b(purpose.encode(), key=self.key, digest_size=SECRET_BYTES).digest()
         return KeyStream(key, position)
 
+    def record_key(self, record_id: str) -> bytes:
+        """The 32-byte key of one record: keyed BLAKE2b of its ID under this secret (never the ID
+        itself), in its own domain (`person`), so it is no stream key and no other party's key."""
+        return hashlib.blake2b(record_id.encode(), key=self.key, digest_size=SECRET_BYTES,
+                               person=RECORD_KEY_DOMAIN).digest()
+
+    def record_stream(self, purpose: str, record_key: bytes) -> KeyStream:
+        """The stream of one record for `purpose`: keyed by BLAKE2b(key = this secret,
+        "predict/<purpose>/" + record key), in a domain of its own, so that the same record gets the
+        same numbers in every run of the same model, whatever batch it is in, and nobody without this
+        secret can compute them."""
+        if len(record_key) != SECRET_BYTES:
+            raise ValueError(f"a record key has {SECRET_BYTES} bytes, got {len(record_key)}")
+        data = f"predict/{purpose}/".encode() + bytes(record_key)
+        key = hashlib.blake2b(data, key=self.key, digest_size=SECRET_BYTES, person=RECORD_STREAM_DOMAIN).digest()
+        return KeyStream(key)
+
     def to_tensor(self) -> torch.Tensor:
         """uint8 tensor form, for the party's own checkpoint (loadable with weights_only=True)."""
         return torch.frombuffer(bytearray(self.key), dtype=torch.uint8).clone()
@@ -178,3 +201,52 @@ class RoleRandomness:
         """Become a saved party's randomness: its secret and its streams' positions (a resumed run)."""
         self.secret = secret
         self.restore(state)
+
+
+def record_keys(secret: RoleSecret, record_ids: list[str]) -> np.ndarray:
+    """(N, 32) uint8: `secret.record_key` of every ID, the `record_keys` of a party's hosted data."""
+    out = np.zeros((len(record_ids), SECRET_BYTES), dtype=np.uint8)
+    for row, record_id in enumerate(record_ids):
+        out[row] = np.frombuffer(secret.record_key(record_id), dtype=np.uint8)
+    return out
+
+
+class RecordNoise:
+    """Secret noise per record: row b of every draw comes from row b's own stream
+    (`RoleSecret.record_stream(purpose, keys[b])`), read on from where the last draw stopped, so a
+    row's numbers depend on the secret and its key only, never on the rows beside it in the batch or
+    their order. Draws are laid out like `KeyStream.normal`'s in the model: (S, B, *rest)."""
+
+    def __init__(self, secret: RoleSecret, purpose: str, keys: np.ndarray) -> None:
+        keys = np.asarray(keys, dtype=np.uint8)
+        if keys.ndim != 2 or keys.shape[1] != SECRET_BYTES:
+            raise ValueError(f"record keys are an (N, {SECRET_BYTES}) uint8 array, got shape {keys.shape}")
+        self._streams = [secret.record_stream(purpose, row.tobytes()) for row in keys]
+
+    def normal(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+        """Standard normal values of `shape` = (S, B, *rest); column b from row b's stream."""
+        if len(shape) < 2 or shape[1] != len(self._streams):
+            raise ValueError(f"a draw for {len(self._streams)} records has shape (S, {len(self._streams)}, ...), "
+                             f"got {tuple(shape)}")
+        if not self._streams:
+            return torch.zeros(shape, dtype=dtype, device=device)
+        per_row = (shape[0], *shape[2:])
+        return torch.stack([s.normal(per_row) for s in self._streams], dim=1).to(device=device, dtype=dtype)
+
+
+class SharedNoise:
+    """Secret noise that is the same for every row of a draw: one (S, 1, *rest) draw from `stream`,
+    repeated along the batch axis. For prediction-time imputations at a party, which need i.i.d. draws
+    across a row's S importance samples, not across rows: each row's estimate has the distribution
+    it has with independent rows, and it does not depend on the batch."""
+
+    def __init__(self, stream: KeyStream) -> None:
+        self._stream = stream
+
+    def normal(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+        if len(shape) < 2:
+            raise ValueError(f"a shared draw has shape (S, B, ...), got {tuple(shape)}")
+        one = self._stream.normal((shape[0], 1, *shape[2:]), dtype, device)
+        return one.expand(tuple(shape))

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cli import guarded
-from .config import Config, make_config
+from .config import CELL_HANDLING, Config, make_config
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
 from .errors import InputError
 from .fsio import atomic_write, write_json
@@ -38,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "paper: the paper's schedule")
     parser.add_argument("--pretrain-epochs", type=int, default=None)
     parser.add_argument("--train-epochs", type=int, default=None)
+    parser.add_argument("--cell-missing", type=float, default=None, metavar="FRACTION",
+                        help="remove this fraction of cells at random inside the blocks parties hold (train and test)")
+    parser.add_argument("--cell-handling", choices=CELL_HANDLING, default=None,
+                        help="empty cells: mask (the encoder sees which cells are empty, the likelihood covers "
+                             "the observed ones; default) or mean (mean-imputed and treated as observed)")
     parser.add_argument("--seed", type=int, default=0, help="the public seed: batch order and the simulated split")
     parser.add_argument("--max-rows", type=int, default=None,
                         help="a smoke test of a configuration: at most this many training and test rows")
@@ -68,7 +73,7 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
         raise InputError("--threads must be at least 1")
     cfg = make_config(args.dataset, args.preset, parties=args.parties, variant=args.variant,
                       train_mechanism=args.train_mechanism, seed=args.seed, device=args.device,
-                      max_rows=args.max_rows)
+                      max_rows=args.max_rows, cell_missing=args.cell_missing, cell_handling=args.cell_handling)
     if args.pretrain_epochs is not None:
         cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
     if args.train_epochs is not None:

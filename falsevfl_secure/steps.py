@@ -19,19 +19,29 @@ from .placement import Active, apply
 from .transport.rounds import LATENT, LIKELIHOOD, POSTERIOR
 
 
+def _check_block(k: int, n_features: int, batch: Batch) -> int:
+    """Party k's block, held rows and cell mask in the batch; its batch size."""
+    if k not in batch.x or k not in batch.held:
+        raise InputError(f"party {k}: the batch has no feature block for it")
+    x, held, observed = batch.x[k], batch.held[k], batch.observed.get(k)
+    if x.dim() != 2 or x.shape[1] != n_features:
+        raise InputError(f"party {k}: expected a (B, {n_features}) feature block, got {tuple(x.shape)}")
+    if held.dtype != torch.bool or held.shape != x.shape[:1]:
+        raise InputError(f"party {k}: the held-rows mask must be bool of shape ({x.shape[0]},), "
+                         f"got {held.dtype} {tuple(held.shape)}")
+    if observed is not None and (observed.dtype != torch.bool or observed.shape != x.shape):
+        raise InputError(f"party {k}: the observed-cell mask must be bool of shape {tuple(x.shape)}, "
+                         f"got {observed.dtype} {tuple(observed.shape)}")
+    return x.shape[0]
+
+
 def check_batch(node: Node, batch: Batch) -> None:
     """Refuse a batch the networks would choke on, with a message that says what is wrong."""
-    sizes = set()
-    for k, role in node.parties.items():
-        if k not in batch.x or k not in batch.held:
-            raise InputError(f"party {k}: the batch has no feature block for it")
-        x, held = batch.x[k], batch.held[k]
-        if x.dim() != 2 or x.shape[1] != role.model.n_features:
-            raise InputError(f"party {k}: expected a (B, {role.model.n_features}) feature block, got {tuple(x.shape)}")
-        if held.dtype != torch.bool or held.shape != x.shape[:1]:
-            raise InputError(f"party {k}: the held-rows mask must be bool of shape ({x.shape[0]},), "
-                             f"got {held.dtype} {tuple(held.shape)}")
-        sizes.add(x.shape[0])
+    sizes = {_check_block(k, role.model.n_features, batch) for k, role in node.parties.items()}
+    if batch.record_keys is not None:
+        if batch.record_keys.ndim != 2 or batch.record_keys.shape[1] != 32:
+            raise InputError(f"the batch's record keys must be (B, 32), got {tuple(batch.record_keys.shape)}")
+        sizes.add(batch.record_keys.shape[0])
     if batch.n_observed.present:
         n_observed = batch.n_observed.get()
         sizes.add(n_observed.shape[0] if n_observed.dim() == 1 else -1)
@@ -43,24 +53,26 @@ def check_batch(node: Node, batch: Batch) -> None:
         raise InputError("empty batch: no samples to process")
 
 
-def _sample(role: ActiveRole, posterior: Tensor, n_observed: Tensor, n_samples: int, stage: Stage):
-    return role.model.sample_latent(posterior, n_observed, n_samples, role.noise(stage))
+def _sample(role: ActiveRole, noise, posterior: Tensor, n_observed: Tensor, n_samples: int):
+    return role.model.sample_latent(posterior, n_observed, n_samples, noise)
 
 
-def _weigh(role: ActiveRole, latent: tuple[Tensor, Tensor], likelihood: Tensor, stage: Stage):
+def _weigh(role: ActiveRole, noise, latent: tuple[Tensor, Tensor], likelihood: Tensor):
     h, log_q_h = latent
-    return role.model.log_weights(h, log_q_h, likelihood, role.noise(stage)), h
+    return role.model.log_weights(h, log_q_h, likelihood, noise), h
 
 
 def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Active[tuple[Tensor, Tensor]]:
     """The three forward rounds; at the active party the log importance weights (S, B) and the latent
-    samples (S, B, d_h)."""
+    samples (S, B, d_h). The active party's latent and z draws come from one noise source per step,
+    in that order (`ActiveRole.noise`)."""
     check_batch(node, batch)
+    noise = node.active.map(lambda role: role.noise(stage, batch.record_keys))
     posterior = node.transport.aggregate(POSTERIOR, node.posterior_contributions(batch))
-    latent = apply(_sample, node.active, posterior, batch.n_observed, n_samples, stage)
+    latent = apply(_sample, node.active, noise, posterior, batch.n_observed, n_samples)
     h = node.transport.broadcast(LATENT, latent.map(lambda s: s[0]), (n_samples, batch.size, node.cfg.h_dim))
     likelihood = node.transport.aggregate(LIKELIHOOD, node.likelihood_contributions(h, batch, stage))
-    return apply(_weigh, node.active, latent, likelihood, stage)
+    return apply(_weigh, node.active, noise, latent, likelihood)
 
 
 def stage1_loss(node: Node, batch: Batch) -> Active[Tensor]:

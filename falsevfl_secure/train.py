@@ -32,7 +32,11 @@ EpochHook = Callable[[Stage, int, dict], None]
 @dataclass
 class HostedData:
     """A split as this process holds it, as tensors: its parties' blocks and held rows and, at the active
-    party, the number of observed parties per row and the labels. `labeled_index` is public."""
+    party, the number of observed parties per row and the labels. `labeled_index` is public.
+
+    `observed`: the observed-cell masks (N, d_k) of the parties that have an empty cell in a row they
+    hold (a party without an entry observes every cell: its models compute as without the cell path);
+    `record_keys`: (N, 32) uint8 per-record keys for repeatable predictions, or None (see `PartyView`)."""
 
     n: int
     x: dict[int, Tensor]
@@ -40,23 +44,65 @@ class HostedData:
     n_observed: Active[Tensor]
     y: Active[Tensor]
     labeled_index: np.ndarray
+    observed: dict[int, Tensor] = field(default_factory=dict)
+    record_keys: np.ndarray | None = None
 
     def batch(self, rows: np.ndarray) -> Batch:
-        index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(next(iter(self.x.values())).device)
+        rows = np.asarray(rows, dtype=np.int64)
+        index = torch.from_numpy(rows).to(next(iter(self.x.values())).device)
         return Batch(x={k: v.index_select(0, index) for k, v in self.x.items()},
                      held={k: v.index_select(0, index) for k, v in self.held.items()},
                      n_observed=self.n_observed.map(lambda t: t.index_select(0, index)),
-                     y=self.y.map(lambda t: t.index_select(0, index)))
+                     y=self.y.map(lambda t: t.index_select(0, index)),
+                     observed={k: v.index_select(0, index) for k, v in self.observed.items()},
+                     record_keys=None if self.record_keys is None else self.record_keys[rows])
+
+
+def _host_block(k: int, block: np.ndarray, held: np.ndarray, observed: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Party k's block with its unobserved cells mean-imputed (0), and its cell mask where it has an
+    empty cell in a row it holds (else None); bad values and shapes refused, naming the party."""
+    if observed is not None:
+        observed = np.asarray(observed)
+        if observed.dtype != bool or observed.shape != block.shape:
+            raise InputError(f"party {k}: its observed-cell mask must be bool of shape {block.shape}, "
+                             f"got {observed.dtype} {observed.shape}")
+        empty = held & ~observed.any(axis=1)
+        if empty.any():
+            raise InputError(f"party {k}: {int(empty.sum())} rows it holds have no observed cell "
+                             f"(first: row {int(np.flatnonzero(empty)[0])}); a block with every cell empty "
+                             "is a block the party does not hold")
+        block = np.where(observed, block, np.float32(0.0))
+        observed = observed if (held[:, None] & ~observed).any() else None
+    if not np.isfinite(block).all():
+        raise InputError(f"party {k}: its feature block contains NaN or inf values")
+    return np.ascontiguousarray(block), observed
+
+
+def _record_keys(view: PartyView) -> np.ndarray | None:
+    """The view's record keys, checked: (N, 32) uint8, and at the active party a key for every row."""
+    keys = view.record_keys
+    if keys is None:
+        return None
+    keys = np.asarray(keys)
+    if keys.dtype != np.uint8 or keys.shape != (view.n, 32):
+        raise InputError(f"record keys must be uint8 of shape ({view.n}, 32), got {keys.dtype} {keys.shape}")
+    if view.labels is not None and view.n and not keys.any(axis=1).all():
+        raise InputError(f"the active party has no record key for {int((~keys.any(axis=1)).sum())} rows; "
+                         "repeatable predictions need one per row")
+    return np.ascontiguousarray(keys)
 
 
 def host_split(view: PartyView, device: torch.device, n_classes: int | None = None) -> HostedData:
     """The tensors of what a process holds of a split, validated."""
-    x, held = {}, {}
+    x, held, cells = {}, {}, {}
     for k, (block, held_rows) in view.blocks.items():
-        if not np.isfinite(block).all():
-            raise InputError(f"party {k}: its feature block contains NaN or inf values")
-        x[k] = torch.as_tensor(np.ascontiguousarray(block), dtype=torch.float32, device=device)
-        held[k] = torch.as_tensor(np.asarray(held_rows, dtype=bool), device=device)
+        held_rows = np.asarray(held_rows, dtype=bool)
+        block, observed = _host_block(k, block, held_rows, (view.observed or {}).get(k))
+        x[k] = torch.as_tensor(block, dtype=torch.float32, device=device)
+        held[k] = torch.as_tensor(held_rows, device=device)
+        if observed is not None:
+            cells[k] = torch.as_tensor(observed, device=device)
     n_observed, y = Active.absent(), Active.absent()
     if view.labels is not None:
         observed, labels = view.labels.n_observed, np.asarray(view.labels.y)
@@ -67,7 +113,7 @@ def host_split(view: PartyView, device: torch.device, n_classes: int | None = No
             raise InputError(f"labels must lie in 0..{n_classes - 1}; got {labels.min()}..{labels.max()}")
         n_observed = Active(torch.as_tensor(observed, dtype=torch.float32, device=device))
         y = Active(torch.as_tensor(labels, device=device))
-    return HostedData(view.n, x, held, n_observed, y, np.asarray(view.labeled_index))
+    return HostedData(view.n, x, held, n_observed, y, np.asarray(view.labeled_index), cells, _record_keys(view))
 
 
 def epoch_batches(rows: np.ndarray, batch_size: int, seed: int, stage: Stage, epoch: int) -> list[np.ndarray]:
@@ -167,7 +213,9 @@ def probe_step(node: Node, data: HostedData) -> None:
 
 
 def predict_split(node: Node, data: HostedData) -> Active[Tensor]:
-    """SNIS predictions for every row of a split, in evaluation batches (at the active party)."""
+    """SNIS predictions for every row of a split, in evaluation batches (at the active party). With record
+    keys a row's prediction does not depend on the batch it is in or on earlier predictions (up to the
+    float rounding of batched products); without, the roles' prediction streams restart here."""
     node.restart_noise(Stage.PREDICT)
     size = node.cfg.eval_batch_size
     outputs = [predict(node, data.batch(np.arange(start, min(start + size, data.n))))

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from cells import with_missing_cells
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,7 +84,7 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("variant", ["I", "II"])
 def test_stage2_freezes_generative_parameters_and_stage1_changes_them(variant):
-    split = synthetic_split(n=48, parties=3, seed=1)
+    split = with_missing_cells(synthetic_split(n=48, parties=3, seed=1), 0.2, 1)  # so the cell weights train too
     cfg = small_config(3, variant)
     world, data = world_and_data(cfg, split)
     active = world.active.get().model

@@ -18,6 +18,13 @@ run's result record. The aligned reserve is never dropped (it is fully observed)
 Privacy of the views: in `blocks[k]` the rows that party k does not hold are set to 0.0, so no
 party's array ever contains values it does not have; `party_block(k)` returns only (x_k, held_k).
 
+Missing cells (`cell_missing` > 0, simulations only). Inside the blocks a party holds, each cell is
+removed independently with that probability (one public uniform draw per cell, from its own stream, so the
+cells removed at 10 % are among those removed at 30 %, and the draw does not depend on the mechanism).
+A removed cell is 0.0 in the block and False in `observed`. A block that loses every cell is a missing
+block (the party does not hold the row) and the empty-row rule applies after it; in the aligned reserve
+such a block keeps its cells, so the reserve stays held by every party.
+
 Seeding: every random stream comes from `np.random.SeedSequence([seed, stream, ...])`, so the same
 seed gives identical splits, the labeled draw does not depend on the mechanism, and each test
 pattern's mask is drawn from its own stream, independent of the training split.
@@ -33,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..randomness import SPLIT_LABELED, SPLIT_TEST_MASK, SPLIT_TRAIN_MASK, SUBSAMPLE, public_rng
+from ..randomness import SPLIT_CELLS, SPLIT_LABELED, SPLIT_TEST_MASK, SPLIT_TRAIN_MASK, SUBSAMPLE, public_rng
 from .errors import DataError
 from .loaders import Dataset, load_dataset
 from .mechanisms import Dirichlet, Mechanism, parse_mechanism
@@ -64,13 +71,27 @@ class LabelSide:
 class PartyView:
     """What one process holds of a split: its parties' blocks and held rows, and, at the active party,
     the label side. `labeled_index` (row numbers of the labeled rows, not the labels) is public: the
-    active party announces it before stage 2 so every party knows which rows to encode."""
+    active party announces it before stage 2 so every party knows which rows to encode.
+
+    `observed` (optional): party -> (N, d_k) bool, True where a cell of a held row has a value; a party
+    without an entry (or `observed=None`) observes every cell of the rows it holds. Values at unobserved
+    cells are ignored (mean-imputed). A held row must have at least one observed cell: a block with
+    every cell empty is a block the party does not hold.
+
+    `record_keys` (optional): (N, 32) uint8, per row a keyed hash of the record's ID
+    (`randomness.record_keys`), never the ID. Given, predictions are repeatable: the active party draws
+    each row's sampling noise from its own secret and the row's key (every row needs one there), and a
+    party's FALSE-VFL-II imputation noise is one secret draw shared by all rows (a passive party's keys
+    are not used; their presence switches it to that rule). None (simulations): noise as in training,
+    one stream per role restarted for the prediction."""
 
     n: int
     blocks: dict[int, tuple[np.ndarray, np.ndarray]]  # party -> (features (N, d_k), held rows (N,))
     labels: LabelSide | None
     labeled_index: np.ndarray
     dropped: int = 0
+    observed: dict[int, np.ndarray] | None = None
+    record_keys: np.ndarray | None = None
 
 
 @dataclass
@@ -86,6 +107,7 @@ class VerticalSplit:
     mechanism: str
     aligned: np.ndarray | None = None  # bool (N,): the fully observed reserve (train split only)
     party_rates: np.ndarray | None = None  # the drawn per-party rates of a `dirichlet:` mechanism
+    observed: list[np.ndarray] | None = None  # per party (N, d_k) bool: cells with a value (None: all)
 
     @property
     def n(self) -> int:
@@ -107,7 +129,8 @@ class VerticalSplit:
         if with_labels:
             labels = LabelSide((~self.missing).sum(axis=1).astype(np.int64), np.asarray(self.y))
         blocks = {k: self.party_block(k) for k in parties}
-        return PartyView(self.n, blocks, labels, np.flatnonzero(self.labeled), self.dropped)
+        observed = None if self.observed is None else {k: self.observed[k] for k in blocks}
+        return PartyView(self.n, blocks, labels, np.flatnonzero(self.labeled), self.dropped, observed)
 
 
 def _spec_stream(mechanism: Mechanism) -> int:
@@ -123,8 +146,9 @@ def _draw(mechanism: Mechanism, blocks: list[np.ndarray], rng: np.random.Generat
 
 
 def _assemble(blocks: list[np.ndarray], missing: np.ndarray, y: np.ndarray, labeled: np.ndarray,
-              aligned: np.ndarray, mechanism: str, rates: np.ndarray | None, what: str) -> VerticalSplit:
-    """Apply the empty-row rule and zero every value a party does not hold."""
+              aligned: np.ndarray, mechanism: str, rates: np.ndarray | None, what: str,
+              observed: list[np.ndarray] | None = None) -> VerticalSplit:
+    """Apply the empty-row rule and zero every value a party does not hold (rows and cells)."""
     empty = missing.all(axis=1)
     if (empty & aligned).any():  # cannot happen: the reserve is fully observed
         raise AssertionError("aligned reserve rows would be dropped")
@@ -134,19 +158,42 @@ def _assemble(blocks: list[np.ndarray], missing: np.ndarray, y: np.ndarray, labe
         log.info("%s split under %s: dropped %d of %d samples with no observed party (empty-row rule)",
                  what, mechanism, dropped, len(keep))
     missing = missing[keep]
-    out = []
+    out, cells = [], None if observed is None else [np.ascontiguousarray(o[keep]) for o in observed]
     for k, block in enumerate(blocks):
         part = np.ascontiguousarray(block[keep], dtype=np.float32)
         part[missing[:, k]] = 0.0
+        if cells is not None:
+            cells[k][missing[:, k]] = False
+            part[~cells[k]] = 0.0
         out.append(part)
     return VerticalSplit(out, missing, np.ascontiguousarray(y[keep], dtype=np.int64), labeled[keep].copy(),
                          np.flatnonzero(keep).astype(np.int64), dropped, mechanism, aligned[keep].copy(),
-                         rates)
+                         rates, cells)
+
+
+def remove_cells(blocks: list[np.ndarray], missing: np.ndarray, aligned: np.ndarray, rate: float,
+                 rng: np.random.Generator) -> tuple[list[np.ndarray] | None, np.ndarray]:
+    """The observed-cell masks after removing each cell with probability `rate` (one uniform per cell
+    of every block, in party order), and the block mask with the blocks that lost every cell marked
+    missing; in the aligned reserve such a block keeps its cells. `rate` 0: (None, missing), no draw."""
+    if not 0 <= rate < 1:
+        raise DataError(f"cell_missing={rate}: the fraction of cells removed must lie in [0, 1)")
+    if rate == 0:
+        return None, missing
+    missing, observed = missing.copy(), []
+    for k, block in enumerate(blocks):
+        cells = rng.random(block.shape) >= rate
+        emptied = ~cells.any(axis=1)
+        cells[emptied & aligned] = True
+        missing[:, k] |= emptied & ~aligned
+        observed.append(cells)
+    return observed, missing
 
 
 def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
-                     n_labeled: int | None = None, n_aligned: int | None = None) -> VerticalSplit:
-    """The training split: labeled draw, aligned reserve, training mechanism, empty-row rule."""
+                     n_labeled: int | None = None, n_aligned: int | None = None,
+                     cell_missing: float = 0.0) -> VerticalSplit:
+    """The training split: labeled draw, aligned reserve, training mechanism, missing cells, empty-row rule."""
     mech = parse_mechanism(mechanism)
     n = len(dataset.y_train)
     default_labeled, default_aligned = DEFAULT_LABELED.get(dataset.name, TABULAR_DEFAULT)
@@ -165,18 +212,24 @@ def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
     missing, rates = _draw(mech, blocks, public_rng(seed, SPLIT_TRAIN_MASK, _spec_stream(mech)))
     missing = np.asarray(missing, dtype=bool)
     missing[aligned] = False
+    observed, missing = remove_cells(blocks, missing, aligned, cell_missing, public_rng(seed, SPLIT_CELLS, 0))
     return _assemble(blocks, missing, np.asarray(dataset.y_train), labeled, aligned, mech.spec, rates,
-                     "train")
+                     "train", observed)
 
 
-def make_test_split(dataset: Dataset, parties: int, mechanism: str, seed: int) -> VerticalSplit:
-    """The test split: every test sample follows `mechanism`, all labeled; empty-row rule applied."""
+def make_test_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
+                    cell_missing: float = 0.0) -> VerticalSplit:
+    """The test split: every test sample follows `mechanism`, all labeled; missing cells (the same
+    cells for every mechanism) and the empty-row rule applied."""
     mech = parse_mechanism(mechanism)
     n = len(dataset.y_test)
     blocks = split_blocks(dataset.x_test, feature_blocks(dataset, parties))
     missing, rates = _draw(mech, blocks, public_rng(seed, SPLIT_TEST_MASK, _spec_stream(mech)))
-    return _assemble(blocks, np.asarray(missing, dtype=bool), np.asarray(dataset.y_test),
-                     np.ones(n, dtype=bool), np.zeros(n, dtype=bool), mech.spec, rates, "test")
+    none = np.zeros(n, dtype=bool)
+    observed, missing = remove_cells(blocks, np.asarray(missing, dtype=bool), none, cell_missing,
+                                     public_rng(seed, SPLIT_CELLS, 1))
+    return _assemble(blocks, missing, np.asarray(dataset.y_test), np.ones(n, dtype=bool), none, mech.spec,
+                     rates, "test", observed)
 
 
 def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, VerticalSplit, dict[str, VerticalSplit]]:
@@ -186,8 +239,9 @@ def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, Ver
     n_labeled, n_aligned = cfg.n_labeled, cfg.n_aligned
     if cfg.max_rows is not None:
         dataset, n_labeled, n_aligned = subsample(dataset, cfg.max_rows, cfg.seed, n_labeled, n_aligned)
-    train = make_train_split(dataset, cfg.parties, cfg.train_mechanism, cfg.seed, n_labeled, n_aligned)
-    tests = {p: make_test_split(dataset, cfg.parties, p, cfg.seed) for p in test_patterns}
+    train = make_train_split(dataset, cfg.parties, cfg.train_mechanism, cfg.seed, n_labeled, n_aligned,
+                             cfg.cell_missing)
+    tests = {p: make_test_split(dataset, cfg.parties, p, cfg.seed, cfg.cell_missing) for p in test_patterns}
     return dataset, train, tests
 
 

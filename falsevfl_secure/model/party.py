@@ -7,6 +7,14 @@ it adds into the cross-party sums: the posterior terms and the log-likelihood te
 The arithmetic after the networks lives in module-level functions that accept any leading axes, so
 that `PartyStack` (several parties of one process evaluated as batched matrix products) runs
 exactly the same formulas with a leading party axis.
+
+Missing cells. A party may hold a row with some of its cells empty; `observed` ((B, d) bool, True
+where a cell has a value) says which. Such a block is encoded with its empty cells imputed by 0
+(the mean, after standardisation) and, with `cell_mask`, the missing-cell indicator (1 - observed) as
+extra input of the encoder's first layer; its log-likelihood sums over the observed cells only (as
+MIWAE does within one table). With `observed=None` every cell of a held row is observed and the
+computation is exactly the one without the mask input: the indicator is then 0, so its term is
+skipped, not added as zeros.
 """
 
 from __future__ import annotations
@@ -17,11 +25,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..bounds import diagonal_gaussian_log_prob
-from ..randomness import KeyStream
+from ..bounds import diagonal_gaussian_log_prob, observed_gaussian_log_prob
+from ..randomness import KeyStream, RecordNoise, SharedNoise
 from .mlp import mlp
 
 MIN_PRECISION = 1e-3
+Noise = KeyStream | RecordNoise | SharedNoise  # anything with KeyStream's `normal(shape, dtype, device)`
+
+
+def impute_cells(x: Tensor, observed: Tensor | None) -> Tensor:
+    """x with its unobserved cells set to 0 (mean imputation of standardised features): whatever a
+    caller left there (NaN included) can change nothing."""
+    return x if observed is None else torch.where(observed, x, torch.zeros_like(x))
 
 
 def posterior_terms(encoded: Tensor, held: Tensor) -> Tensor:
@@ -44,21 +59,29 @@ def decoder_gaussian(decoded: Tensor, min_std: float) -> tuple[Tensor, Tensor]:
 
 
 def likelihood_terms(mean: Tensor, std: Tensor, x: Tensor, held: Tensor,
-                     indicator: Callable[[Tensor], Tensor] | None = None, noise: Tensor | None = None) -> Tensor:
+                     indicator: Callable[[Tensor], Tensor] | None = None, noise: Tensor | None = None,
+                     observed: Tensor | None = None) -> Tensor:
     """One party's term of the summed log-likelihood, (..., S, B), from p(x^k | h_j) = N(mean, std^2)
-    of shape (..., S, B, d), its block x (..., B, d) and held rows (..., B).
+    of shape (..., S, B, d), its block x (..., B, d), held rows (..., B) and observed cells (..., B, d)
+    (None: every cell of a held row).
 
-    FALSE-VFL-I: log p(x^k | h_j) on held rows, 0 elsewhere.
-    FALSE-VFL-II (`indicator` given): plus log p(m^k | x^k) on every row, where a row the party does
-    not hold uses x^k_j = mean + std * noise, a reparameterised draw from its own decoder.
+    FALSE-VFL-I: log p(x^k_obs | h_j), summed over the observed cells of held rows; 0 elsewhere.
+    FALSE-VFL-II (`indicator` given): plus log p(m^k | x^k) on every row, where m^k says whether the
+    party holds the row (the block, not its cells) and every value the party lacks (a row it does not
+    hold, an unobserved cell of one it does) is x^k_j = mean + std * noise, a reparameterised draw from
+    its own decoder.
     """
-    x_s, held_s = x.unsqueeze(-3), held.unsqueeze(-2)  # broadcast over the S importance samples
-    log_lik = diagonal_gaussian_log_prob(x_s, mean, std)
+    x_s, held_s = impute_cells(x, observed).unsqueeze(-3), held.unsqueeze(-2)  # broadcast over the S samples
+    if observed is None:
+        log_lik, present = diagonal_gaussian_log_prob(x_s, mean, std), held_s.unsqueeze(-1)
+    else:
+        observed_s = observed.unsqueeze(-3)
+        log_lik, present = observed_gaussian_log_prob(x_s, mean, std, observed_s), held_s.unsqueeze(-1) & observed_s
     term = torch.where(held_s, log_lik, torch.zeros_like(log_lik))
     if indicator is None:
         return term
     imputed = mean + std * noise
-    x_full = torch.where(held_s.unsqueeze(-1), x_s.expand_as(imputed), imputed)
+    x_full = torch.where(present, x_s.expand_as(imputed), imputed)
     logit = indicator(x_full).squeeze(-1)
     # m = 1 means "missing": log p(m=1|x) = log sigmoid(logit), log p(m=0|x) = log sigmoid(-logit).
     return term + F.logsigmoid(torch.where(held_s, -logit, logit))
@@ -66,7 +89,14 @@ def likelihood_terms(mean: Tensor, std: Tensor, x: Tensor, held: Tensor,
 
 class PartyModel(nn.Module):
     """Encoder q(h | x^k) -> (mu_k, precision_k), decoder p(x^k | h) (Gaussian) and, for
-    FALSE-VFL-II, the missing indicator p(m^k | x^k) (Bernoulli)."""
+    FALSE-VFL-II, the missing indicator p(m^k | x^k) (Bernoulli).
+
+    With `cell_mask`, the encoder's first layer also takes the missing-cell indicator, through
+    `cell_weight` (hidden, d), a bias-free weight added to that layer. It starts at zero, not drawn: a
+    model that never met an empty cell in training then encodes one exactly as mean imputation does,
+    instead of through untrained random weights; every weight an inversion of the encoder needs is still
+    drawn from the party's secret (`initialise`, which draws the layers above in the order it always did).
+    """
 
     def __init__(
         self,
@@ -76,6 +106,7 @@ class PartyModel(nn.Module):
         variant: str = "I",
         min_decoder_std: float = 0.05,
         indicator_hidden: int = 64,
+        cell_mask: bool = False,
     ) -> None:
         super().__init__()
         self.n_features = n_features
@@ -87,22 +118,34 @@ class PartyModel(nn.Module):
         self.indicator = (
             mlp([n_features, indicator_hidden, indicator_hidden, 1]) if variant == "II" else None
         )
+        self.cell_weight = nn.Parameter(torch.zeros(hidden, n_features)) if cell_mask else None
 
     # -- generative-side parameters are everything here: stage 2 freezes the whole party model --
 
-    def posterior_contribution(self, x: Tensor, held: Tensor) -> Tensor:
+    def encode(self, x: Tensor, observed: Tensor | None = None) -> Tensor:
+        """The encoder's output (B, 2 d_h) for a block with unobserved cells imputed and, with
+        `cell_mask`, their indicator as extra input; `observed=None`: exactly `self.encoder(x)`."""
+        if observed is None:
+            return self.encoder(x)
+        first = self.encoder[0](impute_cells(x, observed))
+        if self.cell_weight is not None:
+            first = first + F.linear((~observed).to(x.dtype), self.cell_weight)
+        return self.encoder[1:](first)
+
+    def posterior_contribution(self, x: Tensor, held: Tensor, observed: Tensor | None = None) -> Tensor:
         """[mu_k, precision_k] for the rows this party holds and exact zeros elsewhere, (B, 2 d_h)."""
-        return posterior_terms(self.encoder(x), held)
+        return posterior_terms(self.encode(x, observed), held)
 
     def decode(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and standard deviation of p(x^k | h)."""
         return decoder_gaussian(self.decoder(h), self.min_decoder_std)
 
-    def log_likelihood_contribution(self, h: Tensor, x: Tensor, held: Tensor, noise: KeyStream | None = None) -> Tensor:
+    def log_likelihood_contribution(self, h: Tensor, x: Tensor, held: Tensor, noise: Noise | None = None,
+                                    observed: Tensor | None = None) -> Tensor:
         """This party's term of the summed log-likelihood, shape (kappa, B) (see `likelihood_terms`);
-        FALSE-VFL-II draws the imputation noise from this party's own secret `noise` stream."""
+        FALSE-VFL-II draws the imputation noise from this party's own secret `noise`."""
         mean, std = self.decode(h)
         draws = None
         if self.indicator is not None:
             draws = noise.normal(tuple(mean.shape), mean.dtype, mean.device)
-        return likelihood_terms(mean, std, x, held, self.indicator, draws)
+        return likelihood_terms(mean, std, x, held, self.indicator, draws, observed)

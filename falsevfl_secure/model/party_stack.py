@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..randomness import KeyStream
-from .party import PartyModel, decoder_gaussian, likelihood_terms, posterior_terms
+from .party import Noise, PartyModel, decoder_gaussian, impute_cells, likelihood_terms, posterior_terms
 
 
 def stacked_mlp(mlps: Sequence[nn.Sequential], x: Tensor) -> Tensor:
@@ -40,7 +39,7 @@ def stacked_mlp(mlps: Sequence[nn.Sequential], x: Tensor) -> Tensor:
 
 def _signature(model: PartyModel) -> tuple:
     shapes = tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
-    return shapes, model.variant, model.min_decoder_std
+    return shapes, model.variant, model.min_decoder_std, model.cell_weight is not None
 
 
 class PartyStack:
@@ -53,6 +52,7 @@ class PartyStack:
         first = next(iter(self.parties.values()))
         self.min_decoder_std = first.min_decoder_std
         self.has_indicator = first.indicator is not None
+        self.has_cell_mask = first.cell_weight is not None
 
     @staticmethod
     def can_stack(parties: Mapping[int, PartyModel]) -> bool:
@@ -66,13 +66,38 @@ class PartyStack:
     def _per_party(self, stacked: Tensor) -> dict[int, Tensor]:
         return dict(zip(self.parties, stacked.unbind(0), strict=True))
 
-    def posterior_contributions(self, x: Mapping[int, Tensor], held: Mapping[int, Tensor]) -> dict[int, Tensor]:
-        """Every hosted party's `posterior_contribution`, (B, 2 d_h) each."""
-        encoded = stacked_mlp([m.encoder for m in self.parties.values()], self._stack(x))
+    def _cells(self, observed: Mapping[int, Tensor], x: Mapping[int, Tensor]) -> Tensor | None:
+        """The stacked observed-cell masks (K, B, d); a party without one observes every cell (its
+        indicator is 0). None when no hosted party has one: then nothing of the cell path runs."""
+        if not any(k in observed for k in self.parties):
+            return None
+        return torch.stack([observed[k] if k in observed else torch.ones_like(x[k], dtype=torch.bool)
+                            for k in self.parties])
+
+    def _encode(self, xs: Tensor, cells: Tensor | None, observed: Mapping[int, Tensor]) -> Tensor:
+        """`PartyModel.encode` of every party at once. A party without a cell mask gets its cell weight
+        detached (its indicator is 0, so values are unchanged): no gradient, as in its own `encode`."""
+        encoders = [m.encoder for m in self.parties.values()]
+        if cells is None:
+            return stacked_mlp(encoders, xs)
+        first = stacked_mlp([e[:1] for e in encoders], impute_cells(xs, cells))
+        if self.has_cell_mask:
+            weight = torch.stack([m.cell_weight if k in observed else m.cell_weight.detach()
+                                  for k, m in self.parties.items()])
+            first = torch.baddbmm(first, (~cells).to(xs.dtype), weight.transpose(1, 2))
+        return stacked_mlp([e[1:] for e in encoders], first)
+
+    def posterior_contributions(self, x: Mapping[int, Tensor], held: Mapping[int, Tensor],
+                                observed: Mapping[int, Tensor] | None = None) -> dict[int, Tensor]:
+        """Every hosted party's `posterior_contribution`, (B, 2 d_h) each; `observed` holds the cell
+        masks of the parties that have one."""
+        observed = observed or {}
+        encoded = self._encode(self._stack(x), self._cells(observed, x), observed)
         return self._per_party(posterior_terms(encoded, self._stack(held)))
 
     def log_likelihood_contributions(self, h: Mapping[int, Tensor], x: Mapping[int, Tensor],
-                                     held: Mapping[int, Tensor], noises: Mapping[int, KeyStream]) -> dict[int, Tensor]:
+                                     held: Mapping[int, Tensor], noises: Mapping[int, Noise],
+                                     observed: Mapping[int, Tensor] | None = None) -> dict[int, Tensor]:
         """Every hosted party's `log_likelihood_contribution` for its copy of the latent samples
         h[k] (S, B, d_h), (S, B) each; FALSE-VFL-II draws each party's imputation noise from that
         party's own secret stream, the same numbers the sequential path draws."""
@@ -93,4 +118,5 @@ class PartyStack:
             def indicator(values: Tensor) -> Tensor:
                 return per_sample([m.indicator for m in self.parties.values()], values)
 
-        return self._per_party(likelihood_terms(mean, std, self._stack(x), self._stack(held), indicator, noise))
+        cells = self._cells(observed or {}, x)
+        return self._per_party(likelihood_terms(mean, std, self._stack(x), self._stack(held), indicator, noise, cells))

@@ -203,11 +203,13 @@ class RoleRandomness:
         self.restore(state)
 
 
-def record_keys(secret: RoleSecret, record_ids: list[str]) -> np.ndarray:
-    """(N, 32) uint8: `secret.record_key` of every ID, the `record_keys` of a party's hosted data."""
+def record_keys(secret: RoleSecret, record_ids: list[str | None]) -> np.ndarray:
+    """(N, 32) uint8: `secret.record_key` of every ID, the `record_keys` of a party's hosted data; a
+    zero row for None (a record this party does not list)."""
     out = np.zeros((len(record_ids), SECRET_BYTES), dtype=np.uint8)
     for row, record_id in enumerate(record_ids):
-        out[row] = np.frombuffer(secret.record_key(record_id), dtype=np.uint8)
+        if record_id is not None:
+            out[row] = np.frombuffer(secret.record_key(record_id), dtype=np.uint8)
     return out
 
 

@@ -234,11 +234,11 @@ def place_block(block: EncodedBlock, aligned: Aligned) -> Placed:
 
 
 def party_view(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray | None,
-               rows: np.ndarray | None = None) -> PartyView:
-    """What this party holds of the shared order (or of its `rows` positions, in that order): its block
-    and held rows, and at the active party the label side (targets of labeled rows). With `rows`, every
-    row counts as labeled (a validation set). The cell mask is `placed.observed` (to be handed over as
-    `PartyView.observed = {rank: placed.observed[rows]}` once the view carries it)."""
+               rows: np.ndarray | None = None, record_keys: np.ndarray | None = None) -> PartyView:
+    """What this party holds of the shared order (or of its `rows` positions, in that order): its block,
+    held rows and observed cells, and at the active party the label side (targets of labeled rows). With
+    `rows`, every row counts as labeled (a validation set). `record_keys` (one row per record of the
+    shared order, `randomness.record_keys`) makes a prediction repeatable."""
     whole = rows is None
     rows = np.arange(aligned.n) if whole else np.asarray(rows, dtype=np.int64)
     labels = None
@@ -249,7 +249,9 @@ def party_view(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray 
             y[aligned.positions[have]] = targets[have]
         labels = LabelSide(aligned.holders.sum(axis=1).astype(np.int64)[rows], y[rows])
     labeled = aligned.labeled if whole else np.arange(rows.size)
-    return PartyView(rows.size, {rank: (placed.x[rows], placed.held[rows])}, labels, labeled)
+    keys = None if record_keys is None else record_keys[rows]
+    return PartyView(rows.size, {rank: (placed.x[rows], placed.held[rows])}, labels, labeled,
+                     observed={rank: placed.observed[rows]}, record_keys=keys)
 
 
 def ids_in_order(ids: tuple[str, ...], aligned: Aligned) -> list[str | None]:

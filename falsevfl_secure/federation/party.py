@@ -24,9 +24,10 @@ from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write, write_json
 from ..node import build_node, resolve_device
+from ..randomness import record_keys
 from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split
-from .aligned import Aligned, Placed, Policy, align_table, is_labeled, party_view, place_block
+from .aligned import Aligned, Placed, Policy, align_table, ids_in_order, is_labeled, party_view, place_block
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
 from .quality import validation_summary, validation_table
@@ -157,7 +158,8 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device)
     load_weights(fed.party(name).model_dir, node, rank)
-    view = party_view(place_block(loaded.block, aligned), aligned, rank, None)
+    keys = record_keys(node.parties[rank].randomness.secret, ids_in_order(loaded.table.ids, aligned))
+    view = party_view(place_block(loaded.block, aligned), aligned, rank, None, record_keys=keys)
     predictions = predict_split(node, host_split(view, device))
     if role.is_active:
         atomic_write(Path(options["out"]), predictions_csv(loaded.table, aligned, predictions.get().numpy(),

@@ -1,7 +1,8 @@
 """A party's saved model: only its own part, and a manifest that says what it belongs to.
 
 `MODEL_DIR/model.pt` holds the party's networks (the active party's also the global encoder and decoder
-and the discriminator), read back with ``torch.load(weights_only=True)``. `MODEL_DIR/manifest.json`
+and the discriminator) and its role secret (owner-only file: predictions key their noise with it, so
+two predictions of a record agree), read back with ``torch.load(weights_only=True)``. `MODEL_DIR/manifest.json`
 (format `falsevfl-party-model/2`) holds:
 
 - `party`;
@@ -80,12 +81,13 @@ def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> No
     """Write this party's part of the trained model and its manifest (each file atomically)."""
     import torch  # here, not at the top: reading a manifest (`federation check`) needs no torch
 
-    state = {"party_module": node.parties[rank].model.state_dict()}
+    role = node.parties[rank]
+    state = {"party_module": role.model.state_dict(), "secret": role.randomness.secret.to_tensor()}
     if node.active.present:
         state["active_module"] = node.active.get().model.state_dict()
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    atomic_write(Path(model_dir) / "model.pt", buffer.getvalue())
+    atomic_write(Path(model_dir) / "model.pt", buffer.getvalue(), private=True)  # it holds the party's secret
     write_json(Path(model_dir) / "manifest.json", manifest.to_dict())
 
 
@@ -109,13 +111,19 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
 
 
 def load_weights(model_dir: Path, node: Node, rank: int) -> None:
-    """Load this party's saved networks into `node` (tensors only: weights_only=True)."""
+    """Load this party's saved networks and role secret into `node` (tensors only: weights_only=True).
+    A model saved before secrets were kept keeps the node's fresh secret (predictions then vary)."""
     import torch
+
+    from ..randomness import RoleSecret
 
     path = Path(model_dir) / "model.pt"
     try:
         state = torch.load(path, weights_only=True)
-        node.parties[rank].model.load_state_dict(state["party_module"])
+        role = node.parties[rank]
+        role.model.load_state_dict(state["party_module"])
+        if "secret" in state:
+            role.randomness.load(RoleSecret.from_tensor(state["secret"]), {})
         if node.active.present:
             node.active.get().model.load_state_dict(state["active_module"])
     except Exception as error:  # a missing, foreign or corrupt file: torch raises several types here

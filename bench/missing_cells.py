@@ -44,7 +44,7 @@ from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.cli import guarded  # noqa: E402
 from falsevfl_secure.config import Config, make_config  # noqa: E402
-from falsevfl_secure.data import TEST_PATTERNS  # noqa: E402
+from falsevfl_secure.data import TEST_PATTERNS, data_root  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
 
 HANDLINGS = ("mask", "mean")
@@ -124,8 +124,11 @@ print(json.dumps({"accuracy": result.accuracy, "wall_time_s": result.wall_time_s
 def run_reference(tree: str, meta: dict, threads: int) -> dict:
     """The fully observed run of `meta` with the package of checkout `tree` (a subprocess)."""
     argv = [meta["dataset"], meta["preset"], meta["train"], str(meta["seed"]), *map(str, meta["epochs"]), str(threads)]
+    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    if meta["dataset"] != "digits":  # the same data files as this checkout's runs read
+        env["FALSEVFL_DATA"] = str(data_root())
     done = subprocess.run([sys.executable, "-c", REFERENCE_RUN, *argv], cwd=tree, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(Path(tree).resolve())}, check=False)
+                          env=env, check=False)
     if done.returncode:
         raise SystemExit(f"error: the reference run in {tree} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -241,7 +244,7 @@ def references(args, cells: list[dict], path: Path) -> None:
     """The reference checkout's fully observed runs that are not in the JSON yet."""
     tree = Path(args.reference_tree)
     label = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           check=False).stdout.strip() or str(tree)
+                           check=False).stdout.strip() or tree.resolve().name
     done = {key(c) for c in cells}
     for _, meta in planned(args):
         meta = {**meta, "cell_handling": "reference", "reference": label}

@@ -12,7 +12,7 @@ from falsevfl_secure.transport.rounds import AGGREGATES as AGGREGATE_ROUNDS
 from falsevfl_secure.transport.rounds import ROUNDS, Message, MessageValidator
 
 K, ACTIVE, B, S, H = 4, 3, 5, 2, 6
-SIZES = {"B": B, "S": S, "H": H, "2H": 2 * H}
+SIZES = {"B": B, "S": S, "H": H, "2H": 2 * H, "2": 2}
 SHAPES = {r.name: tuple(SIZES[symbol] for symbol in r.payload) for r in ROUNDS}  # from the round table
 AGGREGATES = {r.name for r in AGGREGATE_ROUNDS}
 STAGE1_ROUNDS = tuple(r.name for r in ROUNDS)
@@ -56,6 +56,15 @@ def test_a_passive_party_cannot_send_a_broadcast_round_and_sizes_must_agree():
         v.check(Message("latent", 1, (0, 1, 2), (S, B, H), "float32", "clear"))
     with pytest.raises(ProtocolError, match="'latent': field 'shape': B"):
         v.check(Message("latent", ACTIVE, (0, 1, 2), (S, B + 1, H), "float32", "clear"))
+
+
+def test_the_latent_gradient_carries_two_moments_not_the_samples():
+    v = MessageValidator(K, ACTIVE, "clear")
+    for name in ("posterior", "latent", "likelihood", "likelihood_grad"):
+        v.check(good(name, protection="clear"))
+    with pytest.raises(ProtocolError, match="'latent_grad': field 'shape'"):  # today's (S, B, H) is refused
+        v.check(Message("latent_grad", 0, (ACTIVE,), (S + 1, B, H), "float32", "clear"))
+    v.check(Message("latent_grad", 0, (ACTIVE,), (2, B, H), "float32", "clear"))
 
 
 fields = st.sampled_from(["round", "sender", "receivers", "shape", "dtype", "protection"])

@@ -25,6 +25,7 @@ from torch.autograd import Function
 from ..errors import ProtocolError
 from ..placement import Active
 from .accounting import CommLog
+from .moments import gradient_from_moments, sample_moments
 from .network import Network
 from .rounds import ROUNDS, Message, MessageValidator, Round, check_contributions
 from .views import View
@@ -91,10 +92,14 @@ class _Round(Function):
     def forward(ctx, transport: DistributedTransport, round: Round, token: Tensor, value: Tensor):
         ctx.transport, ctx.round = transport, round
         ctx.shape = tuple(value.shape) if round.is_aggregate else transport.declared(round)
-        return transport.forward(round, value), token.clone()
+        out = transport.forward(round, value)
+        ctx.samples = (value if transport.is_active else out).detach() if round.moments_adjoint else None
+        return out, token.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor | None, grad_token: Tensor | None):
+        if ctx.samples is not None:
+            return None, None, grad_token, ctx.transport.moments_adjoint(ctx.round, grad, ctx.samples)
         return None, None, grad_token, ctx.transport.adjoint(ctx.round, grad, ctx.shape)
 
 
@@ -168,6 +173,15 @@ class DistributedTransport:
         own = grad if grad is not None else torch.zeros(shape, device=self.device)
         total = self._run(adjoint, tuple(own.shape), self.backend.sum_to_active, adjoint, own.contiguous())
         return total.to(device=own.device, dtype=own.dtype) if self.is_active else None
+
+    def moments_adjoint(self, round: Round, grad: Tensor | None, samples: Tensor) -> Tensor | None:
+        """The adjoint of a broadcast of samples h: every party sends its gradient's two sample moments
+        (`transport.moments`) into the sum; the active party turns the summed moments into a gradient."""
+        own = sample_moments(grad if grad is not None else torch.zeros_like(samples), samples).contiguous()
+        total = self._run(round.adjoint, tuple(own.shape), self.backend.sum_to_active, round.adjoint, own)
+        if not self.is_active:
+            return None
+        return gradient_from_moments(total.to(device=samples.device, dtype=samples.dtype), samples)
 
     def declared(self, round: Round) -> tuple[int, ...]:
         """The declared shape of the broadcast `round` in this pass."""

@@ -17,6 +17,7 @@ from ..errors import ProtocolError
 from ..placement import Active
 from .accounting import CommLog
 from .base import nbytes
+from .moments import gradient_from_moments, sample_moments
 from .rounds import Message, MessageValidator, Round, check_contributions
 from .views import View
 
@@ -40,12 +41,17 @@ class _Broadcast(Function):
     @staticmethod
     def forward(ctx, transport: LocalTransport, round: Round, parties: tuple[int, ...], value: Tensor):
         ctx.transport, ctx.round, ctx.parties = transport, round, parties
+        ctx.value = value.detach() if round.moments_adjoint else None
         transport._enter(round, value, parties)
         return tuple(value.view_as(value) for _ in parties)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
-        return None, None, None, _Aggregate.apply(ctx.transport, ctx.round.adjoint, ctx.parties, *grads)
+        if ctx.value is None:
+            return None, None, None, _Aggregate.apply(ctx.transport, ctx.round.adjoint, ctx.parties, *grads)
+        moments = [sample_moments(g, ctx.value) for g in grads]  # each party's, as the distributed one sends
+        total = _Aggregate.apply(ctx.transport, ctx.round.adjoint, ctx.parties, *moments)
+        return None, None, None, gradient_from_moments(total, ctx.value)
 
 
 class LocalTransport:

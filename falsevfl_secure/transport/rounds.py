@@ -29,13 +29,16 @@ class Primitive(Enum):
 @dataclass(frozen=True)
 class Round:
     """One round: its primitive, its payload's symbolic shape (B batch rows, S importance samples,
-    H the latent width d_h), the axis that indexes batch rows, and the round that is its adjoint."""
+    H the latent width d_h, "2H" twice that, a digit a fixed size), the axis that indexes batch rows, and
+    the round that is its adjoint. A broadcast of reparameterised samples with `moments_adjoint` has an
+    adjoint that carries the gradient's two sample moments (`transport.moments`), not the gradient."""
 
     name: str
     primitive: Primitive
     payload: tuple[str, ...]
     batch_axis: int
     adjoint_name: str
+    moments_adjoint: bool = False
 
     @property
     def adjoint(self) -> Round:
@@ -54,10 +57,10 @@ class Round:
 
 AGGREGATE, BROADCAST = Primitive.AGGREGATE, Primitive.BROADCAST
 POSTERIOR = Round("posterior", AGGREGATE, ("B", "2H"), 0, "posterior_grad")
-LATENT = Round("latent", BROADCAST, ("S", "B", "H"), 1, "latent_grad")
+LATENT = Round("latent", BROADCAST, ("S", "B", "H"), 1, "latent_grad", moments_adjoint=True)
 LIKELIHOOD = Round("likelihood", AGGREGATE, ("S", "B"), 1, "likelihood_grad")
 LIKELIHOOD_GRAD = Round("likelihood_grad", BROADCAST, ("S", "B"), 1, "likelihood")
-LATENT_GRAD = Round("latent_grad", AGGREGATE, ("S", "B", "H"), 1, "latent")
+LATENT_GRAD = Round("latent_grad", AGGREGATE, ("2", "B", "H"), 1, "latent")  # (sum_s g, sum_s g (h - hbar))
 POSTERIOR_GRAD = Round("posterior_grad", BROADCAST, ("B", "2H"), 0, "posterior")
 
 ROUNDS: tuple[Round, ...] = (POSTERIOR, LATENT, LIKELIHOOD, LIKELIHOOD_GRAD, LATENT_GRAD, POSTERIOR_GRAD)
@@ -164,6 +167,10 @@ class MessageValidator:
         if len(shape) != len(round.payload) or any(not isinstance(d, int) or d < 1 for d in shape):
             _failure(round)("shape", mismatch)
         for symbol, size in zip(round.payload, shape, strict=True):
+            if symbol.isdigit():
+                if size != int(symbol):
+                    _failure(round)("shape", mismatch)
+                continue
             key, factor = (symbol[1:], 2) if symbol.startswith("2") else (symbol, 1)
             if size % factor:
                 _failure(round)("shape", mismatch)

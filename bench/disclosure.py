@@ -1,7 +1,7 @@
 """What one passive party learns from the latent samples h that the active party broadcasts in clear.
 
     python bench/disclosure.py --datasets digits isolet --out bench/results/disclosure [--seed 0]
-        [--label-rows 40] [--feature-rows 100 500] [--draws 5]
+        [--label-rows 40] [--feature-rows 100 500] [--draws 5] [--readme README.md]
 
 In every protocol (`plain`, `mpc`, `he`) the `latent` round sends h (S, B, d_h) in clear to every
 party, for every row of the batch, also rows that party does not hold. No defence is built here; this
@@ -11,8 +11,14 @@ epochs, to keep CPU time sane), then records what passive party p = 0 receives i
 when the trained model runs its PREDICT-stage forward rounds (S = cfg.predict_samples samples per row,
 in evaluation batches, noise restarted) over the training split and over the test split under test
 pattern "mcar:0" (every party holds every test row, so q's features exist on every evaluated row).
-The attacker's input per row is the mean of the S samples it received ("h mean") or the first sample
-alone ("h one sample", what one stage-1/stage-2 batch row gives).
+The attacker's input per row is the mean of the S samples it received ("h mean"), with the log of their
+standard deviation ("h mean, log h std"), or the first sample alone ("h one sample", what one
+stage-1/stage-2 batch row gives).
+
+A broadcast of the posterior's moments (mu, sigma) instead of samples would cut the round S/2-fold; the
+same attackers are run on the exact moments the active party sampled from ("mu", "mu, log sigma") and
+compared per attacker draw with their sample estimates (the "moments - samples" table): a difference
+beyond the spread of the draws is what the moments would disclose in addition.
 
 (a) Label inference. p knows the labels of `--label-rows` training rows drawn at random among the
     rows it holds; it fits sklearn LogisticRegression (C = 1, L2, lbfgs) on standardised inputs and
@@ -42,6 +48,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from readme_section import relative_link, update_readme  # noqa: E402
+
+from falsevfl_secure.bounds import latent_posterior  # noqa: E402
 from falsevfl_secure.config import Stage, make_config  # noqa: E402
 from falsevfl_secure.data import make_splits  # noqa: E402
 from falsevfl_secure.data.loaders import canonical_name  # noqa: E402
@@ -56,7 +65,11 @@ PRESET_OF = {"digits": "default", "isolet": "quick"}  # isolet quick: 30 + 30 ep
 PASSIVE, OTHER = 0, 1  # the attacker p and the party q whose features it targets
 TEST_PATTERN = "mcar:0"  # every party holds every test row
 ALPHAS = np.logspace(-2, 4, 13)
-H_INPUTS = ("h mean", "h one sample", "h mean + x_p")  # what p builds from the broadcast (and its own block)
+H_INPUTS = ("h mean", "h one sample", "h mean + x_p", "h mean, log h std", "h mean, log h std + x_p")  # from samples
+MOMENT_INPUTS = ("mu", "mu, log sigma", "mu, log sigma + x_p")  # what a broadcast of moments would give it
+INPUTS = (*H_INPUTS, *MOMENT_INPUTS, "x_p")
+PAIRS = (("mu", "h mean"), ("mu, log sigma", "h mean, log h std"),  # moments against their sample estimates
+         ("mu, log sigma + x_p", "h mean, log h std + x_p"))
 
 
 class Parser(argparse.ArgumentParser):
@@ -75,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--label-rows", type=int, nargs="+", default=[40])
     parser.add_argument("--feature-rows", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--readme", type=Path, default=None, help="rewrite its <!-- results:NAME:... --> section, "
+                        "NAME = the --out folder's name")
     args = parser.parse_args(argv)
     try:
         args.datasets = [canonical_name(d) for d in args.datasets]
@@ -116,24 +131,52 @@ class LatentTap:
         return copies
 
 
+class MomentsTap:
+    """While active, keeps the posterior moments (mu, sigma) of q(h | x_obs) the active party samples
+    from: what a broadcast of moments instead of samples would give every party."""
+
+    def __init__(self, model) -> None:
+        self.model, self.moments = model, []
+        self.original = model.sample_latent
+
+    def __enter__(self) -> MomentsTap:
+        self.model.sample_latent = self._sample
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model.sample_latent
+
+    def _sample(self, sum_posterior, n_observed, kappa, noise):
+        sum_mean, sum_precision = sum_posterior.split(self.model.h_dim, dim=-1)
+        q_h = latent_posterior(sum_mean, sum_precision, n_observed)
+        self.moments.append(torch.cat([q_h.loc, q_h.scale.log()], dim=-1).detach())
+        return self.original(sum_posterior, n_observed, kappa, noise)
+
+
 def received_latents(node, view, n_classes: int) -> dict[str, np.ndarray]:
     """Per row of a split, what p received in the PREDICT-stage latent round: the mean over the S
-    samples and the first sample, in evaluation batches as `train.predict_split` runs them."""
+    samples and the first sample, in evaluation batches as `train.predict_split` runs them; and what a
+    broadcast of the posterior's moments would have given it instead ("mu", "mu, log sigma")."""
     data, size = host_split(view, node.device, n_classes), node.cfg.eval_batch_size
     node.restart_noise(Stage.PREDICT)
-    with torch.no_grad(), LatentTap(node.transport, PASSIVE) as tap:
+    with torch.no_grad(), LatentTap(node.transport, PASSIVE) as tap, MomentsTap(node.active.get().model) as exact:
         for start in range(0, data.n, size):
             batch = data.batch(np.arange(start, min(start + size, data.n)))
             _, h = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT).get()
             if not torch.equal(tap.received[-1], h):  # the tap must see exactly the broadcast value
                 raise AssertionError("the recorded broadcast differs from the latent samples")
     h = torch.cat(tap.received, dim=1).numpy()  # (S, N, d_h)
-    return {"h mean": h.mean(axis=0), "h one sample": h[0]}
+    moments = torch.cat(exact.moments, dim=0).numpy()  # (N, 2 d_h)
+    spread = np.log(h.std(axis=0, ddof=1) + 1e-12) if h.shape[0] > 1 else np.zeros_like(h[0])
+    return {"h mean": h.mean(axis=0), "h one sample": h[0], "h mean, log h std": np.hstack([h.mean(axis=0), spread]),
+            "mu": moments[:, :node.cfg.h_dim], "mu, log sigma": moments}
 
 
 def attacker_inputs(latents: dict[str, np.ndarray], x_p: np.ndarray) -> dict[str, np.ndarray]:
     """Every input the attacker is scored with: from the broadcast, from its own block, both."""
-    return {**latents, "h mean + x_p": np.hstack([latents["h mean"], x_p]), "x_p": x_p}
+    return {**latents, "h mean + x_p": np.hstack([latents["h mean"], x_p]),
+            "h mean, log h std + x_p": np.hstack([latents["h mean, log h std"], x_p]),
+            "mu, log sigma + x_p": np.hstack([latents["mu, log sigma"], x_p]), "x_p": x_p}
 
 
 def label_attack(inputs: dict, train_y: np.ndarray, test_y: np.ndarray, candidates: np.ndarray,
@@ -235,11 +278,37 @@ def table(records: list[dict]) -> str:
             base = (f"own x_p: {fmt(scores['x_p'], 1)}; majority class: {r['majority_class_accuracy']:.1f}; "
                     f"FALSE-VFL model: {r['model_accuracy']:.1f}")
             lines += [f"| {r['dataset']} | {r['parties']} | label inference, {n} labeled rows | {name} | "
-                      f"test accuracy % | {fmt(scores[name], 1)} | {base} |" for name in (*H_INPUTS, "x_p")]
+                      f"test accuracy % | {fmt(scores[name], 1)} | {base} |" for name in INPUTS]
         for n, scores in r["feature_inference"].items():
             base = f"own x_p: {fmt(scores['x_p'], 3)}; mean: 0"
             lines += [f"| {r['dataset']} | {r['parties']} | feature inference of x_q, {n} rows | {name} | "
-                      f"mean test R^2 | {fmt(scores[name], 3)} | {base} |" for name in (*H_INPUTS, "x_p")]
+                      f"mean test R^2 | {fmt(scores[name], 3)} | {base} |" for name in INPUTS]
+    return "\n".join(lines) + "\n"
+
+
+def moments_gaps(records: list[dict]) -> list[dict]:
+    """Per attack, what the moments add over the samples: the paired difference per attacker draw (the
+    same rows fit both), against the spread of the samples' own draws."""
+    out = []
+    for r in records:
+        attacks = (("label inference", r["label_inference"]), ("feature inference", r["feature_inference"]))
+        for attack, groups in attacks:
+            for n, scores in groups.items():
+                for moments, samples in PAIRS:
+                    gap = np.subtract(scores[moments]["draws"], scores[samples]["draws"])
+                    out.append({"dataset": r["dataset"], "attack": attack, "rows": int(n), "moments": moments,
+                                "samples": samples, "gap_mean": float(gap.mean()), "gap_std": float(gap.std()),
+                                "samples_spread": scores[samples]["std"],
+                                "within_spread": bool(abs(gap.mean()) <= scores[samples]["std"])})
+    return out
+
+
+def gap_table(gaps: list[dict]) -> str:
+    lines = ["| dataset | attack | rows | moments input | samples input | moments - samples (paired) | "
+             "spread of samples' draws | within spread |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {g['dataset']} | {g['attack']} | {g['rows']} | {g['moments']} | {g['samples']} | "
+              f"{g['gap_mean']:+.3f} ± {g['gap_std']:.3f} | {g['samples_spread']:.3f} | "
+              f"{'yes' if g['within_spread'] else 'no'} |" for g in gaps]
     return "\n".join(lines) + "\n"
 
 
@@ -253,7 +322,10 @@ def markdown(records: list[dict], command: str) -> str:
     runs = "; ".join(f"{r['dataset']}: preset {r['preset']}, {r['config']['pretrain']['epochs']} + "
                      f"{r['config']['train']['epochs']} epochs, model accuracy {r['model_accuracy']:.1f} %"
                      for r in records)
-    return f"`{command}`\n\n{setting}\n\nModels: {runs}.\n\n{table(records)}"
+    moments = ("What a broadcast of the posterior's moments (mu, sigma) instead of S samples would add: "
+               "the same attacks on the exact moments, paired per attacker draw with the samples' input.")
+    return (f"`{command}`\n\n{setting}\n\nModels: {runs}.\n\n{table(records)}\n{moments}\n\n"
+            f"{gap_table(moments_gaps(records))}")
 
 
 def plot(records: list[dict], path: Path) -> None:
@@ -277,7 +349,7 @@ def plot(records: list[dict], path: Path) -> None:
 
 def _bars(ax, groups: dict, references: list[tuple[str, float]], ylabel: str) -> None:
     """Grouped bars (auxiliary-row count x input) with error bars, and horizontal reference lines."""
-    names, width = (*H_INPUTS, "x_p"), 0.8 / len(H_INPUTS + ("x_p",))
+    names, width = INPUTS, 0.8 / len(INPUTS)
     for i, name in enumerate(names):
         means = [groups[n][name]["mean"] for n in groups]
         stds = [groups[n][name]["std"] for n in groups]
@@ -302,11 +374,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "disclosure.json", {"command": command, "seed": args.seed, "draws": args.draws,
+                                              "moments_gaps": moments_gaps(records),
                                               "wall_time_s": round(time.perf_counter() - began, 1),
                                               "torch_threads": torch.get_num_threads(), "results": records})
     atomic_write(args.out / "disclosure.md", markdown(records, command))
     plot(records, args.out / "disclosure.png")
+    if args.readme:
+        figure = relative_link(args.out / "disclosure.png", args.readme)
+        update_readme(args.readme, args.out.name, markdown(records, command).split("\n\n", 1)[1]
+                      + f"\n![disclosure]({figure})\n")
     print(table(records))
+    print(gap_table(moments_gaps(records)))
     return 0
 
 

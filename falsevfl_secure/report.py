@@ -21,6 +21,9 @@ def print_result(result: RunResult, out: Path) -> None:
         print(f"{r['round']:<16}{r['messages']:>10}{r['bytes'] / 2**20:>17.2f}{peak}{seconds}")
     stages = ", ".join(f"{k} {v:.1f} s" for k, v in result.stage_time_s.items())
     print(f"\n{result.protocol}/{result.runtime}: wall time {result.wall_time_s:.1f} s ({stages})")
+    for stage, split in (result.stage_split or {}).items():
+        print(f"  {stage} at the active party: compute {split['compute_s']:.1f} s, protocol work in rounds "
+              f"{split['protocol_s']:.1f} s, waiting on the network {split['network_s']:.1f} s")
     print(f"results: {out / 'result.json'} and {out / 'result.png'}")
     if result.audit is not None:
         _print_audit(result.audit)

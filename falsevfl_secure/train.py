@@ -237,10 +237,18 @@ def evaluate(node: Node, data: HostedData) -> Active[float]:
 
 @dataclass
 class Fit:
-    """What training produced: the mean loss per epoch and the wall time of each stage."""
+    """What training produced: the mean loss per epoch, the wall time of each stage, and where this
+    process spent it (`split`: compute, the protocol's own work in its rounds, waiting on the network)."""
 
     losses: dict[str, list[float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    split: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def time_split(total: float, rounds: float, waiting: float) -> dict[str, float]:
+    """A stage's wall time as compute (outside the rounds), protocol (in rounds, not waiting) and network."""
+    return {"compute_s": round(total - rounds, 3), "protocol_s": round(rounds - waiting, 3),
+            "network_s": round(waiting, 3)}
 
 
 Agree = Callable[[set], set]  # combines the resumable epochs across processes (distributed runtime)
@@ -266,10 +274,12 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
 
     result = Fit()
     for stage in (Stage.PRETRAIN, Stage.TRAIN):
-        began = time.perf_counter()
+        began, (rounds, waiting) = time.perf_counter(), node.transport.log.totals()
         result.losses[stage.key] = run_stage(node, data, stage, optimizers[stage], start[stage], progress,
                                              on_epoch_end)
         result.seconds[stage.key] = round(time.perf_counter() - began, 3)
+        after = node.transport.log.totals()
+        result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
     return result
 
 

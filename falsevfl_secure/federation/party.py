@@ -105,7 +105,8 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     validation = _validate(fed, node, placed, aligned, rank, inputs, device)
     save_model(me.model_dir, node, rank, Manifest(name, inputs.encoding, cfg.fingerprint(), cfg.training_settings(),
                                                   role.protocol.name, inputs.classes or None, inputs.target_scale))
-    own = {"communication": node.transport.log.table(), "protocol": role.protocol.name}
+    own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
+           "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(me.model_dir / "train_log.json", own)  # this party's own counters stay with it
     if role.is_active:
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
@@ -135,7 +136,8 @@ def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, com
     per_party = aligned.overlap.per_party
     overlap = {n: {"listed": int(per_party[k, 0]), "shared": int(per_party[k, 1]),
                    "with_active": int(per_party[k, 2])} for k, n in enumerate(fed.names)}
-    return {"losses": trained.losses, "stage_time_s": trained.seconds, "wall_time_s": round(wall, 3),
+    return {"losses": trained.losses, "stage_time_s": trained.seconds, "stage_split": trained.split,
+            "wall_time_s": round(wall, 3),
             "protocol": protocol, "alignment": {"union_size": aligned.n + aligned.dropped, "records": aligned.n,
                                                 "rows_per_party": rows, "labeled": int(aligned.labeled.size),
                                                 "validation": int(aligned.validation.size),

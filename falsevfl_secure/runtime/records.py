@@ -65,6 +65,7 @@ class RunResult:
     timed: bool
     config: dict
     audit: dict | None = field(default=None)
+    stage_split: dict[str, dict[str, float]] | None = None  # the active party's `train.Fit.split` (timed runs)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -54,9 +54,9 @@ def run_result(cfg: Config, role: SimulatedRole, accuracy: dict, fit, wall: floa
                  "test": {p: v.n for p, v in role.tests.items()}},
         dropped_no_observed_party=role.dropped, communication=_untimed(communication) if not timed else communication,
         timed=timed,
-        config=cfg.to_dict())
+        config=cfg.to_dict(), stage_split=fit.split if timed else None)
 
 
 def _untimed(rows: list[dict]) -> list[dict]:
-    """The local runtime measures no time per round: no `seconds` rather than zeros."""
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+    """The local runtime measures no time per round: no `seconds` or `waiting` rather than zeros."""
+    return [{k: v for k, v in row.items() if k not in ("seconds", "waiting")} for row in rows]

@@ -6,11 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import torch
-
 from .rounds import ROUNDS
 
-FIELDS = ("messages", "bytes_sent", "bytes_received", "seconds", "peak")
 
 
 @dataclass
@@ -24,42 +21,34 @@ class CommLog:
     timed: bool = False
     trace: list[str] = field(default_factory=list)
     _counters: dict[tuple[str, int], list[float]] = field(
-        default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0, 0.0]))
+        default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0, 0.0, 0.0]))
 
     def round(self, name: str) -> None:
         self.trace.append(name)
 
     def add(self, name: str, party: int, sent: int = 0, received: int = 0, seconds: float = 0.0,
-            messages: int = 1, peak: float = 0.0) -> None:
+            messages: int = 1, peak: float = 0.0, waiting: float = 0.0) -> None:
         counter = self._counters[(name, party)]
         for i, value in enumerate((messages, sent, received, seconds)):
             counter[i] += value
         counter[4] = max(counter[4], peak)
+        counter[5] += waiting
 
     def table(self) -> list[dict]:
-        """One row per (round, party): messages, bytes sent and received, seconds, and `peak`, the largest
-        |value| the party contributed to the round's sums (0 for a broadcast)."""
+        """One row per (round, party): messages, bytes sent and received, seconds (of them `waiting`: blocked
+        until a peer's message arrived; the rest is the protocol's own work: encoding, masks, encryption),
+        and `peak`, the largest |value| the party contributed to the round's sums (0 for a broadcast)."""
         order = {r.name: i for i, r in enumerate(ROUNDS)}
         rows = []
         for (name, party), c in sorted(self._counters.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
             rows.append({"round": name, "party": party, "messages": int(c[0]), "bytes_sent": int(c[1]),
-                         "bytes_received": int(c[2]), "seconds": round(c[3], 6), "peak": float(f"{c[4]:.6g}")})
+                         "bytes_received": int(c[2]), "seconds": round(c[3], 6), "waiting": round(c[5], 6),
+                         "peak": float(f"{c[4]:.6g}")})
         return rows
 
-    def counters(self, party: int) -> torch.Tensor:
-        """This party's counters as a fixed (rounds x fields) float64 tensor: how they reach the active party."""
-        out = torch.zeros(len(ROUNDS), len(FIELDS), dtype=torch.float64)
-        for i, r in enumerate(ROUNDS):
-            if (r.name, party) in self._counters:
-                out[i] = torch.tensor(self._counters[(r.name, party)], dtype=torch.float64)
-        return out
-
-    def merge(self, party: int, counters: torch.Tensor) -> None:
-        """Add another party's `counters` (the inverse of `counters`)."""
-        for i, r in enumerate(ROUNDS):
-            messages, sent, received, seconds, peak = counters[i].tolist()
-            if messages or sent or received:
-                self.add(r.name, party, int(sent), int(received), float(seconds), int(messages), peak)
+    def totals(self) -> tuple[float, float]:
+        """(seconds in rounds, seconds of them waiting on the network), summed over every round and party."""
+        return (sum(c[3] for c in self._counters.values()), sum(c[5] for c in self._counters.values()))
 
 
 def per_round(rows: list[dict], timed: bool) -> list[dict]:

@@ -202,11 +202,11 @@ class DistributedTransport:
                                      shape, "float32", protection))
         self.log.round(round.name)
         self.network.enter(round.name)
-        before, start = list(self.network.traffic[round.name]), time.perf_counter()
+        before, waited, start = list(self.network.traffic[round.name]), self.network.waited, time.perf_counter()
         if round.is_aggregate and args[-1] is not None and args[-1].numel():
             self.log.add(round.name, self.party, messages=0, peak=float(args[-1].detach().abs().max()))
         out = call(*args)
         after = self.network.traffic[round.name]
         self.log.add(round.name, self.party, sent=after[0] - before[0], received=after[1] - before[1],
-                     seconds=time.perf_counter() - start)
+                     seconds=time.perf_counter() - start, waiting=self.network.waited - waited)
         return out

@@ -84,6 +84,7 @@ class Network:
         self.links: dict[str, Link] = {}
         self.traffic: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # tag -> [bytes sent, bytes received]
         self.round: str | None = None
+        self.waited = 0.0  # seconds `recv` spent blocked until a frame arrived (the transport's timing split)
         self._mail: dict[str, deque] = defaultdict(deque)
         self._reassembly, self._byes, self._dismissed = wire.Reassembly(), set(), set()
         self._cond, self._count = threading.Condition(), threading.Lock()
@@ -166,13 +167,15 @@ class Network:
 
     def recv_any(self, src: str, expecting: str = "a frame") -> tuple[str, bytes]:
         """The next frame from `src` and its tag (a role that follows another's lead, e.g. the aggregator)."""
-        deadline = time.monotonic() + RECV_TIMEOUT_S
+        began = time.monotonic()
+        deadline = began + RECV_TIMEOUT_S
         with self._cond:
             while not self._mail[src]:
                 self._raise_if_aborted()
                 if time.monotonic() > deadline:
                     raise PartyFailure(f"{self.me} waited {RECV_TIMEOUT_S:.0f} s for {expecting!r} from {src}")
                 self._cond.wait(0.5)
+            self.waited += time.monotonic() - began
             return self._mail[src].popleft()
 
     def enter(self, round_name: str) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from .rounds import ROUNDS
 
 
-
 @dataclass
 class CommLog:
     """Per (round, party) counters plus the ordered trace of executed rounds.

@@ -70,7 +70,7 @@ class Checkpointer:
             return torch.load(path, weights_only=True)
         except Exception as error:  # a foreign or corrupt file: torch raises several types here
             raise InputError(f"{path}: not a checkpoint of this program ({type(error).__name__}: "
-                             f"{str(error).splitlines()[0][:200]})") from error
+                             f"{(str(error).splitlines() or [''])[0]})") from error
 
 
 def party_state(node: Node, party: int, optimizers: dict) -> dict:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .rounds import ROUNDS
+from .rounds import VOCABULARY
 
 FIELDS = ("messages", "bytes_sent", "bytes_received", "seconds", "peak")
 
@@ -39,7 +39,7 @@ class CommLog:
     def table(self) -> list[dict]:
         """One row per (round, party): messages, bytes sent and received, seconds, and `peak`, the largest
         |value| the party contributed to the round's sums (0 for a broadcast)."""
-        order = {r.name: i for i, r in enumerate(ROUNDS)}
+        order = {r.name: i for i, r in enumerate(VOCABULARY)}
         rows = []
         for (name, party), c in sorted(self._counters.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
             rows.append({"round": name, "party": party, "messages": int(c[0]), "bytes_sent": int(c[1]),
@@ -48,15 +48,15 @@ class CommLog:
 
     def counters(self, party: int) -> torch.Tensor:
         """This party's counters as a fixed (rounds x fields) float64 tensor: how they reach the active party."""
-        out = torch.zeros(len(ROUNDS), len(FIELDS), dtype=torch.float64)
-        for i, r in enumerate(ROUNDS):
+        out = torch.zeros(len(VOCABULARY), len(FIELDS), dtype=torch.float64)
+        for i, r in enumerate(VOCABULARY):
             if (r.name, party) in self._counters:
                 out[i] = torch.tensor(self._counters[(r.name, party)], dtype=torch.float64)
         return out
 
     def merge(self, party: int, counters: torch.Tensor) -> None:
         """Add another party's `counters` (the inverse of `counters`)."""
-        for i, r in enumerate(ROUNDS):
+        for i, r in enumerate(VOCABULARY):
             messages, sent, received, seconds, peak = counters[i].tolist()
             if messages or sent or received:
                 self.add(r.name, party, int(sent), int(received), float(seconds), int(messages), peak)
@@ -82,6 +82,6 @@ def per_round(rows: list[dict], timed: bool) -> list[dict]:
 def merge_tables(tables: list[list[dict]]) -> list[dict]:
     """Several parties' own `CommLog.table()` rows as one table in round order, then party order (what the
     operator of every role, e.g. a simulation's launcher, may put together; no party sees another's)."""
-    order = {r.name: i for i, r in enumerate(ROUNDS)}
+    order = {r.name: i for i, r in enumerate(VOCABULARY)}
     rows = [row for table in tables for row in table]
     return sorted(rows, key=lambda r: (order.get(r["round"], len(order)), r["party"]))

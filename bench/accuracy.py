@@ -97,6 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="cells run at once, one process each")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run")
     p.add_argument("--out", default="runs/accuracy")
+    p.add_argument("--checkpoints", default=None, metavar="DIR",
+                   help="keep each run's per-epoch checkpoints under DIR (a killed run resumes from its last epoch)")
+    p.add_argument("--wait-while", default=None, metavar="FILE",
+                   help="before starting each run, wait while FILE exists (someone is timing on this machine)")
     p.add_argument("--readme", default=None, help="rewrite this file's generated results section")
     p.add_argument("--report-only", action="store_true", help="no training: tables and plots from the JSON")
     p.add_argument("--quiet", action="store_true")
@@ -144,15 +148,30 @@ def planned_configs(args) -> list[tuple[Config, dict]]:
     return configs
 
 
-def run_cell(cfg: Config, threads: int | None, progress: bool) -> dict:
-    """One training run (in a worker process when --jobs > 1): the accuracy per test pattern."""
+def run_cell(cfg: Config, threads: int | None, progress: bool, checkpoints: str | None = None) -> dict:
+    """One training run (in a worker process when --jobs > 1): the accuracy per test pattern. With
+    `checkpoints`, the run saves every epoch under a folder named by its configuration's fingerprint and
+    continues from there if an earlier, killed run left one (the folder is removed when the run ends)."""
+    import shutil
+
     import torch
 
+    from falsevfl_secure.checkpoint import check_resumable
+    from falsevfl_secure.errors import InputError
     from falsevfl_secure.runtime.local import run_local
 
     if threads is not None:
         torch.set_num_threads(threads)
-    result = run_local(cfg, progress=progress)
+    folder, resume = (Path(checkpoints) / cfg.fingerprint(), False) if checkpoints else (None, False)
+    if folder is not None and folder.is_dir():
+        try:
+            check_resumable(folder, range(cfg.parties), cfg)
+            resume = True
+        except InputError:
+            resume = False
+    result = run_local(cfg, progress=progress, checkpoint_dir=folder, resume=resume)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
     return {"accuracy": result.accuracy, "wall_time_s": result.wall_time_s, "stage_time_s": result.stage_time_s,
             "device": result.device, "threads": torch.get_num_threads()}
 
@@ -342,23 +361,39 @@ def report(cells: list[dict], out: Path, readme: str | None) -> None:
         print(f"rewrote the results section of {readme_path}")
 
 
+def quiet(path: str | None) -> bool:
+    """True when no run may start now (FILE of --wait-while exists)."""
+    return path is not None and Path(path).exists()
+
+
 def execute(todo: list[tuple[Config, dict]], args):
     """Yield (meta, result or the exception it raised) per run as runs finish: in this process for
-    --jobs 1, else in a pool of spawned processes (never fork a process that may hold a CUDA context)."""
+    --jobs 1, else in a pool of spawned processes (never fork a process that may hold a CUDA context).
+    A run starts only while the --wait-while file is absent; finished runs are reported meanwhile."""
     if args.jobs == 1:
         for cfg, meta in todo:
+            while quiet(args.wait_while):
+                time.sleep(30)
             try:
-                yield meta, run_cell(cfg, args.threads, not args.quiet)
+                yield meta, run_cell(cfg, args.threads, not args.quiet, args.checkpoints)
             except KeyboardInterrupt:
                 raise
             except Exception as error:  # one failed run must not lose the others
                 yield meta, error
         return
+    queue, pending = list(todo), {}
     with futures.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-        pending = {pool.submit(run_cell, cfg, args.threads, False): meta for cfg, meta in todo}
-        for future in futures.as_completed(pending):
-            error = future.exception()
-            yield pending[future], error if error is not None else future.result()
+        while queue or pending:
+            while queue and len(pending) < args.jobs and not quiet(args.wait_while):
+                cfg, meta = queue.pop(0)
+                pending[pool.submit(run_cell, cfg, args.threads, False, args.checkpoints)] = meta
+            if not pending:
+                time.sleep(30)
+                continue
+            done, _ = futures.wait(pending, timeout=30, return_when=futures.FIRST_COMPLETED)
+            for future in done:
+                error = future.exception()
+                yield pending.pop(future), error if error is not None else future.result()
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from ..config import Config, Stage
 from ..model.embedding import HybridParty
@@ -83,7 +83,16 @@ class FedHssl(EmbeddingFusion):
             size = next(iter(flat.values())).numel()
             mean = node.transport.aggregate(MODEL_SUM, flat).map(lambda total: total / node.cfg.parties)
             for k, vector in node.transport.broadcast(MODEL_MEAN, mean, (size,)).items():
-                vector_to_parameters(vector.to(node.device), node.parties[k].model.shared())
+                _load(vector.to(node.device), node.parties[k].model.shared())
+
+
+def _load(vector: Tensor, parameters: list[nn.Parameter]) -> None:
+    """Copy `vector` into the parameters, each keeping its own storage (torch's `vector_to_parameters`
+    would make them views of one tensor: in one process every party's parameters would then share it)."""
+    start = 0
+    for p in parameters:
+        p.copy_(vector[start:start + p.numel()].view_as(p))
+        start += p.numel()
 
 
 def _scatter(rows: Tensor, aligned: Tensor) -> Tensor:

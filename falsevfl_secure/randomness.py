@@ -25,7 +25,7 @@ import hashlib
 import math
 import secrets
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, unique
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ RECORD_STREAM_DOMAIN = b"falsevfl-recnse"  # ... and per-record noise streams (a
 _BLOCK = 16  # AES block: the CTR counter counts these
 _ZEROS = memoryview(bytes(1 << 18))  # read-only zeros: AES-CTR turns them into the keystream, 256 KiB per call
 
+@unique
 class PublicStream(IntEnum):
     """Every purpose of public random numbers, each with a stream of its own: `public_rng(seed, purpose,
     *more)` draws from SeedSequence([seed, purpose, *more]) with a fixed number of further words per

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import IntEnum
 
-from .data.loaders import canonical_name
+from .data.loaders import STANDARDIZE, canonical_name
 from .data.mechanisms import parse_mechanism
 from .errors import InputError
 
@@ -84,6 +84,9 @@ class Config:
     # empty cell both compute exactly the same (the mask input adds a zero-initialised weight only).
     cell_handling: str = "mask"
     cell_missing: float = 0.0  # simulations: the fraction of cells removed at random inside held blocks
+    # Simulations: how the dataset's features are treated (data.loaders.STANDARDIZE): "robust" (floored
+    # scale, clipped; the default), "zscore" (plain mean and std) or "none" (as the files hold them).
+    standardize: str = "robust"
     kappa: int = 10  # importance samples in training
     predict_samples: int = 50  # L, importance samples for SNIS prediction
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(5e-4, 512, 300))
@@ -153,6 +156,7 @@ class Config:
              f"stack_parties={self.stack_parties!r}: choose auto, always or never")
         need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
         need(self.cell_handling in CELL_HANDLING, f"cell_handling={self.cell_handling!r}: choose mask or mean")
+        need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
         need(isinstance(self.cell_missing, int | float) and 0 <= self.cell_missing < 1,
              f"cell_missing={self.cell_missing}: a fraction in [0, 1)")
         need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")

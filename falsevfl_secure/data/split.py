@@ -243,7 +243,7 @@ def make_test_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
 def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, VerticalSplit, dict[str, VerticalSplit]]:
     """The simulated federation of a run: the dataset, its training split under cfg.train_mechanism and one
     test split per pattern (all public: they follow from cfg.seed)."""
-    dataset = load_dataset(cfg.dataset, seed=cfg.seed)
+    dataset = load_dataset(cfg.dataset, seed=cfg.seed, standardize=cfg.standardize)
     n_labeled, n_aligned = cfg.n_labeled, cfg.n_aligned
     if cfg.max_rows is not None:
         dataset, n_labeled, n_aligned = subsample(dataset, cfg.max_rows, cfg.seed, n_labeled, n_aligned)

@@ -172,8 +172,8 @@ def run_cell(cfg: Config, threads: int | None, progress: bool, checkpoints: str 
     result = run_local(cfg, progress=progress, checkpoint_dir=folder, resume=resume)
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"accuracy": result.accuracy, "wall_time_s": result.wall_time_s, "stage_time_s": result.stage_time_s,
-            "device": result.device, "threads": torch.get_num_threads()}
+    return {"accuracy": result.accuracy, "observed": result.observed_fraction, "wall_time_s": result.wall_time_s,
+            "stage_time_s": result.stage_time_s, "device": result.device, "threads": torch.get_num_threads()}
 
 
 def summarise(cells: list[dict]) -> dict[tuple, tuple[float, float, int]]:
@@ -202,6 +202,17 @@ def describe(run: tuple) -> str:
         f", {extra}" if extra else "")
 
 
+def observed_row(cells: list[dict], run: tuple) -> list[str]:
+    """The mean share of parties that hold a test record under each pattern (where the cells record it): what
+    makes a pattern hard, and what the data pipeline changes under MAR (its masks follow the features)."""
+    shares = {t: [c["observed"] for c in cells if run_key(c) == run and c["test"] == t and "observed" in c]
+              for t in TEST_PATTERNS}
+    if not any(shares.values()):
+        return []
+    return ["| parties observed (%) | " + " | ".join(f"{100 * np.mean(v):.0f}" if v else "-" for v in shares.values())
+            + " | | | |"]
+
+
 def markdown(cells: list[dict]) -> str:
     """Mean ± std (n seeds) per test pattern, one row per run; the paper's row under ours where known."""
     stats = summarise(cells)
@@ -222,6 +233,7 @@ def markdown(cells: list[dict]) -> str:
             label = describe(run).removeprefix(f"{dataset} ")
             lines.append(f"| {label} | " + " | ".join(f"{v[0]:.1f} ± {v[1]:.1f}" if v else "-" for v in values)
                          + f" | {n} | {np.mean([c['wall_time_s'] for c in firsts]):.0f} | {split} |")
+            lines += observed_row(cells, run)
             paper = paper_row(run)
             if paper:
                 lines.append("| paper (mean of 5) | " + " | ".join(f"{paper[t]:.1f}" for t in TEST_PATTERNS)
@@ -422,7 +434,8 @@ def main(argv=None) -> int:
                 print(f"[{time.perf_counter() - started:6.0f} s] {name}: FAILED: {result}", file=sys.stderr, flush=True)
                 continue
             for test, acc in result["accuracy"].items():
-                cells.append({**meta, "test": test, "accuracy": acc, "wall_time_s": result["wall_time_s"],
+                cells.append({**meta, "test": test, "accuracy": acc, "observed": result["observed"][test],
+                              "wall_time_s": result["wall_time_s"],
                               "stage_time_s": result["stage_time_s"], "device": result["device"],
                               "threads": result["threads"]})
             write_json(path, cells)

@@ -70,8 +70,8 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
     """Train one stage from `start_epoch`; the mean loss per epoch (NaN where the active party is not hosted)."""
     settings = node.cfg.schedule(stage)
     if len(node.method.rows(stage, data)) == 0:
-        raise InputError(f"stage {int(stage)} of {node.cfg.label} trains on no rows of the training split "
-                         f"({'labeled rows' if stage is Stage.TRAIN else 'rows'} it needs: none)")
+        raise InputError(f"stage {int(stage)} of {node.cfg.label} has nothing to train on: it trains on "
+                         f"{node.method.row_rule[stage]}, and the training split has none")
     for module in node.modules():
         module.train()
     history = []

@@ -85,6 +85,16 @@ def test_vanilla_fine_tunes_only_on_the_labeled_rows_every_party_holds():
     assert not all(torch.equal(a, b) for a, b in zip(reference, changed, strict=True))
 
 
+def test_vanilla_refuses_to_fine_tune_without_a_labeled_row_every_party_holds(refused):
+    cfg = small("vanilla")
+    node, data, split = node_and_data(cfg, n=30, p=0.9, n_labeled=10)
+    assert split.missing[:10].any(axis=1).all()
+    with pytest.raises(InputError, match="stage 2 of vanilla has nothing to train on: it trains on the labeled "
+                                         "rows every party holds"):
+        run_stage(node, data, Stage.TRAIN, optimizers_for(node, Stage.TRAIN), progress=False)
+    refused("split")
+
+
 # ------------------------------------------------------------------------------------------------ PlugVFL
 
 

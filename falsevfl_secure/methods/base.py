@@ -55,6 +55,7 @@ class Method:
         so those patterns must be public (a simulation's split is).
       stackable: the local runtime may evaluate its party networks as batched products (`PartyStack`).
       probe_stages: the stages whose first step (and end-of-epoch rounds) `simulate --audit` records.
+      row_rule: per training stage, which rows it trains on (in words, for errors).
     """
 
     name: ClassVar[str]
@@ -62,6 +63,7 @@ class Method:
     needs_patterns: ClassVar[bool] = False
     stackable: ClassVar[bool] = False
     probe_stages: ClassVar[tuple[Stage, ...]] = (Stage.PRETRAIN,)
+    row_rule: ClassVar[dict[Stage, str]] = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows"}
 
     def probe_sums(self) -> int:
         """How many sums the probe stages' steps and end-of-epoch rounds run (what the he aggregator records)."""

@@ -31,6 +31,7 @@ from .fusion import EmbeddingFusion
 class FedHssl(EmbeddingFusion):
     name = "fedhssl"
     needs_patterns = True
+    row_rule = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows every party holds"}
     rounds = RoundTable({Stage.PRETRAIN: (CROSS_VIEW, CROSS_TARGET), Stage.TRAIN: (EMBEDDING, EMBEDDING_GRAD),
                          Stage.PREDICT: (EMBEDDING,)}, epoch_end={Stage.PRETRAIN: (MODEL_SUM, MODEL_MEAN)})
     probe_stages = (Stage.PRETRAIN, Stage.TRAIN)

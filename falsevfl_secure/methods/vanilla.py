@@ -13,6 +13,7 @@ from .fusion import EmbeddingFusion
 class Vanilla(EmbeddingFusion):
     name = "vanilla"
     needs_patterns = True
+    row_rule = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows every party holds"}
 
     def rows(self, stage: Stage, data) -> np.ndarray:
         if stage is Stage.PRETRAIN:

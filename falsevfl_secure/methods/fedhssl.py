@@ -39,6 +39,9 @@ class FedHssl(EmbeddingFusion):
     def party_module(self, cfg: Config, width: int) -> nn.Module:
         return HybridParty(width, cfg.h_dim, cfg.party_hidden)
 
+    def embedding_width(self, cfg: Config) -> int:
+        return 2 * cfg.h_dim  # the cross-party and the local encoder's outputs side by side
+
     def rows(self, stage: Stage, data) -> np.ndarray:
         patterns = patterns_of(data, self.name)
         if stage is Stage.PRETRAIN:

@@ -38,12 +38,15 @@ class EmbeddingFusion(Method):
     def party_module(self, cfg: Config, width: int) -> nn.Module:
         return EmbeddingParty(width, cfg.h_dim, cfg.party_hidden)
 
+    def embedding_width(self, cfg: Config) -> int:
+        """The width of a party's embedding (what the fusion sums)."""
+        return cfg.h_dim
+
     def build_party(self, cfg: Config, width: int, randomness: RoleRandomness) -> nn.Module:
         return initialise(self.party_module(cfg, width), randomness.stream("party/init"))
 
     def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness) -> nn.Module:
-        width = self.party_module(cfg, 1).width
-        return initialise(FusionHead(width, cfg.discriminator_hidden, n_classes, cfg.task),
+        return initialise(FusionHead(self.embedding_width(cfg), cfg.discriminator_hidden, n_classes, cfg.task),
                           randomness.stream("active/init"))
 
     def prepare(self, node, data) -> None:

@@ -246,7 +246,7 @@ def test_simulate_runs_every_method_under_every_protocol(tmp_path):
             out = tmp_path / f"{label}-{protocol}"
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 code = main(["--method", label, "--protocol", protocol, "--preset", "quick", "--pretrain-epochs", "1",
-                             "--train-epochs", "1", "--max-rows", "40", "--out", str(out), "--quiet", "--threads", "1"])
+                             "--train-epochs", "1", "--max-rows", "20", "--out", str(out), "--quiet", "--threads", "1"])
             result = json.loads((out / "result.json").read_text())
             assert code == 0 and result["protocol"] == protocol and len(result["accuracy"]) == 7, (label, protocol)
             assert result["config"]["method"] == METHOD_LABELS[label][0]

@@ -35,6 +35,7 @@ CELL_HANDLING = ("mask", "mean")  # how party models treat empty cells (Config.c
 NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
 
 
+IMPUTE = ("embedding", "features")  # Config.impute: a missing party's stand-in in a baseline's fusion
 OPTIMIZERS = ("adam", "sgd")  # sgd: momentum 0.9, as SimSiam's pretraining uses it
 # The methods, by the names `simulate --method`, `bench/accuracy.py --methods` and `[model] method` take:
 # FALSE-VFL-I and -II are one method with a flag (`Config.variant`); the baselines of the paper's App. D.1.
@@ -68,6 +69,10 @@ class Config:
     parties: int = 4
     active_party: int = -1  # -1: the last party
     method: str = "false-vfl"  # one of METHODS: FALSE-VFL or a baseline of the paper (methods/)
+    # Vanilla VFL, PlugVFL, FedHSSL: what stands in for a party that does not hold a row in the fusion,
+    # "embedding" (zeros in place of its embedding; LASER-VFL's implementation of PlugVFL) or "features"
+    # (its extractor's embedding of zeros, the mean of standardised features: zero imputation of the data).
+    impute: str = "embedding"
     variant: str = "I"  # FALSE-VFL's "I" (MAR) or "II" (MNAR: models p(m | x)); "I" for every baseline
     task: str = "classification"
     train_mechanism: str = "mcar:0.2"
@@ -150,6 +155,9 @@ class Config:
              f"active_party={self.active_party} is not one of the {self.parties} parties")
         need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
         need(self.variant in ("I", "II"), f"variant={self.variant!r}: choose I or II")
+        need(self.impute in IMPUTE, f"impute={self.impute!r}: choose {' or '.join(IMPUTE)}")
+        need(self.impute == "embedding" or self.method in ("vanilla", "plugvfl", "fedhssl"),
+             f"impute={self.impute!r} is for vanilla, plugvfl and fedhssl only, not {self.method!r}")
         need(self.method == "false-vfl" or self.variant == "I",
              f"variant={self.variant!r} is FALSE-VFL's; method {self.method!r} has none (leave it I)")
         need(self.stack_parties in ("auto", "always", "never"),

@@ -85,6 +85,18 @@ def test_vanilla_fine_tunes_only_on_the_labeled_rows_every_party_holds():
     assert not all(torch.equal(a, b) for a, b in zip(reference, changed, strict=True))
 
 
+def test_zero_imputation_of_the_features_gives_a_missing_party_s_embedding_of_zeros():
+    for impute in ("embedding", "features"):
+        cfg = small("vanilla", impute=impute)
+        node, data, split = node_and_data(cfg, n=20, p=0.5)
+        batch = data.batch(np.arange(20))
+        missing = np.flatnonzero(split.missing[:, 0])
+        with torch.no_grad():
+            addend = node.method.contribution(node, batch, 0, training=False)[missing]
+            expected = node.parties[0].model.embed(torch.zeros(len(missing), batch.x[0].shape[1]))
+        assert len(missing) and torch.allclose(addend, expected if impute == "features" else torch.zeros_like(addend))
+
+
 def test_vanilla_refuses_to_fine_tune_without_a_labeled_row_every_party_holds(refused):
     cfg = small("vanilla")
     node, data, split = node_and_data(cfg, n=30, p=0.9, n_labeled=10)

@@ -70,8 +70,11 @@ class EmbeddingFusion(Method):
     # -- stage 2 and prediction: the fused embedding -------------------------------------------------------
 
     def contribution(self, node, batch, k: int, training: bool) -> Tensor:
-        """Party k's addend to the fusion: its embedding of the rows it holds, exact zeros elsewhere."""
+        """Party k's addend to the fusion: its embedding of the rows it holds; elsewhere exact zeros, or
+        with `impute = "features"` its embedding of the zeros its block holds there (the features' mean)."""
         embedding = node.parties[k].model.embed(batch.x[k])
+        if node.cfg.impute == "features":
+            return embedding
         return torch.where(batch.held[k].unsqueeze(-1), embedding, torch.zeros_like(embedding))
 
     def fuse(self, node, batch, training: bool) -> Active[Tensor]:

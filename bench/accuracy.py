@@ -172,8 +172,10 @@ def run_cell(cfg: Config, threads: int | None, progress: bool, checkpoints: str 
     result = run_local(cfg, progress=progress, checkpoint_dir=folder, resume=resume)
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
+    final = {stage: losses[-1] for stage, losses in result.losses.items() if losses}
     return {"accuracy": result.accuracy, "observed": result.observed_fraction, "wall_time_s": result.wall_time_s,
-            "stage_time_s": result.stage_time_s, "device": result.device, "threads": torch.get_num_threads()}
+            "stage_time_s": result.stage_time_s, "final_loss": final, "device": result.device,
+            "threads": torch.get_num_threads()}
 
 
 def summarise(cells: list[dict]) -> dict[tuple, tuple[float, float, int]]:
@@ -436,7 +438,8 @@ def main(argv=None) -> int:
             for test, acc in result["accuracy"].items():
                 cells.append({**meta, "test": test, "accuracy": acc, "observed": result["observed"][test],
                               "wall_time_s": result["wall_time_s"],
-                              "stage_time_s": result["stage_time_s"], "device": result["device"],
+                              "stage_time_s": result["stage_time_s"], "final_loss": result["final_loss"],
+                              "device": result["device"],
                               "threads": result["threads"]})
             write_json(path, cells)
             print(f"[{time.perf_counter() - started:6.0f} s] {name}: "

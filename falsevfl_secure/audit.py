@@ -59,8 +59,10 @@ class AuditReport:
 
 
 def _rows(value: np.ndarray, round_name: str) -> np.ndarray:
-    """(B, -1): one row per batch sample."""
+    """(B, -1): one row per batch sample (one row for a payload without a batch axis: model parameters)."""
     axis = by_name(round_name).batch_axis
+    if axis is None:
+        return np.asarray(value, dtype=np.float64).reshape(1, -1)
     return np.moveaxis(np.asarray(value, dtype=np.float64), axis, 0).reshape(value.shape[axis], -1)
 
 

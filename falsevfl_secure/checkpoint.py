@@ -73,26 +73,32 @@ class Checkpointer:
                              f"{(str(error).splitlines() or [''])[0]})") from error
 
 
+def owns(party: int, optimizer: str, active_index: int) -> bool:
+    """Whether an optimiser (named by the method: "party<k>" for party k's own, any other name for the
+    active party's label side) belongs to `party`."""
+    if optimizer.startswith("party") and optimizer[5:].isdigit():
+        return int(optimizer[5:]) == party
+    return party == active_index
+
+
 def party_state(node: Node, party: int, optimizers: dict) -> dict:
-    """What party `party` owns in this process: never another party's parameters or secret."""
+    """What party `party` owns in this process (the modules its method names, its secret, its streams, its
+    optimisers): never another party's parameters or secret."""
     role = node.parties[party]
     state = {"fingerprint": node.cfg.fingerprint(), "settings": json.dumps(node.cfg.training_settings()),
-             "party_module": role.model.state_dict(), "secret": role.randomness.secret.to_tensor(),
-             "streams": role.randomness.state(),
-             "optimizers": {k: o.state_dict() for k, o in optimizers.items() if k == f"party{party}"}}
-    if party == node.cfg.active_index and node.active.present:
-        state["active_module"] = node.active.get().model.state_dict()
-        state["optimizers"].update({k: o.state_dict() for k, o in optimizers.items()
-                                    if k in ("active", "discriminator")})
+             "secret": role.randomness.secret.to_tensor(), "streams": role.randomness.state(),
+             "optimizers": {k: o.state_dict() for k, o in optimizers.items()
+                            if owns(party, k, node.cfg.active_index)}}
+    for name, module in node.method.checkpoint_modules(node, party).items():
+        state[name] = module.state_dict()
     return state
 
 
 def restore_party(node: Node, party: int, state: dict, optimizers: dict) -> None:
     role = node.parties[party]
-    role.model.load_state_dict(state["party_module"])
+    for name, module in node.method.checkpoint_modules(node, party).items():
+        module.load_state_dict(state[name])
     role.randomness.load(RoleSecret.from_tensor(state["secret"]), state["streams"])
-    if "active_module" in state:
-        node.active.get().model.load_state_dict(state["active_module"])
     for name, opt_state in state["optimizers"].items():
         if name in optimizers:
             optimizers[name].load_state_dict(opt_state)
@@ -102,7 +108,7 @@ def check_resumable(directory: Path | str, parties: range | list[int], cfg: Conf
     """Before any work: the latest epoch every party completed, from checkpoints of this configuration.
 
     Refuses, naming the differing settings, checkpoints of another configuration (another seed,
-    variant, number of parties, ...), and says so when there is nothing to resume."""
+    method, variant, number of parties, ...), and says so when there is nothing to resume."""
     checkpointers = [Checkpointer(directory, k) for k in parties]
     common = set.intersection(*(set(c.available()) for c in checkpointers))
     if not common:

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import IntEnum
 
-from .data.loaders import canonical_name
+from .data.loaders import STANDARDIZE, canonical_name
 from .data.mechanisms import parse_mechanism
 from .errors import InputError
 
@@ -35,14 +35,32 @@ CELL_HANDLING = ("mask", "mean")  # how party models treat empty cells (Config.c
 NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
 
 
+IMPUTE = ("embedding", "features")  # Config.impute: a missing party's stand-in in a baseline's fusion
+OPTIMIZERS = ("adam", "sgd")  # sgd: momentum 0.9, as SimSiam's pretraining uses it
+# The methods, by the names `simulate --method`, `bench/accuracy.py --methods` and `[model] method` take:
+# FALSE-VFL-I and -II are one method with a flag (`Config.variant`); the baselines of the paper's App. D.1.
+METHOD_LABELS: dict[str, tuple[str, str]] = {
+    "false-vfl-i": ("false-vfl", "I"), "false-vfl-ii": ("false-vfl", "II"), "vanilla": ("vanilla", "I"),
+    "laser": ("laser", "I"), "plugvfl": ("plugvfl", "I"), "fedhssl": ("fedhssl", "I")}
+METHODS = tuple(dict.fromkeys(method for method, _ in METHOD_LABELS.values()))
+
+
+def parse_method(label: str) -> tuple[str, str]:
+    """(method, variant) of a method's name; an unknown name is refused, listing the valid ones."""
+    if label not in METHOD_LABELS:
+        raise InputError(f"unknown method {label!r}; choose one of {', '.join(METHOD_LABELS)}")
+    return METHOD_LABELS[label]
+
+
 @dataclass(frozen=True)
 class StageConfig:
-    """Adam settings and schedule of one training stage."""
+    """Optimiser settings and schedule of one training stage."""
 
     lr: float
     batch_size: int
     epochs: int
     weight_decay: float = 1e-4
+    optimizer: str = "adam"
 
 
 @dataclass(frozen=True)
@@ -50,7 +68,12 @@ class Config:
     dataset: str = "digits"
     parties: int = 4
     active_party: int = -1  # -1: the last party
-    variant: str = "I"  # "I" (MAR) or "II" (MNAR: models p(m | x))
+    method: str = "false-vfl"  # one of METHODS: FALSE-VFL or a baseline of the paper (methods/)
+    # Vanilla VFL, PlugVFL, FedHSSL: what stands in for a party that does not hold a row in the fusion,
+    # "embedding" (zeros in place of its embedding; LASER-VFL's implementation of PlugVFL) or "features"
+    # (its extractor's embedding of zeros, the mean of standardised features: zero imputation of the data).
+    impute: str = "embedding"
+    variant: str = "I"  # FALSE-VFL's "I" (MAR) or "II" (MNAR: models p(m | x)); "I" for every baseline
     task: str = "classification"
     train_mechanism: str = "mcar:0.2"
     h_dim: int = 128
@@ -66,6 +89,9 @@ class Config:
     # empty cell both compute exactly the same (the mask input adds a zero-initialised weight only).
     cell_handling: str = "mask"
     cell_missing: float = 0.0  # simulations: the fraction of cells removed at random inside held blocks
+    # Simulations: how the dataset's features are treated (data.loaders.STANDARDIZE): "robust" (floored
+    # scale, clipped; the default), "zscore" (plain mean and std) or "none" (as the files hold them).
+    standardize: str = "robust"
     kappa: int = 10  # importance samples in training
     predict_samples: int = 50  # L, importance samples for SNIS prediction
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(5e-4, 512, 300))
@@ -81,6 +107,11 @@ class Config:
     # measured faster (bench/local_speed.py).
     stack_parties: str = "auto"
     eval_batch_size: int = 500
+
+    @property
+    def label(self) -> str:
+        """The method's name as `--method` takes it (false-vfl-i, false-vfl-ii, vanilla, ...)."""
+        return f"false-vfl-{self.variant.lower()}" if self.method == "false-vfl" else self.method
 
     @property
     def active_index(self) -> int:
@@ -122,11 +153,18 @@ class Config:
         need(isinstance(self.parties, int) and self.parties >= 2, f"parties={self.parties}: at least 2 are needed")
         need(-self.parties <= self.active_party < self.parties,
              f"active_party={self.active_party} is not one of the {self.parties} parties")
+        need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
         need(self.variant in ("I", "II"), f"variant={self.variant!r}: choose I or II")
+        need(self.impute in IMPUTE, f"impute={self.impute!r}: choose {' or '.join(IMPUTE)}")
+        need(self.impute == "embedding" or self.method in ("vanilla", "plugvfl", "fedhssl"),
+             f"impute={self.impute!r} is for vanilla, plugvfl and fedhssl only, not {self.method!r}")
+        need(self.method == "false-vfl" or self.variant == "I",
+             f"variant={self.variant!r} is FALSE-VFL's; method {self.method!r} has none (leave it I)")
         need(self.stack_parties in ("auto", "always", "never"),
              f"stack_parties={self.stack_parties!r}: choose auto, always or never")
         need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
         need(self.cell_handling in CELL_HANDLING, f"cell_handling={self.cell_handling!r}: choose mask or mean")
+        need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
         need(isinstance(self.cell_missing, int | float) and 0 <= self.cell_missing < 1,
              f"cell_missing={self.cell_missing}: a fraction in [0, 1)")
         need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
@@ -143,6 +181,7 @@ class Config:
             need(stage.batch_size >= 1, f"{stage_name} batch_size={stage.batch_size}: must be >= 1")
             need(stage.lr > 0 and stage.weight_decay >= 0,
                  f"{stage_name}: lr must be > 0 and weight_decay >= 0 (got {stage.lr}, {stage.weight_decay})")
+            need(stage.optimizer in OPTIMIZERS, f"{stage_name} optimizer={stage.optimizer!r}: choose adam or sgd")
         parse_mechanism(self.train_mechanism)
         return self
 
@@ -187,10 +226,51 @@ for _presets in PRESETS.values():
     _presets.setdefault("default", _presets["paper"])
 
 
+def _sgd(lr: float, batch: int, epochs: int, weight_decay: float = 3e-5) -> StageConfig:
+    return StageConfig(lr, batch, epochs, weight_decay, "sgd")
+
+
+def _baseline(pretrain: StageConfig, train: StageConfig) -> dict:
+    """A baseline's schedule: SimSiam pretraining of the local models, then fine-tuning with labels."""
+    quick = dict(pretrain=replace(pretrain, epochs=max(1, pretrain.epochs // 10)),
+                 train=replace(train, epochs=max(1, train.epochs // 10)))
+    return {"paper": dict(pretrain=pretrain, train=train), "quick": quick}
+
+
+# The baselines' schedules (paper, App. D.1, Tables "Hyperparameters for ..."; the SimSiam pretraining in
+# the paper's parentheses). Widths follow the dataset's preset: the embedding is h_dim wide (128 on Isolet
+# and HAPT, as the paper's latent dimension), the extractors party_hidden. Digits has no paper setting:
+# the same shape of schedule, shorter.
+METHOD_SCHEDULES: dict[str, dict[str, dict[str, dict]]] = {
+    "vanilla": {"isolet": _baseline(_sgd(0.025, 512, 100), StageConfig(5e-4, 32, 500)),
+                "hapt": _baseline(_sgd(0.02, 512, 150), StageConfig(5e-3, 64, 100)),
+                "fashion-mnist": _baseline(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
+                "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 100))},
+    "laser": {"isolet": _baseline(_sgd(0.025, 512, 100), StageConfig(5e-5, 64, 200)),
+              "hapt": _baseline(_sgd(0.02, 512, 150), StageConfig(1e-3, 128, 100)),
+              "fashion-mnist": _baseline(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 100)),
+              "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
+    "plugvfl": {"isolet": _baseline(_sgd(0.025, 512, 100), StageConfig(5e-5, 32, 100)),
+                "hapt": _baseline(_sgd(0.02, 512, 150), StageConfig(5e-4, 64, 100)),
+                "fashion-mnist": _baseline(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
+                "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
+    "fedhssl": {"isolet": _baseline(_sgd(0.025, 512, 150), StageConfig(2e-3, 64, 300)),
+                "hapt": _baseline(StageConfig(0.025, 512, 100, 1e-5), StageConfig(5e-4, 64, 500)),
+                "fashion-mnist": _baseline(_sgd(0.02, 1024, 150), StageConfig(1e-4, 128, 100)),
+                "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 100))},
+}
+for _schedules in METHOD_SCHEDULES.values():
+    for _per_dataset in _schedules.values():
+        _per_dataset.setdefault("default", _per_dataset["paper"])
+
+
 def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> Config:
-    """The preset for `dataset`, with explicit overrides (None values are ignored)."""
+    """The preset for `dataset` (a baseline's schedule on top of the dataset's widths when `method` names
+    one), with explicit overrides (None values are ignored)."""
     key = canonical_name(dataset)
     if preset not in PRESETS[key]:
         raise InputError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
-    values = {**PRESETS[key][preset], **{k: v for k, v in overrides.items() if v is not None}}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    schedule = METHOD_SCHEDULES.get(given.get("method", "false-vfl"), {}).get(key, {}).get(preset, {})
+    values = {**PRESETS[key][preset], **schedule, **given}
     return replace(Config(dataset=key), **values).validate()

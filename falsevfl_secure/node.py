@@ -1,28 +1,33 @@
-"""What one process hosts: some parties, maybe the active party's label side, and a transport.
+"""What one process hosts: some parties, maybe the active party's label side, a transport and the method.
 
 In the local runtime a single `Node` hosts every party and the active party; in the distributed runtime
-each process hosts one party (the active party's process also hosts the label side). The step functions
-in `steps.py` are written against this object only, so every runtime runs the same code. Each party
-draws its initial weights and its noise from its own secret streams (`randomness`): nothing here
-follows from the public seed.
+each process hosts one party (the active party's process also hosts the label side). The methods
+(`methods/`, FALSE-VFL's steps in `steps.py`) are written against this object only, so every runtime runs
+the same code. Each party draws its initial weights and its noise from its own secret streams
+(`randomness`): nothing here follows from the public seed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .config import Config, Stage
+from .data import PartyView
 from .errors import InputError
-from .model import ActiveModel, PartyModel, PartyStack, initialise
+from .model import PartyStack
 from .model.party import Noise
 from .placement import Active
 from .randomness import RecordNoise, RoleRandomness, RoleSecret, SharedNoise
 from .transport.base import Transport
+
+if TYPE_CHECKING:
+    from .methods import Method
 
 
 def resolve_device(name: str) -> torch.device:
@@ -37,10 +42,10 @@ def resolve_device(name: str) -> torch.device:
 
 @dataclass
 class PartyRole:
-    """One party: its networks and its secret randomness."""
+    """One party: its networks (the method's party module) and its secret randomness."""
 
     index: int
-    model: PartyModel
+    model: nn.Module
     randomness: RoleRandomness
 
     def noise(self, stage: Stage, repeatable: bool = False) -> Noise:
@@ -54,9 +59,10 @@ class PartyRole:
 
 @dataclass
 class ActiveRole:
-    """The active party's label side: the global encoder and decoder, the discriminator, its randomness."""
+    """The active party's label side (FALSE-VFL: the global encoder and decoder and the discriminator; a
+    baseline: its fusion model) and its randomness."""
 
-    model: ActiveModel
+    model: nn.Module
     randomness: RoleRandomness
 
     def noise(self, stage: Stage, record_keys: np.ndarray | None = None) -> Noise:
@@ -71,7 +77,9 @@ class ActiveRole:
 class Batch:
     """One mini-batch as this process holds it: its parties' blocks and held-row masks, and at the
     active party the number of observed parties per row and the labels; the observed-cell masks of
-    the parties that have empty cells, and the rows' record keys (repeatable predictions) or None."""
+    the parties that have empty cells, and the rows' record keys (repeatable predictions) or None.
+    Public, where a method needs them: `patterns` (B, K) bool, which parties hold each row (a simulation's
+    split is public), and `subsets` (T, K) bool, the subsets of parties a LASER-VFL step fuses."""
 
     x: dict[int, Tensor]
     held: dict[int, Tensor]
@@ -79,6 +87,8 @@ class Batch:
     y: Active[Tensor]
     observed: dict[int, Tensor] = field(default_factory=dict)
     record_keys: np.ndarray | None = None
+    patterns: np.ndarray | None = None
+    subsets: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -93,6 +103,7 @@ class Node:
     transport: Transport
     device: torch.device
     stack: PartyStack | None = None  # the hosted parties as batched products (local runtime, CUDA)
+    method: Method | None = None  # what trains and predicts (methods.method_for(cfg))
 
     def cells(self, batch: Batch) -> dict[int, Tensor]:
         """The observed-cell masks the party models see: the batch's under cell_handling "mask"; none
@@ -133,24 +144,112 @@ class Node:
 def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, transport: Transport,
                device: torch.device, secrets: Mapping[int, RoleSecret] | None = None) -> Node:
     """A node hosting the parties in `widths` (party -> block width) and, when `n_classes` is given, the
-    active party's label side. `secrets` (party -> RoleSecret) is for tests and resumed runs; a party
+    active party's label side, for the configuration's method (whose round table the transport then
+    checks every message against). `secrets` (party -> RoleSecret) is for tests and resumed runs; a party
     without one draws a fresh secret from the operating system."""
-    secrets = secrets or {}
+    from .methods import method_for
+
+    method, secrets = method_for(cfg), secrets or {}
+    transport.use(method.rounds)
     randomness = {k: RoleRandomness(secrets.get(k) or RoleSecret.fresh()) for k in widths}
-    parties = {k: PartyRole(k, _party_model(cfg, d, randomness[k]).to(device), randomness[k])
+    parties = {k: PartyRole(k, method.build_party(cfg, d, randomness[k]).to(device), randomness[k])
                for k, d in sorted(widths.items())}
     active: Active[ActiveRole] = Active.absent()
     if n_classes is not None:
         rand = randomness[cfg.active_index]
-        model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task)
-        active = Active(ActiveRole(initialise(model, rand.stream("active/init")).to(device), rand))
+        active = Active(ActiveRole(method.build_active(cfg, n_classes, rand).to(device), rand))
     batched = cfg.stack_parties == "always" or (cfg.stack_parties == "auto" and device.type == "cuda")
     models = {k: role.model for k, role in parties.items()}
-    stack = PartyStack(models) if batched and PartyStack.can_stack(models) else None
-    return Node(cfg, parties, active, transport, device, stack)
+    stack = PartyStack(models) if method.stackable and batched and PartyStack.can_stack(models) else None
+    return Node(cfg, parties, active, transport, device, stack, method)
 
 
-def _party_model(cfg: Config, width: int, randomness: RoleRandomness) -> PartyModel:
-    model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden,
-                       cell_mask=cfg.cell_handling == "mask")
-    return initialise(model, randomness.stream("party/init"))
+@dataclass
+class HostedData:
+    """A split as this process holds it, as tensors: its parties' blocks and held rows and, at the active
+    party, the number of observed parties per row and the labels. `labeled_index` is public.
+
+    `observed`: the observed-cell masks (N, d_k) of the parties that have an empty cell in a row they
+    hold (a party without an entry observes every cell: its models compute as without the cell path);
+    `record_keys`: (N, 32) uint8 per-record keys for repeatable predictions, or None (see `PartyView`)."""
+
+    n: int
+    x: dict[int, Tensor]
+    held: dict[int, Tensor]
+    n_observed: Active[Tensor]
+    y: Active[Tensor]
+    labeled_index: np.ndarray
+    observed: dict[int, Tensor] = field(default_factory=dict)
+    record_keys: np.ndarray | None = None
+    patterns: np.ndarray | None = None  # public (N, K) holders, where public (see `PartyView`)
+
+    def batch(self, rows: np.ndarray) -> Batch:
+        rows = np.asarray(rows, dtype=np.int64)
+        index = torch.from_numpy(rows).to(next(iter(self.x.values())).device)
+        return Batch(x={k: v.index_select(0, index) for k, v in self.x.items()},
+                     held={k: v.index_select(0, index) for k, v in self.held.items()},
+                     n_observed=self.n_observed.map(lambda t: t.index_select(0, index)),
+                     y=self.y.map(lambda t: t.index_select(0, index)),
+                     observed={k: v.index_select(0, index) for k, v in self.observed.items()},
+                     record_keys=None if self.record_keys is None else self.record_keys[rows],
+                     patterns=None if self.patterns is None else self.patterns[rows])
+
+
+def _host_block(k: int, block: np.ndarray, held: np.ndarray, observed: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Party k's block with its unobserved cells mean-imputed (0), and its cell mask where it has an
+    empty cell in a row it holds (else None); bad values and shapes refused, naming the party."""
+    if observed is not None:
+        observed = np.asarray(observed)
+        if observed.dtype != bool or observed.shape != block.shape:
+            raise InputError(f"party {k}: its observed-cell mask must be bool of shape {block.shape}, "
+                             f"got {observed.dtype} {observed.shape}")
+        empty = held & ~observed.any(axis=1)
+        if empty.any():
+            raise InputError(f"party {k}: {int(empty.sum())} rows it holds have no observed cell "
+                             f"(first: row {int(np.flatnonzero(empty)[0])}); a block with every cell empty "
+                             "is a block the party does not hold")
+        block = np.where(observed, block, np.float32(0.0))
+        observed = observed if (held[:, None] & ~observed).any() else None
+    if not np.isfinite(block).all():
+        raise InputError(f"party {k}: its feature block contains NaN or inf values")
+    return np.ascontiguousarray(block), observed
+
+
+def _record_keys(view: PartyView) -> np.ndarray | None:
+    """The view's record keys, checked: (N, 32) uint8, and at the active party a key for every row."""
+    keys = view.record_keys
+    if keys is None:
+        return None
+    keys = np.asarray(keys)
+    if keys.dtype != np.uint8 or keys.shape != (view.n, 32):
+        raise InputError(f"record keys must be uint8 of shape ({view.n}, 32), got {keys.dtype} {keys.shape}")
+    if view.labels is not None and view.n and not keys.any(axis=1).all():
+        raise InputError(f"the active party has no record key for {int((~keys.any(axis=1)).sum())} rows; "
+                         "repeatable predictions need one per row")
+    return np.ascontiguousarray(keys)
+
+
+def host_split(view: PartyView, device: torch.device, n_classes: int | None = None) -> HostedData:
+    """The tensors of what a process holds of a split, validated."""
+    x, held, cells = {}, {}, {}
+    for k, (block, held_rows) in view.blocks.items():
+        held_rows = np.asarray(held_rows, dtype=bool)
+        block, observed = _host_block(k, block, held_rows, (view.observed or {}).get(k))
+        x[k] = torch.as_tensor(block, dtype=torch.float32, device=device)
+        held[k] = torch.as_tensor(held_rows, device=device)
+        if observed is not None:
+            cells[k] = torch.as_tensor(observed, device=device)
+    n_observed, y = Active.absent(), Active.absent()
+    if view.labels is not None:
+        observed, labels = view.labels.n_observed, np.asarray(view.labels.y)
+        if view.n and observed.min() == 0:
+            raise InputError(f"{int((observed == 0).sum())} samples have no observed party; "
+                             "the split must apply the empty-row rule first")
+        if n_classes is not None and labels.size and (labels.min() < 0 or labels.max() >= n_classes):
+            raise InputError(f"labels must lie in 0..{n_classes - 1}; got {labels.min()}..{labels.max()}")
+        n_observed = Active(torch.as_tensor(observed, dtype=torch.float32, device=device))
+        y = Active(torch.as_tensor(labels, device=device))
+    patterns = None if view.patterns is None else np.asarray(view.patterns, dtype=bool)
+    return HostedData(view.n, x, held, n_observed, y, np.asarray(view.labeled_index), cells, _record_keys(view),
+                      patterns)

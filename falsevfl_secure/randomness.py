@@ -25,6 +25,7 @@ import hashlib
 import math
 import secrets
 from dataclasses import dataclass
+from enum import IntEnum, unique
 
 import numpy as np
 import torch
@@ -36,18 +37,44 @@ RECORD_STREAM_DOMAIN = b"falsevfl-recnse"  # ... and per-record noise streams (a
 _BLOCK = 16  # AES block: the CTR counter counts these
 _ZEROS = memoryview(bytes(1 << 18))  # read-only zeros: AES-CTR turns them into the keystream, 256 KiB per call
 
-# Public streams: SeedSequence([seed, *stream]). Named once here; the values are those the
-# project has always used, so splits and batch orders are reproducible across versions.
-SPLIT_LABELED = 1
-SPLIT_TRAIN_MASK = 2
-SPLIT_TEST_MASK = 3
-SUBSAMPLE = 4  # --max-rows: which rows a smoke test keeps
-SPLIT_CELLS = 5  # simulations with missing cells: which cells inside held blocks are removed
+@unique
+class PublicStream(IntEnum):
+    """Every purpose of public random numbers, each with a stream of its own: `public_rng(seed, purpose,
+    *more)` draws from SeedSequence([seed, purpose, *more]) with a fixed number of further words per
+    purpose (`PUBLIC_WORDS`), so no two purposes (and no two uses of one purpose) share a stream. The
+    values of the split streams and of the federation's are those the project has always used, so splits,
+    held-out records and demo tables stay reproducible across versions."""
+
+    SPLIT_LABELED = 1  # which training rows are labeled (the first n_aligned of them: the aligned reserve)
+    SPLIT_TRAIN_MASK = 2  # + crc32(mechanism): the training split's missing blocks
+    SPLIT_TEST_MASK = 3  # + crc32(mechanism): each test pattern's missing blocks
+    SUBSAMPLE = 4  # --max-rows: which rows a smoke test keeps
+    SPLIT_CELLS = 5  # + (0 train | 1 test): the cells removed inside held blocks (simulations)
+    BATCH_ORDER = 6  # + (stage, epoch): the mini-batches of an epoch
+    SUBSETS = 7  # + (epoch, batch): LASER-VFL's sampled subsets of the observed parties
+    PERMUTED_LABELS = 12345  # the label-privacy test's permuted labels (runtime.session)
+    DEMO_TABLES = 1117063369  # crc32(b"federation demo"): the demo's record IDs and tables
+    TABLES_DEMO = 2492801163  # crc32(b"federation tables demo"): the real-tables demo's columns
+    VALIDATION = 1125857209  # crc32(b"federation validation"): the federation's held-out records
 
 
-def public_rng(seed: int, *stream: int) -> np.random.Generator:
-    """A public generator (batch order, simulated splits): every party derives the same numbers."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), *(int(s) for s in stream)]))
+PUBLIC_WORDS: dict[PublicStream, int] = {
+    PublicStream.SPLIT_LABELED: 0, PublicStream.SPLIT_TRAIN_MASK: 1, PublicStream.SPLIT_TEST_MASK: 1,
+    PublicStream.SUBSAMPLE: 0, PublicStream.SPLIT_CELLS: 1, PublicStream.BATCH_ORDER: 2, PublicStream.SUBSETS: 2,
+    PublicStream.PERMUTED_LABELS: 0, PublicStream.DEMO_TABLES: 0, PublicStream.TABLES_DEMO: 0,
+    PublicStream.VALIDATION: 0}
+
+
+PublicGenerator = np.random.Generator  # what `public_rng` returns: public numbers only, never a secret
+
+
+def public_rng(seed: int, purpose: PublicStream, *more: int) -> PublicGenerator:
+    """A public generator (batch order, simulated splits, ...): every party derives the same numbers. Each
+    `purpose` is its own stream, with exactly `PUBLIC_WORDS[purpose]` further words."""
+    if not isinstance(purpose, PublicStream) or len(more) != PUBLIC_WORDS[purpose]:
+        raise ValueError(f"public_rng: {purpose!r} takes {PUBLIC_WORDS.get(purpose, '?')} further words, got "
+                         f"{len(more)} (every public purpose is a PublicStream)")
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(purpose), *(int(s) for s in more)]))
 
 
 class KeyStream:

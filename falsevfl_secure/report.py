@@ -56,7 +56,8 @@ def plot_result(result: RunResult, path: Path) -> None:
     fraction.set_ylim(0, 105)
     fraction.set_ylabel("parties observed (%)", color="#dd8452")
     ax.set(ylim=(0, 105), ylabel="test accuracy (%)", xlabel="test pattern (missingness at test time)")
-    ax.set_title(f"FALSE-VFL-{cfg['variant']} on {cfg['dataset']}, K={cfg['parties']}, trained under "
+    label = f"FALSE-VFL-{cfg['variant']}" if cfg.get("method", "false-vfl") == "false-vfl" else cfg["method"]
+    ax.set_title(f"{label} on {cfg['dataset']}, K={cfg['parties']}, trained under "
                  f"{cfg['train_mechanism']}, {result.protocol}/{result.runtime}", fontsize=9)
     fig.legend(loc="lower left", fontsize=8, bbox_to_anchor=(0.08, 0.14))
     fig.tight_layout()

@@ -1,6 +1,10 @@
-"""Command line: train FALSE-VFL on a simulated federation of one dataset and report per-pattern accuracy.
+"""Command line: train a method on a simulated federation of one dataset and report per-pattern accuracy.
 
-    python -m falsevfl_secure.simulate --protocol plain|mpc|he [--dataset digits] [--out runs/x]
+    python -m falsevfl_secure.simulate --protocol plain|mpc|he [--method false-vfl-i] [--dataset digits] [--out runs/x]
+
+`--method` is FALSE-VFL-I or -II or one of the paper's baselines (vanilla, laser, plugvfl, fedhssl), each
+with its own schedule for the dataset (`config.METHOD_SCHEDULES`); `--variant I|II` is the older spelling
+of `--method false-vfl-i|false-vfl-ii`.
 
 Writes OUT/result.json (accuracy in percent per test pattern, the fraction of parties observed under each,
 wall times, the per-round communication) and OUT/result.png. Every expected failure ends with one
@@ -15,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cli import guarded
-from .config import CELL_HANDLING, Config, make_config
+from .config import CELL_HANDLING, METHOD_LABELS, Config, make_config, parse_method
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
 from .errors import InputError
 from .fsio import atomic_write, write_json
@@ -30,7 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="default: local for plain, distributed for mpc and he")
     parser.add_argument("--dataset", default="digits", help="digits (embedded), isolet, hapt, fashion-mnist")
     parser.add_argument("--parties", type=int, default=None, help="number of parties K (default: preset)")
-    parser.add_argument("--variant", choices=("I", "II"), default="I")
+    parser.add_argument("--method", choices=tuple(METHOD_LABELS), default=None,
+                        help="the method (default false-vfl-i): FALSE-VFL-I or -II, or a baseline of the paper")
+    parser.add_argument("--variant", choices=("I", "II"), default=None,
+                        help="FALSE-VFL's variant: --variant II is --method false-vfl-ii")
     parser.add_argument("--train-mechanism", default="mcar:0.2",
                         help=f"one of {', '.join(TRAIN_MECHANISMS)} or dirichlet:ALPHA")
     parser.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
@@ -61,6 +68,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def method_label(args: argparse.Namespace) -> str:
+    """The method asked for: `--method`, or `--variant` (its alias for FALSE-VFL); both must agree."""
+    alias = f"false-vfl-{args.variant.lower()}" if args.variant else None
+    if args.method and alias and args.method != alias:
+        raise InputError(f"--method {args.method} and --variant {args.variant} disagree (--variant {args.variant} "
+                         f"means --method {alias}); give one of them")
+    return args.method or alias or "false-vfl-i"
+
+
 def configure(args: argparse.Namespace) -> tuple[Config, str]:
     """The run's configuration and runtime, refusing impossible combinations before any work."""
     protocol = protocol_named(args.protocol)
@@ -71,7 +87,8 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
         raise InputError("--audit needs --runtime distributed: in the local runtime no party receives anything")
     if args.threads is not None and args.threads < 1:
         raise InputError("--threads must be at least 1")
-    cfg = make_config(args.dataset, args.preset, parties=args.parties, variant=args.variant,
+    method, variant = parse_method(method_label(args))
+    cfg = make_config(args.dataset, args.preset, parties=args.parties, method=method, variant=variant,
                       train_mechanism=args.train_mechanism, seed=args.seed, device=args.device,
                       max_rows=args.max_rows, cell_missing=args.cell_missing, cell_handling=args.cell_handling)
     if args.pretrain_epochs is not None:

@@ -1,12 +1,17 @@
-"""The two training stages and evaluation, readable top to bottom.
+"""The two training stages and evaluation, readable top to bottom, the same loop for every method.
 
-Stage 1 maximises the IWAE bound on every training sample (labeled or not, aligned or not) over the
-generative parameters of every party and of the active party. Stage 2 freezes all of them and maximises
-the conditional bound over the discriminator, on labeled samples only.
+Each stage runs its epochs; an epoch is the method's public plan of mini-batches; a step is the method's
+loss, then `transport.backward` (the adjoint rounds and every party's local loss), then one optimiser
+step per role; after an epoch the method's end-of-epoch rounds, then every party's checkpoint. For
+FALSE-VFL, stage 1 maximises the IWAE bound on every training sample over the generative parameters of
+every party and of the active party, and stage 2 freezes all of them and maximises the conditional bound
+over the discriminator, on labeled samples only; the baselines pretrain each party's extractor by SimSiam
+on its own rows and then fine-tune with labels (`methods/`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -19,157 +24,63 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .config import Stage
-from .data import PartyView
 from .errors import InputError
-from .node import Batch, Node
+from .node import Batch, HostedData, Node, host_split
 from .placement import Active, apply
-from .randomness import public_rng
-from .steps import predict, stage1_loss, stage2_loss
 
 EpochHook = Callable[[Stage, int, dict], None]
-
-
-@dataclass
-class HostedData:
-    """A split as this process holds it, as tensors: its parties' blocks and held rows and, at the active
-    party, the number of observed parties per row and the labels. `labeled_index` is public.
-
-    `observed`: the observed-cell masks (N, d_k) of the parties that have an empty cell in a row they
-    hold (a party without an entry observes every cell: its models compute as without the cell path);
-    `record_keys`: (N, 32) uint8 per-record keys for repeatable predictions, or None (see `PartyView`)."""
-
-    n: int
-    x: dict[int, Tensor]
-    held: dict[int, Tensor]
-    n_observed: Active[Tensor]
-    y: Active[Tensor]
-    labeled_index: np.ndarray
-    observed: dict[int, Tensor] = field(default_factory=dict)
-    record_keys: np.ndarray | None = None
-
-    def batch(self, rows: np.ndarray) -> Batch:
-        rows = np.asarray(rows, dtype=np.int64)
-        index = torch.from_numpy(rows).to(next(iter(self.x.values())).device)
-        return Batch(x={k: v.index_select(0, index) for k, v in self.x.items()},
-                     held={k: v.index_select(0, index) for k, v in self.held.items()},
-                     n_observed=self.n_observed.map(lambda t: t.index_select(0, index)),
-                     y=self.y.map(lambda t: t.index_select(0, index)),
-                     observed={k: v.index_select(0, index) for k, v in self.observed.items()},
-                     record_keys=None if self.record_keys is None else self.record_keys[rows])
-
-
-def _host_block(k: int, block: np.ndarray, held: np.ndarray, observed: np.ndarray | None
-                ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Party k's block with its unobserved cells mean-imputed (0), and its cell mask where it has an
-    empty cell in a row it holds (else None); bad values and shapes refused, naming the party."""
-    if observed is not None:
-        observed = np.asarray(observed)
-        if observed.dtype != bool or observed.shape != block.shape:
-            raise InputError(f"party {k}: its observed-cell mask must be bool of shape {block.shape}, "
-                             f"got {observed.dtype} {observed.shape}")
-        empty = held & ~observed.any(axis=1)
-        if empty.any():
-            raise InputError(f"party {k}: {int(empty.sum())} rows it holds have no observed cell "
-                             f"(first: row {int(np.flatnonzero(empty)[0])}); a block with every cell empty "
-                             "is a block the party does not hold")
-        block = np.where(observed, block, np.float32(0.0))
-        observed = observed if (held[:, None] & ~observed).any() else None
-    if not np.isfinite(block).all():
-        raise InputError(f"party {k}: its feature block contains NaN or inf values")
-    return np.ascontiguousarray(block), observed
-
-
-def _record_keys(view: PartyView) -> np.ndarray | None:
-    """The view's record keys, checked: (N, 32) uint8, and at the active party a key for every row."""
-    keys = view.record_keys
-    if keys is None:
-        return None
-    keys = np.asarray(keys)
-    if keys.dtype != np.uint8 or keys.shape != (view.n, 32):
-        raise InputError(f"record keys must be uint8 of shape ({view.n}, 32), got {keys.dtype} {keys.shape}")
-    if view.labels is not None and view.n and not keys.any(axis=1).all():
-        raise InputError(f"the active party has no record key for {int((~keys.any(axis=1)).sum())} rows; "
-                         "repeatable predictions need one per row")
-    return np.ascontiguousarray(keys)
-
-
-def host_split(view: PartyView, device: torch.device, n_classes: int | None = None) -> HostedData:
-    """The tensors of what a process holds of a split, validated."""
-    x, held, cells = {}, {}, {}
-    for k, (block, held_rows) in view.blocks.items():
-        held_rows = np.asarray(held_rows, dtype=bool)
-        block, observed = _host_block(k, block, held_rows, (view.observed or {}).get(k))
-        x[k] = torch.as_tensor(block, dtype=torch.float32, device=device)
-        held[k] = torch.as_tensor(held_rows, device=device)
-        if observed is not None:
-            cells[k] = torch.as_tensor(observed, device=device)
-    n_observed, y = Active.absent(), Active.absent()
-    if view.labels is not None:
-        observed, labels = view.labels.n_observed, np.asarray(view.labels.y)
-        if view.n and observed.min() == 0:
-            raise InputError(f"{int((observed == 0).sum())} samples have no observed party; "
-                             "the split must apply the empty-row rule first")
-        if n_classes is not None and labels.size and (labels.min() < 0 or labels.max() >= n_classes):
-            raise InputError(f"labels must lie in 0..{n_classes - 1}; got {labels.min()}..{labels.max()}")
-        n_observed = Active(torch.as_tensor(observed, dtype=torch.float32, device=device))
-        y = Active(torch.as_tensor(labels, device=device))
-    return HostedData(view.n, x, held, n_observed, y, np.asarray(view.labeled_index), cells, _record_keys(view))
-
-
-def epoch_batches(rows: np.ndarray, batch_size: int, seed: int, stage: Stage, epoch: int) -> list[np.ndarray]:
-    """The shuffled mini-batches of one epoch; every process derives the same (public) order from the seed."""
-    order = rows[public_rng(seed, int(stage), epoch).permutation(len(rows))]
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+__all__ = ["EpochHook", "Fit", "HostedData", "evaluate", "fit", "host_split", "optimizers_for", "predict_split",
+           "probe_step", "run_stage", "score"]  # HostedData and host_split (node.py): where callers find them
 
 
 def optimizers_for(node: Node, stage: Stage) -> dict[str, torch.optim.Optimizer]:
-    """One Adam per role and stage, so each party keeps (and checkpoints) only its own optimiser state.
-    Stage 1 trains every generative parameter; stage 2 the discriminator only."""
+    """One optimiser per role and stage (the method names the groups), so each party keeps (and
+    checkpoints) only its own optimiser state: Adam, or SGD with momentum 0.9 (SimSiam's pretraining)."""
     settings = node.cfg.schedule(stage)
 
-    def adam(params) -> torch.optim.Optimizer:
+    def make(params) -> torch.optim.Optimizer:
+        if settings.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=settings.lr, momentum=0.9, weight_decay=settings.weight_decay)
         return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
 
-    if stage is Stage.TRAIN:
-        label_side = node.active.map(lambda role: {"discriminator": adam(role.model.discriminator.parameters())})
-        return label_side.get() if label_side.present else {}
-    optimizers = {f"party{k}": adam(role.model.parameters()) for k, role in node.parties.items()}
-    if node.active.present:
-        optimizers["active"] = adam(node.active.get().model.generative_parameters())
-    return optimizers
+    return {name: make(list(params)) for name, params in node.method.parameters(node, stage).items()}
 
 
 def _step(node: Node, batch: Batch, stage: Stage, optimizers: dict) -> Active[Tensor]:
-    """One optimiser step of `stage`; the loss at the active party."""
+    """One optimiser step of `stage`: the method's loss, then `transport.backward` (every process runs the
+    adjoint rounds and its own local losses); the loss at the active party."""
     for opt in optimizers.values():
         opt.zero_grad(set_to_none=True)
-    if stage is Stage.PRETRAIN:
-        loss = stage1_loss(node, batch)
-        node.transport.backward(loss)  # every process runs the adjoint rounds
-    else:
-        loss = stage2_loss(node, batch)
-        loss.map(Tensor.backward)  # the discriminator's gradient never leaves the active party
+    objective = node.method.loss(node, batch, stage)
+    node.transport.backward(objective.active, list(objective.local.values()))
     for opt in optimizers.values():
         opt.step()
-    return loss
+    return objective.reported(node.cfg.active_index)
+
+
+def stage_batches(node: Node, data: HostedData, stage: Stage, epoch: int) -> list[Batch]:
+    """The batches of one epoch of `stage`, in the method's public plan."""
+    method, settings = node.method, node.cfg.schedule(stage)
+    plan = method.plan(stage, data, epoch, node.cfg.seed, settings.batch_size)
+    return [method.batch(data, rows, stage, epoch, i, node.cfg.seed) for i, rows in enumerate(plan)]
 
 
 def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, start_epoch: int = 0,
               progress: bool = True, on_epoch_end: EpochHook | None = None) -> list[float]:
     """Train one stage from `start_epoch`; the mean loss per epoch (NaN where the active party is not hosted)."""
-    cfg, settings = node.cfg, node.cfg.schedule(stage)
-    rows = np.arange(data.n) if stage is Stage.PRETRAIN else data.labeled_index
-    if stage is Stage.TRAIN and len(rows) == 0:
-        raise InputError("stage 2 needs labeled samples; the training split has none")
+    settings = node.cfg.schedule(stage)
+    if len(node.method.rows(stage, data)) == 0:
+        raise InputError(f"stage {int(stage)} of {node.cfg.label} has nothing to train on: it trains on "
+                         f"{node.method.row_rule[stage]}, and the training split has none")
     for module in node.modules():
         module.train()
     history = []
-    desc = "stage 1 (IWAE pretraining)" if stage is Stage.PRETRAIN else "stage 2 (discriminator)"
+    desc = f"{node.cfg.label} stage {int(stage)}"
     bar = tqdm(range(start_epoch, settings.epochs), desc=desc, disable=not progress, initial=start_epoch,
                total=settings.epochs, unit="ep")
     for epoch in bar:
-        losses = [(_step(node, data.batch(b), stage, optimizers), len(b))
-                  for b in epoch_batches(rows, settings.batch_size, cfg.seed, stage, epoch)]
+        losses = [(_step(node, b, stage, optimizers), b.size) for b in stage_batches(node, data, stage, epoch)]
+        node.method.end_epoch(node, stage)
         history.append(_epoch_mean(losses, stage, epoch))
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if on_epoch_end is not None:
@@ -201,24 +112,29 @@ def train_discriminator(node: Node, data: HostedData, progress: bool = False) ->
 
 
 def probe_step(node: Node, data: HostedData) -> None:
-    """The rounds of one stage-1 step (forward and backward) on the first mini-batch of epoch 0, leaving
-    every parameter and random stream as it was: the step `--audit` records. Its traffic is counted."""
+    """One step (forward and backward rounds, on the first of the largest mini-batches of epoch 0) of each
+    of the method's probe stages, and their end-of-epoch rounds, leaving every parameter and random stream
+    as it was: the steps `--audit` records. Their traffic is counted."""
     states = [rand.state() for rand in node.randomness()]
-    rows = epoch_batches(np.arange(data.n), node.cfg.pretrain.batch_size, node.cfg.seed, Stage.PRETRAIN, 0)[0]
-    node.transport.backward(stage1_loss(node, data.batch(rows)))
-    for module in node.modules():
+    saved = [copy.deepcopy(module.state_dict()) for module in node.modules()]
+    for stage in node.method.probe_stages:
+        objective = node.method.loss(node, max(stage_batches(node, data, stage, 0), key=lambda b: b.size), stage)
+        node.transport.backward(objective.active, list(objective.local.values()))
+        node.method.end_epoch(node, stage)
+    for module, state in zip(node.modules(), saved, strict=True):
+        module.load_state_dict(state)
         module.zero_grad(set_to_none=True)
     for rand, state in zip(node.randomness(), states, strict=True):
         rand.restore(state)
 
 
 def predict_split(node: Node, data: HostedData) -> Active[Tensor]:
-    """SNIS predictions for every row of a split, in evaluation batches (at the active party). With record
-    keys a row's prediction does not depend on the batch it is in or on earlier predictions (up to the
-    float rounding of batched products); without, the roles' prediction streams restart here."""
+    """The method's predictions for every row of a split, in evaluation batches (at the active party). With
+    record keys a row's prediction does not depend on the batch it is in or on earlier predictions (up to
+    the float rounding of batched products); without, the roles' prediction streams restart here."""
     node.restart_noise(Stage.PREDICT)
     size = node.cfg.eval_batch_size
-    outputs = [predict(node, data.batch(np.arange(start, min(start + size, data.n))))
+    outputs = [node.method.predict(node, data.batch(np.arange(start, min(start + size, data.n))))
                for start in range(0, data.n, size)]
     return Active(torch.cat([o.get() for o in outputs])) if node.active.present else Active.absent()
 
@@ -261,6 +177,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     from .checkpoint import Checkpointer, party_state
 
     checkpointers = [Checkpointer(checkpoint_dir, k) for k in node.parties] if checkpoint_dir is not None else []
+    node.method.prepare(node, data)
     optimizers = {stage: optimizers_for(node, stage) for stage in (Stage.PRETRAIN, Stage.TRAIN)}
     start = _resume(node, checkpointers, optimizers, agree) if resume else {Stage.PRETRAIN: 0, Stage.TRAIN: 0}
     for c in checkpointers if not resume else []:

@@ -15,7 +15,7 @@ LAYERS: dict[str, int] = {
     "errors": 0, "fsio": 0, "randomness": 0, "placement": 0, "bounds": 0,
     "config": 1, "data": 1, "model": 1, "secure": 1,
     "transport": 2,
-    "node": 3, "steps": 3,
+    "node": 3, "steps": 3, "methods": 3,
     "train": 4, "checkpoint": 4,
     "audit": 5,
     "runtime": 6,
@@ -113,7 +113,7 @@ def test_no_non_cryptographic_generator_where_secrets_are_drawn():
     """Where secrets are drawn (the secure layer, the randomness policy, models and their initialisation)
     only `randomness.KeyStream` (AES-CTR) and the audited libraries draw random numbers."""
     secret_code = [*(PACKAGE / "secure").rglob("*.py"), PACKAGE / "randomness.py", PACKAGE / "node.py",
-                   *(PACKAGE / "model").rglob("*.py")]
+                   *(PACKAGE / "model").rglob("*.py"), *(PACKAGE / "methods").rglob("*.py")]
     for path in secret_code:
         used = {n for n in dotted_names(path) if any(n == f or n.startswith(f + ".") for f in FORBIDDEN)}
         allowed = {"np.random", "np.random.SeedSequence", "np.random.default_rng", "np.random.Generator"} \

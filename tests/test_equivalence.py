@@ -1,8 +1,9 @@
-"""Plaintext equivalence: one step in the distributed runtime equals the local reference.
+"""Plaintext equivalence: one step in the distributed runtime equals the local reference, for every method.
 
 For each protocol a session of role processes is kept alive across hypothesis examples (one session per
-K, the K values run in order). Both sides derive every party's secret from the job's `secret_seed`, so
-they build the same models and draw the same noise. Tolerances come from the encodings:
+K, the K values run in order; the baselines' tests then use one K). Both sides derive every party's
+secret from the job's `secret_seed`, so they build the same models and draw the same noise. Tolerances
+come from the encodings:
 - plain: same floats summed in the same order -> float32 rounding only (1e-5 relative).
 - mpc and he: both reveal the exact sum of the addends' fixed-point encodings (2^-16 grid; he rounds
   every decryption onto it), so a sum of K terms is off by at most K * 2^-17 ~ K * 7.6e-6 absolute per
@@ -18,20 +19,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure.config import Config, Stage, StageConfig
+from falsevfl_secure.methods import METHODS
 from falsevfl_secure.runtime.session import StepJob, local_reference
-from falsevfl_secure.transport import FORWARD, ROUNDS
 
 TOLERANCE = {"plain": dict(rtol=1e-4, atol=1e-5), "mpc": dict(rtol=2e-2, atol=2e-3),
              "he": dict(rtol=2e-2, atol=2e-3)}
 
 
 def make_job(parties: int, variant: str, batch: int, kappa: int, seed: int, p_missing: float, stage: str,
-             **kw) -> StepJob:
-    cfg = Config(dataset="synthetic", parties=parties, variant=variant, h_dim=8, z_dim=4, party_hidden=16,
-                 global_hidden=16, discriminator_hidden=16, indicator_hidden=8, kappa=kappa,
+             method: str = "false-vfl", scale: float = 1.0, **kw) -> StepJob:
+    cfg = Config(dataset="synthetic", parties=parties, method=method, variant=variant, h_dim=8, z_dim=4,
+                 party_hidden=16, global_hidden=16, discriminator_hidden=16, indicator_hidden=8, kappa=kappa,
                  predict_samples=kappa + 3, pretrain=StageConfig(1e-3, batch, 1), train=StageConfig(1e-3, batch, 1),
                  seed=seed)
-    split = dict(n=batch + 4, parties=parties, width=5, p_missing=p_missing, seed=seed)
+    split = dict(n=batch + 4, parties=parties, width=5, p_missing=p_missing, seed=seed, scale=scale)
     return StepJob(cfg, split, tuple(range(2, batch + 2)), Stage[stage.upper()], secret_seed=seed + 1, **kw)
 
 
@@ -44,11 +45,14 @@ def check_equal(sessions, protocol: str, job: StepJob) -> None:
         assert np.isclose(active["loss"], reference["loss"], **tol), (active["loss"], reference["loss"])
     if "predictions" in reference:
         np.testing.assert_allclose(active["predictions"], reference["predictions"], **tol)
-    grads = {name: g for r in reports.values() for name, g in r["grads"].items()}
-    assert set(grads) == set(reference["grads"])
-    for name, g in reference["grads"].items():
-        np.testing.assert_allclose(grads[name], g, err_msg=name, **tol)
-    expected = [r.name for r in (ROUNDS if job.stage is Stage.PRETRAIN else FORWARD)]
+    for key in ("grads", "parameters"):  # every party's gradients; after an epoch's end, its parameters
+        values = {name: g for r in reports.values() for name, g in r.get(key, {}).items()}
+        assert set(values) == set(reference.get(key, {}))
+        for name, g in reference.get(key, {}).items():
+            np.testing.assert_allclose(values[name], g, err_msg=name, **tol)
+    table = METHODS[job.config.method].rounds
+    end = table.epoch_end.get(job.stage, ()) if job.epoch_end else ()
+    expected = [r.name for r in (*table.step(job.stage), *end)]
     for report in reports.values():
         assert report["trace"] == expected
 
@@ -80,6 +84,30 @@ def test_mpc_distributed_equals_local_within_fixed_point_tolerance(sessions, par
 @pytest.mark.parametrize("parties", [2, 3, 4, 5, 6])
 def test_he_distributed_equals_local_within_ckks_tolerance(sessions, parties):
     equivalence_test(sessions, "he", parties, 3)()
+
+
+BASELINES = [name for name in METHODS if name != "false-vfl"]
+
+
+def baseline_test(sessions, protocol: str, method: str, max_examples: int):
+    """A baseline's step (SimSiam, fine-tuning, prediction; FedHSSL's model average) under `protocol`, K = 4,
+    over batch sizes, missingness and feature magnitudes."""
+    @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(batch=st.integers(2, 24), seed=st.integers(0, 10_000), p=masks, scale=st.sampled_from([0.01, 1.0, 30.0]),
+           stage=st.sampled_from(["pretrain", "train", "predict"]), epoch_end=st.booleans())
+    def run(batch, seed, p, scale, stage, epoch_end):
+        torch.set_num_threads(1)
+        job = make_job(4, "I", batch, 1, seed, p, stage, method=method, scale=scale,
+                       epoch_end=epoch_end and stage == "pretrain")
+        check_equal(sessions, protocol, job)
+
+    return run
+
+
+@pytest.mark.parametrize("method", BASELINES)
+@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+def test_baselines_distributed_equal_local(sessions, protocol, method):
+    baseline_test(sessions, protocol, method, {"plain": 4, "mpc": 4, "he": 3}[protocol])()
 
 
 def test_short_mpc_training_on_digits_reaches_the_plain_accuracy(tmp_path):

@@ -77,6 +77,9 @@ class ClearReference:
     def __init__(self, n_parties: int) -> None:
         self.n_parties, self.log = n_parties, CommLog()
 
+    def use(self, table) -> None:
+        pass
+
     def aggregate(self, round, contributions):
         parties = sorted(contributions)
         total = contributions[parties[0]]

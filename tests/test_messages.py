@@ -7,15 +7,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from falsevfl_secure.config import Stage
 from falsevfl_secure.errors import ProtocolError
+from falsevfl_secure.methods import METHODS
 from falsevfl_secure.transport.rounds import AGGREGATES as AGGREGATE_ROUNDS
-from falsevfl_secure.transport.rounds import ROUNDS, Message, MessageValidator
+from falsevfl_secure.transport.rounds import VOCABULARY, Message
+from falsevfl_secure.transport.rounds import MessageValidator as TableValidator
 
-K, ACTIVE, B, S, H = 4, 3, 5, 2, 6
-SIZES = {"B": B, "S": S, "H": H, "2H": 2 * H, "2": 2}
-SHAPES = {r.name: tuple(SIZES[symbol] for symbol in r.payload) for r in ROUNDS}  # from the round table
+K, ACTIVE, B, S, H, E, T, P = 4, 3, 5, 2, 6, 7, 3, 11
+SIZES = {"B": B, "S": S, "H": H, "2H": 2 * H, "2": 2, "E": E, "T": T, "P": P}
+SHAPES = {r.name: tuple(SIZES[symbol] for symbol in r.payload) for r in VOCABULARY}  # from the vocabulary
 AGGREGATES = {r.name for r in AGGREGATE_ROUNDS}
-STAGE1_ROUNDS = tuple(r.name for r in ROUNDS)
+FALSE_VFL = METHODS["false-vfl"].rounds
+STAGE1_ROUNDS = tuple(r.name for r in FALSE_VFL.step(Stage.PRETRAIN))
+
+
+def MessageValidator(k: int, active: int, protection: str, table=FALSE_VFL) -> TableValidator:  # noqa: N802
+    """FALSE-VFL's validator unless another method's table is given."""
+    return TableValidator(k, active, protection, table)
 
 
 def good(name: str, sender: int = 0, protection: str = "secret-shared") -> Message:
@@ -94,3 +103,28 @@ def test_fuzzed_corruptions_of_a_valid_pass_are_refused(position, field, data, r
     with pytest.raises(ProtocolError, match=r"round '.*': field '"):
         v.check(corrupted)
     refused("message (fuzzed)")
+
+
+def test_each_method_s_validator_accepts_its_own_passes_and_refuses_other_rounds(refused):
+    for name, method in METHODS.items():
+        v = MessageValidator(K, ACTIVE, "secret-shared", method.rounds)
+        for _ in range(2):
+            for rounds in method.rounds.passes:
+                for r in rounds:
+                    v.check(good(r.name))
+        foreign = [r for r in VOCABULARY if r not in method.rounds.rounds]
+        assert foreign, name
+        with pytest.raises(ProtocolError, match=rf"round '{foreign[0].name}': field 'round': not a round of this"):
+            v.check(good(foreign[0].name))
+        refused("message (another method's round)")
+    with pytest.raises(ProtocolError, match="no method's round table"):
+        TableValidator(K, ACTIVE, "clear").check(good("posterior", protection="clear"))
+
+
+def test_a_baseline_pass_needs_its_own_order_and_consistent_sizes():
+    v = MessageValidator(K, ACTIVE, "clear", METHODS["laser"].rounds)
+    with pytest.raises(ProtocolError, match="'subsets_grad': field 'round': out of order"):
+        v.check(good("subsets_grad", protection="clear"))
+    v.check(good("subsets", protection="clear"))
+    with pytest.raises(ProtocolError, match="'subsets_grad': field 'shape': T"):
+        v.check(Message("subsets_grad", ACTIVE, (0, 1, 2), (T + 1, B, E), "float32", "clear"))

@@ -1,5 +1,6 @@
-"""Each protocol executes exactly the rounds of the round table, and its reviewed spec in protocols/ names
-those rounds with the protection its protocol object gives them."""
+"""Each protocol executes exactly the rounds of each method's round table, and its reviewed spec in
+protocols/ names every round of the vocabulary with the protection its protocol object gives it and the
+methods that run it."""
 
 from __future__ import annotations
 
@@ -9,53 +10,68 @@ from pathlib import Path
 import pytest
 
 from falsevfl_secure.config import Stage
+from falsevfl_secure.methods import METHODS
 from falsevfl_secure.runtime.session import local_reference
-from falsevfl_secure.transport import PROTOCOLS, ROUNDS, STAGE_ROUNDS, LocalTransport
+from falsevfl_secure.transport import PROTOCOLS, VOCABULARY, LocalTransport
 
 SPECS = Path(__file__).resolve().parents[1] / "protocols"
+FALSE_VFL = METHODS["false-vfl"].rounds
+STAGES = (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT)
 
 
 def load_spec(protocol: str) -> dict:
     return tomllib.loads((SPECS / f"{protocol}.toml").read_text())
 
 
-def job(stage: Stage):
+def job(stage: Stage, method: str = "false-vfl"):
     from test_equivalence import make_job
 
-    return make_job(3, "II", 6, 2, 11, 0.3, stage.key)
+    return make_job(3, "II" if method == "false-vfl" else "I", 6, 2, 11, 0.3, stage.key, method=method)
 
 
 def test_stage_rounds_are_the_forward_rounds_then_their_adjoints_in_reverse():
-    forward = STAGE_ROUNDS[Stage.PRETRAIN][:3]
+    forward = FALSE_VFL.step(Stage.PRETRAIN)[:3]
     assert [r.primitive.value for r in forward] == ["aggregate", "broadcast", "aggregate"]
-    assert list(STAGE_ROUNDS[Stage.PRETRAIN][3:]) == [r.adjoint for r in reversed(forward)]
-    assert all(r.adjoint.adjoint is r and r.adjoint.primitive is not r.primitive for r in ROUNDS)
-    assert STAGE_ROUNDS[Stage.TRAIN] == STAGE_ROUNDS[Stage.PREDICT] == forward  # no gradient leaves stage 2
+    assert list(FALSE_VFL.step(Stage.PRETRAIN)[3:]) == [r.adjoint for r in reversed(forward)]
+    assert all(r.adjoint.adjoint is r and r.adjoint.primitive is not r.primitive for r in VOCABULARY)
+    assert FALSE_VFL.step(Stage.TRAIN) == FALSE_VFL.step(Stage.PREDICT) == forward  # no gradient leaves stage 2
+
+
+@pytest.mark.parametrize("name", [n for n in METHODS if n != "false-vfl"])
+def test_a_baseline_fuses_by_one_sum_whose_adjoint_is_its_only_backward_round(name):
+    table = METHODS[name].rounds
+    fusion, adjoint = table.step(Stage.TRAIN)
+    assert fusion.is_aggregate and adjoint is fusion.adjoint and table.step(Stage.PREDICT)[0].is_aggregate
+    assert len(table.step(Stage.PREDICT)) == 1  # prediction: the fused embedding only
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
 def test_executed_rounds_equal_the_table(sessions, protocol):
-    for stage in (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT):
-        reports = sessions(protocol, 3).run(job(stage))
-        for rank, report in reports.items():
-            assert report["trace"] == [r.name for r in STAGE_ROUNDS[stage]], (protocol, stage, rank)
+    for name, method in METHODS.items():
+        for stage in STAGES:
+            reports = sessions(protocol, 3).run(job(stage, name))
+            for rank, report in reports.items():
+                assert report["trace"] == [r.name for r in method.rounds.step(stage)], (protocol, name, stage, rank)
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
-def test_spec_names_the_table_rounds_with_the_protocol_protection(protocol):
+def test_spec_names_the_vocabulary_with_the_protocol_protection_and_the_methods(protocol):
     spec = load_spec(protocol)
     assert spec["protocol"] == protocol and set(spec["runtimes"]) == set(PROTOCOLS[protocol].runtimes)
-    assert list(spec["rounds"]) == [r.name for r in ROUNDS]
-    for r in ROUNDS:
+    assert list(spec["rounds"]) == [r.name for r in VOCABULARY]
+    for r in VOCABULARY:
+        entry = spec["rounds"][r.name]
         expected = PROTOCOLS[protocol].protection if r.is_aggregate else "clear"
-        assert spec["rounds"][r.name]["protection"] == expected, (protocol, r.name)
-        assert spec["rounds"][r.name]["realised_by"] and spec["rounds"][r.name]["learns"]
+        assert entry["protection"] == expected, (protocol, r.name)
+        assert entry["realised_by"] and entry["learns"]
+        assert entry["methods"] == [n for n, m in METHODS.items() if r in m.rounds.rounds], (protocol, r.name)
     assert ("aggregator" in spec["roles"]) == bool(PROTOCOLS[protocol].helpers)
 
 
 def test_local_runtime_executes_the_table():
-    for stage in (Stage.PRETRAIN, Stage.TRAIN, Stage.PREDICT):
-        assert local_reference(job(stage))["trace"] == [r.name for r in STAGE_ROUNDS[stage]]
+    for name, method in METHODS.items():
+        for stage in STAGES:
+            assert local_reference(job(stage, name))["trace"] == [r.name for r in method.rounds.step(stage)]
     assert LocalTransport.protection == "clear" and "local" in PROTOCOLS["plain"].runtimes
 
 

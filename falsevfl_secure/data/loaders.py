@@ -9,7 +9,9 @@ fixture in the UCI layout can be loaded by the tests.
 
 Features are standardised with training statistics only (the test split never leaks into the
 mean/std), robustly: a floored scale and clipped values (`data.standardize`), so a feature that is
-(nearly) constant in training cannot turn a test value into a huge number. Loaded datasets are
+(nearly) constant in training cannot turn a test value into a huge number. Two other treatments
+exist for the ablation that measures what this choice is worth (`standardize`, `STANDARDIZE`): the
+plain z-score (no floor, no clip) and none (the features as the files hold them). Loaded datasets are
 cached per process and their arrays are read-only, because tests and benchmarks load the same data
 many times and must not mutate each other's copies.
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .standardize import Standardizer
+from .standardize import DEFAULT_CLIP, Standardizer
 
 #: Official sha256 of each stored file (relative to the data root), from shared/data/SOURCES.md.
 CHECKSUMS: dict[str, str] = {
@@ -107,26 +109,50 @@ def canonical_name(name: str) -> str:
     return key
 
 
+STANDARDIZE = ("robust", "zscore", "none")  # the feature treatments `load_dataset(standardize=...)` applies
+
+
 def load_dataset(name: str, root: Path | None = None, seed: int = 0, *, strict_counts: bool = False,
-                 verify_checksums: bool = True) -> Dataset:
+                 verify_checksums: bool = True, standardize: str = "robust") -> Dataset:
     """Load, verify and standardise a dataset (cached per process; arrays are read-only).
 
     `seed` only affects `digits` (its train/test split is drawn); the other datasets have official
     splits. `strict_counts` enforces HAPT's official row counts (7767 / 3162). `verify_checksums`
     can be switched off to load a genuine copy whose bytes differ from the stored one (for example
-    UCI's own Isolet train file, whose row order differs from the stored copy).
+    UCI's own Isolet train file, whose row order differs from the stored copy). `standardize`: "robust"
+    (the default, `data.standardize`), "zscore" (mean and std, no floor, no clip) or "none".
     """
     key = canonical_name(name)
+    if standardize not in STANDARDIZE:
+        raise DataError(f"standardize={standardize!r}: choose one of {', '.join(STANDARDIZE)}")
     if key == "digits":
-        return _load_cached(key, None, int(seed), False, False)
+        return _load_cached(key, None, int(seed), False, False, standardize)
     base = data_root() if root is None else Path(root).expanduser().resolve()
     if not base.is_dir():
         raise DataError(f"data root {base} does not exist; pass an existing folder or set FALSEVFL_DATA")
-    return _load_cached(key, str(base), 0, bool(strict_counts and key == "hapt"), bool(verify_checksums))
+    return _load_cached(key, str(base), 0, bool(strict_counts and key == "hapt"), bool(verify_checksums), standardize)
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(name: str, root: str | None, seed: int, strict_counts: bool, verify: bool) -> Dataset:
+def _load_cached(name: str, root: str | None, seed: int, strict_counts: bool, verify: bool,
+                 standardize: str = "robust") -> Dataset:
+    return _standardized(_load_raw(name, root, seed, strict_counts, verify), standardize)
+
+
+def _standardized(raw: Dataset, standardize: str) -> Dataset:
+    """The dataset with its features treated by training statistics only; arrays read-only."""
+    x_train, x_test = raw.x_train, raw.x_test
+    if standardize != "none":
+        floor, clip = (None, DEFAULT_CLIP) if standardize == "robust" else (0.0, float(np.finfo(np.float32).max))
+        scaler = Standardizer.fit(x_train, min_scale_fraction=floor, clip=clip)  # the test split never leaks in
+        x_train, x_test = scaler.transform(x_train), scaler.transform(x_test)
+    arrays = [np.asarray(x_train, dtype=np.float32), raw.y_train, np.asarray(x_test, dtype=np.float32), raw.y_test]
+    for array in arrays:
+        array.flags.writeable = False
+    return Dataset(raw.name, arrays[0], arrays[1], arrays[2], arrays[3], raw.n_classes, raw.image_shape)
+
+
+def _load_raw(name: str, root: str | None, seed: int, strict_counts: bool, verify: bool) -> Dataset:
     if name == "digits":
         return _load_digits(seed)
     base = Path(root) if root is not None else data_root()
@@ -170,12 +196,9 @@ def _verify_sha256(path: Path, expected: str) -> None:
 
 def _make(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
           n_classes: int, image_shape: tuple[int, int] | None) -> Dataset:
-    scaler = Standardizer.fit(x_train)  # training statistics only: the test split never leaks into them
-    z_train, z_test = scaler.transform(x_train), scaler.transform(x_test)
-    arrays = [z_train, np.asarray(y_train, dtype=np.int64), z_test, np.asarray(y_test, dtype=np.int64)]
-    for array in arrays:
-        array.flags.writeable = False
-    return Dataset(name, arrays[0], arrays[1], arrays[2], arrays[3], n_classes, image_shape)
+    """The raw dataset (features as the files hold them; `_standardized` treats them)."""
+    return Dataset(name, np.asarray(x_train, dtype=np.float64), np.asarray(y_train, dtype=np.int64),
+                   np.asarray(x_test, dtype=np.float64), np.asarray(y_test, dtype=np.int64), n_classes, image_shape)
 
 
 def _read_table(path: Path, sep: str, compression: str | None) -> np.ndarray:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..randomness import SPLIT_CELLS, SPLIT_LABELED, SPLIT_TEST_MASK, SPLIT_TRAIN_MASK, SUBSAMPLE, public_rng
+from ..randomness import PublicStream, public_rng
 from .errors import DataError
 from .loaders import Dataset, load_dataset
 from .mechanisms import Dirichlet, Mechanism, parse_mechanism
@@ -83,7 +83,12 @@ class PartyView:
     each row's sampling noise from its own secret and the row's key (every row needs one there), and a
     party's FALSE-VFL-II imputation noise is one secret draw shared by all rows (a passive party's keys
     are not used; their presence switches it to that rule). None (simulations): noise as in training,
-    one stream per role restarted for the prediction."""
+    one stream per role restarted for the prediction.
+
+    `patterns` (optional, public): (N, K) bool, which parties hold each row. A simulation's split follows
+    from the public seed, so its patterns are public and every party gets them (the baselines that train on
+    the rows every party holds, or group rows by their observed set, need them); None elsewhere (a
+    federation: only the active party knows who holds a record)."""
 
     n: int
     blocks: dict[int, tuple[np.ndarray, np.ndarray]]  # party -> (features (N, d_k), held rows (N,))
@@ -92,6 +97,7 @@ class PartyView:
     dropped: int = 0
     observed: dict[int, np.ndarray] | None = None
     record_keys: np.ndarray | None = None
+    patterns: np.ndarray | None = None
 
 
 @dataclass
@@ -130,7 +136,8 @@ class VerticalSplit:
             labels = LabelSide((~self.missing).sum(axis=1).astype(np.int64), np.asarray(self.y))
         blocks = {k: self.party_block(k) for k in parties}
         observed = None if self.observed is None else {k: self.observed[k] for k in blocks}
-        return PartyView(self.n, blocks, labels, np.flatnonzero(self.labeled), self.dropped, observed)
+        return PartyView(self.n, blocks, labels, np.flatnonzero(self.labeled), self.dropped, observed,
+                         patterns=~self.missing)
 
 
 def _spec_stream(mechanism: Mechanism) -> int:
@@ -204,15 +211,16 @@ def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
     if not 0 <= n_aligned <= n_labeled:
         raise DataError(f"n_aligned={n_aligned} must lie in 0..n_labeled={n_labeled}")
     blocks = split_blocks(dataset.x_train, feature_blocks(dataset, parties))
-    chosen = public_rng(seed, SPLIT_LABELED).permutation(n)[:n_labeled]
+    chosen = public_rng(seed, PublicStream.SPLIT_LABELED).permutation(n)[:n_labeled]
     labeled = np.zeros(n, dtype=bool)
     labeled[chosen] = True
     aligned = np.zeros(n, dtype=bool)
     aligned[chosen[:n_aligned]] = True
-    missing, rates = _draw(mech, blocks, public_rng(seed, SPLIT_TRAIN_MASK, _spec_stream(mech)))
+    missing, rates = _draw(mech, blocks, public_rng(seed, PublicStream.SPLIT_TRAIN_MASK, _spec_stream(mech)))
     missing = np.asarray(missing, dtype=bool)
     missing[aligned] = False
-    observed, missing = remove_cells(blocks, missing, aligned, cell_missing, public_rng(seed, SPLIT_CELLS, 0))
+    cells = public_rng(seed, PublicStream.SPLIT_CELLS, 0)
+    observed, missing = remove_cells(blocks, missing, aligned, cell_missing, cells)
     return _assemble(blocks, missing, np.asarray(dataset.y_train), labeled, aligned, mech.spec, rates,
                      "train", observed)
 
@@ -224,10 +232,10 @@ def make_test_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
     mech = parse_mechanism(mechanism)
     n = len(dataset.y_test)
     blocks = split_blocks(dataset.x_test, feature_blocks(dataset, parties))
-    missing, rates = _draw(mech, blocks, public_rng(seed, SPLIT_TEST_MASK, _spec_stream(mech)))
+    missing, rates = _draw(mech, blocks, public_rng(seed, PublicStream.SPLIT_TEST_MASK, _spec_stream(mech)))
     none = np.zeros(n, dtype=bool)
     observed, missing = remove_cells(blocks, np.asarray(missing, dtype=bool), none, cell_missing,
-                                     public_rng(seed, SPLIT_CELLS, 1))
+                                     public_rng(seed, PublicStream.SPLIT_CELLS, 1))
     return _assemble(blocks, missing, np.asarray(dataset.y_test), np.ones(n, dtype=bool), none, mech.spec,
                      rates, "test", observed)
 
@@ -235,7 +243,7 @@ def make_test_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
 def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, VerticalSplit, dict[str, VerticalSplit]]:
     """The simulated federation of a run: the dataset, its training split under cfg.train_mechanism and one
     test split per pattern (all public: they follow from cfg.seed)."""
-    dataset = load_dataset(cfg.dataset, seed=cfg.seed)
+    dataset = load_dataset(cfg.dataset, seed=cfg.seed, standardize=cfg.standardize)
     n_labeled, n_aligned = cfg.n_labeled, cfg.n_aligned
     if cfg.max_rows is not None:
         dataset, n_labeled, n_aligned = subsample(dataset, cfg.max_rows, cfg.seed, n_labeled, n_aligned)
@@ -251,7 +259,7 @@ def subsample(dataset: Dataset, rows: int, seed: int, n_labeled: int | None,
     the labeled and aligned counts shrink with the training set when they would not fit."""
     from dataclasses import replace
 
-    rng = public_rng(seed, SUBSAMPLE)
+    rng = public_rng(seed, PublicStream.SUBSAMPLE)
     keep_train = np.sort(rng.permutation(len(dataset.y_train))[:rows])
     keep_test = np.sort(rng.permutation(len(dataset.y_test))[:rows])
     small = replace(dataset, x_train=dataset.x_train[keep_train], y_train=dataset.y_train[keep_train],

@@ -10,12 +10,14 @@ from .split import VerticalSplit
 
 
 def synthetic_split(n: int = 64, parties: int = 3, width: int = 4, p_missing: float = 0.3, seed: int = 0,
-                    n_classes: int = 3, regression: bool = False, n_labeled: int | None = None) -> VerticalSplit:
+                    n_classes: int = 3, regression: bool = False, n_labeled: int | None = None,
+                    scale: float = 1.0) -> VerticalSplit:
     """A public, seeded split: every row has at least one observed party; the first `n_labeled` rows
-    (default: all) are labeled."""
+    (default: all) are labeled; the features are multiplied by `scale` (magnitudes for the tests)."""
     rng = np.random.default_rng(seed)
     latent = rng.standard_normal((n, 2))
     features = latent @ rng.standard_normal((2, parties * width)) + 0.3 * rng.standard_normal((n, parties * width))
+    features = features * scale
     missing = rng.random((n, parties)) < p_missing
     missing[missing.all(axis=1), 0] = False
     blocks = []

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..data import LabelSide, PartyView
 from ..data.encoding import EncodedBlock
-from ..randomness import public_rng
+from ..randomness import PublicStream, public_rng
 from ..secure import frames
 from ..secure.align import MAX_IDS, Alignment, align
 from ..secure.errors import SecureMessageError
@@ -147,7 +146,7 @@ def _hold_out(rows: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]
     count = min(int(round(policy.validation_fraction * rows.size)), max(rows.size - 1, 0))
     if count == 0:
         return rows, rows[:0]
-    chosen = public_rng(policy.seed, zlib.crc32(b"federation validation")).permutation(rows.size)[:count]
+    chosen = public_rng(policy.seed, PublicStream.VALIDATION).permutation(rows.size)[:count]
     mask = np.zeros(rows.size, dtype=bool)
     mask[chosen] = True
     return rows[~mask], rows[mask]

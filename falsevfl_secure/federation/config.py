@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..config import PRESETS, Config, StageConfig, make_config
+from ..config import METHOD_LABELS, PRESETS, Config, StageConfig, make_config, parse_method
 from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
@@ -58,9 +58,10 @@ AGGREGATOR_KEYS = ("address", "key", "identity")
 DEFAULT_MAX_IDS = 1_000_000
 STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 # Not model settings of a federation: fixed by the file ([[party]] order, active, task), chosen per host
-# (device), or used by `simulate` only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows).
+# (device), or used by `simulate` only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows,
+# standardize).
 _NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "device", "train_mechanism", "n_labeled", "n_aligned",
-                   "max_rows"}
+                   "max_rows", "standardize"}
 MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
 SCHEDULES = ("quick", "default", "paper")  # a bare schedule: the sizes tuned on digits (small tables)
 DEFAULT_PRESET = "digits"
@@ -337,10 +338,32 @@ def _preset(value: object, path: Path) -> tuple[str, str]:
     return dataset, schedule or "default"
 
 
+def _method(section: dict, path: Path) -> dict:
+    """`method` (a name `--method` takes) as Config's method and variant; an older file's `variant` alone
+    still picks FALSE-VFL's. A baseline that needs to know who holds each record is refused: a federation
+    keeps that at the active party."""
+    from ..methods import METHODS
+
+    label, variant = section.pop("method", None), section.get("variant")
+    if label is None:
+        return {}
+    if not isinstance(label, str) or label not in METHOD_LABELS:
+        raise InputError(f"{path}: [model] method = {label!r}; choose one of {', '.join(METHOD_LABELS)}")
+    method, implied = parse_method(label)
+    if variant is not None and variant != implied:
+        raise InputError(f"{path}: [model] method = {label!r} and variant = {variant!r} disagree; give method only")
+    if METHODS[method].needs_patterns:
+        raise InputError(f"{path}: [model] method = {label!r} trains on the records every party holds (or groups "
+                         "records by who holds them), which a federation keeps at the active party; it runs in "
+                         "`simulate` only. A federation trains false-vfl-i, false-vfl-ii or plugvfl")
+    return {"method": method, "variant": implied}
+
+
 def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Config:
-    """The preset with the explicit settings on top."""
+    """The preset (a baseline's schedule where `method` names one) with the explicit settings on top."""
     section = dict(raw.get("model", {}))
     refuse_unknown(section, MODEL_KEYS, path, "[model]")
+    method = _method(section, path)
     dataset, schedule = _preset(section.pop("preset", DEFAULT_PRESET), path)
     stages = {}
     for key in ("pretrain", "train"):
@@ -350,7 +373,7 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
             refuse_unknown(section[key], STAGE_KEYS, path, f"[model.{key}]")
             stages[key] = section.pop(key)
     try:
-        cfg = make_config(dataset, schedule)
+        cfg = make_config(dataset, schedule, **method)
         stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **v}) for k, v in stages.items()}
         return replace(cfg, **section, **stages, parties=parties, active_party=active, task=task).validate()
     except (TypeError, ValueError) as error:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import io
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from ..config import make_config
 from ..data import VerticalSplit, make_splits
 from ..fsio import atomic_write
-from ..randomness import public_rng
+from ..randomness import PublicStream, public_rng
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -35,7 +34,7 @@ def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: s
     """Write the demo federation to `out`; returns the path of its federation.toml."""
     cfg = make_config(dataset, preset, parties=parties, seed=seed)
     data, train, tests = make_splits(cfg, (test_pattern,))
-    rng = public_rng(seed, zlib.crc32(b"federation demo"))
+    rng = public_rng(seed, PublicStream.DEMO_TABLES)
     train_ids, test_ids = _ids(rng, train.n, "r"), _ids(rng, tests[test_pattern].n, "q")
     names = [f"party{k}" for k in range(parties)]
     active = cfg.active_index

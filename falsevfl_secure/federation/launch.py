@@ -39,7 +39,8 @@ def role_names(fed: Federation, present: list[str], protocol: Protocol) -> list[
 
 def agreement_settings(fed: Federation, command: str) -> dict:
     """The run settings every participant must share besides the cast (see `transport.agreement`)."""
-    return {"command": command, "model": fed.model.fingerprint(), "task": fed.task, "max_ids": fed.max_ids}
+    return {"command": command, "method": fed.model.label, "model": fed.model.fingerprint(), "task": fed.task,
+            "max_ids": fed.max_ids}
 
 
 def spec_of(fed: Federation, name: str, command: str, protocol: Protocol, present: list[str],

@@ -82,9 +82,9 @@ def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> No
     import torch  # here, not at the top: reading a manifest (`federation check`) needs no torch
 
     role = node.parties[rank]
-    state = {"party_module": role.model.state_dict(), "secret": role.randomness.secret.to_tensor()}
-    if node.active.present:
-        state["active_module"] = node.active.get().model.state_dict()
+    state = {"secret": role.randomness.secret.to_tensor()}
+    for name, module in node.method.checkpoint_modules(node, rank).items():
+        state[name] = module.state_dict()
     buffer = io.BytesIO()
     torch.save(state, buffer)
     atomic_write(Path(model_dir) / "model.pt", buffer.getvalue(), private=True)  # it holds the party's secret
@@ -121,10 +121,9 @@ def load_weights(model_dir: Path, node: Node, rank: int) -> None:
     try:
         state = torch.load(path, weights_only=True)
         role = node.parties[rank]
-        role.model.load_state_dict(state["party_module"])
+        for name, module in node.method.checkpoint_modules(node, rank).items():
+            module.load_state_dict(state[name])
         if "secret" in state:
             role.randomness.load(RoleSecret.from_tensor(state["secret"]), {})
-        if node.active.present:
-            node.active.get().model.load_state_dict(state["active_module"])
     except Exception as error:  # a missing, foreign or corrupt file: torch raises several types here
         raise InputError(f"{path}: not this party's saved model ({type(error).__name__})") from error

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import csv
 import io
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..fsio import atomic_write
-from ..randomness import public_rng
+from ..randomness import PublicStream, public_rng
 
 NAMES = ("clinic", "lab", "insurer", "pharmacy")
 # How each party writes record 4217 when the IDs are written differently ("mixed").
@@ -80,7 +79,7 @@ def load(dataset: str) -> tuple[np.ndarray, np.ndarray, list[str], str]:
 
 def write_federation(folder: Path, spec: Spec) -> Written:
     x, y, columns, task = load(spec.dataset)
-    rng = public_rng(spec.seed, zlib.crc32(b"federation tables demo"))
+    rng = public_rng(spec.seed, PublicStream.TABLES_DEMO)
     n = len(y)
     order = rng.permutation(n)
     test = order[:int(spec.test * n)]

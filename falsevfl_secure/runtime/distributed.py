@@ -20,6 +20,7 @@ import numpy as np
 from ..checkpoint import KEEP, progress_key
 from ..config import Config, Stage
 from ..fsio import atomic_write
+from ..methods import method_for
 from ..node import Node, build_node, resolve_device
 from ..randomness import RoleSecret
 from ..train import HostedData, evaluate, fit, host_split, probe_step
@@ -40,6 +41,7 @@ def simulated_program(role: Role, job: Job, progress: bool, secret: RoleSecret |
         if job.views_dir is not None:
             path = Path(job.views_dir) / f"rank{role.rank}.npz"
             role.membership.on_recorded = lambda view: save_view(path, view)
+            role.membership.recorded_rounds = method_for(job.config).probe_sums()
         role.serve_helper()
         return {"communication": []}
     cfg, rank, start = job.config, role.rank, time.perf_counter()
@@ -118,7 +120,7 @@ def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], 
               None if views is None else str(views))
     atomic_write(out_dir / "job.json", job.to_json())
     names = [f"party{k}" for k in range(cfg.parties)]
-    settings = {"command": "simulate", "model": cfg.fingerprint()}
+    settings = {"command": "simulate", "method": cfg.label, "model": cfg.fingerprint()}
     specs = local_specs(proto, names, names[cfg.active_index], out_dir / "identities", settings,
                         consent=allow_two_party_disclosure, record=audit)
     per_role = {names[k]: ((secrets or {}).get(k),) for k in range(cfg.parties)}

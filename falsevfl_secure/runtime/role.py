@@ -24,7 +24,7 @@ from ..transport.distributed import Backend, DistributedTransport, Peers
 from ..transport.handshake import Cast, Handshake, Request, Session, pair_keys
 from ..transport.network import Blame, Network, Plan
 from ..transport.protocols import Membership, Protocol, protocol_named
-from ..transport.rounds import ROUNDS
+from ..transport.rounds import VOCABULARY
 from ..transport.views import View
 
 
@@ -134,7 +134,7 @@ class Role:
         self.network.close(clean)
 
 
-ROUND_NAMES = frozenset(r.name for r in ROUNDS)
+ROUND_NAMES = frozenset(r.name for r in VOCABULARY)
 
 
 def key_file(folder: Path, name: str) -> Path:

@@ -25,8 +25,7 @@ from ..config import Config, Stage
 from ..data.synthetic import synthetic_split
 from ..errors import PartyFailure
 from ..node import Node, build_node
-from ..randomness import RoleSecret, public_rng
-from ..steps import predict, stage1_loss, stage2_loss
+from ..randomness import PublicStream, RoleSecret, public_rng
 from ..train import HostedData, host_split
 from ..transport.protocols import Protocol, protocol_named
 from ..transport.views import View
@@ -46,6 +45,7 @@ class StepJob:
     secret_seed: int | None = 0  # each party's secret: RoleSecret.for_tests(secret_seed, party); None: fresh
     record: bool = False  # every party reports its view of the step
     permute_labels: bool = False  # the label-privacy test: same features, permuted labels
+    epoch_end: bool = False  # after the step, the stage's end-of-epoch rounds (FedHSSL's model average)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "config": self.config.to_dict(), "stage": int(self.stage)})
@@ -61,7 +61,7 @@ def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -
     """The node and data of a process hosting `parties` for a job (all parties: the local reference)."""
     split = synthetic_split(**job.split)
     if job.permute_labels:
-        split.y = public_rng(job.config.seed, 12345).permutation(split.y)
+        split.y = public_rng(job.config.seed, PublicStream.PERMUTED_LABELS).permutation(split.y)
     n_classes = job.split.get("n_classes", 3) if with_labels else None
     secrets = {k: RoleSecret.for_tests(job.secret_seed, k) for k in parties} if job.secret_seed is not None else None
     node = build_node(job.config, {k: split.blocks[k].shape[1] for k in parties}, n_classes, transport, CPU, secrets)
@@ -69,17 +69,21 @@ def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -
 
 
 def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
-    """One step of the job's stage; plain numbers and arrays only."""
-    batch, start, out = data.batch(np.asarray(job.rows)), time.perf_counter(), {}
-    if job.stage is Stage.PRETRAIN:
-        loss = stage1_loss(node, batch)
-        node.transport.backward(loss)
-    elif job.stage is Stage.TRAIN:
-        loss = stage2_loss(node, batch)
-        loss.map(torch.Tensor.backward)
-    else:
-        loss = predict(node, batch)
+    """One step of the job's stage (the method's loss, then `transport.backward`; or its predictions), then,
+    with `epoch_end`, the stage's end-of-epoch rounds; plain numbers and arrays only."""
+    method, start, out = node.method, time.perf_counter(), {}
+    batch = method.batch(data, np.asarray(job.rows), job.stage, 0, 0, job.config.seed)
+    if job.stage is Stage.PREDICT:
+        loss = method.predict(node, batch)
         out.update({"predictions": loss.get().numpy()} if loss.present else {})
+    else:
+        objective = method.loss(node, batch, job.stage)
+        node.transport.backward(objective.active, list(objective.local.values()))
+        loss = objective.reported(node.cfg.active_index)
+        if job.epoch_end:
+            method.end_epoch(node, job.stage)
+            out["parameters"] = {f"party{k}.{name}": p.detach().numpy().copy() for k, role in node.parties.items()
+                                 for name, p in role.model.named_parameters()}
     out["seconds"] = time.perf_counter() - start  # the step and its rounds only
     if loss.present and job.stage is not Stage.PREDICT:
         out["loss"] = float(loss.get().item())

@@ -4,7 +4,7 @@ from .accounting import CommLog
 from .base import Transport
 from .local import LocalTransport
 from .protocols import PROTOCOLS, Protocol, protocol_named
-from .rounds import AGGREGATES, FORWARD, ROUNDS, STAGE_ROUNDS, Round
+from .rounds import AGGREGATES, VOCABULARY, Round, RoundTable
 
-__all__ = ["AGGREGATES", "FORWARD", "PROTOCOLS", "ROUNDS", "STAGE_ROUNDS", "CommLog", "LocalTransport", "Protocol",
-           "Round", "Transport", "protocol_named"]
+__all__ = ["AGGREGATES", "PROTOCOLS", "VOCABULARY", "CommLog", "LocalTransport", "Protocol", "Round", "RoundTable",
+           "Transport", "protocol_named"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .rounds import ROUNDS
+from .rounds import VOCABULARY
 
 
 @dataclass
@@ -37,7 +37,7 @@ class CommLog:
         """One row per (round, party): messages, bytes sent and received, seconds (of them `waiting`: blocked
         until a peer's message arrived; the rest is the protocol's own work: encoding, masks, encryption),
         and `peak`, the largest |value| the party contributed to the round's sums (0 for a broadcast)."""
-        order = {r.name: i for i, r in enumerate(ROUNDS)}
+        order = {r.name: i for i, r in enumerate(VOCABULARY)}
         rows = []
         for (name, party), c in sorted(self._counters.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
             rows.append({"round": name, "party": party, "messages": int(c[0]), "bytes_sent": int(c[1]),
@@ -70,6 +70,6 @@ def per_round(rows: list[dict], timed: bool) -> list[dict]:
 def merge_tables(tables: list[list[dict]]) -> list[dict]:
     """Several parties' own `CommLog.table()` rows as one table in round order, then party order (what the
     operator of every role, e.g. a simulation's launcher, may put together; no party sees another's)."""
-    order = {r.name: i for i, r in enumerate(ROUNDS)}
+    order = {r.name: i for i, r in enumerate(VOCABULARY)}
     rows = [row for table in tables for row in table]
     return sorted(rows, key=lambda r: (order.get(r["round"], len(order)), r["party"]))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from torch import Tensor
 
 from ..placement import Active
 from .accounting import CommLog
-from .rounds import Round
+from .rounds import Round, RoundTable
 
 
 class Transport(Protocol):
@@ -19,16 +19,20 @@ class Transport(Protocol):
     other party's) to the active party; `broadcast` delivers the active party's value to every hosted
     party. Both are differentiable: the gradient of a sum is broadcast back (the round's adjoint), the
     gradients of a broadcast are summed back. `backward` runs the adjoint rounds of the last forward
-    pass in every process (only the active party has a loss). `log` counts every round's traffic.
+    pass in every process (only the active party has a loss), together with the process's own local
+    losses (a party's self-supervised objective, which never leaves it). `use` binds the method's round
+    table: every message is checked against it. `log` counts every round's traffic.
     """
 
     log: CommLog
+
+    def use(self, table: RoundTable) -> None: ...
 
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]: ...
 
     def broadcast(self, round: Round, value: Active[Tensor], shape: tuple[int, ...]) -> dict[int, Tensor]: ...
 
-    def backward(self, loss: Active[Tensor]) -> None: ...
+    def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None: ...
 
 
 def nbytes(t: Tensor) -> int:

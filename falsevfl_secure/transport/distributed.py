@@ -13,7 +13,7 @@ its bytes are counted once (the network reports them), and its entries are recor
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +27,7 @@ from ..placement import Active
 from .accounting import CommLog
 from .moments import gradient_from_moments, sample_moments
 from .network import Network
-from .rounds import ROUNDS, Message, MessageValidator, Round, check_contributions
+from .rounds import Message, MessageValidator, Round, RoundTable, check_contributions
 from .views import View
 
 
@@ -114,6 +114,7 @@ class DistributedTransport:
         self.backend, self.network, self.device = backend, network, device or torch.device("cpu")
         self.log = log if log is not None else CommLog(timed=True)
         self.validator = MessageValidator(n_parties, active_index, backend.protection)
+        self.table: RoundTable | None = None
         self._token: Tensor | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}  # the forward shape of each round of this pass
 
@@ -121,8 +122,13 @@ class DistributedTransport:
     def is_active(self) -> bool:
         return self.party == self.active_index
 
+    def use(self, table: RoundTable) -> None:
+        """Run the rounds of this method's table (the validator checks every message against it)."""
+        self.table = table
+        self.validator.use(table)
+
     def _apply(self, round: Round, value: Tensor) -> Tensor:
-        if round is ROUNDS[0] or self._token is None:  # a new pass
+        if self.table is None or round in self.table.firsts or self._token is None:  # a new pass
             self._token = torch.zeros((), requires_grad=torch.is_grad_enabled())
         out, self._token = _Round.apply(self, round, self._token, value)
         return out
@@ -143,12 +149,16 @@ class DistributedTransport:
         self._shapes[round.name] = tuple(shape)
         return {self.party: self._apply(round, value.get() if self.is_active else torch.zeros(0))}
 
-    def backward(self, loss: Active[Tensor]) -> None:
-        """Run the adjoint rounds of the last forward pass (every role: the same Functions' backward)."""
-        roots, grads = [self._token], [torch.zeros(())]
-        if self.is_active:
-            roots, grads = [loss.get(), *roots], [torch.ones_like(loss.get()), *grads]
-        torch.autograd.backward(roots, grads)
+    def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None:
+        """Run the adjoint rounds of the last forward pass (every role: the same Functions' backward),
+        together with this process's own local losses (`local`: objectives that never leave it)."""
+        roots = [*([loss.get()] if self.is_active else []), *local]
+        grads = [torch.ones_like(r) for r in roots]
+        if self._token is not None:
+            roots, grads = [*roots, self._token], [*grads, torch.zeros(())]
+        kept = [(r, g) for r, g in zip(roots, grads, strict=True) if r.requires_grad]
+        if kept:  # a pass run without gradients (stage 2's frozen rounds) has no adjoint to run
+            torch.autograd.backward([r for r, _ in kept], [g for _, g in kept])
         self._token = None
 
     # -- one round: validated, run, counted ------------------------------------------------------------

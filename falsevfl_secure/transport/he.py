@@ -24,7 +24,7 @@ from ..secure.errors import SecureRangeError
 from ..secure.fixed_point import round_to_grid
 from .distributed import Peers
 from .plain import PlainBackend
-from .rounds import AGGREGATES, ROUNDS, Round
+from .rounds import VOCABULARY, Round
 from .views import View
 
 Kind = frames.Kind
@@ -61,18 +61,18 @@ class HeBackend(PlainBackend):
         except SecureRangeError as error:
             notice = f"party {self.peers.rank} refused its own input of round {round.name!r} (outside he's range)"
             self.peers.send(self.aggregator, round.name, frames.encode(Kind.ERROR, [notice.encode()],
-                                                                       ROUNDS.index(round)))
+                                                                       round.index))
             raise SecureRangeError(f"round {round.name!r}: party {self.peers.rank}: {error}; he carries |x| < "
                                    f"{max_safe_abs(self.public, k):.3g} per party at K = {k} (mpc carries far more: "
                                    "run with --protocol mpc, or check the features are standardised)") from None
-        self.peers.send(self.aggregator, round.name, frames.encode(Kind.DATA, [message], ROUNDS.index(round)))
+        self.peers.send(self.aggregator, round.name, frames.encode(Kind.DATA, [message], round.index))
 
     def _receive(self, round: Round) -> frames.Frame:
         """The aggregator's frame for `round`: the encrypted sum, or a party's refusal."""
         frame = frames.decode(self.peers.recv(self.aggregator, round.name), expect=(Kind.DATA, Kind.ERROR))
         if frame.kind is Kind.ERROR:
             raise SecureRangeError(frame.text())
-        if frame.round != ROUNDS.index(round):
+        if frame.round != round.index:
             raise ProtocolError(f"round {round.name!r}: field 'round': the aggregator forwarded round "
                                 f"{frame.round} instead")
         return frame
@@ -82,11 +82,13 @@ class HeBackend(PlainBackend):
             self.peers.send(self.aggregator, STOP, frames.encode(Kind.STOP))
 
 
-def serve_aggregator(peers: Peers, context, view: View | None = None, on_recorded=None) -> None:
+def serve_aggregator(peers: Peers, context, view: View | None = None, on_recorded=None, recorded_rounds: int = 0
+                     ) -> None:
     """The aggregator's loop: for every round, add the passive parties' ciphertexts and forward the sum to
     the active party, until every passive party has said stop. It holds the public context only, so it
     cannot decrypt anything it handles; a party's refusal is forwarded to the active party. With `view`,
-    the rounds of one step are recorded and then handed to `on_recorded`."""
+    the first `recorded_rounds` sums (those of the method's probe step) are recorded and then handed to
+    `on_recorded`."""
     passive = [k for k in range(peers.n_parties) if k != peers.active_index]
     while True:
         received = {k: peers.network.recv_any(peers.names[k], "a round's ciphertexts") for k in passive}
@@ -96,7 +98,7 @@ def serve_aggregator(peers: Peers, context, view: View | None = None, on_recorde
         if len(tags) != 1:
             raise ProtocolError(f"aggregator: the parties disagree on the round: {sorted(tags)}")
         if view is not None:
-            view = _record(view, {k: data for k, (_, data) in received.items()}, on_recorded)
+            view = _record(view, {k: data for k, (_, data) in received.items()}, on_recorded, recorded_rounds)
         batch = {k: frames.decode(data) for k, (_, data) in received.items()}
         peers.send(peers.active_index, tags.pop(), _forward(context, batch))
 
@@ -114,11 +116,11 @@ def _forward(context, batch: dict[int, frames.Frame]) -> bytes:
     return frames.encode(Kind.DATA, [sum_encrypted(context, [f.blobs[0] for f in batch.values()])], rounds.pop())
 
 
-def _record(view: View, received: dict[int, bytes], on_recorded) -> View | None:
-    """Add one round's frames; after a whole stage-1 step's sums, hand the view over and stop recording."""
+def _record(view: View, received: dict[int, bytes], on_recorded, rounds: int) -> View | None:
+    """Add one round's frames; after the probe step's `rounds` sums, hand the view over and stop recording."""
     for k, data in received.items():
         view.add(_round_name(data), "received", k, "ckks", data)
-    if len(view) < len(AGGREGATES) * len(received):
+    if len(view) < rounds * len(received):
         return view
     if on_recorded is not None:
         on_recorded(view)
@@ -130,4 +132,4 @@ def _round_name(data: bytes) -> str:
         index = frames.decode(data).round
     except Exception:  # a malformed frame is refused just below; the view only needs a label
         return "?"
-    return ROUNDS[index].name if 0 <= index < len(ROUNDS) else "?"
+    return VOCABULARY[index].name if 0 <= index < len(VOCABULARY) else "?"

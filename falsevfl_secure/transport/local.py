@@ -8,8 +8,9 @@ backward of `_Broadcast` an `_Aggregate` of the gradients.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import torch
 from torch import Tensor
 from torch.autograd import Function
 
@@ -18,7 +19,7 @@ from ..placement import Active
 from .accounting import CommLog
 from .base import nbytes
 from .moments import gradient_from_moments, sample_moments
-from .rounds import Message, MessageValidator, Round, check_contributions
+from .rounds import Message, MessageValidator, Round, RoundTable, check_contributions
 from .views import View
 
 
@@ -68,6 +69,10 @@ class LocalTransport:
         self.record = record
         self.validator = MessageValidator(n_parties, active_index, self.protection)
 
+    def use(self, table: RoundTable) -> None:
+        """Run the rounds of this method's table (the validator checks every message against it)."""
+        self.validator.use(table)
+
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         parties = tuple(sorted(contributions))
         values = [contributions[k] for k in parties]
@@ -82,8 +87,12 @@ class LocalTransport:
         parties = tuple(range(self.n_parties))
         return dict(zip(parties, _Broadcast.apply(self, round, parties, tensor), strict=True))
 
-    def backward(self, loss: Active[Tensor]) -> None:
-        loss.get().backward()  # in one process, autograd drives every adjoint round
+    def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None:
+        """The active party's loss and every party's local losses, back through every adjoint round (in one
+        process autograd drives them all)."""
+        roots = [r for r in (loss.get(), *local) if r.requires_grad]
+        if roots:
+            torch.autograd.backward(roots, [torch.ones_like(r) for r in roots])
 
     def _enter(self, round: Round, value: Tensor, parties: tuple[int, ...], sent: tuple[Tensor, ...] = ()) -> None:
         """Validate and account one round: each passive party's message to or from the active party."""

@@ -23,7 +23,8 @@ class Membership:
     """Where one process stands once the session is set up: its peers by rank (the present parties, then
     the helpers), the session, the cast and its own identity key (to sign and check the protocol's own
     set-up messages), its X25519 exchange (None for a helper), and the view to record (audits). A helper
-    records the rounds of one step, then hands the view to `on_recorded`."""
+    records the first `recorded_rounds` sums (the method's probe step), then hands the view to
+    `on_recorded`."""
 
     peers: Peers
     session: Session
@@ -32,6 +33,7 @@ class Membership:
     exchange: object | None = None
     view: View | None = None
     on_recorded: Callable[[View], None] | None = None
+    recorded_rounds: int = 0
 
     @property
     def rank(self) -> int:
@@ -163,7 +165,7 @@ class He(Protocol):
         from .he import serve_aggregator
 
         context = load_public_context(receive_context(m.peers.network, m.session, m.cast), _threads())
-        serve_aggregator(m.peers, context, m.view, m.on_recorded)
+        serve_aggregator(m.peers, context, m.view, m.on_recorded, m.recorded_rounds)
 
 
 def _threads() -> int:

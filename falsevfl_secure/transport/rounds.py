@@ -1,17 +1,25 @@
-"""The protocol's rounds, defined once: the table every check, spec and audit derives from.
+"""The rounds of every method, defined once: the vocabulary every table, check, spec and audit derives from.
 
-FALSE-VFL's cross-party protocol is two primitives. `aggregate` sends every party's contribution to the
-active party as one sum; `broadcast` sends the active party's value to every other party. Each forward
-round has an adjoint of the other primitive that carries its gradient back (as in
-`torch.distributed.nn.functional`: the adjoint of a broadcast is a sum, and vice versa). Stage 1 runs the
-three forward rounds and then their adjoints in reverse; stage 2 and inference run the forward rounds
-only, so no gradient that depends on labels ever reaches a passive party.
+Every cross-party protocol here is two primitives. `aggregate` sends every party's contribution to the
+active party as one sum; `broadcast` sends the active party's value to every other party. Rounds come in
+aggregate/broadcast pairs, each the other's adjoint: the backward of a sum broadcasts its gradient back
+and the backward of a broadcast sums the parties' gradients (as in `torch.distributed.nn.functional`).
+`VOCABULARY` lists every round of every method; a round's position in it is its id on the wire. A method
+(`falsevfl_secure.methods`) states which rounds it runs in each stage as a `RoundTable`; the validator,
+the transports, the he aggregator and the audit work from the method's table.
+
+FALSE-VFL's stage 1 runs three forward rounds and then their adjoints in reverse; its stage 2 and
+inference run the forward rounds only, so no gradient that depends on labels ever reaches a passive party.
+The baselines fuse the parties' embeddings with one sum (`embedding`, or `subsets` for LASER-VFL's
+sampled subsets) whose adjoint carries the label loss's gradient back to every party; FedHSSL adds the
+cross-party SimSiam target (`cross_view` then `cross_target`) and its partial model averaging
+(`model_sum` then `model_mean`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
@@ -29,20 +37,27 @@ class Primitive(Enum):
 @dataclass(frozen=True)
 class Round:
     """One round: its primitive, its payload's symbolic shape (B batch rows, S importance samples,
-    H the latent width d_h, "2H" twice that, a digit a fixed size), the axis that indexes batch rows, and
-    the round that is its adjoint. A broadcast of reparameterised samples with `moments_adjoint` has an
-    adjoint that carries the gradient's two sample moments (`transport.moments`), not the gradient."""
+    H the latent width d_h, "2H" twice that, E an embedding width, T sampled subsets, P a parameter count,
+    a digit a fixed size), the axis that indexes batch rows (None: the payload is one row, e.g. model
+    parameters), and the round that is its adjoint. A broadcast of reparameterised samples with
+    `moments_adjoint` has an adjoint that carries the gradient's two sample moments (`transport.moments`),
+    not the gradient."""
 
     name: str
     primitive: Primitive
     payload: tuple[str, ...]
-    batch_axis: int
+    batch_axis: int | None
     adjoint_name: str
     moments_adjoint: bool = False
 
     @property
     def adjoint(self) -> Round:
         return by_name(self.adjoint_name)
+
+    @property
+    def index(self) -> int:
+        """The round's id on the wire: its position in `VOCABULARY`."""
+        return VOCABULARY.index(self)
 
     @property
     def is_aggregate(self) -> bool:
@@ -62,12 +77,20 @@ LIKELIHOOD = Round("likelihood", AGGREGATE, ("S", "B"), 1, "likelihood_grad")
 LIKELIHOOD_GRAD = Round("likelihood_grad", BROADCAST, ("S", "B"), 1, "likelihood")
 LATENT_GRAD = Round("latent_grad", AGGREGATE, ("2", "B", "H"), 1, "latent")  # (sum_s g, sum_s g (h - hbar))
 POSTERIOR_GRAD = Round("posterior_grad", BROADCAST, ("B", "2H"), 0, "posterior")
+EMBEDDING = Round("embedding", AGGREGATE, ("B", "E"), 0, "embedding_grad")  # the fusion of embeddings
+EMBEDDING_GRAD = Round("embedding_grad", BROADCAST, ("B", "E"), 0, "embedding")
+SUBSETS = Round("subsets", AGGREGATE, ("T", "B", "E"), 1, "subsets_grad")  # one fusion per sampled subset
+SUBSETS_GRAD = Round("subsets_grad", BROADCAST, ("T", "B", "E"), 1, "subsets")
+CROSS_VIEW = Round("cross_view", AGGREGATE, ("B", "E"), 0, "cross_target")  # FedHSSL: the parties' projections
+CROSS_TARGET = Round("cross_target", BROADCAST, ("B", "E"), 0, "cross_view")  # ... their sum, back to all
+MODEL_SUM = Round("model_sum", AGGREGATE, ("P",), None, "model_mean")  # FedHSSL: partial model averaging
+MODEL_MEAN = Round("model_mean", BROADCAST, ("P",), None, "model_sum")
 
-ROUNDS: tuple[Round, ...] = (POSTERIOR, LATENT, LIKELIHOOD, LIKELIHOOD_GRAD, LATENT_GRAD, POSTERIOR_GRAD)
-FORWARD: tuple[Round, ...] = ROUNDS[:3]
-AGGREGATES: tuple[Round, ...] = tuple(r for r in ROUNDS if r.is_aggregate)
-STAGE_ROUNDS: dict[Stage, tuple[Round, ...]] = {Stage.PRETRAIN: ROUNDS, Stage.TRAIN: FORWARD, Stage.PREDICT: FORWARD}
-_BY_NAME = {r.name: r for r in ROUNDS}
+VOCABULARY: tuple[Round, ...] = (POSTERIOR, LATENT, LIKELIHOOD, LIKELIHOOD_GRAD, LATENT_GRAD, POSTERIOR_GRAD,
+                                 EMBEDDING, EMBEDDING_GRAD, SUBSETS, SUBSETS_GRAD, CROSS_VIEW, CROSS_TARGET,
+                                 MODEL_SUM, MODEL_MEAN)
+AGGREGATES: tuple[Round, ...] = tuple(r for r in VOCABULARY if r.is_aggregate)
+_BY_NAME = {r.name: r for r in VOCABULARY}
 
 # Every other message a role may receive: the set-up and control steps (protocols/session.toml specifies
 # each one's sender, receivers and payload). Anything else a role receives is a leak the audit reports.
@@ -80,17 +103,61 @@ def by_name(name: str) -> Round:
     return _BY_NAME[name]
 
 
-def _successors() -> dict[str | None, tuple[str, ...]]:
-    """Which round may follow which: each stage's rounds in order, and after a pass the next pass."""
-    follows: dict[str | None, set[str]] = {None: {ROUNDS[0].name}}
-    for rounds in STAGE_ROUNDS.values():
-        names = [r.name for r in rounds]
-        for before, after in zip(names, [*names[1:], names[0]], strict=True):
-            follows.setdefault(before, set()).add(after)
-    return {k: tuple(sorted(v, key=lambda n: ROUNDS.index(_BY_NAME[n]))) for k, v in follows.items()}
+Pass = tuple[Round, ...]
 
 
-NEXT_ROUNDS = _successors()
+@dataclass(frozen=True)
+class RoundTable:
+    """A method's rounds: per stage, the rounds of one step in order (`steps`) and the rounds at the end
+    of every epoch (`epoch_end`, e.g. a model average). A pass is one such sequence; a pass may follow any
+    pass. Stages without rounds train locally (nothing crosses a party boundary)."""
+
+    steps: Mapping[Stage, Pass]
+    epoch_end: Mapping[Stage, Pass] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for rounds in [*self.steps.values(), *self.epoch_end.values()]:
+            unknown = [r.name for r in rounds if _BY_NAME.get(r.name) is not r]
+            if unknown:
+                raise ValueError(f"rounds {unknown} are not in the vocabulary")
+
+    @property
+    def passes(self) -> tuple[Pass, ...]:
+        return tuple(p for p in (*self.steps.values(), *self.epoch_end.values()) if p)
+
+    @property
+    def rounds(self) -> tuple[Round, ...]:
+        """Every round the method runs, in vocabulary order."""
+        used = {r for p in self.passes for r in p}
+        return tuple(r for r in VOCABULARY if r in used)
+
+    @property
+    def firsts(self) -> frozenset[Round]:
+        """The rounds that open a pass."""
+        return frozenset(p[0] for p in self.passes)
+
+    def step(self, stage: Stage) -> Pass:
+        """The rounds of one step of `stage`, in order."""
+        return tuple(self.steps.get(stage, ()))
+
+    def successors(self) -> dict[str | None, tuple[str, ...]]:
+        """Which round may follow which: a pass's rounds in order, and after a pass any pass."""
+        follows: dict[str | None, set[str]] = {None: {r.name for r in self.firsts}}
+        for rounds in self.passes:
+            names = [r.name for r in rounds]
+            for before, after in zip(names, names[1:], strict=False):
+                follows.setdefault(before, set()).add(after)
+            follows.setdefault(names[-1], set()).update(r.name for r in self.firsts)
+        order = {r.name: i for i, r in enumerate(VOCABULARY)}
+        return {k: tuple(sorted(v, key=order.__getitem__)) for k, v in follows.items()}
+
+    def of(self, name: str) -> Round:
+        """The round `name` of this table; any other name is refused."""
+        round = by_name(name)
+        if round not in self.rounds:
+            raise ProtocolError(f"round {name!r}: field 'round': not a round of this method; its rounds are "
+                                f"{tuple(r.name for r in self.rounds)}")
+        return round
 
 
 def check_contributions(round: Round, parties: Sequence[int], values: Sequence[Tensor], n_parties: int) -> None:
@@ -127,17 +194,25 @@ class Message:
 
 
 class MessageValidator:
-    """Checks every message against its round: known round, in order, the right sender and receivers,
-    the declared shape (consistent B, S, d_h within a pass), float32, the protection the protocol
-    gives the round. Refusals name the round and the field."""
+    """Checks every message against its round in the method's table: a round of the method, in order, the
+    right sender and receivers, the declared shape (consistent B, S, d_h, ... within a pass), float32, the
+    protection the protocol gives the round. Refusals name the round and the field."""
 
-    def __init__(self, n_parties: int, active_index: int, protection: str) -> None:
+    def __init__(self, n_parties: int, active_index: int, protection: str, table: RoundTable | None = None) -> None:
         self.n_parties, self.active_index, self.protection = n_parties, active_index, protection
-        self.last: str | None = None
-        self.sizes: dict[str, int] = {}
+        self.table: RoundTable | None = None
+        self.use(table)
+
+    def use(self, table: RoundTable | None) -> None:
+        """Check against `table` (a method's rounds) from now on, starting afresh."""
+        self.table = table
+        self.next = table.successors() if table is not None else {}
+        self.reset()
 
     def check(self, message: Message) -> None:
-        round = by_name(message.round)
+        if self.table is None:
+            raise ProtocolError(f"round {message.round!r}: no method's round table to check it against")
+        round = self.table.of(message.round)
         fail = _failure(round)
         if not isinstance(message.sender, int) or not 0 <= message.sender < self.n_parties:
             fail("sender", f"{message.sender!r} is not a party (0..{self.n_parties - 1})")
@@ -155,13 +230,13 @@ class MessageValidator:
         self._advance(round)
 
     def _advance(self, round: Round) -> None:
-        allowed = NEXT_ROUNDS[self.last]
+        allowed = self.next[self.last]
         if round.name not in allowed:
             _failure(round)("round", f"out of order after {self.last!r} (expected {' or '.join(allowed)})")
         self.last = round.name
 
     def _check_shape(self, round: Round, shape: tuple[int, ...]) -> None:
-        if round is ROUNDS[0]:  # a new pass: B and d_h are set by its first round
+        if round in self.table.firsts:  # a new pass: B, S, H, ... are set by its first round
             self.sizes = {}
         mismatch = f"{shape} does not match ({', '.join(round.payload)})"
         if len(shape) != len(round.payload) or any(not isinstance(d, int) or d < 1 for d in shape):

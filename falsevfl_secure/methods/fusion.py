@@ -1,0 +1,108 @@
+"""What the baselines share (paper, App. D.1): a party extractor pretrained by SimSiam on the party's own
+rows (stage 1: local, nothing crosses a party boundary), then fine-tuned with labels together with the
+active party's fusion model on the fused embedding (stage 2).
+
+The fusion is one `embedding` sum: each party contributes its embedding of the rows it holds and exact
+zeros elsewhere (the paper's zero imputation of a missing party), the active party divides the sum by K
+(the mean over all K parties, zeros included) and scores it; the adjoint broadcast carries the loss's
+gradient w.r.t. the sum back to every party. Unlike FALSE-VFL's stage 2, that gradient depends on the
+labels: the baselines fine-tune every extractor with them (protocols/*.toml says what each party learns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from ..config import Config, Stage
+from ..model import initialise
+from ..model.embedding import EmbeddingParty, FusionHead
+from ..model.ssl import augment, feature_range
+from ..placement import Active, apply
+from ..randomness import RoleRandomness
+from ..transport.rounds import EMBEDDING, EMBEDDING_GRAD, RoundTable
+from .base import Method, Objective
+
+AUGMENT_STREAM = "party/ssl/augment"  # a party's secret stream of augmentation draws
+
+
+class EmbeddingFusion(Method):
+    """The two-stage baseline with mean fusion of the K parties' embeddings (Vanilla VFL's model).
+    Subclasses change which rows train (`rows`), what a party contributes (`contribution`) or the fusion."""
+
+    rounds = RoundTable({Stage.TRAIN: (EMBEDDING, EMBEDDING_GRAD), Stage.PREDICT: (EMBEDDING,)})
+    probe_stages = (Stage.TRAIN,)
+
+    def party_module(self, cfg: Config, width: int) -> nn.Module:
+        return EmbeddingParty(width, cfg.h_dim, cfg.party_hidden)
+
+    def embedding_width(self, cfg: Config) -> int:
+        """The width of a party's embedding (what the fusion sums)."""
+        return cfg.h_dim
+
+    def build_party(self, cfg: Config, width: int, randomness: RoleRandomness) -> nn.Module:
+        return initialise(self.party_module(cfg, width), randomness.stream("party/init"))
+
+    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness) -> nn.Module:
+        return initialise(FusionHead(self.embedding_width(cfg), cfg.discriminator_hidden, n_classes, cfg.task),
+                          randomness.stream("active/init"))
+
+    def prepare(self, node, data) -> None:
+        """Each party's feature range over its own training rows (the augmentation draws from it)."""
+        for k, role in node.parties.items():
+            role.model.set_range(*feature_range(data.x[k], data.held[k]))
+
+    # -- stage 1: SimSiam on each party's own rows ---------------------------------------------------------
+
+    def ssl_loss(self, role, batch, k: int) -> Tensor:
+        """Party k's SimSiam loss on the rows of the batch it holds (two augmented views each)."""
+        x = batch.x[k][batch.held[k]]
+        if x.shape[0] < 2:  # batch norm needs two rows; a party holding fewer has nothing to learn here
+            return x.new_zeros(())
+        stream, model = role.randomness.stream(AUGMENT_STREAM), role.model
+        return model.ssl_loss(augment(x, model.low, model.high, stream), augment(x, model.low, model.high, stream))
+
+    def local_losses(self, node, batch) -> dict[int, Tensor]:
+        return {k: self.ssl_loss(role, batch, k) for k, role in node.parties.items()}
+
+    # -- stage 2 and prediction: the fused embedding -------------------------------------------------------
+
+    def contribution(self, node, batch, k: int, training: bool) -> Tensor:
+        """Party k's addend to the fusion: its embedding of the rows it holds; elsewhere exact zeros, or
+        with `impute = "features"` its embedding of the zeros its block holds there (the features' mean)."""
+        embedding = node.parties[k].model.embed(batch.x[k])
+        if node.cfg.impute == "features":
+            return embedding
+        return torch.where(batch.held[k].unsqueeze(-1), embedding, torch.zeros_like(embedding))
+
+    def fuse(self, node, batch, training: bool) -> Active[Tensor]:
+        """The mean of the K parties' addends (one `embedding` sum), at the active party."""
+        addends = {k: self.contribution(node, batch, k, training) for k in node.parties}
+        return node.transport.aggregate(EMBEDDING, addends).map(lambda total: total / node.cfg.parties)
+
+    def loss(self, node, batch, stage: Stage) -> Objective:
+        if stage is Stage.PRETRAIN:
+            return Objective(node.active.map(lambda _: torch.zeros((), device=node.device)),
+                             self.local_losses(node, batch))
+        fused = self.fuse(node, batch, training=True)
+        return Objective(apply(lambda role, f, y: -role.model.log_prob(f, y).mean(), node.active, fused, batch.y))
+
+    @torch.no_grad()
+    def predict(self, node, batch) -> Active[Tensor]:
+        return apply(lambda role, f: role.model.predict(f), node.active, self.fuse(node, batch, training=False))
+
+    def parameters(self, node, stage: Stage) -> dict[str, Iterable[nn.Parameter]]:
+        """Stage 1: each party's extractor and SimSiam heads; stage 2: the extractors and the fusion model."""
+        if stage is Stage.PRETRAIN:
+            return {f"party{k}": role.model.parameters() for k, role in node.parties.items()}
+        groups: dict[str, Iterable[nn.Parameter]] = {f"party{k}": self.fine_tuned(role.model)
+                                                     for k, role in node.parties.items()}
+        if node.active.present:
+            groups["active"] = node.active.get().model.parameters()
+        return groups
+
+    def fine_tuned(self, model: nn.Module) -> list[nn.Parameter]:
+        """The party parameters fine-tuning trains: the extractor (not the SimSiam heads)."""
+        return list(model.extractor.parameters())

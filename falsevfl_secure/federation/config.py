@@ -59,9 +59,9 @@ DEFAULT_MAX_IDS = 1_000_000
 STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 # Not model settings of a federation: fixed by the file ([[party]] order, active, task), chosen per host
 # (device), or used by `simulate` only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows,
-# standardize).
+# standardize, cell_missing).
 _NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "device", "train_mechanism", "n_labeled", "n_aligned",
-                   "max_rows", "standardize"}
+                   "max_rows", "standardize", "cell_missing"}
 MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
 SCHEDULES = ("quick", "default", "paper")  # a bare schedule: the sizes tuned on digits (small tables)
 DEFAULT_PRESET = "digits"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -46,12 +47,14 @@ STAGES = ("pretrain", "train", "predict")
 WIDTH = 77  # Isolet's features per party
 
 
-def make_job(parties: int, batch: int, stage: str, seed: int = 0, record: bool = False) -> StepJob:
+def make_job(parties: int, batch: int, stage: str, seed: int = 0, record: bool = False,
+             latent_broadcast: str = "samples") -> StepJob:
     """One step of `stage` on a synthetic split with Isolet's shapes; 20 % of the blocks missing; every
     party's secret drawn afresh, as in a real run."""
     cfg = Config(dataset="synthetic", parties=parties, h_dim=128, z_dim=64, party_hidden=256, global_hidden=256,
                  discriminator_hidden=256, kappa=10, predict_samples=10,
-                 pretrain=StageConfig(5e-4, batch, 1), train=StageConfig(2e-4, batch, 1), seed=seed)
+                 pretrain=StageConfig(5e-4, batch, 1), train=StageConfig(2e-4, batch, 1), seed=seed,
+                 latent_broadcast=latent_broadcast)
     split = dict(n=batch, parties=parties, width=WIDTH, p_missing=0.2, seed=seed, n_classes=26)
     return StepJob(cfg, split, tuple(range(batch)), Stage[stage.upper()], secret_seed=None, record=record)
 
@@ -207,6 +210,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--latent-broadcast", choices=["samples", "moments"], default="samples",
+                   help="FALSE-VFL's latent round (moments: the measured alternative, not the default)")
     p.add_argument("--no-audit", action="store_true", help="skip the recorded-view audit")
     p.add_argument("--out", default="runs/overhead")
     p.add_argument("--readme", default=None, help="rewrite this file's generated section <!-- results:NAME:... -->, "
@@ -220,6 +225,7 @@ def main(argv=None) -> int:
     if min(args.parties) < 2 or min(args.batch) < 1 or args.repeats < 1 or args.warmup < 0:
         print("error: --parties must be >= 2, --batch >= 1, --repeats >= 1, --warmup >= 0", file=sys.stderr)
         return 2
+    job = functools.partial(make_job, latent_broadcast=args.latent_broadcast)
     out = Path(args.out)
     path, summary_path = out / "overhead.json", out / "overhead_summary.json"
     cells: list[dict] = json.loads(path.read_text()) if path.exists() else []
@@ -236,7 +242,7 @@ def main(argv=None) -> int:
         with contextlib.ExitStack() as stack:
             worlds = {p: stack.enter_context(StepSession(p, parties)) for p in args.protocols}
             for batch, stage in todo:
-                measured = time_cells(worlds, make_job(parties, batch, stage), args.warmup, args.repeats)
+                measured = time_cells(worlds, job(parties, batch, stage), args.warmup, args.repeats)
                 for protocol, timing in measured.items():
                     cells = [c for c in cells if (c["protocol"], c["parties"], c["batch"], c["stage"])
                              != (protocol, parties, batch, stage)]
@@ -263,7 +269,7 @@ def main(argv=None) -> int:
                               == ("plain", parties, batch, stage)), None)
                 if plain is None or (parties, batch, stage) in local_done:
                     continue
-                local_ms = time_local(make_job(parties, batch, stage), args.warmup, args.repeats)
+                local_ms = time_local(job(parties, batch, stage), args.warmup, args.repeats)
                 summary["local"].append({"parties": parties, "batch": batch, "stage": stage, "local_ms": local_ms,
                                          "plain_distributed_ms": plain["step_ms_median"],
                                          "distributed_over_local": round(plain["step_ms_median"] / local_ms, 3)})

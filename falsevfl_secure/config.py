@@ -30,6 +30,7 @@ class Stage(IntEnum):
 
 
 CELL_HANDLING = ("mask", "mean")  # how party models treat empty cells (Config.cell_handling)
+LATENT_BROADCAST = ("samples", "moments")  # what FALSE-VFL's latent round sends (Config.latent_broadcast)
 
 # Settings that do not change what training computes: a checkpoint may be resumed with others.
 NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
@@ -62,6 +63,19 @@ class StageConfig:
     weight_decay: float = 1e-4
     optimizer: str = "adam"
 
+    def check(self, name: str) -> None:
+        """Refuse a schedule that cannot run, naming the stage (`name`)."""
+        _need(self.epochs >= 0, f"{name} epochs={self.epochs}: must be >= 0")
+        _need(self.batch_size >= 1, f"{name} batch_size={self.batch_size}: must be >= 1")
+        _need(self.lr > 0 and self.weight_decay >= 0,
+              f"{name}: lr must be > 0 and weight_decay >= 0 (got {self.lr}, {self.weight_decay})")
+        _need(self.optimizer in OPTIMIZERS, f"{name} optimizer={self.optimizer!r}: choose adam or sgd")
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise InputError(message)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -92,6 +106,10 @@ class Config:
     # Simulations: how the dataset's features are treated (data.loaders.STANDARDIZE): "robust" (floored
     # scale, clipped; the default), "zscore" (plain mean and std) or "none" (as the files hold them).
     standardize: str = "robust"
+    # FALSE-VFL's latent broadcast: "samples" (S draws of h per row, the default) or "moments" (mean,
+    # scale and a sampling key per row: S/2 times fewer bytes, but every party learns the exact posterior,
+    # which measurably discloses more; README "Why the broadcast stays samples").
+    latent_broadcast: str = "samples"
     kappa: int = 10  # importance samples in training
     predict_samples: int = 50  # L, importance samples for SNIS prediction
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(5e-4, 512, 300))
@@ -145,45 +163,42 @@ class Config:
 
     def validate(self) -> Config:
         """Refuse settings that would fail deep inside torch or numpy, with a clear `InputError`."""
-
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise InputError(message)
-
-        need(isinstance(self.parties, int) and self.parties >= 2, f"parties={self.parties}: at least 2 are needed")
-        need(-self.parties <= self.active_party < self.parties,
-             f"active_party={self.active_party} is not one of the {self.parties} parties")
-        need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
-        need(self.variant in ("I", "II"), f"variant={self.variant!r}: choose I or II")
-        need(self.impute in IMPUTE, f"impute={self.impute!r}: choose {' or '.join(IMPUTE)}")
-        need(self.impute == "embedding" or self.method in ("vanilla", "plugvfl", "fedhssl"),
-             f"impute={self.impute!r} is for vanilla, plugvfl and fedhssl only, not {self.method!r}")
-        need(self.method == "false-vfl" or self.variant == "I",
-             f"variant={self.variant!r} is FALSE-VFL's; method {self.method!r} has none (leave it I)")
-        need(self.stack_parties in ("auto", "always", "never"),
-             f"stack_parties={self.stack_parties!r}: choose auto, always or never")
-        need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
-        need(self.cell_handling in CELL_HANDLING, f"cell_handling={self.cell_handling!r}: choose mask or mean")
-        need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
-        need(isinstance(self.cell_missing, int | float) and 0 <= self.cell_missing < 1,
-             f"cell_missing={self.cell_missing}: a fraction in [0, 1)")
-        need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
-        need(self.max_rows is None or (isinstance(self.max_rows, int) and self.max_rows >= 10),
-             f"max_rows={self.max_rows}: must be at least 10 (or unset)")
+        _need(isinstance(self.parties, int) and self.parties >= 2, f"parties={self.parties}: at least 2 are needed")
+        _need(-self.parties <= self.active_party < self.parties,
+              f"active_party={self.active_party} is not one of the {self.parties} parties")
+        self._check_choices()
+        _need(isinstance(self.cell_missing, int | float) and 0 <= self.cell_missing < 1,
+              f"cell_missing={self.cell_missing}: a fraction in [0, 1)")
+        _need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
+        _need(self.max_rows is None or (isinstance(self.max_rows, int) and self.max_rows >= 10),
+              f"max_rows={self.max_rows}: must be at least 10 (or unset)")
         for name in ("h_dim", "z_dim", "party_hidden", "global_hidden", "discriminator_hidden", "indicator_hidden",
                      "kappa", "predict_samples", "eval_batch_size"):
             value = getattr(self, name)
-            need(isinstance(value, int) and value >= 1, f"{name}={value}: must be a positive integer")
-        need(self.min_decoder_std > 0, f"min_decoder_std={self.min_decoder_std}: must be positive")
+            _need(isinstance(value, int) and value >= 1, f"{name}={value}: must be a positive integer")
+        _need(self.min_decoder_std > 0, f"min_decoder_std={self.min_decoder_std}: must be positive")
         for stage_name in ("pretrain", "train"):
-            stage = getattr(self, stage_name)
-            need(stage.epochs >= 0, f"{stage_name} epochs={stage.epochs}: must be >= 0")
-            need(stage.batch_size >= 1, f"{stage_name} batch_size={stage.batch_size}: must be >= 1")
-            need(stage.lr > 0 and stage.weight_decay >= 0,
-                 f"{stage_name}: lr must be > 0 and weight_decay >= 0 (got {stage.lr}, {stage.weight_decay})")
-            need(stage.optimizer in OPTIMIZERS, f"{stage_name} optimizer={stage.optimizer!r}: choose adam or sgd")
+            getattr(self, stage_name).check(stage_name)
         parse_mechanism(self.train_mechanism)
         return self
+
+    def _check_choices(self) -> None:
+        """The settings that name one of a few choices, and the pairs of them that do not combine."""
+        _need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
+        _need(self.variant in ("I", "II"), f"variant={self.variant!r}: choose I or II")
+        _need(self.impute in IMPUTE, f"impute={self.impute!r}: choose {' or '.join(IMPUTE)}")
+        _need(self.impute == "embedding" or self.method in ("vanilla", "plugvfl", "fedhssl"),
+              f"impute={self.impute!r} is for vanilla, plugvfl and fedhssl only, not {self.method!r}")
+        _need(self.method == "false-vfl" or self.variant == "I",
+              f"variant={self.variant!r} is FALSE-VFL's; method {self.method!r} has none (leave it I)")
+        _need(self.stack_parties in ("auto", "always", "never"),
+              f"stack_parties={self.stack_parties!r}: choose auto, always or never")
+        _need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
+        _need(self.cell_handling in CELL_HANDLING, f"cell_handling={self.cell_handling!r}: choose mask or mean")
+        _need(self.latent_broadcast in LATENT_BROADCAST and (self.method == "false-vfl"
+                                                              or self.latent_broadcast == "samples"),
+              f"latent_broadcast={self.latent_broadcast!r}: choose samples or moments (FALSE-VFL only)")
+        _need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
 
 
 PRESETS: dict[str, dict[str, dict]] = {

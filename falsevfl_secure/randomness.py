@@ -143,6 +143,10 @@ class KeyStream:
         torch.mul(radius, angle.sin_(), out=values[half:])
         return values[:n].reshape(shape).to(device=device, dtype=dtype)
 
+    def row_keys(self, n: int) -> np.ndarray:
+        """(n, 32) uint8 keys read from the stream: one fresh key per batch row."""
+        return np.frombuffer(self.read(SECRET_BYTES * n), dtype=np.uint8).reshape(n, SECRET_BYTES)
+
     def symmetric(self, shape: tuple[int, ...], bound: float) -> torch.Tensor:
         """float32 values uniform on (-bound, bound): PyTorch's default initialisation of a linear layer."""
         return ((2.0 * self.uniform(math.prod(shape)) - 1.0) * bound).reshape(shape).to(torch.float32)
@@ -240,17 +244,32 @@ def record_keys(secret: RoleSecret, record_ids: list[str | None]) -> np.ndarray:
     return out
 
 
-class RecordNoise:
-    """Secret noise per record: row b of every draw comes from row b's own stream
-    (`RoleSecret.record_stream(purpose, keys[b])`), read on from where the last draw stopped, so a
-    row's numbers depend on the secret and its key only, never on the rows beside it in the batch or
-    their order. Draws are laid out like `KeyStream.normal`'s in the model: (S, B, *rest)."""
+def _key_rows(keys: np.ndarray, what: str) -> np.ndarray:
+    keys = np.asarray(keys, dtype=np.uint8)
+    if keys.ndim != 2 or keys.shape[1] != SECRET_BYTES:
+        raise ValueError(f"{what} are an (N, {SECRET_BYTES}) uint8 array, got shape {keys.shape}")
+    return keys
 
-    def __init__(self, secret: RoleSecret, purpose: str, keys: np.ndarray) -> None:
-        keys = np.asarray(keys, dtype=np.uint8)
-        if keys.ndim != 2 or keys.shape[1] != SECRET_BYTES:
-            raise ValueError(f"record keys are an (N, {SECRET_BYTES}) uint8 array, got shape {keys.shape}")
-        self._streams = [secret.record_stream(purpose, row.tobytes()) for row in keys]
+
+class RowNoise:
+    """Noise per batch row: row b of every draw comes from row b's own stream, read on from where the
+    last draw stopped, so a row's numbers never depend on the rows beside it in the batch or their
+    order. Draws are laid out like `KeyStream.normal`'s in the model: (S, B, *rest). `from_keys` keys
+    the streams directly (the row keys a broadcast of moments sends: every holder draws alike)."""
+
+    def __init__(self, streams: list[KeyStream]) -> None:
+        self._streams = streams
+
+    @classmethod
+    def from_keys(cls, keys: np.ndarray) -> RowNoise:
+        return cls([KeyStream(row.tobytes()) for row in _key_rows(keys, "row keys")])
+
+    def row_keys(self, n: int) -> np.ndarray:
+        """(n, 32) uint8: the next 32 bytes of each row's stream (n must be the number of rows)."""
+        if n != len(self._streams):
+            raise ValueError(f"keys for {n} rows from the streams of {len(self._streams)} rows")
+        keys = b"".join(s.read(SECRET_BYTES) for s in self._streams)
+        return np.frombuffer(keys, dtype=np.uint8).reshape(n, SECRET_BYTES)
 
     def normal(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> torch.Tensor:
@@ -262,6 +281,14 @@ class RecordNoise:
             return torch.zeros(shape, dtype=dtype, device=device)
         per_row = (shape[0], *shape[2:])
         return torch.stack([s.normal(per_row) for s in self._streams], dim=1).to(device=device, dtype=dtype)
+
+
+class RecordNoise(RowNoise):
+    """Secret noise per record: row b's stream is `RoleSecret.record_stream(purpose, keys[b])`, so a row's
+    numbers depend on the secret and its record key only."""
+
+    def __init__(self, secret: RoleSecret, purpose: str, keys: np.ndarray) -> None:
+        super().__init__([secret.record_stream(purpose, row.tobytes()) for row in _key_rows(keys, "record keys")])
 
 
 class SharedNoise:

@@ -19,11 +19,25 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cli import guarded
-from .config import CELL_HANDLING, METHOD_LABELS, Config, make_config, parse_method
+from .config import CELL_HANDLING, LATENT_BROADCAST, METHOD_LABELS, Config, make_config, parse_method
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
 from .errors import InputError
 from .fsio import atomic_write, write_json
 from .transport.protocols import PROTOCOLS, protocol_named
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The options that change the model or its schedule (not the split, runtime or output)."""
+    parser.add_argument("--pretrain-epochs", type=int, default=None)
+    parser.add_argument("--train-epochs", type=int, default=None)
+    parser.add_argument("--cell-missing", type=float, default=None, metavar="FRACTION",
+                        help="remove this fraction of cells at random inside the blocks parties hold (train and test)")
+    parser.add_argument("--cell-handling", choices=CELL_HANDLING, default=None,
+                        help="empty cells: mask (the encoder sees which cells are empty, the likelihood covers "
+                             "the observed ones; default) or mean (mean-imputed and treated as observed)")
+    parser.add_argument("--latent-broadcast", choices=LATENT_BROADCAST, default="samples",
+                        help="FALSE-VFL's latent round: samples (default) or moments (mean, scale and a sampling "
+                             "key per record: fewer bytes, but every party learns the exact posterior)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,13 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
                         help="quick: a smoke test; default: the demo schedule (the paper's for its datasets); "
                              "paper: the paper's schedule")
-    parser.add_argument("--pretrain-epochs", type=int, default=None)
-    parser.add_argument("--train-epochs", type=int, default=None)
-    parser.add_argument("--cell-missing", type=float, default=None, metavar="FRACTION",
-                        help="remove this fraction of cells at random inside the blocks parties hold (train and test)")
-    parser.add_argument("--cell-handling", choices=CELL_HANDLING, default=None,
-                        help="empty cells: mask (the encoder sees which cells are empty, the likelihood covers "
-                             "the observed ones; default) or mean (mean-imputed and treated as observed)")
+    _add_model_options(parser)
     parser.add_argument("--seed", type=int, default=0, help="the public seed: batch order and the simulated split")
     parser.add_argument("--max-rows", type=int, default=None,
                         help="a smoke test of a configuration: at most this many training and test rows")
@@ -90,7 +98,8 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
     method, variant = parse_method(method_label(args))
     cfg = make_config(args.dataset, args.preset, parties=args.parties, method=method, variant=variant,
                       train_mechanism=args.train_mechanism, seed=args.seed, device=args.device,
-                      max_rows=args.max_rows, cell_missing=args.cell_missing, cell_handling=args.cell_handling)
+                      max_rows=args.max_rows, cell_missing=args.cell_missing, cell_handling=args.cell_handling,
+                      latent_broadcast=args.latent_broadcast)
     if args.pretrain_epochs is not None:
         cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
     if args.train_epochs is not None:

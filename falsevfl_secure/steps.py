@@ -1,6 +1,7 @@
 """One FALSE-VFL step, written once for every runtime.
 
-`forward_rounds` is the protocol: the `posterior` sum, the `latent` broadcast, the `likelihood` sum.
+`forward_rounds` is the protocol: the `posterior` sum, the `latent` broadcast (or, in the measured
+`moments` variant, `latent_moments`), the `likelihood` sum.
 Stage 1 then runs their adjoints through the transport's backward. Code inside a party only touches
 that party's batch entries; the only values that cross a party boundary are the arguments of
 `transport.aggregate` and `transport.broadcast`, and what only the active party holds is `Active`.
@@ -8,15 +9,17 @@ that party's batch entries; the only values that cross a party boundary are the 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .bounds import conditional_bound, iwae_bound, snis_predict
+from .bounds import conditional_bound, diagonal_gaussian_log_prob, iwae_bound, snis_predict
 from .config import Stage
-from .errors import InputError
+from .errors import InputError, ProtocolError
 from .node import ActiveRole, Batch, Node
 from .placement import Active, apply
-from .transport.rounds import LATENT, LIKELIHOOD, POSTERIOR
+from .randomness import RowNoise
+from .transport.rounds import LATENT, LATENT_MOMENTS, LIKELIHOOD, POSTERIOR
 
 
 def _check_block(k: int, n_features: int, batch: Batch) -> int:
@@ -69,10 +72,59 @@ def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Ac
     check_batch(node, batch)
     noise = node.active.map(lambda role: role.noise(stage, batch.record_keys))
     posterior = node.transport.aggregate(POSTERIOR, node.posterior_contributions(batch))
-    latent = apply(_sample, node.active, noise, posterior, batch.n_observed, n_samples)
-    h = node.transport.broadcast(LATENT, latent.map(lambda s: s[0]), (n_samples, batch.size, node.cfg.h_dim))
+    if node.cfg.latent_broadcast == "moments":
+        latent, h = _broadcast_moments(node, noise, posterior, batch, n_samples)
+    else:
+        latent = apply(_sample, node.active, noise, posterior, batch.n_observed, n_samples)
+        h = node.transport.broadcast(LATENT, latent.map(lambda s: s[0]), (n_samples, batch.size, node.cfg.h_dim))
     likelihood = node.transport.aggregate(LIKELIHOOD, node.likelihood_contributions(h, batch, stage))
     return apply(_weigh, node.active, noise, latent, likelihood)
+
+
+# -- the moments variant of the latent broadcast (measured, not the default: README) --------------------
+
+KEY_WORDS = 16  # a row's 32-byte sampling key as 16 uint16 words, each exact in float32
+
+
+def _moments_payload(role: ActiveRole, noise, posterior: Tensor, n_observed: Tensor) -> Tensor:
+    """(B, 2 d_h + 16): the posterior's mean and scale and a fresh sampling key per row (from the active
+    party's noise: its stream in training, the row's record stream in a repeatable prediction)."""
+    loc, scale = role.model.latent_moments(posterior, n_observed)
+    words = noise.row_keys(loc.shape[0]).view("<u2").astype(np.float32)
+    return torch.cat([loc, scale, torch.from_numpy(words).to(loc)], dim=-1)
+
+
+def _row_keys(words: Tensor) -> np.ndarray:
+    """The (B, 32) uint8 row keys of a payload's key words; anything but 16-bit words is refused."""
+    w = words.detach().to("cpu", torch.float64).numpy()
+    if not ((w >= 0) & (w <= 0xFFFF) & (w == np.round(w))).all():
+        raise ProtocolError("round 'latent_moments': field 'payload': the row keys are not 16-bit words")
+    return w.astype("<u2").view(np.uint8).reshape(len(w), 2 * KEY_WORDS)
+
+
+def samples_from_moments(payload: Tensor, n_samples: int, h_dim: int) -> Tensor:
+    """(S, B, d_h) samples h = mean + scale * eps of a moments payload, eps drawn from each row's key:
+    every holder of the payload draws the same samples the active party does."""
+    loc, scale, words = payload.split([h_dim, h_dim, KEY_WORDS], dim=-1)
+    eps = RowNoise.from_keys(_row_keys(words)).normal((n_samples, payload.shape[0], h_dim), payload.dtype,
+                                                      payload.device)
+    return loc + scale * eps
+
+
+def _with_log_q(payload: Tensor, n_samples: int, h_dim: int) -> tuple[Tensor, Tensor]:
+    h = samples_from_moments(payload, n_samples, h_dim)
+    loc, scale, _ = payload.split([h_dim, h_dim, KEY_WORDS], dim=-1)
+    return h, diagonal_gaussian_log_prob(h, loc, scale)
+
+
+def _broadcast_moments(node: Node, noise, posterior: Active[Tensor], batch: Batch, n_samples: int):
+    """The `latent_moments` round: the active party broadcasts mean, scale and row keys; every party draws
+    its samples from them (the gradients of mean and scale come back as the adjoint's sum)."""
+    h_dim = node.cfg.h_dim
+    payload = apply(_moments_payload, node.active, noise, posterior, batch.n_observed)
+    received = node.transport.broadcast(LATENT_MOMENTS, payload, (batch.size, 2 * h_dim + KEY_WORDS))
+    h = {k: samples_from_moments(v, n_samples, h_dim) for k, v in received.items()}
+    return payload.map(lambda p: _with_log_q(p, n_samples, h_dim)), h
 
 
 def stage1_loss(node: Node, batch: Batch) -> Active[Tensor]:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure.config import Config, Stage, StageConfig
-from falsevfl_secure.methods import METHODS
+from falsevfl_secure.methods import METHODS, method_for
 from falsevfl_secure.runtime.session import StepJob, local_reference
 
 TOLERANCE = {"plain": dict(rtol=1e-4, atol=1e-5), "mpc": dict(rtol=2e-2, atol=2e-3),
@@ -27,11 +27,11 @@ TOLERANCE = {"plain": dict(rtol=1e-4, atol=1e-5), "mpc": dict(rtol=2e-2, atol=2e
 
 
 def make_job(parties: int, variant: str, batch: int, kappa: int, seed: int, p_missing: float, stage: str,
-             method: str = "false-vfl", scale: float = 1.0, **kw) -> StepJob:
+             method: str = "false-vfl", scale: float = 1.0, latent_broadcast: str = "samples", **kw) -> StepJob:
     cfg = Config(dataset="synthetic", parties=parties, method=method, variant=variant, h_dim=8, z_dim=4,
                  party_hidden=16, global_hidden=16, discriminator_hidden=16, indicator_hidden=8, kappa=kappa,
                  predict_samples=kappa + 3, pretrain=StageConfig(1e-3, batch, 1), train=StageConfig(1e-3, batch, 1),
-                 seed=seed)
+                 seed=seed, latent_broadcast=latent_broadcast)
     split = dict(n=batch + 4, parties=parties, width=5, p_missing=p_missing, seed=seed, scale=scale)
     return StepJob(cfg, split, tuple(range(2, batch + 2)), Stage[stage.upper()], secret_seed=seed + 1, **kw)
 
@@ -50,7 +50,7 @@ def check_equal(sessions, protocol: str, job: StepJob) -> None:
         assert set(values) == set(reference.get(key, {}))
         for name, g in reference.get(key, {}).items():
             np.testing.assert_allclose(values[name], g, err_msg=name, **tol)
-    table = METHODS[job.config.method].rounds
+    table = method_for(job.config).rounds
     end = table.epoch_end.get(job.stage, ()) if job.epoch_end else ()
     expected = [r.name for r in (*table.step(job.stage), *end)]
     for report in reports.values():
@@ -84,6 +84,20 @@ def test_mpc_distributed_equals_local_within_fixed_point_tolerance(sessions, par
 @pytest.mark.parametrize("parties", [2, 3, 4, 5, 6])
 def test_he_distributed_equals_local_within_ckks_tolerance(sessions, parties):
     equivalence_test(sessions, "he", parties, 3)()
+
+
+@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+def test_the_moments_broadcast_distributed_equals_local(sessions, protocol):
+    # Every party draws the samples from the broadcast keys; the gradients of mean and scale are one sum.
+    @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(variant=st.sampled_from(["I", "II"]), batch=st.integers(1, 24), kappa=st.integers(1, 6),
+           seed=st.integers(0, 10_000), p=masks, stage=st.sampled_from(["pretrain", "train", "predict"]))
+    def run(variant, batch, kappa, seed, p, stage):
+        torch.set_num_threads(1)
+        job = make_job(4, variant, batch, kappa, seed, p, stage, latent_broadcast="moments")
+        check_equal(sessions, protocol, job)
+
+    run()
 
 
 BASELINES = [name for name in METHODS if name != "false-vfl"]

@@ -15,7 +15,7 @@ from falsevfl_secure.transport.rounds import VOCABULARY, Message
 from falsevfl_secure.transport.rounds import MessageValidator as TableValidator
 
 K, ACTIVE, B, S, H, E, T, P = 4, 3, 5, 2, 6, 7, 3, 11
-SIZES = {"B": B, "S": S, "H": H, "2H": 2 * H, "2": 2, "E": E, "T": T, "P": P}
+SIZES = {"B": B, "S": S, "H": H, "2H": 2 * H, "2H+16": 2 * H + 16, "2": 2, "E": E, "T": T, "P": P}
 SHAPES = {r.name: tuple(SIZES[symbol] for symbol in r.payload) for r in VOCABULARY}  # from the vocabulary
 AGGREGATES = {r.name for r in AGGREGATE_ROUNDS}
 FALSE_VFL = METHODS["false-vfl"].rounds

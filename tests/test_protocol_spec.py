@@ -23,10 +23,16 @@ def load_spec(protocol: str) -> dict:
     return tomllib.loads((SPECS / f"{protocol}.toml").read_text())
 
 
-def job(stage: Stage, method: str = "false-vfl"):
+# Every round table: each method's, and FALSE-VFL's with the moments broadcast (a configured variant).
+TABLES = [(name, "samples", method.rounds) for name, method in METHODS.items()] + [
+    ("false-vfl", "moments", variant.rounds) for variant in METHODS["false-vfl"].variants]
+
+
+def job(stage: Stage, method: str = "false-vfl", latent_broadcast: str = "samples"):
     from test_equivalence import make_job
 
-    return make_job(3, "II" if method == "false-vfl" else "I", 6, 2, 11, 0.3, stage.key, method=method)
+    return make_job(3, "II" if method == "false-vfl" else "I", 6, 2, 11, 0.3, stage.key, method=method,
+                    latent_broadcast=latent_broadcast)
 
 
 def test_stage_rounds_are_the_forward_rounds_then_their_adjoints_in_reverse():
@@ -47,11 +53,11 @@ def test_a_baseline_fuses_by_one_sum_whose_adjoint_is_its_only_backward_round(na
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
 def test_executed_rounds_equal_the_table(sessions, protocol):
-    for name, method in METHODS.items():
+    for name, broadcast, table in TABLES:
         for stage in STAGES:
-            reports = sessions(protocol, 3).run(job(stage, name))
+            reports = sessions(protocol, 3).run(job(stage, name, broadcast))
             for rank, report in reports.items():
-                assert report["trace"] == [r.name for r in method.rounds.step(stage)], (protocol, name, stage, rank)
+                assert report["trace"] == [r.name for r in table.step(stage)], (protocol, name, stage, rank)
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
@@ -64,14 +70,15 @@ def test_spec_names_the_vocabulary_with_the_protocol_protection_and_the_methods(
         expected = PROTOCOLS[protocol].protection if r.is_aggregate else "clear"
         assert entry["protection"] == expected, (protocol, r.name)
         assert entry["realised_by"] and entry["learns"]
-        assert entry["methods"] == [n for n, m in METHODS.items() if r in m.rounds.rounds], (protocol, r.name)
+        assert entry["methods"] == sorted({n for n, _, t in TABLES if r in t.rounds}, key=list(METHODS).index), \
+            (protocol, r.name)
     assert ("aggregator" in spec["roles"]) == bool(PROTOCOLS[protocol].helpers)
 
 
 def test_local_runtime_executes_the_table():
-    for name, method in METHODS.items():
+    for name, broadcast, table in TABLES:
         for stage in STAGES:
-            assert local_reference(job(stage, name))["trace"] == [r.name for r in method.rounds.step(stage)]
+            assert local_reference(job(stage, name, broadcast))["trace"] == [r.name for r in table.step(stage)]
     assert LocalTransport.protection == "clear" and "local" in PROTOCOLS["plain"].runtimes
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..config import Config
 from .base import Method, Objective
-from .false_vfl import FalseVfl
+from .false_vfl import FalseVfl, FalseVflMoments
 from .fedhssl import FedHssl
 from .fusion import EmbeddingFusion
 from .laser import Laser
@@ -18,8 +18,8 @@ METHODS: dict[str, type[Method]] = {m.name: m for m in (FalseVfl, Vanilla, Laser
 
 def method_for(cfg: Config) -> Method:
     """The method a configuration trains."""
-    return METHODS[cfg.method]()
+    return METHODS[cfg.method].configured(cfg)
 
 
-__all__ = ["METHODS", "EmbeddingFusion", "FalseVfl", "FedHssl", "Laser", "Method", "Objective", "PlugVfl", "Vanilla",
-           "method_for"]
+__all__ = ["METHODS", "EmbeddingFusion", "FalseVfl", "FalseVflMoments", "FedHssl", "Laser", "Method", "Objective",
+           "PlugVfl", "Vanilla", "method_for"]

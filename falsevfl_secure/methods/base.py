@@ -50,6 +50,7 @@ class Method:
     Class attributes:
       name: the method's name in `Config.method`.
       rounds: its `RoundTable`.
+      variants: subclasses with other round tables that a configuration option selects (`configured`).
       needs_patterns: its training rows or batches depend on which parties hold each row (Vanilla VFL
         and FedHSSL train on the rows every party holds, LASER-VFL groups rows by their observed set),
         so those patterns must be public (a simulation's split is).
@@ -60,10 +61,16 @@ class Method:
 
     name: ClassVar[str]
     rounds: ClassVar[RoundTable]
+    variants: ClassVar[tuple[type[Method], ...]] = ()  # subclasses a configuration option selects (`configured`)
     needs_patterns: ClassVar[bool] = False
     stackable: ClassVar[bool] = False
     probe_stages: ClassVar[tuple[Stage, ...]] = (Stage.PRETRAIN,)
     row_rule: ClassVar[dict[Stage, str]] = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows"}
+
+    @classmethod
+    def configured(cls, cfg: Config) -> Method:
+        """The method (or the variant of it) that `cfg` trains."""
+        return cls()
 
     def probe_sums(self) -> int:
         """How many sums the probe stages' steps and end-of-epoch rounds run (what the he aggregator records)."""

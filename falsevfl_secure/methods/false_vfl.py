@@ -13,12 +13,19 @@ from ..model import ActiveModel, PartyModel, initialise
 from ..placement import Active
 from ..randomness import RoleRandomness
 from ..steps import predict, stage1_loss, stage2_loss
-from ..transport.rounds import LATENT, LATENT_GRAD, LIKELIHOOD, LIKELIHOOD_GRAD, POSTERIOR, POSTERIOR_GRAD, RoundTable
+from ..transport.rounds import LATENT, LATENT_MOMENTS, LIKELIHOOD, POSTERIOR, Round, RoundTable
 from .base import Method, Objective
 
-FORWARD = (POSTERIOR, LATENT, LIKELIHOOD)
-ROUNDS = RoundTable({Stage.PRETRAIN: (*FORWARD, LIKELIHOOD_GRAD, LATENT_GRAD, POSTERIOR_GRAD),
-                     Stage.TRAIN: FORWARD, Stage.PREDICT: FORWARD})
+
+def _table(latent: Round) -> RoundTable:
+    """Stage 1: the three forward rounds, then their adjoints in reverse; stage 2 and prediction: forward."""
+    forward = (POSTERIOR, latent, LIKELIHOOD)
+    backward = tuple(r.adjoint for r in reversed(forward))
+    return RoundTable({Stage.PRETRAIN: (*forward, *backward), Stage.TRAIN: forward, Stage.PREDICT: forward})
+
+
+ROUNDS = _table(LATENT)
+MOMENTS_ROUNDS = _table(LATENT_MOMENTS)  # `latent_broadcast = "moments"` (measured, not the default)
 
 
 class FalseVfl(Method):
@@ -29,6 +36,10 @@ class FalseVfl(Method):
     name = "false-vfl"
     rounds = ROUNDS
     stackable = True
+
+    @classmethod
+    def configured(cls, cfg: Config) -> FalseVfl:
+        return FalseVflMoments() if cfg.latent_broadcast == "moments" else cls()
 
     def build_party(self, cfg: Config, width: int, randomness: RoleRandomness) -> nn.Module:
         model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden,
@@ -53,3 +64,14 @@ class FalseVfl(Method):
         if node.active.present:
             groups["active"] = node.active.get().model.generative_parameters()
         return groups
+
+
+class FalseVflMoments(FalseVfl):
+    """FALSE-VFL whose latent round broadcasts the posterior's mean and scale and a sampling key per row
+    (`latent_moments`); every party draws the S samples itself. The same model and loss; S/2 times fewer
+    bytes in that round, but every party learns the exact posterior (measured: README)."""
+
+    rounds = MOMENTS_ROUNDS
+
+
+FalseVfl.variants = (FalseVflMoments,)

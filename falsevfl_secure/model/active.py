@@ -52,10 +52,15 @@ class ActiveModel(nn.Module):
 
         `sum_posterior` is the aggregate of the parties' [mu_k, precision_k], shape (B, 2 d_h).
         """
+        loc, scale = self.latent_moments(sum_posterior, n_observed)
+        h = loc + scale * noise.normal((kappa, *loc.shape), loc.dtype, loc.device)
+        return h, diagonal_gaussian_log_prob(h, loc, scale)
+
+    def latent_moments(self, sum_posterior: Tensor, n_observed: Tensor) -> tuple[Tensor, Tensor]:
+        """The mean and standard deviation (B, d_h) each of q(h | x_obs) from the aggregated posterior terms."""
         sum_mean, sum_precision = sum_posterior.split(self.h_dim, dim=-1)
         q_h = latent_posterior(sum_mean, sum_precision, n_observed)
-        h = q_h.loc + q_h.scale * noise.normal((kappa, *q_h.loc.shape), q_h.loc.dtype, q_h.loc.device)
-        return h, diagonal_gaussian_log_prob(h, q_h.loc, q_h.scale)
+        return q_h.loc, q_h.scale
 
     def log_weights(self, h: Tensor, log_q_h: Tensor, log_likelihood: Tensor, noise: KeyStream) -> Tensor:
         """log w_j of the IWAE bound, (kappa, B): draws z_j ~ q(z | h_j) and scores p(h|z) p(z)."""

@@ -37,11 +37,11 @@ class Primitive(Enum):
 @dataclass(frozen=True)
 class Round:
     """One round: its primitive, its payload's symbolic shape (B batch rows, S importance samples,
-    H the latent width d_h, "2H" twice that, E an embedding width, T sampled subsets, P a parameter count,
-    a digit a fixed size), the axis that indexes batch rows (None: the payload is one row, e.g. model
-    parameters), and the round that is its adjoint. A broadcast of reparameterised samples with
-    `moments_adjoint` has an adjoint that carries the gradient's two sample moments (`transport.moments`),
-    not the gradient."""
+    H the latent width d_h, "2H" twice that, "2H+16" sixteen more, E an embedding width, T sampled
+    subsets, P a parameter count, a number a fixed size), the axis that indexes batch rows (None: the
+    payload is one row, e.g. model parameters), and the round that is its adjoint. A broadcast of
+    reparameterised samples with `moments_adjoint` has an adjoint that carries the gradient's two sample
+    moments (`transport.moments`), not the gradient."""
 
     name: str
     primitive: Primitive
@@ -85,10 +85,14 @@ CROSS_VIEW = Round("cross_view", AGGREGATE, ("B", "E"), 0, "cross_target")  # Fe
 CROSS_TARGET = Round("cross_target", BROADCAST, ("B", "E"), 0, "cross_view")  # ... their sum, back to all
 MODEL_SUM = Round("model_sum", AGGREGATE, ("P",), None, "model_mean")  # FedHSSL: partial model averaging
 MODEL_MEAN = Round("model_mean", BROADCAST, ("P",), None, "model_sum")
+# FALSE-VFL with `latent_broadcast = "moments"` (measured, not the default: README): the posterior's mean and
+# scale and 16 words of a per-row sampling key instead of S samples; its adjoint sums their gradients.
+LATENT_MOMENTS = Round("latent_moments", BROADCAST, ("B", "2H+16"), 0, "latent_moments_grad")
+LATENT_MOMENTS_GRAD = Round("latent_moments_grad", AGGREGATE, ("B", "2H+16"), 0, "latent_moments")
 
 VOCABULARY: tuple[Round, ...] = (POSTERIOR, LATENT, LIKELIHOOD, LIKELIHOOD_GRAD, LATENT_GRAD, POSTERIOR_GRAD,
                                  EMBEDDING, EMBEDDING_GRAD, SUBSETS, SUBSETS_GRAD, CROSS_VIEW, CROSS_TARGET,
-                                 MODEL_SUM, MODEL_MEAN)
+                                 MODEL_SUM, MODEL_MEAN, LATENT_MOMENTS, LATENT_MOMENTS_GRAD)
 AGGREGATES: tuple[Round, ...] = tuple(r for r in VOCABULARY if r.is_aggregate)
 _BY_NAME = {r.name: r for r in VOCABULARY}
 
@@ -242,18 +246,29 @@ class MessageValidator:
         if len(shape) != len(round.payload) or any(not isinstance(d, int) or d < 1 for d in shape):
             _failure(round)("shape", mismatch)
         for symbol, size in zip(round.payload, shape, strict=True):
-            if symbol.isdigit():
-                if size != int(symbol):
+            key, factor, offset = _symbol(symbol)
+            if key is None:
+                if size != offset:
                     _failure(round)("shape", mismatch)
                 continue
-            key, factor = (symbol[1:], 2) if symbol.startswith("2") else (symbol, 1)
-            if size % factor:
+            if size <= offset or (size - offset) % factor:
                 _failure(round)("shape", mismatch)
-            if self.sizes.setdefault(key, size // factor) != size // factor:
-                _failure(round)("shape", f"{key} = {size // factor} here but {self.sizes[key]} earlier in this pass")
+            value = (size - offset) // factor
+            if self.sizes.setdefault(key, value) != value:
+                _failure(round)("shape", f"{key} = {value} here but {self.sizes[key]} earlier in this pass")
 
     def reset(self) -> None:
         self.last, self.sizes = None, {}
+
+
+def _symbol(symbol: str) -> tuple[str | None, int, int]:
+    """(size name, factor, offset) of a payload symbol such as "B", "2H", "2H+16" or "16" (no name: a
+    fixed size, the offset)."""
+    head, _, tail = symbol.partition("+")
+    if head.isdigit():
+        return None, 1, int(head)
+    factor = int(head[:-1]) if head[:-1] else 1
+    return head[-1], factor, int(tail) if tail else 0
 
 
 def _failure(round: Round):

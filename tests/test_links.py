@@ -19,6 +19,7 @@ import torch
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.role import Role
 from falsevfl_secure.runtime.world import World
+from falsevfl_secure.secure.errors import SecureMessageError
 from falsevfl_secure.transport.channel import PairChannel
 from falsevfl_secure.transport.link import Hub
 from falsevfl_secure.transport.network import Network
@@ -129,13 +130,20 @@ def _align(role, tamper_expected: bool) -> dict:
     ids = [f"id-{role.rank}-{i}" for i in range(30)] + [f"shared-{i}" for i in range(10)]
     try:
         align(role.channel(), ids, role.peers.active_index, view=view)
-    except Exception as error:  # noqa: BLE001 - the tampering test reads how the receiver refused
+    except SecureMessageError as error:  # the tampering test reads how the receiver refused (the others abort)
         if not tamper_expected:
             raise
         return {"refused": f"{type(error).__name__}: {error}"}
     own = [e["payload"] for e in view if e["step"] == "pass1" and e["from"] == 0]
     return {"pass_from_0": np.frombuffer(own[0], dtype=np.uint8) if own else None,
             "relayed": [np.frombuffer(p, dtype=np.uint8) for p in getattr(role.network, "relayed", [])]}
+
+
+def _wait_for_party0(role) -> str:
+    """party0 leaves at once (cleanly, sending nothing); the active party waits for a frame from it."""
+    if role.is_active:
+        role.network.recv("party0", "never")
+    return "left"
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -304,3 +312,11 @@ def test_the_relay_cannot_alter_a_frame_unnoticed(tmp_path, attacked):
     refused = ended[1].get("ok", {}).get("refused", "") or ended[1].get("error", "")
     attacked("relay alters a pair's alignment frame (active)", "shipped", refused[:80])
     assert "failed its integrity check" in refused and "rank 0" in refused
+
+
+def test_a_peer_that_leaves_while_another_waits_for_its_frame_is_named_at_once(tmp_path):
+    # Its goodbye follows its last frame on the same stream, so the waiter knows none is coming; before,
+    # it waited out RECV_TIMEOUT_S (900 s), far past this test's 60 s.
+    ended = _world(tmp_path, "plain", 3, _wait_for_party0).start().outcomes(60)
+    assert ended[0] == {"ok": "left"}, ended[0]
+    assert "party0 left the run while party2 waited for 'never'" in ended[2].get("error", ""), ended[2]

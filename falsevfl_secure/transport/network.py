@@ -172,6 +172,8 @@ class Network:
         with self._cond:
             while not self._mail[src]:
                 self._raise_if_aborted()
+                if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
+                    raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
                 if time.monotonic() > deadline:
                     raise PartyFailure(f"{self.me} waited {RECV_TIMEOUT_S:.0f} s for {expecting!r} from {src}")
                 self._cond.wait(0.5)

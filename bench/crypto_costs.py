@@ -21,7 +21,8 @@ runs it, never asserted anywhere.
         [--he-values 65536] [--he-threads 1 2] --out DIR
 
 --micro runs only the single-process measurements (`micro_costs`, no process world, torch on one
-thread) and writes DIR/crypto_micro.json: the AES-256-CTR keystream written by `KeyStream.read_into`
+thread) and writes DIR/crypto_micro.json and DIR/crypto_micro.md (`--readme`: its section): the
+AES-256-CTR keystream written by `KeyStream.read_into`
 (MB/s, beside `openssl speed -evp aes-256-ctr` at 16,384-byte blocks on the same machine), one zero
 share of `--parties` - 1 pair streams and prod(`--shape`) int64 values (`zero_share`, and a `ZeroShares.take`
 whose share was drawn ahead), and CKKS per thousand values of a `--he-values` tensor for each TenSEAL
@@ -270,6 +271,17 @@ def markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def micro_markdown(record: dict) -> str:
+    """The --micro measurements as a table (MB/s, ms per thousand values, bytes per value)."""
+    shape = " x ".join(str(s) for s in record["config"]["shape"])
+    lines = [f"Single process, torch on one thread: the mask keystream, one zero share of {record['config']['parties']}"
+             f" - 1 pair streams of a {shape} int64 tensor, and CKKS (N = 8192) on a tensor of "
+             f"{record['config']['he_values']:,} values per TenSEAL thread count:", "",
+             "| measurement | value |", "|---|---|"]
+    lines += [f"| {name} | {'-' if value is None else value} |" for name, value in record["costs"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parties", type=int, default=8)
@@ -311,9 +323,14 @@ def _micro_main(args: argparse.Namespace) -> int:
         print("error: --he-values and every --he-threads entry must be >= 1", file=sys.stderr)
         return 2
     costs = micro_costs(args.parties, tuple(args.shape), args.repeats, args.he_values, tuple(args.he_threads))
-    write_json(Path(args.out) / "crypto_micro.json", {"config": vars(args), "costs": costs})
-    for name, value in costs.items():
-        print(f"{name}: {value}")
+    record = {"config": vars(args), "costs": costs}
+    out = Path(args.out)
+    write_json(out / "crypto_micro.json", record)
+    table = micro_markdown(record)
+    (out / "crypto_micro.md").write_text(table)
+    print(table)
+    if args.readme:
+        update_readme(Path(args.readme), out.resolve().name, table)
     return 0
 
 

@@ -173,6 +173,30 @@ def test_laser_batches_share_one_observed_set_and_sample_one_subset_of_it_per_si
         assert not (subsets & ~patterns[0]).any()  # subsets of the observed set only
 
 
+@settings(max_examples=15, deadline=None)
+@given(observed=st.lists(st.booleans(), min_size=2, max_size=6).filter(any), seed=st.integers(0, 2**31))
+def test_laser_s_weighted_subset_draws_estimate_the_sum_over_every_subset(observed, seed):
+    # The objective of LASER-VFL's heads is the sum of the losses of every non-empty subset of the observed
+    # set; one draw per size, weighted C(|O|, m), must estimate it without bias (closed form: exhaustive sum).
+    from itertools import combinations
+    from math import comb
+
+    from falsevfl_secure.methods.laser import draw_subsets
+    from falsevfl_secure.randomness import PublicStream, public_rng
+
+    mask = np.asarray(observed)
+    members = np.flatnonzero(mask).tolist()
+    loss = {c: float(v) for c, v in zip((c for m in range(1, len(members) + 1) for c in combinations(members, m)),
+                                        np.random.default_rng(seed).uniform(0, 1, 2 ** len(members)), strict=False)}
+    exact = sum(loss.values())
+    draws = 4000
+    estimates = np.empty(draws)
+    for i in range(draws):
+        subsets = draw_subsets(mask, public_rng(seed, PublicStream.SUBSETS, 0, i))
+        estimates[i] = sum(comb(len(members), int(row.sum())) * loss[tuple(np.flatnonzero(row))] for row in subsets)
+    assert abs(estimates.mean() - exact) < 5 * estimates.std() / draws**0.5 + 1e-9
+
+
 # ------------------------------------------------------------------------------------------------ FedHSSL
 
 

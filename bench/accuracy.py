@@ -132,6 +132,9 @@ def cell_key(c: dict) -> tuple:
 def planned_configs(args) -> list[tuple[Config, dict]]:
     configs = []
     overrides = dict(args.overrides)
+    # A schedule given on the command line is part of what a cell records (its label and its resume key).
+    schedule = {f"{stage}_epochs": n for stage, n in (("pretrain", args.pretrain_epochs), ("train", args.train_epochs))
+                if n is not None}
     for label in methods_asked(args):
         method, variant = parse_method(label)
         for train in args.train:
@@ -144,7 +147,7 @@ def planned_configs(args) -> list[tuple[Config, dict]]:
                     if args.train_epochs is not None:
                         cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
                     cfg = replace(cfg, **overrides).validate()
-                    configs.append((cfg, overrides))
+                    configs.append((cfg, {**overrides, **schedule}))
     return configs
 
 

@@ -85,3 +85,12 @@ def test_the_crypto_micro_benchmark_runs_in_one_process_and_writes_every_measure
     rows = [line for line in (out / "crypto_micro.md").read_text().splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0][2:] for row in rows] == list(costs)  # one row per measurement, in order
     assert (out / "crypto_micro.md").read_text() in capsys.readouterr().out
+
+
+def test_a_schedule_from_the_command_line_is_recorded_with_the_cell():
+    # Otherwise a run with --pretrain-epochs 0 is labelled (and resumed) as the preset's schedule.
+    args = accuracy.parse_args(["--methods", "laser", "--seeds", "0", "--pretrain-epochs", "0", "--set",
+                                "standardize=zscore"])
+    [(cfg, recorded)] = accuracy.planned_configs(args)
+    assert cfg.pretrain.epochs == 0 and cfg.train.epochs > 0 and cfg.standardize == "zscore"
+    assert recorded == {"standardize": "zscore", "pretrain_epochs": 0}

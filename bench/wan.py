@@ -220,6 +220,7 @@ def run_cell(args: argparse.Namespace, link, protocol: str, mode: str) -> dict:
         for record in ("train_log.json", "train_result.json"):
             (demo / name / "model" / record).unlink(missing_ok=True)
     logs = args.work / "logs" / f"{link.name}-{protocol}"
+    load_before = [round(v, 2) for v in os.getloadavg()]  # other work on this machine (1, 5, 15 min)
     with hosts(len(roles), prefix="wan") as machines:
         machine = dict(zip(roles, machines, strict=True))
         where = {role: h.address for role, h in machine.items()}
@@ -232,7 +233,7 @@ def run_cell(args: argparse.Namespace, link, protocol: str, mode: str) -> dict:
         started = launch_roles(machine, running, configs, protocol, logs)
         wall = wait_roles(started, args.timeout)
     header = {**wan_report.cell_header(link, protocol, mode, args.dataset, args.parties),
-              "load_before": [round(v, 2) for v in os.getloadavg()]}  # other work on this machine then
+              "load_before": load_before, "load_after": [round(v, 2) for v in os.getloadavg()]}
     return wan_report.cell_record(demo, names, active, header, measured, wall)
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from netns import available, hosts
+from netns import available, hosts, netns_names
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -80,6 +81,39 @@ def test_netem_gives_the_round_trip_and_the_rate_where_the_kernel_has_it():
         got = measure(machines[0], f"{machines[1].address}:29613", 3_000_000)
     assert 30 <= got["rtt_ms_min"] and got["rtt_ms_median"] < 30 + 20
     assert 0.7 * link.mbit <= got["up_mbit"] <= 1.05 * link.mbit, got
+
+
+def test_a_cell_s_relays_and_probe_see_the_configured_round_trip_and_rate(tmp_path):
+    """The benchmark's own set-up of one cell (token buckets, a relay in each dialer's namespace, the probe
+    from a passive party's host to the active party's), measured on real sockets."""
+    need_netns()
+    link = wanlink.Link("test", 30.0, 20.0)
+    roles = ["party0", "party1", wan.AGGREGATOR]
+    with hosts(len(roles), prefix="wlt") as machines:
+        machine = dict(zip(roles, machines, strict=True))
+        where = {role: h.address for role, h in machine.items()}
+        wanlink.shape(machines, link, "relay")
+        wan.start_relays(machine, roles, "party1", where, link, tmp_path / "logs")
+        got = wan.measure_link(machine, "party1", "party0", where, link, "relay")
+    assert 30 <= got["rtt_ms_min"] and got["rtt_ms_median"] < 30 + 20, got
+    for direction in ("up_mbit", "down_mbit"):
+        assert 0.7 * link.mbit <= got[direction] <= 1.05 * link.mbit, got
+    logs = tmp_path / "logs"
+    assert (logs / "relay-party0.log").is_file() and not (logs / "relay-aggregator.log").exists()  # it dials nobody
+
+
+def test_a_role_past_the_deadline_ends_the_cell_and_nothing_is_left_running(tmp_path):
+    need_netns()
+    log = tmp_path / "party0.log"
+    with pytest.raises(RuntimeError, match=r"ran past --timeout 1 s; party0: waiting"):
+        with hosts(1, prefix="wlt") as (host,):
+            name = host.name
+            with open(log, "w") as handle:
+                proc = host.popen([sys.executable, "-c", "import time; print('waiting', flush=True); time.sleep(600)"],
+                                  stdout=handle, stderr=subprocess.STDOUT)
+            time.sleep(0.5)
+            wan.wait_roles({"party0": (proc, log)}, timeout_s=1.0)
+    assert proc.poll() is not None and name not in netns_names()
 
 
 def test_the_shaping_commands_put_half_the_round_trip_on_each_uplink():

@@ -126,6 +126,25 @@ def _row(cells: list[dict], cell: dict) -> str:
             f"{_split_text(cell['split_mean']['train'])} | {cell['mib_active']:.0f} | {cell['alignment_s']:.1f} |")
 
 
+def summary(cells: list[dict]) -> str:
+    """One sentence per protocol: what one epoch of each stage costs on every link measured, with the share
+    of it the parties spent waiting on the network; the links not measured are named."""
+    lines = []
+    for protocol in sorted({c["protocol"] for c in cells}, key=("plain", "mpc", "he").index):
+        mine = [c for c in ordered(cells) if c["protocol"] == protocol and "error" not in c]
+        parts = []
+        for c in mine:
+            mean = [c["split_mean"][s][part] for s in STAGES for part in PARTS]
+            waiting = sum(c["split_mean"][s]["network_s"] for s in STAGES)
+            parts.append(f"{sum(c['epoch_s'].values()):.1f} s on {_link_label(c)} "
+                         f"({100 * waiting / max(sum(mean), 1e-9):.0f}% waiting)")
+        failed = [_link_label(c) for c in ordered(cells) if c["protocol"] == protocol and "error" in c]
+        text = f"`{protocol}`: " + ("; ".join(parts) if parts else "no cell finished")
+        lines.append(text + (f"; failed on {', '.join(failed)}" if failed else "") + ".")
+    return "One epoch of each stage (stage 1 + stage 2, the active party's wall time; waiting: the parties' mean " \
+           "share blocked on a peer's frame) -- " + " ".join(lines)
+
+
 def render_markdown(cells: list[dict]) -> str:
     cells = ordered(cells)
     done = [c for c in cells if "error" not in c]
@@ -137,15 +156,18 @@ def render_markdown(cells: list[dict]) -> str:
              "own network namespace on this machine**", "",
              "Shaping: " + "; ".join(SHAPING[m] for m in modes) + ". Measured: a 64-byte ping-pong (median RTT) "
              "and a bulk upload / download (goodput) between a passive party's host and the active party's, "
-             "before training, on the path the parties' frames take.", "",
+             "before training, on the path the parties' frames take.", "", summary(cells), "",
              "| link (configured RTT / rate) | protocol | measured RTT (ms) | measured goodput up / down (Mbit/s) | "
              "stage 1 epoch (s) | stage 2 epoch (s) | both (s) | over the fastest link (s) | stage 1: compute / "
              "protocol / waiting (s, mean of parties) | stage 2: compute / protocol / waiting (s) | MiB in and out "
-             "of the active party | alignment (s) |",
+             "of the active party (counted in its rounds) | alignment (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(cells, c) for c in cells]
     if done:
-        lines += ["", f"Measured at commit {', '.join(sorted({c['commit'] for c in done}))} on {first['cpus']} "
+        lines += ["", "The MiB column is the active party's round log (`communication` in its train_result.json): it "
+                      "counts a round's bytes from the moment the party enters the round, so frames that peers sent "
+                      "ahead of it are missed: a lower bound, lower on fast links, where peers run ahead.",
+                  "", f"Measured at commit {', '.join(sorted({c['commit'] for c in done}))} on {first['cpus']} "
                       f"CPUs shared by all {first['parties'] + 1} roles."]
     return "\n".join(lines)
 

@@ -170,6 +170,9 @@ def test_the_report_adds_up_the_epoch_and_what_each_slower_link_costs(tmp_path):
     assert rows[2].startswith("| 20 ms / 100 Mbit/s | he | failed: party3 stalled |")
     assert rows[3].startswith("| 50 ms / 20 Mbit/s | plain | 50.50 | 18 / 20 | 120.0 | 6.0 | **126.0** | +105.0 |")
     assert "| 60.0 / 30.0 / 30.0 | 6.0 / 0.0 / 0.0 | 360 | 12.0 |" in rows[3]
+    # waiting: (120 / 4 + 0) of (120 + 6) s and (20 / 4) of (20 + 1) s
+    assert ("`plain`: 21.0 s on 1 ms / 10 Gbit/s (24% waiting); 126.0 s on 50 ms / 20 Mbit/s (24% waiting). "
+            "`he`: no cell finished; failed on 20 ms / 100 Mbit/s.") in (tmp_path / "out" / "wan.md").read_text()
     text = readme.read_text()
     assert "stale" not in text and "![wan](out/wan.png)" in text and text.endswith("end\n")
     assert (tmp_path / "out" / "wan.png").stat().st_size > 10_000

@@ -35,6 +35,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -316,6 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all("error" not in c for c in cells) else 3
 
 
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `hosts()`, which kills every role and deletes the namespaces
+
+
 if __name__ == "__main__":
-    with contextlib.suppress(BrokenPipeError):
-        sys.exit(main())
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with contextlib.suppress(BrokenPipeError):
+            sys.exit(main())
+    except KeyboardInterrupt:
+        print("error: interrupted; every role and namespace of the running cell was removed", file=sys.stderr)
+        sys.exit(130)

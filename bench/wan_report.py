@@ -189,7 +189,8 @@ def plot(cells: list[dict], path: Path) -> None:
             values = [c["split_mean"][stage][part] for c in done]
             ax.bar(range(len(done)), values, bottom=bottom, color=colors[part], label=PART_NAMES[part])
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set_xticks(range(len(done)), [f"{c['protocol']}\n{_link_label(c)}" for c in done], fontsize=7)
+        ax.set_xticks(range(len(done)), [f"{c['protocol']}\n{_link_label(c).replace(' / ', chr(10))}" for c in done],
+                      fontsize=7)
         ax.set_title(f"stage {1 if stage == 'pretrain' else 2}: one epoch")
         ax.set_ylabel("seconds (mean of the parties)")
     axes[0].legend(fontsize=8)

@@ -116,6 +116,30 @@ def test_a_role_past_the_deadline_ends_the_cell_and_nothing_is_left_running(tmp_
     assert proc.poll() is not None and name not in netns_names()
 
 
+def test_a_terminated_benchmark_kills_every_role_and_deletes_its_namespaces(tmp_path):
+    """SIGTERM while the roles train: the benchmark exits 143 and leaves no namespace and no role behind."""
+    need_netns()
+    work = tmp_path / "work"
+    argv = [sys.executable, str(BENCH / "wan.py"), "--out", str(tmp_path / "out"), "--work", str(work), "--dataset",
+            "digits", "--parties", "2", "--links", "1ms-10gbit", "--protocols", "plain", "--timeout", "120"]
+    bench = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        log, end = work / "logs" / "1ms-10gbit-plain" / "party1.log", time.monotonic() + 60
+        while not log.exists() and bench.poll() is None and time.monotonic() < end:
+            time.sleep(0.1)
+        assert log.exists(), bench.stderr.read() if bench.poll() is not None else "no role started in 60 s"
+        ours = [n for n in netns_names() if n.startswith(f"wan{bench.pid}")]
+        assert len(ours) == 4  # the bridge, two parties and the aggregator
+        bench.terminate()
+        assert bench.wait(timeout=30) == 143
+    finally:
+        bench.kill()
+        bench.wait()
+    assert not [n for n in netns_names() if n.startswith(f"wan{bench.pid}")]
+    roles = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
+    assert roles.stdout == "", roles.stdout
+
+
 def test_the_shaping_commands_put_half_the_round_trip_on_each_uplink():
     link = wanlink.LINKS["50ms-20mbit"]
     assert wanlink.netem_command("v0", link)[5:11] == ["root", "netem", "delay", "25ms", "rate", "20mbit"]

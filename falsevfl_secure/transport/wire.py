@@ -19,7 +19,10 @@ from ..errors import ProtocolError
 MAGIC = b"FVL1"
 _HEADER = struct.Struct(">4sBBBBB")  # magic, kind, flags, len(src), len(dst), len(tag)
 MORE = 1  # flag: more fragments of this frame follow
-FRAGMENT_BYTES = 4 << 20  # what one gRPC message carries at most (plus the header)
+# What one gRPC message carries at most (plus the header). A receiver hears from a peer once per message, and
+# `network.STALL_S` (10 s) of silence ends the run: 256 KiB keeps a stream alive down to ~0.2 Mbit/s of its
+# share of a link (4 MiB stalled below ~3.4 Mbit/s, e.g. eight parties sending to the he aggregator at 20 Mbit/s).
+FRAGMENT_BYTES = 256 << 10
 MAX_FRAME_BYTES = 1 << 30  # 1 GiB: about 33 million ristretto255 points in one alignment frame
 MAX_MESSAGE_BYTES = FRAGMENT_BYTES + 1024
 

@@ -178,7 +178,10 @@ class Network:
                     raise PartyFailure(f"{self.me} waited {RECV_TIMEOUT_S:.0f} s for {expecting!r} from {src}")
                 self._cond.wait(0.5)
             self.waited += time.monotonic() - began
-            return self._mail[src].popleft()
+            tag, payload = self._mail[src].popleft()
+        with self._count:  # counted when taken, so a frame that came early counts in the round that reads it
+            self.traffic[tag][1] += len(payload)
+        return tag, payload
 
     def enter(self, round_name: str) -> None:
         """The round this role is in (heartbeats carry it, so a stall is reported with it)."""
@@ -216,8 +219,6 @@ class Network:
     def _deliver(self, link: Link, envelope: wire.Envelope) -> None:
         if envelope.src != link.peer and link.peer != self.plan.relay:
             raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")
-        with self._count:
-            self.traffic[envelope.tag][1] += len(envelope.payload)
         whole = self._reassembly.add(envelope)
         if whole is None:
             return

@@ -307,14 +307,7 @@ def main(argv=None) -> int:
 
     record = {"config": {**vars(args), "threads": torch.get_num_threads()},
               "costs": {**mpc_costs(args.parties, tuple(args.shape), args.repeats), **he_costs(args.repeats)}}
-    out = Path(args.out)
-    write_json(out / "crypto_costs.json", record)
-    table = markdown(record)
-    (out / "crypto_costs.md").write_text(table)
-    print(table)
-    if args.readme:
-        update_readme(Path(args.readme), out.resolve().name, table)
-    return 0
+    return publish(args, "crypto_costs", record, markdown(record))
 
 
 def _micro_main(args: argparse.Namespace) -> int:
@@ -324,10 +317,14 @@ def _micro_main(args: argparse.Namespace) -> int:
         return 2
     costs = micro_costs(args.parties, tuple(args.shape), args.repeats, args.he_values, tuple(args.he_threads))
     record = {"config": vars(args), "costs": costs}
+    return publish(args, "crypto_micro", record, micro_markdown(record))
+
+
+def publish(args: argparse.Namespace, stem: str, record: dict, table: str) -> int:
+    """OUT/STEM.json and OUT/STEM.md, the table printed, and with --readme its section rewritten."""
     out = Path(args.out)
-    write_json(out / "crypto_micro.json", record)
-    table = micro_markdown(record)
-    (out / "crypto_micro.md").write_text(table)
+    write_json(out / f"{stem}.json", record)
+    (out / f"{stem}.md").write_text(table)
     print(table)
     if args.readme:
         update_readme(Path(args.readme), out.resolve().name, table)

@@ -102,29 +102,39 @@ def _row_keys(words: Tensor) -> np.ndarray:
     return w.astype("<u2").view(np.uint8).reshape(len(w), 2 * KEY_WORDS)
 
 
-def samples_from_moments(payload: Tensor, n_samples: int, h_dim: int) -> Tensor:
-    """(S, B, d_h) samples h = mean + scale * eps of a moments payload, eps drawn from each row's key:
-    every holder of the payload draws the same samples the active party does."""
-    loc, scale, words = payload.split([h_dim, h_dim, KEY_WORDS], dim=-1)
-    eps = RowNoise.from_keys(_row_keys(words)).normal((n_samples, payload.shape[0], h_dim), payload.dtype,
-                                                      payload.device)
-    return loc + scale * eps
+def moments_noise(payload: Tensor, n_samples: int, h_dim: int) -> Tensor:
+    """(S, B, d_h) standard normal draws from each row's key of a moments payload."""
+    words = payload[..., 2 * h_dim:]
+    return RowNoise.from_keys(_row_keys(words)).normal((n_samples, payload.shape[0], h_dim), payload.dtype,
+                                                       payload.device)
 
 
-def _with_log_q(payload: Tensor, n_samples: int, h_dim: int) -> tuple[Tensor, Tensor]:
-    h = samples_from_moments(payload, n_samples, h_dim)
+def samples_from_moments(payload: Tensor, n_samples: int, h_dim: int, eps: Tensor | None = None) -> Tensor:
+    """(S, B, d_h) samples h = mean + scale * eps of a moments payload, eps drawn from each row's key (or
+    `eps`, drawn from the same keys): every holder of the payload draws the same samples the active party does."""
+    loc, scale, _ = payload.split([h_dim, h_dim, KEY_WORDS], dim=-1)
+    return loc + scale * (moments_noise(payload, n_samples, h_dim) if eps is None else eps)
+
+
+def _with_log_q(payload: Tensor, eps: Tensor, h_dim: int) -> tuple[Tensor, Tensor]:
+    h = samples_from_moments(payload, eps.shape[0], h_dim, eps)
     loc, scale, _ = payload.split([h_dim, h_dim, KEY_WORDS], dim=-1)
     return h, diagonal_gaussian_log_prob(h, loc, scale)
 
 
 def _broadcast_moments(node: Node, noise, posterior: Active[Tensor], batch: Batch, n_samples: int):
     """The `latent_moments` round: the active party broadcasts mean, scale and row keys; every party draws
-    its samples from them (the gradients of mean and scale come back as the adjoint's sum)."""
+    its samples from them (the gradients of mean and scale come back as the adjoint's sum). Every copy a
+    process holds is the one broadcast frame, so its noise is drawn once per process."""
     h_dim = node.cfg.h_dim
     payload = apply(_moments_payload, node.active, noise, posterior, batch.n_observed)
     received = node.transport.broadcast(LATENT_MOMENTS, payload, (batch.size, 2 * h_dim + KEY_WORDS))
-    h = {k: samples_from_moments(v, n_samples, h_dim) for k, v in received.items()}
-    return payload.map(lambda p: _with_log_q(p, n_samples, h_dim)), h
+    copies = [*([payload.get()] if node.active.present else []), *received.values()]
+    if any(not torch.equal(c[:, 2 * h_dim:], copies[0][:, 2 * h_dim:]) for c in copies[1:]):
+        raise ProtocolError("round 'latent_moments': field 'payload': copies of one broadcast differ in their keys")
+    eps = moments_noise(copies[0], n_samples, h_dim)
+    h = {k: samples_from_moments(v, n_samples, h_dim, eps) for k, v in received.items()}
+    return payload.map(lambda p: _with_log_q(p, eps, h_dim)), h
 
 
 def stage1_loss(node: Node, batch: Batch) -> Active[Tensor]:

@@ -9,26 +9,25 @@ X25519 key agreement of start-up, drawing one zero share from the AES-256-CTR pa
 fixed-point encoding, gathering the payload as float32 (what plain sends) and as int64 ring elements
 (what mpc sends), and the whole `secure_sum` (whose shares are drawn ahead while the party waits).
 
-he: one process, one CKKS ciphertext of 4,096 values (N = 8192): the framed encryption and decryption
-the protocol uses (with the rounding onto the fixed-point grid), and their pieces: a public-key
-encryption, an encryption of zero plus the encoded values (an offline/online split), serialisation,
-parsing, an addition, and a decryption.
+he: one process, one CKKS ciphertext of 8,192 values (N = 8192: 4,096 complex slots, two values each): the
+message encryption and decryption the protocol uses (with the rounding onto the fixed-point grid), and
+their pieces: a public-key encryption, its offline/online split (an encryption of zero; the encoded values
+added onto one), serialisation, parsing, an addition, and a decryption.
 
 Writes DIR/crypto_costs.json and DIR/crypto_costs.md. Timings are measurements on the machine that
 runs it, never asserted anywhere.
 
     python bench/crypto_costs.py --micro [--parties 8] [--shape 10 512 128] [--repeats 15]
-        [--he-values 65536] [--he-threads 1 2] --out DIR
+        [--he-values 65536] --out DIR
 
 --micro runs only the single-process measurements (`micro_costs`, no process world, torch on one
 thread) and writes DIR/crypto_micro.json and DIR/crypto_micro.md (`--readme`: its section): the
 AES-256-CTR keystream written by `KeyStream.read_into`
 (MB/s, beside `openssl speed -evp aes-256-ctr` at 16,384-byte blocks on the same machine), one zero
 share of `--parties` - 1 pair streams and prod(`--shape`) int64 values (`zero_share`, and a `ZeroShares.take`
-whose share was drawn ahead), and CKKS per thousand values of a `--he-values` tensor for each TenSEAL
-thread count of `--he-threads`: encrypt, the aggregator's sum of two contributions (parse, add,
-serialise) and decrypt, in the packed message format (`encrypt_tensors`) and the per-tensor chunk
-format (`encrypt_tensor`), with the bytes each sends.
+whose share was drawn ahead), and CKKS per thousand values of a message of a `--he-values` tensor:
+encrypted at once, and online on zeros a helper process made ahead (`ZeroPool`, the protocol's way),
+the aggregator's sum of two contributions (parse, add, serialise) and decryption, with the bytes sent.
 """
 
 from __future__ import annotations
@@ -111,27 +110,27 @@ def mpc_costs(parties: int, shape: tuple[int, ...], repeats: int) -> dict[str, f
 
 def he_costs(repeats: int) -> dict[str, float]:
     import numpy as np
-    import tenseal as ts
     import torch
 
     from falsevfl_secure.secure.ckks import (
-        decrypt_tensor,
-        encrypt_tensor,
+        decrypt_tensors,
+        encrypt_tensors,
         load_public_context,
         make_secret_context,
         public_context_bytes,
-        slot_count,
+        values_per_ciphertext,
     )
+    from falsevfl_secure.secure.ckks_seal import load_ciphertext, save_ciphertext, seal_tools
 
     secret = make_secret_context()
     public = load_public_context(public_context_bytes(secret))
-    values = np.random.default_rng(0).normal(size=slot_count(public)).tolist()
-    tensor = torch.tensor(values)
-    framed = encrypt_tensor(public, tensor, n_addends=8)
-    zeros = [ts.ckks_vector(public, [0.0] * len(values)) for _ in range(repeats)]
-    vector = ts.ckks_vector(public, values)
-    payload = vector.serialize()
-    received = ts.ckks_vector_from(secret, payload)
+    tools, values = seal_tools(public), np.random.default_rng(0).normal(size=values_per_ciphertext(public))
+    tensor = torch.from_numpy(values)
+    message = encrypt_tensors(public, [tensor], n_addends=8)
+    zeros = [tools.zero() for _ in range(repeats)]
+    ciphertext = tools.encrypt(values)
+    payload = save_ciphertext(ciphertext)
+    received = load_ciphertext(seal_tools(secret), payload)
 
     def timed(piece, n: int = repeats) -> float:
         times = []
@@ -142,16 +141,18 @@ def he_costs(repeats: int) -> dict[str, float]:
         return round(statistics.median(times), 3)
 
     return {
-        "he: encrypt_tensor, 4,096 values (onto the grid, encrypt, frame)":
-            timed(lambda i: encrypt_tensor(public, tensor, n_addends=8)),
-        "he: decrypt_tensor, 4,096 values (parse, decrypt, round onto the grid)":
-            timed(lambda i: decrypt_tensor(secret, framed, (len(values),))),
-        "he: encrypt one ciphertext (4,096 values)": timed(lambda i: ts.ckks_vector(public, values)),
-        "he: Enc(0) + encoded values (online part)": timed(lambda i: zeros[i].add_(values)),
-        "he: serialise": timed(lambda i: vector.serialize()),
-        "he: parse": timed(lambda i: ts.ckks_vector_from(public, payload)),
-        "he: add two ciphertexts": timed(lambda i: vector + vector),
-        "he: decrypt": timed(lambda i: received.decrypt()),
+        "he: encrypt_tensors, 8,192 values (onto the grid, encrypt, serialise)":
+            timed(lambda i: encrypt_tensors(public, [tensor], n_addends=8)),
+        "he: decrypt_tensors, 8,192 values (parse, decrypt, round onto the grid)":
+            timed(lambda i: decrypt_tensors(secret, message, [tensor.shape])),
+        "he: encrypt one ciphertext (8,192 values in 4,096 complex slots)": timed(lambda i: tools.encrypt(values)),
+        "he: an encryption of zero (offline part)": timed(lambda i: tools.zero()),
+        "he: encoded values added onto an encryption of zero (online part)":
+            timed(lambda i: tools.add_values(zeros[i], values)),
+        "he: serialise": timed(lambda i: save_ciphertext(ciphertext)),
+        "he: parse": timed(lambda i: load_ciphertext(tools, payload)),
+        "he: add two ciphertexts": timed(lambda i: tools.evaluator.add(ciphertext, ciphertext)),
+        "he: decrypt": timed(lambda i: seal_tools(secret).decrypt(received)),
     }
 
 
@@ -214,50 +215,59 @@ def mask_costs(parties: int, n_values: int, repeats: int) -> dict[str, float]:
                 round(statistics.median(ahead), 3)}
 
 
-def ckks_costs(n_values: int, threads: int, repeats: int) -> dict[str, float]:
-    """ms per thousand values (and bytes per value) of encrypt, a two-contribution sum and decrypt, in the
-    packed message format and the per-tensor chunk format, with TenSEAL's pool at `threads` threads."""
+def ckks_costs(n_values: int, repeats: int) -> dict[str, float]:
+    """ms per thousand values (and bytes per value) of a message of `n_values` values: encrypted at once, or
+    online on zeros that a helper made ahead; the aggregator's sum of two; decryption."""
     import torch
 
     from falsevfl_secure.secure import ckks
 
-    secret = ckks.make_secret_context(n_threads=threads)
-    public = ckks.load_public_context(ckks.public_context_bytes(secret), n_threads=threads)
+    secret = ckks.make_secret_context()
+    public = ckks.load_public_context(ckks.public_context_bytes(secret))
     x = torch.randn(n_values, dtype=torch.float64)  # benchmark input, not a secret
-    formats = {"message": (lambda: ckks.encrypt_tensors(public, [x], n_addends=8),
-                           lambda m: ckks.decrypt_tensors(secret, m, [x.shape])),
-               "chunks": (lambda: ckks.encrypt_tensor(public, x, n_addends=8),
-                          lambda c: ckks.decrypt_tensor(secret, c, x.shape))}
-    out = {}
-    for name, (encrypt, decrypt) in formats.items():
-        out.update(_ckks_format_costs(f"he {name}, {threads} thread(s)", encrypt, decrypt,
-                                      lambda parts: ckks.sum_encrypted(public, parts), n_values, repeats))
-    return out
-
-
-def _ckks_format_costs(label: str, encrypt, decrypt, aggregate, n_values: int, repeats: int) -> dict[str, float]:
-    """One format's encrypt / sum of two / decrypt, in ms per thousand values, and its bytes per value."""
-    sent = encrypt()
-    size = len(sent) if isinstance(sent, bytes) else sum(len(chunk) for chunk in sent)
+    sent = ckks.encrypt_tensors(public, [x], n_addends=8)
     per_thousand = 1000 / n_values
-    return {f"{label}: encrypt, ms per 1000 values": round(_median_ms(encrypt, repeats) * per_thousand, 3),
-            f"{label}: sum of 2, ms per 1000 values":
-                round(_median_ms(lambda: aggregate([sent, sent]), repeats) * per_thousand, 3),
-            f"{label}: decrypt, ms per 1000 values":
-                round(_median_ms(lambda: decrypt(sent), repeats) * per_thousand, 3),
-            f"{label}: bytes per value": round(size / n_values, 2)}
+    return {"he: encrypt at once, ms per 1000 values":
+                round(_median_ms(lambda: ckks.encrypt_tensors(public, [x], n_addends=8), repeats) * per_thousand, 3),
+            "he: encrypt online on pooled zeros, ms per 1000 values":
+                round(_online_ms(public, x, repeats) * per_thousand, 3),
+            "he: sum of 2, ms per 1000 values":
+                round(_median_ms(lambda: ckks.sum_encrypted(public, [sent, sent]), repeats) * per_thousand, 3),
+            "he: decrypt, ms per 1000 values":
+                round(_median_ms(lambda: ckks.decrypt_tensors(secret, sent, [x.shape]), repeats) * per_thousand, 3),
+            "he: bytes per value": round(len(sent) / n_values, 2)}
 
 
-def micro_costs(parties: int, shape: tuple[int, ...], repeats: int, he_values: int,
-                he_threads: tuple[int, ...]) -> dict[str, float | None]:
+def _online_ms(public, x, repeats: int) -> float:
+    """Median ms of `encrypt_tensors` on zeros a helper made ahead (each timed once its zeros are ready)."""
+    from falsevfl_secure.secure import ckks
+
+    count, times = ckks.n_chunks(x.numel(), ckks.values_per_ciphertext(public)), []
+    with ckks.ZeroPool(public, idle=False) as pool:
+        pool.take(count)  # the demand: the helper now keeps 3 messages' zeros ready
+        for _ in range(repeats):
+            _ready(pool, count)
+            start = time.perf_counter()
+            ckks.encrypt_tensors(public, [x], n_addends=8, zeros=pool)
+            times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def _ready(pool, n: int, timeout_s: float = 300.0) -> None:
+    """Wait until the pool's helper has `n` zeros ready (it runs at normal priority here)."""
+    deadline = time.monotonic() + timeout_s
+    while len(pool) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def micro_costs(parties: int, shape: tuple[int, ...], repeats: int, he_values: int) -> dict[str, float | None]:
     """The single-process measurements (no process world): keystream, zero share, CKKS."""
     import torch
 
     torch.set_num_threads(1)
     n_values = math.prod(shape)
     costs = {**keystream_costs(n_values, repeats), **mask_costs(parties, n_values, repeats)}
-    for threads in he_threads:
-        costs.update(ckks_costs(he_values, threads, max(1, repeats // 3)))
+    costs.update(ckks_costs(he_values, max(1, repeats // 3)))
     return costs
 
 
@@ -265,7 +275,7 @@ def markdown(record: dict) -> str:
     shape = " x ".join(str(s) for s in record["config"]["shape"])
     lines = [f"One secure sum of a {shape} tensor over {record['config']['parties']} party processes "
              "(mpc; the slowest rank, barrier to barrier), and one CKKS ciphertext of the default parameters "
-             "(he: N = 8192, [60, 20, 60], scale 2^40):", "",
+             "(he: N = 8192, [60, 20, 60], scale 2^40, 8,192 values in 4,096 complex slots):", "",
              "| piece | ms (median) |", "|---|---|"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in record["costs"].items()]
     return "\n".join(lines) + "\n"
@@ -276,7 +286,7 @@ def micro_markdown(record: dict) -> str:
     shape = " x ".join(str(s) for s in record["config"]["shape"])
     lines = [f"Single process, torch on one thread: the mask keystream, one zero share of {record['config']['parties']}"
              f" - 1 pair streams of a {shape} int64 tensor, and CKKS (N = 8192) on a tensor of "
-             f"{record['config']['he_values']:,} values per TenSEAL thread count:", "",
+             f"{record['config']['he_values']:,} values:", "",
              "| measurement | value |", "|---|---|"]
     lines += [f"| {name} | {'-' if value is None else value} |" for name, value in record["costs"].items()]
     return "\n".join(lines) + "\n"
@@ -289,7 +299,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--micro", action="store_true", help="only the single-process measurements (crypto_micro.json)")
     p.add_argument("--he-values", type=int, default=65536, help="--micro: values of the CKKS tensor")
-    p.add_argument("--he-threads", type=int, nargs="+", default=[1, 2], help="--micro: TenSEAL thread counts")
     p.add_argument("--out", default="runs/crypto_costs")
     p.add_argument("--readme", default=None, help="rewrite its <!-- results:NAME:... --> section, NAME the --out "
                    "folder's name")
@@ -312,10 +321,10 @@ def main(argv=None) -> int:
 
 def _micro_main(args: argparse.Namespace) -> int:
     """--micro: the single-process measurements only, to DIR/crypto_micro.json and one line each."""
-    if args.he_values < 1 or min(args.he_threads) < 1:
-        print("error: --he-values and every --he-threads entry must be >= 1", file=sys.stderr)
+    if args.he_values < 1:
+        print("error: --he-values must be >= 1", file=sys.stderr)
         return 2
-    costs = micro_costs(args.parties, tuple(args.shape), args.repeats, args.he_values, tuple(args.he_threads))
+    costs = micro_costs(args.parties, tuple(args.shape), args.repeats, args.he_values)
     record = {"config": vars(args), "costs": costs}
     return publish(args, "crypto_micro", record, micro_markdown(record))
 

@@ -153,8 +153,9 @@ def audit_passive_view(view: View, truth: dict[str, dict[int, np.ndarray]], part
 
 
 def audit_aggregator_view(view: View) -> AuditReport:
-    """The he aggregator must receive ciphertext frames only (every blob a framed CKKS chunk)."""
+    """The he aggregator must receive ciphertext frames only (every blob a CKKS message)."""
     from .secure import frames
+    from .secure.ckks import MESSAGE_MAGIC
     from .secure.errors import SecureMessageError
 
     report = AuditReport(views_audited=1)
@@ -165,7 +166,7 @@ def audit_aggregator_view(view: View) -> AuditReport:
         except SecureMessageError as error:
             report.leaks.append(f"the aggregator received something other than a frame in {entry.round!r}: {error}")
             continue
-        if frame.kind is frames.Kind.DATA and not all(blob[:4] in (b"FVCK", b"FVCT") for blob in frame.blobs):
+        if frame.kind is frames.Kind.DATA and not all(blob[:4] == MESSAGE_MAGIC for blob in frame.blobs):
             report.leaks.append(f"the aggregator received something other than ciphertexts in {entry.round!r}")
     return report
 

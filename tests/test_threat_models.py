@@ -3,6 +3,7 @@ shown not to be vacuous (it fails on plain, on unmasked shares, and when there a
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -147,11 +148,9 @@ def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage):
 
 
 def test_aggregator_cannot_decrypt():
-    import torch
-
     from falsevfl_secure.secure.ckks import (
-        decrypt_tensor,
-        encrypt_tensor,
+        decrypt_tensors,
+        encrypt_tensors,
         load_public_context,
         make_secret_context,
         public_context_bytes,
@@ -160,19 +159,19 @@ def test_aggregator_cannot_decrypt():
     secret = make_secret_context()
     aggregator_context = load_public_context(public_context_bytes(secret))
     assert not aggregator_context.has_secret_key()
-    chunks = encrypt_tensor(aggregator_context, torch.ones(3, 2))
+    message = encrypt_tensors(aggregator_context, [torch.ones(3, 2)])
     with pytest.raises(ValueError):
-        decrypt_tensor(aggregator_context, chunks, (3, 2))
+        decrypt_tensors(aggregator_context, message, [(3, 2)])
+    with pytest.raises(ValueError):
+        aggregator_context.secret_key()
 
 
 def test_he_collusion_threshold_active_plus_aggregator_decrypts_individual_contributions():
     """collusion.toml, he: the aggregator's view (individual ciphertexts) plus the active party's secret
     key reveals each contribution; the active party alone only ever receives the sum."""
-    import torch
-
     from falsevfl_secure.secure.ckks import (
-        decrypt_tensor,
-        encrypt_tensor,
+        decrypt_tensors,
+        encrypt_tensors,
         load_public_context,
         make_secret_context,
         public_context_bytes,
@@ -183,12 +182,59 @@ def test_he_collusion_threshold_active_plus_aggregator_decrypts_individual_contr
     secret = make_secret_context()
     public = load_public_context(public_context_bytes(secret))
     parts = [torch.randn(4, 3, generator=torch.Generator().manual_seed(k)) for k in range(3)]
-    aggregator_view = [encrypt_tensor(public, c, n_addends=3) for c in parts]
-    for chunks, c in zip(aggregator_view, parts, strict=True):  # the coalition decrypts each one
-        assert torch.allclose(decrypt_tensor(secret, chunks, (4, 3)).float(), c, atol=2.0**-16)
-    alone = decrypt_tensor(secret, sum_encrypted(public, aggregator_view), (4, 3)).float()
+    aggregator_view = [encrypt_tensors(public, [c], n_addends=3) for c in parts]
+    for message, c in zip(aggregator_view, parts, strict=True):  # the coalition decrypts each one
+        assert torch.allclose(decrypt_tensors(secret, message, [(4, 3)])[0].float(), c, atol=2.0**-16)
+    alone = decrypt_tensors(secret, sum_encrypted(public, aggregator_view), [(4, 3)])[0].float()
     assert torch.allclose(alone, sum(parts), atol=3 * 2.0**-16)
     assert not any(torch.allclose(alone, c, atol=1e-3) for c in parts)
+
+
+def _difference_as_seen_by_the_aggregator(first: bytes, second: bytes, own) -> np.ndarray:
+    """The aggregator's attack on two messages of one party: subtract the ciphertexts and decrypt with a key
+    of its own (`own`, same parameters). Both share c_1 only if one encryption of zero went into both: then
+    c_1 cancels and its key reads the difference of the values; otherwise it reads noise of size q."""
+    from falsevfl_secure.secure import ckks
+    from falsevfl_secure.secure.ckks_seal import seal_tools
+
+    seal = seal_tools(own)
+    a, b = (ckks._load_message(own, m, 0)[0][0] for m in (first, second))
+    seal.evaluator.add_inplace(a, seal.encrypt(np.zeros(ckks.values_per_ciphertext(own))))  # keeps c_1 non-zero
+    seal.evaluator.sub_inplace(a, b)
+    return seal.decrypt(a)
+
+
+@pytest.mark.parametrize("build", ["shipped", "weakened"])
+def test_pooled_zeros_are_single_use_so_two_ciphertexts_never_give_away_their_difference(build, attacked):
+    """aggregator_he.toml: each ciphertext is a fresh encryption of zero plus the values. A weakened pool
+    that hands one encryption of zero out twice lets the aggregator read the difference of two messages
+    with a key of its own; against the shipped pool the same attack reads values of size ~2^39."""
+    from falsevfl_secure.secure import ckks
+    from falsevfl_secure.secure.ckks_seal import save_ciphertext
+
+    secret = ckks.make_secret_context()
+    public = ckks.load_public_context(ckks.public_context_bytes(secret))
+
+    class Reusing(ckks.ZeroPool):
+        def take(self, n: int) -> list:
+            self._kept = getattr(self, "_kept", None) or save_ciphertext(self._tools.zero())
+            return [ckks._ciphertext(public, memoryview(self._kept), "kept") for _ in range(n)]
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(100, generator=g, dtype=torch.float64), torch.randn(100, generator=g, dtype=torch.float64)
+    with (ckks.ZeroPool(public, idle=False) if build == "shipped" else Reusing(public, idle=False)) as pool:
+        first = ckks.encrypt_tensors(public, [x], n_addends=4, zeros=pool)
+        deadline = time.monotonic() + 120
+        while build == "shipped" and not len(pool) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the second message on a zero the helper made ahead
+        second = ckks.encrypt_tensors(public, [y], n_addends=4, zeros=pool)
+    read = _difference_as_seen_by_the_aggregator(first, second, ckks.make_secret_context())[:100]
+    error = float(np.abs(read - (x - y).numpy()).max())
+    attacked("encryption of zero used twice (aggregator)", build, f"difference of two messages read to {error:.3g}")
+    if build == "weakened":
+        assert error < 1e-4
+    else:
+        assert error > 1e6
 
 
 def _simulate(tmp_path: Path, protocol: str, name: str):

@@ -4,12 +4,13 @@ Ranks 0..K-1 are the parties, rank K the aggregator (its identity pinned in ever
 nobody else can act as it). At start-up the active party makes the secret context and sends the public
 context (no secret key, no Galois keys), signed over the session id, to every other role
 (`handshake.send_context`). For each sum, every passive party encrypts its contribution and sends the
-ciphertexts to the aggregator (one densely packed message per round, `secure.ckks.encrypt_tensors`); the
-aggregator adds them and forwards the encrypted sum to the active party, which decrypts it onto the
-fixed-point grid (no decryption noise survives, `secure.ckks`) and adds its own contribution. Every message
-is a byte frame (`secure.frames`); a party that refuses its own input sends an ERROR frame that says only
-that it refused (never a value), so nobody is left waiting. Broadcasts go in clear (inside the links' TLS)
-among the parties.
+ciphertexts to the aggregator (one densely packed message per round, `secure.ckks.encrypt_tensors`, each
+ciphertext an encryption of zero that the party's helper process made ahead on idle CPU plus the encoded
+values: `secure.ckks.ZeroPool`, each zero used once); the aggregator adds them and forwards the encrypted
+sum to the active party, which decrypts it onto the fixed-point grid (no decryption noise survives,
+`secure.ckks`) and adds its own contribution. Every message is a byte frame (`secure.frames`); a party
+that refuses its own input sends an ERROR frame that says only that it refused (never a value), so nobody
+is left waiting. Broadcasts go in clear (inside the links' TLS) among the parties.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from ..errors import ProtocolError
 from ..secure import frames
-from ..secure.ckks import decrypt_tensors, encrypt_tensors, max_safe_abs, sum_encrypted
+from ..secure.ckks import ZeroPool, decrypt_tensors, encrypt_tensors, max_safe_abs, sum_encrypted
 from ..secure.errors import SecureRangeError
 from ..secure.fixed_point import round_to_grid
 from .distributed import Peers
@@ -37,6 +38,8 @@ class HeBackend(PlainBackend):
     def __init__(self, peers: Peers, public, secret=None, view: View | None = None) -> None:
         super().__init__(peers, view)
         self.public, self.secret, self.aggregator = public, secret, peers.n_parties
+        # A passive party encrypts online on zeros its helper process made ahead on idle CPU (secure.ckks).
+        self.zeros = ZeroPool(public) if secret is None else None
 
     def sum_to_active(self, round: Round, value: Tensor) -> Tensor | None:
         value = value.detach().to("cpu", torch.float32).contiguous()
@@ -57,7 +60,7 @@ class HeBackend(PlainBackend):
         """Encrypt and send to the aggregator; a refused input still sends a frame (ERROR), then raises."""
         k = self.peers.n_parties
         try:
-            message = encrypt_tensors(self.public, [value], n_addends=k)
+            message = encrypt_tensors(self.public, [value], n_addends=k, zeros=self.zeros)
         except SecureRangeError as error:
             notice = f"party {self.peers.rank} refused its own input of round {round.name!r} (outside he's range)"
             self.peers.send(self.aggregator, round.name, frames.encode(Kind.ERROR, [notice.encode()],
@@ -78,6 +81,8 @@ class HeBackend(PlainBackend):
         return frame
 
     def close(self) -> None:
+        if self.zeros is not None:
+            self.zeros.close()
         if not self.is_active:
             self.peers.send(self.aggregator, STOP, frames.encode(Kind.STOP))
 

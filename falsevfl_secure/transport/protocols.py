@@ -150,30 +150,21 @@ class He(Protocol):
         from .handshake import receive_context, send_context
         from .he import HeBackend
 
-        threads = _threads()
         if m.rank != m.active_index:
-            public = load_public_context(receive_context(m.peers.network, m.session, m.cast), threads)
+            public = load_public_context(receive_context(m.peers.network, m.session, m.cast))
             return HeBackend(m.peers, public, None, m.view)
-        secret = make_secret_context(n_threads=threads)
+        secret = make_secret_context()
         public = public_context_bytes(secret)
         send_context(m.peers.network, m.key, m.session, public)
-        return HeBackend(m.peers, load_public_context(public, threads), secret, m.view)
+        return HeBackend(m.peers, load_public_context(public), secret, m.view)
 
     def serve(self, m: Membership) -> None:
         from ..secure.ckks import load_public_context
         from .handshake import receive_context
         from .he import serve_aggregator
 
-        context = load_public_context(receive_context(m.peers.network, m.session, m.cast), _threads())
+        context = load_public_context(receive_context(m.peers.network, m.session, m.cast))
         serve_aggregator(m.peers, context, m.view, m.on_recorded, m.recorded_rounds)
-
-
-def _threads() -> int:
-    """TenSEAL's thread pool follows this process's torch thread budget (1 in a local world of many roles,
-    every core with one role per host)."""
-    import torch
-
-    return max(1, torch.get_num_threads())
 
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (Plain(), Mpc(), He())}

@@ -129,8 +129,8 @@ class Role:
         self.network.fail(Blame(self.spec.name, "failed", self.network.round, type(error).__name__))
 
     def leave(self, clean: bool) -> None:
-        if clean and self.backend is not None:
-            self.backend.close()
+        if self.backend is not None:
+            self.backend.close(clean)
         self.network.close(clean)
 
 

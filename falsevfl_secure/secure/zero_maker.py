@@ -130,8 +130,11 @@ def _lower_priority(idle: bool) -> None:
 
 def main(mode: str) -> None:
     """The helper: read the public context, then write fresh encryptions of zero until the pipe breaks."""
+    import signal
+
     import tenseal as ts
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the party's to handle; it closes the pipe
     _lower_priority(mode == "idle")
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     size = _FRAME.unpack(source.read(_FRAME.size))[0]

@@ -82,7 +82,8 @@ class Backend(Protocol):
     def broadcast(self, round: Round, value: Tensor | None, shape: tuple[int, ...]) -> Tensor:
         """The active party's `value` (of `shape`), delivered to every party."""
 
-    def close(self) -> None: ...
+    def close(self, clean: bool = True) -> None:
+        """Release this role's own resources; when `clean`, also tell its helpers that it is done."""
 
 
 class _Round(Function):

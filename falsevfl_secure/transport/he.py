@@ -80,10 +80,10 @@ class HeBackend(PlainBackend):
                                 f"{frame.round} instead")
         return frame
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         if self.zeros is not None:
-            self.zeros.close()
-        if not self.is_active:
+            self.zeros.close()  # kills its helper process, also when the run failed
+        if clean and not self.is_active:
             self.peers.send(self.aggregator, STOP, frames.encode(Kind.STOP))
 
 

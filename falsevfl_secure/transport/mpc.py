@@ -45,5 +45,5 @@ class MpcBackend(PlainBackend):
         self._record(round, "revealed", -1, total)
         return total.to(torch.float32)
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         self.shares.close()

@@ -57,5 +57,5 @@ class PlainBackend:
         self._record(round, "received", self.peers.active_index, buffer, "clear")
         return buffer
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         pass

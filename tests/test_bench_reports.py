@@ -92,3 +92,11 @@ def test_a_schedule_from_the_command_line_is_recorded_with_the_cell():
     [(cfg, recorded)] = accuracy.planned_configs(args)
     assert cfg.pretrain.epochs == 0 and cfg.train.epochs > 0 and cfg.standardize == "zscore"
     assert recorded == {"standardize": "zscore", "pretrain_epochs": 0}
+
+
+def test_every_piece_of_one_ckks_ciphertext_is_timed():
+    # The README's crypto-costs table: each SEAL call the protocol makes, on real ciphertexts.
+    import crypto_costs
+
+    costs = crypto_costs.he_costs(1)
+    assert len(costs) == 9 and all(ms > 0 for ms in costs.values()), costs

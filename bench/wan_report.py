@@ -164,9 +164,9 @@ def render_markdown(cells: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(cells, c) for c in cells]
     if done:
-        lines += ["", "The MiB column is the active party's round log (`communication` in its train_result.json): it "
-                      "counts a round's bytes from the moment the party enters the round, so frames that peers sent "
-                      "ahead of it are missed: a lower bound, lower on fast links, where peers run ahead.",
+        lines += ["", "The MiB column is the active party's round log (`communication` in its train_result.json): "
+                      "every frame it sent in a round, and every frame it received, counted when the round read it "
+                      "(also a frame a peer sent ahead of it).",
                   "", f"Measured at commit {', '.join(sorted({c['commit'] for c in done}))} on {first['cpus']} "
                       f"CPUs shared by all {first['parties'] + 1} roles."]
     return "\n".join(lines)

@@ -117,9 +117,11 @@ def test_a_wrong_pin_stops_every_party_with_one_clear_line(tmp_path, refused):
         pins = keygen(config)
         config = federation_file(tmp_path, machines, pins)
         wrong = federation_file(tmp_path, machines, {**pins, "clinic": pins["insurer"]}, "bank.toml")
-        text = wrong.read_text().replace("join_timeout_s = 20", "join_timeout_s = 5")
+        # long enough for the clinic to start listening on a cold 2-core machine (fresh .venv, no bytecode
+        # yet); with 5 s the bank sometimes gave up on no listener before it could see the TLS refusal
+        text = wrong.read_text().replace("join_timeout_s = 20", "join_timeout_s = 12")
         wrong.write_text(text)
-        config.write_text(config.read_text().replace("join_timeout_s = 20", "join_timeout_s = 5"))
+        config.write_text(config.read_text().replace("join_timeout_s = 20", "join_timeout_s = 12"))
         ended = run_everywhere(machines, ["train"], {"bank": wrong, "insurer": config, "clinic": config},
                                PARTIES, timeout=120)
     for role, (code, err) in ended.items():

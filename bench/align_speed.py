@@ -2,7 +2,7 @@
 gRPC links (frames between passive parties relayed by the active party and sealed, as in a federation).
 
     python bench/align_speed.py [--parties 4] [--ids 100000] [--overlap 0.5] [--active K-1] [--threads 1] --out DIR
-        [--readme README.md]
+        [--timeout 900] [--readme README.md]
 
 Every party holds `--ids` string IDs; a fraction `--overlap` of them is common to all parties and
 the rest are its own, so the union has overlap*n + K*(1-overlap)*n records (the script checks it).
@@ -10,10 +10,15 @@ The K processes share this machine's cores, like bench/overhead.py. The alignmen
 barrier before `align` to the slowest party's return; `phases` are each party's own seconds per
 phase (setup, hash_and_blind, ring, union_and_positions; waiting for peers included), `cpu_s` its
 process CPU time, and `wall_s_if_the_cores_were_free` the total CPU time divided by the cores the
-parties could use (what the wall time would be without other load on the machine).
+parties could use (what the wall time would be without other load on the machine). Where the time goes:
+`libsodium` times each group operation here (process CPU time per call, one process, before the parties
+start) and `libsodium_cpu_s` is what the run's K n hashes, K^2 n multiplications and (K-1) n point checks
+cost at those rates, the floor of `cpu_s_all_parties` for this protocol; `load_before`/`load_after` are
+the machine's 1-minute load averages (other processes on the same cores slow the wall time, not the CPU time).
 
 Writes DIR/align_speed.json ({"config", "wall_s", "ids_per_s_per_party", "n_union", "correct",
-"parties": [{"rank", "seconds", "ids_per_s", "phases", "bytes_sent", "bytes_received"}], ...}) and
+"libsodium", "libsodium_cpu_s", "parties": [{"rank", "seconds", "ids_per_s", "phases", "bytes_sent",
+"bytes_received"}], ...}) and
 prints a one-line summary; `--readme` rewrites the README section named after DIR. Timings are
 measurements on the machine that runs it, never asserted.
 """
@@ -61,6 +66,27 @@ def timed_alignment(role, n: int, overlap: float, threads: int) -> dict:
             "libsodium": sodium_version()}
 
 
+def libsodium_rates(calls: int = 3000) -> dict[str, float]:
+    """Process CPU microseconds per libsodium call as the alignment makes them (its bulk functions, one thread)."""
+    from falsevfl_secure.secure import ristretto
+
+    scalar, messages = ristretto.random_scalar(), [f"id-{i:010d}".encode() for i in range(calls)]
+    points, rates = ristretto.hash_to_group_batch(messages), {}
+    for name, run in (("hash_us", lambda: ristretto.hash_to_group_batch(messages, prefix=b"bench")),
+                      ("mult_us", lambda: ristretto.scalar_mult_batch(scalar, points)),
+                      ("check_us", lambda: ristretto.first_invalid_point(points))):
+        start = time.process_time()
+        run()
+        rates[name] = (time.process_time() - start) / calls * 1e6
+    return rates
+
+
+def libsodium_cpu_s(rates: dict[str, float], k: int, n: int) -> float:
+    """CPU seconds of the group operations of one run: every party hashes its n IDs and multiplies each of the
+    K lists once (K^2 n products); the active party checks the K - 1 final lists it receives."""
+    return (k * n * rates["hash_us"] + k * k * n * rates["mult_us"] + (k - 1) * n * rates["check_us"]) / 1e6
+
+
 def run_parties(k: int, n: int, overlap: float, active: int, threads: int, timeout: float = 900.0) -> dict[int, dict]:
     """The K parties as a local world (`runtime.world`); {rank: report}."""
     from falsevfl_secure.runtime.world import run_world
@@ -69,7 +95,8 @@ def run_parties(k: int, n: int, overlap: float, active: int, threads: int, timeo
     return dict(enumerate(reports))
 
 
-def summarise(args: argparse.Namespace, reports: list[dict], total: float) -> dict:
+def summarise(args: argparse.Namespace, reports: list[dict], total: float, rates: dict[str, float],
+              load: tuple[float, float]) -> dict:
     """The JSON report: config, the slowest party's wall time, per-party figures, correctness."""
     k, n = args.parties, args.ids
     shared = round(args.overlap * n)
@@ -77,9 +104,11 @@ def summarise(args: argparse.Namespace, reports: list[dict], total: float) -> di
     wall = max(r["seconds"] for r in reports)
     cpu = sum(r["cpu_s"] for r in reports)
     return {"config": {"parties": k, "ids_per_party": n, "overlap": args.overlap, "active": args.active,
-                       "threads": args.threads, "cpus": os.cpu_count(), "libsodium": reports[0]["libsodium"]},
+                       "threads": args.threads, "cpus": os.cpu_count(), "libsodium": reports[0]["libsodium"],
+                       "load_before": load[0], "load_after": load[1]},
             "wall_s": wall, "ids_per_s_per_party": n / wall if wall else None,
-            "cpu_s_all_parties": cpu, "wall_s_if_the_cores_were_free": cpu / min(k * args.threads, os.cpu_count() or 1),
+            "cpu_s_all_parties": cpu, "libsodium": rates, "libsodium_cpu_s": libsodium_cpu_s(rates, k, n),
+            "wall_s_if_the_cores_were_free": cpu / min(k * args.threads, os.cpu_count() or 1),
             "n_union": reports[0]["n_union"], "expected_n_union": expected,
             "correct": all(r["n_union"] == expected and r["positions_ok"] for r in reports),
             "launch_and_teardown_s": total - wall, "parties": reports}
@@ -91,10 +120,12 @@ def markdown(report: dict) -> str:
     lines = [f"K = {c['parties']} parties of {c['ids_per_party']:,} IDs each (overlap {c['overlap']}), union "
              f"{report['n_union']:,} ({'correct' if report['correct'] else 'WRONG'}), {c['cpus']} cores shared "
              f"by all parties, libsodium {c['libsodium']}:", "",
-             "| wall s (slowest party) | IDs/s per party | CPU s, all parties | wall s if the cores were free |",
-             "|---|---|---|---|",
+             "| wall s (slowest party) | IDs/s per party | CPU s, all parties | of which libsodium (estimated) "
+             "| wall s if the cores were free | load average before / after |",
+             "|---|---|---|---|---|---|",
              f"| {report['wall_s']:.1f} | {report['ids_per_s_per_party']:,.0f} | {report['cpu_s_all_parties']:.1f} "
-             f"| {report['wall_s_if_the_cores_were_free']:.1f} |"]
+             f"| {report['libsodium_cpu_s']:.1f} | {report['wall_s_if_the_cores_were_free']:.1f} "
+             f"| {c['load_before']:.1f} / {c['load_after']:.1f} |"]
     return "\n".join(lines) + "\n"
 
 
@@ -106,6 +137,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--active", type=int, default=None, help="the active party's index (default K-1)")
     parser.add_argument("--threads", type=int, default=1, help="threads per party for the group operations")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the parties are stopped")
     parser.add_argument("--readme", type=Path, default=None, help="rewrite its <!-- results:NAME:... --> section, "
                         "NAME the --out folder's name")
     parser.error = lambda message: _fail(message)  # one line, no usage block
@@ -128,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
+        rates, load = libsodium_rates(), os.getloadavg()[0]
         start = time.perf_counter()
-        reports = run_parties(args.parties, args.ids, args.overlap, args.active, args.threads)
+        reports = run_parties(args.parties, args.ids, args.overlap, args.active, args.threads, args.timeout)
         errors = [f"party {i}: {r['error']}" for i, r in sorted(reports.items()) if "error" in r]
         if errors:
             _fail("; ".join(errors), 1)
-        report = summarise(args, list(reports.values()), time.perf_counter() - start)
+        report = summarise(args, list(reports.values()), time.perf_counter() - start, rates,
+                           (load, os.getloadavg()[0]))
         tmp = args.out / "align_speed.json.tmp"
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         os.replace(tmp, args.out / "align_speed.json")
@@ -144,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"align K={args.parties}, {args.ids} IDs per party, overlap {args.overlap}: N={report['n_union']} "
           f"({'correct' if report['correct'] else 'WRONG'}), {report['wall_s']:.2f} s wall, "
           f"{report['ids_per_s_per_party'] or 0:.0f} IDs/s per party, {report['cpu_s_all_parties']:.1f} CPU s "
-          f"in all -> {args.out / 'align_speed.json'}")
+          f"in all (libsodium ~{report['libsodium_cpu_s']:.1f}), load {load:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"-> {args.out / 'align_speed.json'}")
     return 0 if report["correct"] else 1
 
 

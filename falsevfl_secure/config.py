@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import IntEnum
 
@@ -36,6 +37,8 @@ LATENT_BROADCAST = ("samples", "moments")  # what FALSE-VFL's latent round sends
 NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
 
 
+DISCRIMINATOR_INPUTS = ("latent", "latent+own")  # Config.discriminator_inputs: p(y | h) or p(y | h, x_active)
+CLASS_WEIGHTS = ("none", "balanced")  # Config.class_weight: stage 2's weight of each labeled row
 IMPUTE = ("embedding", "features")  # Config.impute: a missing party's stand-in in a baseline's fusion
 OPTIMIZERS = ("adam", "sgd")  # sgd: momentum 0.9, as SimSiam's pretraining uses it
 # The methods, by the names `simulate --method`, `bench/accuracy.py --methods` and `[model] method` take:
@@ -110,6 +113,16 @@ class Config:
     # scale and a sampling key per row: S/2 times fewer bytes, but every party learns the exact posterior,
     # which measurably discloses more; README "Why the broadcast stays samples").
     latent_broadcast: str = "samples"
+    # FALSE-VFL's discriminator: "latent" reads the latent samples only, p(y | h) (the paper); "latent+own"
+    # also the active party's own block where it holds the record, p(y | h, x_active): values it holds in
+    # clear, so nothing more crosses (threat_models/labels.toml).
+    discriminator_inputs: str = "latent"
+    class_weight: str = "none"  # stage 2: "balanced" weighs each labeled row by n / (C n_class) (classification)
+    # Stage 2 keeps the discriminator of its best epoch on the validation records (log loss, or RMSE for
+    # regression; the active party's own choice: stage 2 trains its parameters only) where a run has them.
+    select_best: bool = True
+    # A federation: batch sizes and epochs from the table's size (`sized_schedule`), over the stages' rates.
+    auto_schedule: bool = False
     kappa: int = 10  # importance samples in training
     predict_samples: int = 50  # L, importance samples for SNIS prediction
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(5e-4, 512, 300))
@@ -198,6 +211,10 @@ class Config:
         _need(self.latent_broadcast in LATENT_BROADCAST and (self.method == "false-vfl"
                                                               or self.latent_broadcast == "samples"),
               f"latent_broadcast={self.latent_broadcast!r}: choose samples or moments (FALSE-VFL only)")
+        _need(self.discriminator_inputs in DISCRIMINATOR_INPUTS and (self.method == "false-vfl"
+                                                                      or self.discriminator_inputs == "latent"),
+              f"discriminator_inputs={self.discriminator_inputs!r}: choose latent or latent+own (FALSE-VFL only)")
+        _need(self.class_weight in CLASS_WEIGHTS, f"class_weight={self.class_weight!r}: choose none or balanced")
         _need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
 
 
@@ -235,6 +252,11 @@ PRESETS: dict[str, dict[str, dict]] = {
     },
 }
 
+
+# Tables of a federation (`preset = "auto"`, the default there): the digits widths, the active party's own
+# columns in the discriminator, the schedule sized by the table (`sized_schedule`).
+PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True, discriminator_inputs="latent+own",
+                                 pretrain=StageConfig(2e-3, 256, 1), train=StageConfig(2e-3, 128, 1))
 
 # "default" is what a run gets unless it asks for another schedule: the paper's for the paper's datasets.
 for _presets in PRESETS.values():
@@ -286,6 +308,35 @@ def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> 
     if preset not in PRESETS[key]:
         raise InputError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
     given = {k: v for k, v in overrides.items() if v is not None}
-    schedule = METHOD_SCHEDULES.get(given.get("method", "false-vfl"), {}).get(key, {}).get(preset, {})
+    schedules = METHOD_SCHEDULES.get(given.get("method", "false-vfl"), {}).get(key, {})
+    schedule = schedules.get(preset, schedules.get("default", {}) if preset == "auto" else {})  # auto: sized later
     values = {**PRESETS[key][preset], **schedule, **given}
+    if values.get("method", "false-vfl") != "false-vfl" and "discriminator_inputs" not in given:
+        values["discriminator_inputs"] = "latent"  # the preset's choice is FALSE-VFL's; a baseline has its own head
     return replace(Config(dataset=key), **values).validate()
+
+
+# `sized_schedule`: optimiser steps each stage aims at, and the bounds of its batch size and epochs.
+AUTO_STEPS = {Stage.PRETRAIN: 3000, Stage.TRAIN: 1500}
+AUTO_BATCH = {Stage.PRETRAIN: (256, 1024), Stage.TRAIN: (64, 512)}
+AUTO_EPOCHS = {Stage.PRETRAIN: (10, 200), Stage.TRAIN: (10, 200)}
+
+
+def _sized(stage: Stage, base: StageConfig, rows: int) -> StageConfig:
+    """About AUTO_STEPS[stage] steps over `rows` rows: batches of rows / 32 (a power of two in the stage's
+    bounds: fewer, larger steps on large tables), as many epochs as the steps need, within bounds."""
+    low, high = AUTO_BATCH[stage]
+    batch = int(min(high, max(low, 2 ** round(math.log2(max(rows, 1) / 32)))))
+    steps_per_epoch = max(1, math.ceil(rows / batch))
+    least, most = AUTO_EPOCHS[stage]
+    epochs = int(min(most, max(least, round(AUTO_STEPS[stage] / steps_per_epoch))))
+    return replace(base, batch_size=batch, epochs=epochs)
+
+
+def sized_schedule(cfg: Config, rows: int, labeled: int) -> Config:
+    """With `auto_schedule`, the stages' batch sizes and epochs from the public counts every party knows after
+    the alignment (records in the shared order, labeled records): each party derives the same schedule."""
+    if not cfg.auto_schedule:
+        return cfg
+    return replace(cfg, pretrain=_sized(Stage.PRETRAIN, cfg.pretrain, rows),
+                   train=_sized(Stage.TRAIN, cfg.train, labeled))

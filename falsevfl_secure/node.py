@@ -21,6 +21,7 @@ from .config import Config, Stage
 from .data import PartyView
 from .errors import InputError
 from .model import PartyStack
+from .model.likelihood import CellLayout
 from .model.party import Noise
 from .placement import Active
 from .randomness import RecordNoise, RoleRandomness, RoleSecret, SharedNoise
@@ -64,6 +65,7 @@ class ActiveRole:
 
     model: nn.Module
     randomness: RoleRandomness
+    class_weights: Tensor | None = None  # stage 2's weight per class (`class_weight = "balanced"`), or None
 
     def noise(self, stage: Stage, record_keys: np.ndarray | None = None) -> Noise:
         """The active party's noise for `stage`; a prediction with record keys draws each row's latent
@@ -142,22 +144,25 @@ class Node:
 
 
 def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, transport: Transport,
-               device: torch.device, secrets: Mapping[int, RoleSecret] | None = None) -> Node:
+               device: torch.device, secrets: Mapping[int, RoleSecret] | None = None,
+               layouts: Mapping[int, CellLayout] | None = None) -> Node:
     """A node hosting the parties in `widths` (party -> block width) and, when `n_classes` is given, the
     active party's label side, for the configuration's method (whose round table the transport then
     checks every message against). `secrets` (party -> RoleSecret) is for tests and resumed runs; a party
-    without one draws a fresh secret from the operating system."""
+    without one draws a fresh secret from the operating system. `layouts`: a party's cell kinds (its own
+    encoding's; a party without one has numeric cells only)."""
     from .methods import method_for
 
-    method, secrets = method_for(cfg), secrets or {}
+    method, secrets, layouts = method_for(cfg), secrets or {}, layouts or {}
     transport.use(method.rounds)
     randomness = {k: RoleRandomness(secrets.get(k) or RoleSecret.fresh()) for k in widths}
-    parties = {k: PartyRole(k, method.build_party(cfg, d, randomness[k]).to(device), randomness[k])
+    parties = {k: PartyRole(k, method.build_party(cfg, d, randomness[k], layouts.get(k)).to(device), randomness[k])
                for k, d in sorted(widths.items())}
     active: Active[ActiveRole] = Active.absent()
     if n_classes is not None:
         rand = randomness[cfg.active_index]
-        active = Active(ActiveRole(method.build_active(cfg, n_classes, rand).to(device), rand))
+        own = widths.get(cfg.active_index, 0)
+        active = Active(ActiveRole(method.build_active(cfg, n_classes, rand, own).to(device), rand))
     batched = cfg.stack_parties == "always" or (cfg.stack_parties == "auto" and device.type == "cuda")
     models = {k: role.model for k, role in parties.items()}
     stack = PartyStack(models) if method.stackable and batched and PartyStack.can_stack(models) else None

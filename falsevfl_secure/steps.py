@@ -16,6 +16,7 @@ from torch import Tensor
 from .bounds import conditional_bound, diagonal_gaussian_log_prob, iwae_bound, snis_predict
 from .config import Stage
 from .errors import InputError, ProtocolError
+from .model.active import own_features
 from .node import ActiveRole, Batch, Node
 from .placement import Active, apply
 from .randomness import RowNoise
@@ -143,9 +144,22 @@ def stage1_loss(node: Node, batch: Batch) -> Active[Tensor]:
     return weighted.map(lambda w: -iwae_bound(w[0]).mean())
 
 
-def _conditional_loss(role: ActiveRole, weighted: tuple[Tensor, Tensor], y: Tensor) -> Tensor:
+def own_inputs(node: Node, batch: Batch) -> Tensor | None:
+    """The active party's own block as its discriminator reads it (`discriminator_inputs = "latent+own"`):
+    values the active party holds in clear, never another party's; None when the discriminator reads h only."""
+    if not node.active.present or not node.active.get().model.own_inputs:
+        return None
+    a = node.cfg.active_index
+    return own_features(batch.x[a], batch.held[a], node.cells(batch).get(a))
+
+
+def _conditional_loss(role: ActiveRole, weighted: tuple[Tensor, Tensor], y: Tensor, own: Tensor | None) -> Tensor:
     log_w, h = weighted
-    return -conditional_bound(log_w, role.model.label_log_prob(h, y)).mean()
+    bound = conditional_bound(log_w, role.model.label_log_prob(h, y, own))
+    if role.class_weights is None:
+        return -bound.mean()
+    weights = role.class_weights[y]  # "balanced": each class counts as much as the others in total
+    return -(weights * bound).sum() / weights.sum().clamp(min=1e-12)
 
 
 def stage2_loss(node: Node, batch: Batch) -> Active[Tensor]:
@@ -154,12 +168,14 @@ def stage2_loss(node: Node, batch: Batch) -> Active[Tensor]:
     label-dependent value reaches a passive party."""
     with torch.no_grad():
         weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.TRAIN)
-    return apply(_conditional_loss, node.active, weighted, batch.y)
+    return apply(_conditional_loss, node.active, weighted, batch.y, own_inputs(node, batch))
 
 
-def _snis(role: ActiveRole, weighted: tuple[Tensor, Tensor]) -> Tensor:
+def snis_output(role: ActiveRole, weighted: tuple[Tensor, Tensor], own: Tensor | None = None) -> Tensor:
+    """The SNIS prediction from the forward rounds' weights and samples: class probabilities (B, C), or
+    (B,) predicted means for regression."""
     log_w, h = weighted
-    out = role.model.label_distribution(h)
+    out = role.model.label_distribution(h, own)
     if role.model.task == "classification":
         return snis_predict(log_w, out)
     return snis_predict(log_w, out[..., :1]).squeeze(-1)
@@ -169,4 +185,5 @@ def _snis(role: ActiveRole, weighted: tuple[Tensor, Tensor]) -> Tensor:
 def predict(node: Node, batch: Batch) -> Active[Tensor]:
     """SNIS prediction with L = cfg.predict_samples: class probabilities (B, C) at the active party (for
     regression: (B,) predicted means)."""
-    return apply(_snis, node.active, forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT))
+    weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
+    return apply(snis_output, node.active, weighted, own_inputs(node, batch))

@@ -159,6 +159,7 @@ class Fit:
     losses: dict[str, list[float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     split: dict[str, dict[str, float]] = field(default_factory=dict)
+    selection: dict | None = None  # stage 2's best epoch on the validation records (selection.py), or None
 
 
 def time_split(total: float, rounds: float, waiting: float) -> dict[str, float]:
@@ -171,10 +172,13 @@ Agree = Callable[[set], set]  # combines the resumable epochs across processes (
 
 
 def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, resume: bool = False,
-        progress: bool = True, agree: Agree | None = None, after_epoch: EpochHook | None = None) -> Fit:
+        progress: bool = True, agree: Agree | None = None, after_epoch: EpochHook | None = None,
+        validation: HostedData | None = None) -> Fit:
     """Both stages, with each hosted party's checkpoint at the end of every epoch when `checkpoint_dir` is
-    given; `resume` continues from the last epoch that every party completed."""
+    given; `resume` continues from the last epoch that every party completed. With `validation` records
+    (and `select_best`), stage 2 keeps its best epoch on them (selection.py)."""
     from .checkpoint import Checkpointer, party_state
+    from .selection import BestEpoch
 
     checkpointers = [Checkpointer(checkpoint_dir, k) for k in node.parties] if checkpoint_dir is not None else []
     node.method.prepare(node, data)
@@ -183,7 +187,11 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     for c in checkpointers if not resume else []:
         c.clear()  # an earlier run's files would outrank this run's in the keep-the-latest rule
 
+    best = None
+
     def on_epoch_end(stage: Stage, epoch: int, opts: dict) -> None:
+        if best is not None and stage is Stage.TRAIN:
+            best.update(epoch)
         for c in checkpointers:
             c.save((stage, epoch), party_state(node, c.party, opts))
         if after_epoch is not None:
@@ -192,12 +200,21 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     result = Fit()
     for stage in (Stage.PRETRAIN, Stage.TRAIN):
         began, (rounds, waiting) = time.perf_counter(), node.transport.log.totals()
+        if stage is Stage.TRAIN and _selects(node, validation):
+            best = BestEpoch(node, validation)  # collective: the validation records' forward rounds, once
         result.losses[stage.key] = run_stage(node, data, stage, optimizers[stage], start[stage], progress,
                                              on_epoch_end)
+        if best is not None and stage is Stage.TRAIN:
+            result.selection = best.restore()
         result.seconds[stage.key] = round(time.perf_counter() - began, 3)
         after = node.transport.log.totals()
         result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
     return result
+
+
+def _selects(node: Node, validation: HostedData | None) -> bool:
+    return bool(node.cfg.select_best and validation is not None and validation.n and node.method.selects_locally
+                and node.cfg.train.epochs > 0)
 
 
 def _resume(node: Node, checkpointers: list, optimizers: dict, agree: Agree | None) -> dict[Stage, int]:

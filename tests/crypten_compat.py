@@ -17,21 +17,36 @@ def reveal_with_crypten(shares: list[torch.Tensor], precision: int = 16) -> tupl
     crypten = import_crypten()
     out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     errors: list[BaseException] = []
+    # CrypTen's threads share one mailbox per rank and its recv refuses a message from another sender: a thread
+    # still swapping PRNG seeds in init_thread could take a faster thread's reveal message and fail, leaving
+    # the others at CrypTen's barrier forever. So every thread finishes init_thread before any reveals.
+    set_up = threading.Barrier(len(shares))
 
     def party(rank: int) -> None:
         try:
             crypten.init_thread(rank, len(shares))
+            set_up.wait(timeout=60)
             tensor = crypten.mpc.primitives.ArithmeticSharedTensor.from_shares(shares[rank], precision=precision)
             out[rank] = (tensor.reveal(), tensor.get_plain_text())
-        except BaseException as error:  # reported by the caller's thread
+        except BaseException as error:  # reported by the caller's thread; the others stop waiting
             errors.append(error)
+            set_up.abort()
+            _abort_crypten_barrier()
 
-    threads = [threading.Thread(target=party, args=(rank,)) for rank in range(len(shares))]
+    threads = [threading.Thread(target=party, args=(rank,), daemon=True) for rank in range(len(shares))]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=120)
     if errors:
         raise errors[0]
+    assert not any(thread.is_alive() for thread in threads), "CrypTen's reveal did not finish within 120 s"
     assert all(torch.equal(out[r][0], out[0][0]) for r in out)  # every party reveals the same integers
     return out[0]
+
+
+def _abort_crypten_barrier() -> None:
+    from crypten.communicator.in_process_communicator import InProcessCommunicator
+
+    if InProcessCommunicator.barrier is not None:
+        InProcessCommunicator.barrier.abort()

@@ -521,6 +521,114 @@ def test_an_unloadable_rbcl_is_a_clear_error(monkeypatch, failure, message, refu
 
 
 # ----------------------------------------------------------------------------------------------
+# The bulk group operations against one libsodium call at a time (rbcl's own checked wrappers)
+
+
+def _one_at_a_time_hash(messages, prefix):
+    import rbcl
+
+    return b"".join(rbcl.crypto_core_ristretto255_from_hash(hashlib.sha512(prefix + m).digest()) for m in messages)
+
+
+def _one_at_a_time_check(frame):
+    """The index of the first point rbcl's own is_valid_point refuses (or that is the identity), or -1."""
+    import rbcl
+
+    chunks = [frame[o:o + 32] for o in range(0, len(frame), 32)]
+    return next((i for i, p in enumerate(chunks)
+                 if p == bytes(32) or not rbcl.crypto_core_ristretto255_is_valid_point(p)), -1)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.binary(max_size=40), max_size=700), st.binary(max_size=24), st.integers(1, 3))
+def test_bulk_group_operations_equal_one_libsodium_call_at_a_time(messages, prefix, threads):
+    """hash_to_group_batch and scalar_mult_batch (raw libsodium calls into one buffer, over threads when a
+    batch has 256 points per thread) give exactly rbcl's one-call-per-point results."""
+    import rbcl
+
+    batch = ristretto.hash_to_group_batch(messages, prefix=prefix, threads=threads)
+    assert batch == _one_at_a_time_hash(messages, prefix)
+    scalar = ristretto.random_scalar()
+    expected = b"".join(rbcl.crypto_scalarmult_ristretto255(scalar, batch[o:o + 32]) for o in range(0, len(batch), 32))
+    assert ristretto.scalar_mult_batch(scalar, batch, threads=threads) == expected
+    assert ristretto.first_invalid_point(batch, threads=threads) == -1
+
+
+_BAD_POINTS = [bytes(32), b"\xff" * 32, *map(bytes.fromhex, _RFC_BAD)]
+
+
+@st.composite
+def spoiled_frames(draw):
+    """A frame of up to 700 points, some replaced by arbitrary 32 bytes or a known-bad encoding
+    (the identity, non-canonical or negative field elements)."""
+    n, seed = draw(st.integers(1, 700)), draw(st.binary(max_size=8))
+    frame = bytearray(ristretto.hash_to_group_batch([seed + i.to_bytes(2, "little") for i in range(n)]))
+    for index in draw(st.lists(st.integers(0, n - 1), max_size=4)):
+        bad = draw(st.one_of(st.sampled_from(_BAD_POINTS), st.binary(min_size=32, max_size=32)))
+        frame[32 * index:32 * index + 32] = bad
+    return bytes(frame), draw(st.integers(1, 3))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spoiled_frames())
+def test_invalid_points_anywhere_in_a_bulk_frame_are_refused_at_the_first_one(case):
+    frame, threads = case
+    first, n = _one_at_a_time_check(frame), len(frame) // 32
+    assert ristretto.first_invalid_point(frame, threads=threads) == first
+    scalar = ristretto.random_scalar()
+    if first < 0:
+        assert len(ristretto.scalar_mult_batch(scalar, frame, threads=threads)) == len(frame)
+    else:
+        with pytest.raises(ristretto.InvalidPointError, match=f"point {first} of {n} "):
+            ristretto.scalar_mult_batch(scalar, frame, threads=threads)
+
+
+def test_a_large_pass_frame_with_one_invalid_point_is_refused_on_threads(refused):
+    """An honest active party on 2 threads refuses a 700-point pass frame whose point 600 does not decode."""
+    frame = points(700)
+    frame = frame[:600 * 32] + b"\xff" * 32 + frame[601 * 32:]
+    honest, script = hostile_passive(n=700, pass_frame=frame)
+    result = MemoryWorld(2, timeout=5).run([lambda ch: align(ch, ["alpha", "beta"], 0, threads=2), script])[honest]
+    assert isinstance(result, AlignmentFrameError) and "point 600 of 700" in str(result), result
+    refused("align frame")
+
+
+@st.composite
+def pseudonym_lists(draw):
+    """K lists of 32-byte keys from a small pool whose keys share their first 8 bytes in pairs, so that
+    the union must order and tell apart keys that tie on their first word."""
+    heads = [draw(st.binary(min_size=8, max_size=8)) for _ in range(draw(st.integers(1, 4)))]
+    pool = list(dict.fromkeys(h + draw(st.binary(min_size=24, max_size=24)) for h in heads for _ in range(2)))
+    return [b"".join(draw(st.lists(st.sampled_from(pool), max_size=6, unique=True))) for _ in range(3)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(pseudonym_lists())
+def test_the_union_sorts_and_merges_pseudonyms_by_all_32_bytes(lists):
+    keys = [b[o:o + 32] for b in lists for o in range(0, len(b), 32)]
+    truth = sorted(set(keys))
+    inverse, n = align_module._union(lists)
+    assert n == len(truth) and inverse.tolist() == [truth.index(k) for k in keys]
+
+
+def test_the_secret_permutation_is_a_permutation_from_the_os_csprng(monkeypatch):
+    """Every size gives a permutation (int64); a tie among the random keys (forced: the first draw is all
+    zeros) is drawn again from the CSPRNG; two draws of 1,000 differ."""
+    for n in (0, 1, 2, 1000):
+        order = align_module._secret_permutation(n)
+        assert order.dtype == np.int64 and sorted(order.tolist()) == list(range(n))
+    assert align_module._secret_permutation(1000).tolist() != align_module._secret_permutation(1000).tolist()
+    draws = []
+
+    def token_bytes(size):
+        draws.append(size)
+        return bytes(size) if len(draws) == 1 else os.urandom(size)
+
+    monkeypatch.setattr(align_module.secrets, "token_bytes", token_bytes)
+    assert sorted(align_module._secret_permutation(50).tolist()) == list(range(50)) and draws == [400, 400]
+
+
+# ----------------------------------------------------------------------------------------------
 # Disclosed by design: the membership oracle, and its bound
 
 

@@ -13,10 +13,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "falsevfl_secure"
 # Lower layers never import higher ones (README, "Layout").
 LAYERS: dict[str, int] = {
     "errors": 0, "fsio": 0, "randomness": 0, "placement": 0, "bounds": 0,
-    "config": 1, "data": 1, "model": 1, "secure": 1,
+    "config": 1, "data": 1, "model": 1, "secure": 1, "metrics": 1,
     "transport": 2,
     "node": 3, "steps": 3, "methods": 3,
-    "train": 4, "checkpoint": 4,
+    "train": 4, "checkpoint": 4, "selection": 4,
     "audit": 5,
     "runtime": 6,
     "simulate": 7, "report": 7, "federation": 7, "cli": 7,

@@ -131,8 +131,13 @@ def test_passive_party_receives_only_broadcasts(sessions, protocol):
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "train", "predict"])
-def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage):
+@pytest.mark.parametrize("own", [False, True])  # True: the discriminator also reads the active party's block
+def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own):
     job = make_job(PARTIES, "II", 16, 3, 5, 0.3, stage, record=True)
+    if own:
+        from dataclasses import replace as changed
+
+        job = changed(job, config=changed(job.config, discriminator_inputs="latent+own"))
     session = sessions("plain", PARTIES)
     original = session.run(job)
     from dataclasses import replace

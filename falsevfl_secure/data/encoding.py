@@ -1,6 +1,7 @@
 """A party's feature block as the model sees it, learned from the party's own training table only.
 
-Numeric columns are standardised (`Standardizer`) with the statistics of their OBSERVED training cells;
+Numeric columns are standardised (`Standardizer`) with the statistics of their OBSERVED training cells,
+except binary ones (exactly two values in training), written 0 (the smaller value) and 1 (the larger);
 categorical columns are one-hot encoded, one cell per category seen in the training table (sorted),
 named `column=category`. A missing cell is imputed with its column's training mean (0 for a
 standardised numeric cell, the category's training share for each one-hot cell of a missing category)
@@ -37,6 +38,7 @@ class Encoding:
     categories: Mapping[str, tuple[str, ...]]
     shares: Mapping[str, tuple[float, ...]]
     scaler: Standardizer | None  # the numeric columns, in column order; None when there is none
+    binary: tuple[str, ...] = ()  # numeric columns with two values in training: encoded 0/1 (by the scaler)
 
     @property
     def numeric(self) -> tuple[str, ...]:
@@ -54,6 +56,12 @@ class Encoding:
     def width(self) -> int:
         return len(self.names)
 
+    def kinds(self) -> list[tuple[str, int, int]]:
+        """(kind, first encoded cell, end) of each raw column: numeric, binary or categorical (the
+        likelihood each column gets: model/likelihood.py)."""
+        return [("categorical" if name in self.categories else "binary" if name in self.binary else "numeric",
+                 start, stop) for name, start, stop in self.spans()]
+
     def spans(self) -> list[tuple[str, int, int]]:
         """(column, first encoded cell, end) of each raw column, in order."""
         out, start = [], 0
@@ -68,7 +76,8 @@ class Encoding:
         return {"columns": list(self.columns),
                 "categories": {name: list(values) for name, values in self.categories.items()},
                 "shares": {name: [float(v) for v in values] for name, values in self.shares.items()},
-                "standardizer": None if self.scaler is None else self.scaler.to_dict()}
+                "standardizer": None if self.scaler is None else self.scaler.to_dict(),
+                "binary": list(self.binary)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Encoding:
@@ -78,9 +87,10 @@ class Encoding:
             categories = {str(k): tuple(str(v) for v in values) for k, values in d["categories"].items()}
             shares = {str(k): tuple(float(v) for v in values) for k, values in d["shares"].items()}
             scaler = None if d["standardizer"] is None else Standardizer.from_dict(d["standardizer"])
+            binary = tuple(str(c) for c in d.get("binary", ()))  # older manifests: none
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise DataError(f"encoding: not a saved encoding ({type(error).__name__}: {error})") from None
-        encoding = cls(columns, categories, shares, scaler)
+        encoding = cls(columns, categories, shares, scaler, binary)
         _check(encoding)
         return encoding
 
@@ -92,6 +102,8 @@ def _check(encoding: Encoding) -> None:
     for name, values in encoding.categories.items():
         if not values or len(encoding.shares.get(name, ())) != len(values):
             raise DataError(f"encoding: column {name!r} needs at least one category and one share per category")
+    if set(encoding.binary) - set(encoding.numeric):
+        raise DataError("encoding: a binary column must be one of the numeric columns")
     numeric = len(encoding.numeric)
     if (encoding.scaler.n_features if encoding.scaler is not None else 0) != numeric:
         raise DataError(f"encoding: the standardisation must cover the {numeric} numeric columns")
@@ -112,7 +124,24 @@ def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
         shares[name] = tuple(counts[c] / total for c in categories[name])
     numeric = [j for j, name in enumerate(table.columns) if name not in table.text]
     scaler = _fit_numeric(table.x[:, numeric], observed[:, numeric], clip) if numeric else None
-    return Encoding(table.columns, categories, shares, scaler)
+    binary = _two_valued(table.x[:, numeric], observed[:, numeric])
+    if binary.any():  # mean = the smaller value, scale = the gap: the scaler writes them 0 and 1
+        low, high = _low_high(table.x[:, numeric], observed[:, numeric], binary)
+        mean, scale = scaler.mean.copy(), scaler.scale.copy()
+        mean[binary], scale[binary] = low, high - low
+        scaler = Standardizer(mean, scale, clip)
+    names = tuple(table.columns[j] for j, two in zip(numeric, binary, strict=True) if two)
+    return Encoding(table.columns, categories, shares, scaler, names)
+
+
+def _two_valued(x: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """Per column: exactly two distinct values among its observed cells."""
+    return np.array([np.unique(x[observed[:, j], j]).size == 2 for j in range(x.shape[1])], dtype=bool)
+
+
+def _low_high(x: np.ndarray, observed: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values = [np.unique(x[observed[:, j], j]) for j in np.flatnonzero(columns)]
+    return np.array([v[0] for v in values]), np.array([v[1] for v in values])
 
 
 def _fit_numeric(x: np.ndarray, observed: np.ndarray, clip: float) -> Standardizer:

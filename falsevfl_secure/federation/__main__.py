@@ -185,6 +185,7 @@ def _tables_ready(fed, names: list[str], command: str, quiet: bool) -> bool:
 
 def _summarise(fed, args: argparse.Namespace) -> None:
     from .quality import validation_summary
+    from .reference import lift_lines
 
     if args.command == "predict":
         print(_predictions_summary(Path(args.out)))
@@ -199,6 +200,8 @@ def _summarise(fed, args: argparse.Namespace) -> None:
     print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
         f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}" for name, o in alignment["overlap"].items()))
     print(validation_summary(record["validation"]))
+    for line in lift_lines(record["lift"]) if record.get("lift") else ():
+        print(line)
 
 
 def _predictions_summary(path: Path) -> str:

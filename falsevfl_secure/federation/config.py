@@ -63,8 +63,10 @@ STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 _NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "device", "train_mechanism", "n_labeled", "n_aligned",
                    "max_rows", "standardize", "cell_missing"}
 MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
-SCHEDULES = ("quick", "default", "paper")  # a bare schedule: the sizes tuned on digits (small tables)
-DEFAULT_PRESET = "digits"
+# A bare schedule: the sizes tuned on digits; "auto" sizes the schedule by the table (config.sized_schedule)
+SCHEDULES = ("auto", "quick", "default", "paper")
+DEFAULT_PRESET = "auto"
+SCHEDULE_WIDTHS = "digits"  # the dataset whose widths a bare schedule takes
 
 
 @dataclass(frozen=True)
@@ -333,7 +335,7 @@ def _preset(value: object, path: Path) -> tuple[str, str]:
         raise InputError(f"{path}: [model] preset = {value!r} is not a preset{hint}; the presets are "
                          f"{', '.join(names)} (see docs/federation-toml.md)")
     if value in SCHEDULES:
-        return DEFAULT_PRESET, value
+        return SCHEDULE_WIDTHS, value
     dataset, _, schedule = value.partition(":")
     return dataset, schedule or "default"
 

@@ -15,14 +15,16 @@ import csv
 import io
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
+from ..config import sized_schedule
 from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write, write_json
+from ..model.likelihood import CellLayout
 from ..node import build_node, resolve_device
 from ..randomness import record_keys
 from ..runtime.distributed import agree_resume
@@ -31,6 +33,7 @@ from .aligned import Aligned, Placed, Policy, align_table, ids_in_order, is_labe
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
 from .quality import validation_summary, validation_table
+from .reference import fit_reference, lift_lines, lift_report
 from .store import Manifest, load_weights, save_model
 
 __all__ = ["PartyInput", "federation_program", "overlap_line", "predictions_csv", "read_inputs",
@@ -94,40 +97,60 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
                           policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids))
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
-    cfg, device = fed.model, resolve_device(fed.model.device)
+    cfg, device = sized_schedule(fed.model, aligned.n, aligned.labeled.size), resolve_device(fed.model.device)
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
-    node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device)
+    if role.is_active:
+        print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
+              f"{cfg.train.epochs} epochs of batch {cfg.train.batch_size}", flush=True)
+    node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device,
+                      layouts={rank: CellLayout.from_kinds(inputs.encoding.kinds())})
     placed = place_block(inputs.block, aligned)
     data = host_split(party_view(placed, aligned, rank, targets), device,
                       n_classes if fed.task == "classification" else None)
+    held_out = _validation_data(placed, aligned, rank, targets, device)
     progress = options.get("progress", False) and role.is_active
-    trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role))
-    validation = _validate(fed, node, placed, aligned, rank, inputs, device)
-    save_model(me.model_dir, node, rank, Manifest(name, inputs.encoding, cfg.fingerprint(), cfg.training_settings(),
-                                                  role.protocol.name, inputs.classes or None, inputs.target_scale))
+    trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role),
+                  validation=held_out)
+    predictions = predict_split(node, held_out) if held_out is not None else None
+    save_model(me.model_dir, node, rank, Manifest(name, inputs.encoding, fed.model.fingerprint(),
+                                                  fed.model.training_settings(), role.protocol.name,
+                                                  inputs.classes or None, inputs.target_scale))
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(me.model_dir / "train_log.json", own)  # this party's own counters stay with it
     if role.is_active:
+        validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
                                time.perf_counter() - started, validation)
-        write_json(me.model_dir / "train_result.json", record)
+        schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
+        write_json(me.model_dir / "train_result.json", {**record, "lift": lift, "selection": trained.selection,
+                                                        "schedule": schedule})
         print(validation_summary(validation), flush=True)
+        for line in lift_lines(lift) if lift else ():
+            print(line, flush=True)
 
 
-def _validate(fed: Federation, node, placed: Placed, aligned: Aligned, rank: int, inputs: PartyInput,
-              device) -> dict | None:
-    """The model's quality on the held-out validation records, per number of parties observed (a
-    collective: every party encodes its rows of them; the active party scores)."""
+def _validation_data(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray | None, device):
+    """The held-out validation records as this process holds them (every party: their rounds are
+    collective), or None when there are none."""
     if aligned.validation.size == 0:
         return None
-    targets = inputs.targets if aligned.holders is not None else None
-    view = party_view(placed, aligned, rank, targets, rows=aligned.validation)
-    predictions = predict_split(node, host_split(view, device))
-    if view.labels is None:
-        return None
-    return validation_table(predictions.get().numpy(), view.labels.y, view.labels.n_observed, fed.task,
-                            inputs.target_scale)
+    targets = targets if aligned.holders is not None else None
+    return host_split(party_view(placed, aligned, rank, targets, rows=aligned.validation), device)
+
+
+def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Aligned, targets: np.ndarray,
+             predictions, n_classes: int) -> tuple[dict | None, dict | None]:
+    """At the active party: the validation table and the lift over its own model on the same records."""
+    if predictions is None:
+        return None, None
+    view = party_view(placed, aligned, fed.names.index(fed.active), targets)
+    y, rows = view.labels.y, aligned.validation
+    out = predictions.get().numpy()
+    validation = validation_table(out, y[rows], view.labels.n_observed[rows], fed.task, inputs.target_scale)
+    references = fit_reference(placed, y, aligned.labeled, rows, fed.task, n_classes, fed.model.seed)
+    inverse = inputs.target_scale.inverse if inputs.target_scale is not None else None
+    return validation, lift_report(fed.task, out, references, y[rows], inverse)
 
 
 def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, communication: list[dict],
@@ -158,7 +181,8 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
-    node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device)
+    node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,
+                      layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())})
     load_weights(fed.party(name).model_dir, node, rank)
     keys = record_keys(node.parties[rank].randomness.secret, ids_in_order(loaded.table.ids, aligned))
     view = party_view(place_block(loaded.block, aligned), aligned, rank, None, record_keys=keys)

@@ -38,7 +38,8 @@ def _metric(predicted: np.ndarray, truth: np.ndarray, task: str, full: bool = Fa
 def validation_summary(validation: dict | None) -> str:
     """One line for stdout: the overall metric and the metric per number of parties observed."""
     if not validation:
-        return "validation: no labeled record held out ([federation] validation_fraction = 0, or too few labels)"
+        return ("validation: no labeled record held out ([federation] validation_fraction = 0, or too few labels): "
+                "no lift over the active party's own model can be measured, and stage 2 keeps its last epoch")
     unit = " %" if validation["metric"] == "accuracy" else ""
     groups = ", ".join(f"{k} {'party' if k == '1' else 'parties'}: {v['value']:.4g}{unit} ({v['records']})"
                        for k, v in validation["by_parties_observed"].items())

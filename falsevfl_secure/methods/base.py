@@ -65,6 +65,9 @@ class Method:
     needs_patterns: ClassVar[bool] = False
     stackable: ClassVar[bool] = False
     probe_stages: ClassVar[tuple[Stage, ...]] = (Stage.PRETRAIN,)
+    # Stage 2 trains the active party's parameters only and predicts through `steps.forward_rounds`, so the
+    # active party alone may keep its best epoch on validation records (selection.py)
+    selects_locally: ClassVar[bool] = False
     row_rule: ClassVar[dict[Stage, str]] = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows"}
 
     @classmethod
@@ -80,12 +83,14 @@ class Method:
 
     # -- what every method provides ---------------------------------------------------------------------
 
-    def build_party(self, cfg: Config, width: int, randomness: RoleRandomness) -> nn.Module:
-        """Party networks for a block of `width` features, initial weights from the party's secret."""
+    def build_party(self, cfg: Config, width: int, randomness: RoleRandomness, layout=None) -> nn.Module:
+        """Party networks for a block of `width` features (`layout`: its cells' kinds, model.likelihood;
+        None: all numeric), initial weights from the party's secret."""
         raise NotImplementedError
 
-    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness) -> nn.Module:
-        """The active party's label side, initial weights from its secret."""
+    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0) -> nn.Module:
+        """The active party's label side (`own_width`: its own block's width, for methods that read it),
+        initial weights from its secret."""
         raise NotImplementedError
 
     def loss(self, node: Node, batch: Batch, stage: Stage) -> Objective:

@@ -10,6 +10,8 @@ from torch import Tensor, nn
 
 from ..config import Config, Stage
 from ..model import ActiveModel, PartyModel, initialise
+from ..model.active import balanced_weights
+from ..model.active import own_width as model_own_width
 from ..placement import Active
 from ..randomness import RoleRandomness
 from ..steps import predict, stage1_loss, stage2_loss
@@ -36,19 +38,28 @@ class FalseVfl(Method):
     name = "false-vfl"
     rounds = ROUNDS
     stackable = True
+    selects_locally = True
 
     @classmethod
     def configured(cls, cfg: Config) -> FalseVfl:
         return FalseVflMoments() if cfg.latent_broadcast == "moments" else cls()
 
-    def build_party(self, cfg: Config, width: int, randomness: RoleRandomness) -> nn.Module:
+    def build_party(self, cfg: Config, width: int, randomness: RoleRandomness, layout=None) -> nn.Module:
         model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden,
-                           cell_mask=cfg.cell_handling == "mask")
+                           cell_mask=cfg.cell_handling == "mask", layout=layout)
         return initialise(model, randomness.stream("party/init"))
 
-    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness) -> nn.Module:
-        model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task)
+    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0) -> nn.Module:
+        own = model_own_width(own_width) if cfg.discriminator_inputs == "latent+own" else 0
+        model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task,
+                            own_inputs=own)
         return initialise(model, randomness.stream("active/init"))
+
+    def prepare(self, node, data) -> None:
+        """At the active party: the class weights of stage 2 from its labeled training rows (`class_weight`)."""
+        if node.active.present and node.cfg.class_weight == "balanced" and node.cfg.task == "classification":
+            node.active.get().class_weights = balanced_weights(data.y.get()[data.labeled_index],
+                                                               node.active.get().model.n_classes)
 
     def loss(self, node, batch, stage: Stage) -> Objective:
         return Objective(stage1_loss(node, batch) if stage is Stage.PRETRAIN else stage2_loss(node, batch))

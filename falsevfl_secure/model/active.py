@@ -1,5 +1,6 @@
 """The label-side modules that only the active party owns: the global encoder q(z | h), the global
-decoder p(h | z), the prior p(z) = N(0, I) and the discriminator p(y | h)."""
+decoder p(h | z), the prior p(z) = N(0, I) and the discriminator p(y | h) or, with `own_inputs`, p(y | h,
+x_active): the active party's own block where it holds the record (`own_features`), which it holds in clear."""
 
 from __future__ import annotations
 
@@ -33,13 +34,15 @@ class ActiveModel(nn.Module):
         n_classes: int,
         discriminator_hidden: int,
         task: str = "classification",
+        own_inputs: int = 0,
     ) -> None:
         super().__init__()
         self.h_dim, self.z_dim, self.task, self.n_classes = h_dim, z_dim, task, n_classes
+        self.own_inputs = own_inputs  # width of `own_features` (0: the paper's p(y | h))
         self.global_encoder = mlp([h_dim, hidden, hidden, 2 * z_dim])
         self.global_decoder = mlp([z_dim, hidden, hidden, 2 * h_dim])
         n_out = n_classes if task == "classification" else 2
-        self.discriminator = mlp([h_dim, discriminator_hidden, n_out])
+        self.discriminator = mlp([h_dim + own_inputs, discriminator_hidden, n_out])
 
     def generative_parameters(self) -> list[nn.Parameter]:
         """theta_s and gamma_s: frozen in stage 2 together with every party's parameters."""
@@ -72,9 +75,18 @@ class ActiveModel(nn.Module):
         log_p_z = -0.5 * (z * z).sum(-1) - 0.5 * math.log(2 * math.pi) * self.z_dim
         return log_importance_weights(log_likelihood, log_p_h, log_p_z, log_q_h, log_q_z)
 
-    def label_log_prob(self, h: Tensor, y: Tensor) -> Tensor:
-        """log p(y | h_j) for every importance sample, (kappa, B)."""
-        out = self.discriminator(h)
+    def discriminate(self, h: Tensor, own: Tensor | None = None) -> Tensor:
+        """The discriminator's output for every sample (S, B, n_out); `own` (B, own_inputs) joins each sample."""
+        if not self.own_inputs:
+            return self.discriminator(h)
+        if own is None or own.shape != (h.shape[-2], self.own_inputs):
+            raise InputError(f"the discriminator reads the active party's own block: expected ({h.shape[-2]}, "
+                             f"{self.own_inputs}) inputs, got {None if own is None else tuple(own.shape)}")
+        return self.discriminator(torch.cat([h, own.to(h.dtype).expand(*h.shape[:-2], *own.shape)], dim=-1))
+
+    def label_log_prob(self, h: Tensor, y: Tensor, own: Tensor | None = None) -> Tensor:
+        """log p(y | h_j[, x_active]) for every importance sample, (kappa, B)."""
+        out = self.discriminate(h, own)
         if self.task == "classification":
             if y.dtype not in (torch.int64, torch.int32) or (
                 y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.n_classes)
@@ -85,9 +97,28 @@ class ActiveModel(nn.Module):
         mean, std = _gaussian_head(out)
         return diagonal_gaussian_log_prob(y.view(1, -1, 1).to(h.dtype), mean, std)
 
-    def label_distribution(self, h: Tensor) -> Tensor:
-        """p(y | h_l): class probabilities (L, B, C), or (mean, std) pairs (L, B, 2) for regression."""
-        out = self.discriminator(h)
+    def label_distribution(self, h: Tensor, own: Tensor | None = None) -> Tensor:
+        """p(y | h_l[, x_active]): class probabilities (L, B, C), or (mean, std) pairs (L, B, 2) for regression."""
+        out = self.discriminate(h, own)
         if self.task == "classification":
             return out.softmax(-1)
         return torch.stack(_gaussian_head(out), dim=-1).squeeze(-2)
+
+
+def own_features(x: Tensor, held: Tensor, observed: Tensor | None) -> Tensor:
+    """The active party's own inputs to the discriminator, (B, 2 d + 1): its block (0 where a cell is empty
+    or the row not held), which cells it observes, and whether it holds the row."""
+    held_f = held.to(x.dtype).unsqueeze(-1)
+    seen = held_f.expand_as(x) if observed is None else observed.to(x.dtype) * held_f
+    return torch.cat([x * seen, seen, held_f], dim=-1)
+
+
+def own_width(width: int) -> int:
+    """The width of `own_features` for a block of `width` cells."""
+    return 2 * width + 1
+
+
+def balanced_weights(y: Tensor, n_classes: int) -> Tensor:
+    """scikit-learn's "balanced" class weights n / (C n_c) of labels `y` (a class without a row gets 0)."""
+    counts = torch.bincount(y.long(), minlength=n_classes).to(torch.float32)
+    return torch.where(counts > 0, y.numel() / (n_classes * counts.clamp(min=1)), torch.zeros_like(counts))

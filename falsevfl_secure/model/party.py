@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..bounds import diagonal_gaussian_log_prob, observed_gaussian_log_prob
 from ..randomness import KeyStream, RecordNoise, SharedNoise
+from .likelihood import CellLayout, cell_log_likelihood, cell_means
 from .mlp import mlp
 
 MIN_PRECISION = 1e-3
@@ -60,27 +60,25 @@ def decoder_gaussian(decoded: Tensor, min_std: float) -> tuple[Tensor, Tensor]:
 
 def likelihood_terms(mean: Tensor, std: Tensor, x: Tensor, held: Tensor,
                      indicator: Callable[[Tensor], Tensor] | None = None, noise: Tensor | None = None,
-                     observed: Tensor | None = None) -> Tensor:
-    """One party's term of the summed log-likelihood, (..., S, B), from p(x^k | h_j) = N(mean, std^2)
-    of shape (..., S, B, d), its block x (..., B, d), held rows (..., B) and observed cells (..., B, d)
-    (None: every cell of a held row).
+                     observed: Tensor | None = None, layout: CellLayout | None = None) -> Tensor:
+    """One party's term of the summed log-likelihood, (..., S, B), from the decoder's (mean, std) of shape
+    (..., S, B, d) read per cell kind by `layout` (None: every cell Gaussian, N(mean, std^2)), its block x
+    (..., B, d), held rows (..., B) and observed cells (..., B, d) (None: every cell of a held row).
 
     FALSE-VFL-I: log p(x^k_obs | h_j), summed over the observed cells of held rows; 0 elsewhere.
     FALSE-VFL-II (`indicator` given): plus log p(m^k | x^k) on every row, where m^k says whether the
     party holds the row (the block, not its cells) and every value the party lacks (a row it does not
     hold, an unobserved cell of one it does) is x^k_j = mean + std * noise, a reparameterised draw from
-    its own decoder.
+    its own decoder (a binary or categorical cell: its probabilities, `cell_means`).
     """
     x_s, held_s = impute_cells(x, observed).unsqueeze(-3), held.unsqueeze(-2)  # broadcast over the S samples
-    if observed is None:
-        log_lik, present = diagonal_gaussian_log_prob(x_s, mean, std), held_s.unsqueeze(-1)
-    else:
-        observed_s = observed.unsqueeze(-3)
-        log_lik, present = observed_gaussian_log_prob(x_s, mean, std, observed_s), held_s.unsqueeze(-1) & observed_s
+    observed_s = None if observed is None else observed.unsqueeze(-3)
+    log_lik = cell_log_likelihood(layout, x_s, mean, std, observed_s)
+    present = held_s.unsqueeze(-1) if observed is None else held_s.unsqueeze(-1) & observed_s
     term = torch.where(held_s, log_lik, torch.zeros_like(log_lik))
     if indicator is None:
         return term
-    imputed = mean + std * noise
+    imputed = cell_means(layout, mean, std, noise)
     x_full = torch.where(present, x_s.expand_as(imputed), imputed)
     logit = indicator(x_full).squeeze(-1)
     # m = 1 means "missing": log p(m=1|x) = log sigmoid(logit), log p(m=0|x) = log sigmoid(-logit).
@@ -88,7 +86,8 @@ def likelihood_terms(mean: Tensor, std: Tensor, x: Tensor, held: Tensor,
 
 
 class PartyModel(nn.Module):
-    """Encoder q(h | x^k) -> (mu_k, precision_k), decoder p(x^k | h) (Gaussian) and, for
+    """Encoder q(h | x^k) -> (mu_k, precision_k), decoder p(x^k | h) (per cell kind: `layout`,
+    model/likelihood.py; every cell Gaussian without one) and, for
     FALSE-VFL-II, the missing indicator p(m^k | x^k) (Bernoulli).
 
     With `cell_mask`, the encoder's first layer also takes the missing-cell indicator, through
@@ -107,8 +106,12 @@ class PartyModel(nn.Module):
         min_decoder_std: float = 0.05,
         indicator_hidden: int = 64,
         cell_mask: bool = False,
+        layout: CellLayout | None = None,
     ) -> None:
         super().__init__()
+        if layout is not None and layout.width != n_features:
+            raise ValueError(f"PartyModel: a cell layout of {layout.width} cells for a block of {n_features}")
+        self.layout = None if layout is None or layout.all_gaussian else layout
         self.n_features = n_features
         self.h_dim = h_dim
         self.variant = variant
@@ -148,4 +151,4 @@ class PartyModel(nn.Module):
         draws = None
         if self.indicator is not None:
             draws = noise.normal(tuple(mean.shape), mean.dtype, mean.device)
-        return likelihood_terms(mean, std, x, held, self.indicator, draws, observed)
+        return likelihood_terms(mean, std, x, held, self.indicator, draws, observed, self.layout)

@@ -39,7 +39,8 @@ def stacked_mlp(mlps: Sequence[nn.Sequential], x: Tensor) -> Tensor:
 
 def _signature(model: PartyModel) -> tuple:
     shapes = tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
-    return shapes, model.variant, model.min_decoder_std, model.cell_weight is not None
+    layout = None if model.layout is None else model.layout.signature()
+    return shapes, model.variant, model.min_decoder_std, model.cell_weight is not None, layout
 
 
 class PartyStack:
@@ -53,6 +54,7 @@ class PartyStack:
         self.min_decoder_std = first.min_decoder_std
         self.has_indicator = first.indicator is not None
         self.has_cell_mask = first.cell_weight is not None
+        self.layout = first.layout
 
     @staticmethod
     def can_stack(parties: Mapping[int, PartyModel]) -> bool:
@@ -119,4 +121,5 @@ class PartyStack:
                 return per_sample([m.indicator for m in self.parties.values()], values)
 
         cells = self._cells(observed or {}, x)
-        return self._per_party(likelihood_terms(mean, std, self._stack(x), self._stack(held), indicator, noise, cells))
+        return self._per_party(likelihood_terms(mean, std, self._stack(x), self._stack(held), indicator, noise, cells,
+                                                self.layout))

@@ -24,6 +24,7 @@ import torch
 from ..config import Config, Stage
 from ..data.synthetic import synthetic_split
 from ..errors import PartyFailure
+from ..model.likelihood import CellLayout
 from ..node import Node, build_node
 from ..randomness import PublicStream, RoleSecret, public_rng
 from ..train import HostedData, host_split
@@ -46,6 +47,7 @@ class StepJob:
     record: bool = False  # every party reports its view of the step
     permute_labels: bool = False  # the label-privacy test: same features, permuted labels
     epoch_end: bool = False  # after the step, the stage's end-of-epoch rounds (FedHSSL's model average)
+    kinds: tuple | None = None  # every party's cell kinds, (kind, start, stop) per column (model.likelihood)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "config": self.config.to_dict(), "stage": int(self.stage)})
@@ -53,8 +55,9 @@ class StepJob:
     @classmethod
     def from_json(cls, text: str | bytes) -> StepJob:
         d = json.loads(text)
+        kinds = None if d.get("kinds") is None else tuple(tuple(c) for c in d["kinds"])
         return cls(**{**d, "config": Config.from_dict(d["config"]), "rows": tuple(d["rows"]),
-                      "stage": Stage(d["stage"])})
+                      "stage": Stage(d["stage"]), "kinds": kinds})
 
 
 def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -> tuple[Node, HostedData]:
@@ -64,7 +67,9 @@ def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -
         split.y = public_rng(job.config.seed, PublicStream.PERMUTED_LABELS).permutation(split.y)
     n_classes = job.split.get("n_classes", 3) if with_labels else None
     secrets = {k: RoleSecret.for_tests(job.secret_seed, k) for k in parties} if job.secret_seed is not None else None
-    node = build_node(job.config, {k: split.blocks[k].shape[1] for k in parties}, n_classes, transport, CPU, secrets)
+    layouts = None if job.kinds is None else {k: CellLayout.from_kinds(job.kinds) for k in parties}
+    node = build_node(job.config, {k: split.blocks[k].shape[1] for k in parties}, n_classes, transport, CPU, secrets,
+                      layouts)
     return node, host_split(split.view(parties, with_labels), CPU, n_classes)
 
 

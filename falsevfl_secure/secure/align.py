@@ -217,10 +217,13 @@ def _expect_length(frame: bytes, expected: int, step: str, src: int) -> None:
 
 
 def _secret_permutation(n: int) -> np.ndarray:
-    """A uniformly random permutation of 0..n-1 from the OS CSPRNG (never a seeded generator)."""
-    order = list(range(n))
-    secrets.SystemRandom().shuffle(order)
-    return np.array(order, dtype=np.int64)
+    """A uniformly random permutation of 0..n-1 from the OS CSPRNG (never a seeded generator): the order
+    of n random 64-bit keys, drawn again in the rare case of a tie (distinct i.i.d. keys order uniformly)."""
+    while True:
+        keys = np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64)
+        order = np.argsort(keys)
+        if n < 2 or (keys[order[1:]] != keys[order[:-1]]).all():
+            return order.astype(np.int64)
 
 
 def _blind_own(encoded: list[bytes], order: np.ndarray, session: bytes, scalar: bytes, threads: int = 1) -> bytes:
@@ -276,10 +279,15 @@ def _union(lists: list[bytes]) -> tuple[np.ndarray, int]:
     keys = np.frombuffer(b"".join(lists), dtype=">u8").reshape(-1, 4)  # big-endian words sort as the bytes do
     if len(keys) == 0:
         return np.zeros(0, dtype=np.int64), 0
-    order = np.lexsort(keys.T[::-1])  # lexsort's last key is the primary one
+    head = keys[:, 0].astype(np.uint64)  # native words: numpy's fastest sort
+    order = np.argsort(head)
     ranked = keys[order]
-    fresh = np.ones(len(keys), dtype=bool)
-    fresh[1:] = (ranked[1:] != ranked[:-1]).any(axis=1)
+    differ = (ranked[1:] != ranked[:-1]).any(axis=1)
+    if (differ & (ranked[1:, 0] == ranked[:-1, 0])).any():  # first 8 bytes tie, rest differ: sort by all 32
+        order = np.lexsort(keys.T[::-1])  # lexsort's last key is the primary one
+        ranked = keys[order]
+        differ = (ranked[1:] != ranked[:-1]).any(axis=1)
+    fresh = np.concatenate([[True], differ])
     inverse = np.empty(len(keys), dtype=np.int64)
     inverse[order] = np.cumsum(fresh) - 1
     return inverse, int(fresh.sum())

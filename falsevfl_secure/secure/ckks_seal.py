@@ -30,14 +30,13 @@ class SealTools:
         self.context = ctx.seal_context().data
         self.first = self.context.first_parms_id()
         self.scale = ctx.global_scale
-        self.values = 2 * sealapi.CKKSEncoder(self.context).slot_count()  # real values per ciphertext
         self.encoder = sealapi.CKKSEncoder(self.context)
         self.evaluator = sealapi.Evaluator(self.context)
         self.encryptor = sealapi.Encryptor(self.context, ctx.public_key().data) if ctx.has_public_key() else None
         self.decryptor = sealapi.Decryptor(self.context, ctx.secret_key().data) if ctx.has_secret_key() else None
 
     def encode(self, values: np.ndarray) -> sealapi.Plaintext:
-        """`self.values` float64 values as complex slots (even: real parts, odd: imaginary parts)."""
+        """N float64 values as the N / 2 complex slots (even: real parts, odd: imaginary parts)."""
         plain = sealapi.Plaintext()
         self.encoder.encode(values.view(np.complex128).tolist(), self.first, self.scale, plain)
         return plain
@@ -60,7 +59,7 @@ class SealTools:
         self.evaluator.add_plain_inplace(ciphertext, self.encode(values))
 
     def decrypt(self, ciphertext: sealapi.Ciphertext) -> np.ndarray:
-        """The `self.values` float64 values of a ciphertext (its slots' real and imaginary parts, interleaved)."""
+        """The N float64 values of a ciphertext (its slots' real and imaginary parts, interleaved)."""
         plain = sealapi.Plaintext()
         self.decryptor.decrypt(ciphertext, plain)
         return np.asarray(self.encoder.decode_complex(plain), dtype=np.complex128).view(np.float64)

@@ -38,7 +38,7 @@ class ZeroMaker:
     is `public_context`), and the queue they arrive in (see the module docstring)."""
 
     def __init__(self, public_context: bytes, tools: SealTools, idle: bool = True) -> None:
-        self.tools, self.capacity, self.made = tools, 0, 0
+        self.tools, self.capacity = tools, 0
         self._ready: deque = deque()
         self._cond = threading.Condition()
         self._open = True
@@ -79,7 +79,6 @@ class ZeroMaker:
                     return  # not what SealTools.zero makes: use none of it
                 with self._cond:
                     self._ready.append(zero)
-                    self.made += 1
         except (OSError, ValueError, RuntimeError):
             return  # a broken pipe or a bad frame: the queue stays dry and the party encrypts at once
 

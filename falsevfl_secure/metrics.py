@@ -1,0 +1,65 @@
+"""The metrics a tabular user reads: for classification ROC AUC (one-vs-rest macro for several classes),
+PR AUC (average precision), balanced accuracy, accuracy, log loss and the expected calibration error; for
+regression RMSE, MAE and R^2. `primary` is the one the lift is reported in (ROC AUC, or RMSE)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from sklearn import metrics as skm
+
+from .data.targets import regression_metrics
+
+ECE_BINS = 15
+
+
+def expected_calibration_error(probabilities: np.ndarray, y: np.ndarray, bins: int = ECE_BINS) -> float:
+    """sum_b |B_b| / n * |accuracy(B_b) - confidence(B_b)| over equal-width bins of the top probability."""
+    confidence, predicted = probabilities.max(axis=1), probabilities.argmax(axis=1)
+    which = np.minimum((confidence * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in np.unique(which):
+        rows = which == b
+        total += rows.mean() * abs(float(np.mean(predicted[rows] == y[rows])) - float(confidence[rows].mean()))
+    return total
+
+
+def _ranking(probabilities: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """ROC AUC and PR AUC; NaN where the records hold a single class."""
+    present = np.unique(y)
+    if present.size < 2:
+        return {"roc_auc": math.nan, "pr_auc": math.nan}
+    if probabilities.shape[1] == 2:
+        return {"roc_auc": float(skm.roc_auc_score(y, probabilities[:, 1])),
+                "pr_auc": float(skm.average_precision_score(y, probabilities[:, 1]))}
+    onehot = np.eye(probabilities.shape[1])[y][:, present]
+    scores = probabilities[:, present]
+    return {"roc_auc": float(skm.roc_auc_score(onehot, scores, average="macro")),
+            "pr_auc": float(skm.average_precision_score(onehot, scores, average="macro"))}
+
+
+def classification_metrics(probabilities: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Every classification metric of class probabilities (n, C) against labels (n,) in 0..C-1."""
+    probabilities = np.clip(np.asarray(probabilities, dtype=np.float64), 1e-12, 1.0)
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    y = np.asarray(y, dtype=np.int64)
+    predicted = probabilities.argmax(axis=1)
+    return {**_ranking(probabilities, y),
+            "balanced_accuracy": float(skm.balanced_accuracy_score(y, predicted)) if y.size else math.nan,
+            "accuracy": float(np.mean(predicted == y)),
+            "log_loss": float(-np.mean(np.log(probabilities[np.arange(y.size), y]))),
+            "ece": expected_calibration_error(probabilities, y),
+            "predicted_classes": int(np.unique(predicted).size)}
+
+
+def primary(task: str) -> tuple[str, bool]:
+    """(the metric the lift is reported in, whether larger is better)."""
+    return ("roc_auc", True) if task == "classification" else ("rmse", False)
+
+
+def task_metrics(task: str, predictions: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """`classification_metrics` or `regression_metrics` (predictions and truth in the target's unit)."""
+    if task == "classification":
+        return classification_metrics(predictions, truth)
+    return regression_metrics(np.asarray(predictions).reshape(-1), np.asarray(truth).reshape(-1))

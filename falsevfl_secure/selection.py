@@ -1,0 +1,72 @@
+"""Stage 2 keeps its best epoch: the discriminator that scores best on the held-out validation records.
+
+In stage 2 the generative part is frozen, so the forward rounds of the validation records give the same
+distribution at every epoch: they run once, when the stage starts (every party takes part, as in a
+prediction), and the active party keeps the log weights and latent samples. After each epoch it scores
+its discriminator on them (log loss, or RMSE in standardised units for regression) and keeps the best
+epoch's weights; at the end of the stage it restores them. Only the discriminator changes in stage 2 and
+it lives at the active party, so the choice is the active party's own: nothing about it crosses, and the
+passive parties run the same public schedule whatever it decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+
+from .config import Stage
+from .node import HostedData, Node
+from .steps import forward_rounds, own_inputs, snis_output
+
+
+class BestEpoch:
+    """The validation score of every stage-2 epoch and the weights of the best one (at the active party)."""
+
+    def __init__(self, node: Node, validation: HostedData) -> None:
+        self.node, self.scores, self.best_epoch = node, [], None
+        self.best_score, self._best_state = math.inf, None
+        self._cached = self._forward(validation)  # collective: every party runs these rounds
+        self.y = validation.y.get() if node.active.present else None
+
+    @torch.no_grad()
+    def _forward(self, data: HostedData) -> list:
+        node, size = self.node, self.node.cfg.eval_batch_size
+        node.restart_noise(Stage.PREDICT)
+        out = []
+        for start in range(0, data.n, size):
+            batch = data.batch(np.arange(start, min(start + size, data.n)))
+            weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
+            out.append((weighted, own_inputs(node, batch)))
+        return out
+
+    @torch.no_grad()
+    def score(self) -> float:
+        """Log loss (classification) or RMSE (regression) of the current discriminator, at the active party."""
+        role = self.node.active.get()
+        out = torch.cat([snis_output(role, w.get(), own) for w, own in self._cached])
+        if role.model.task == "classification":
+            picked = out.clamp(min=1e-12).log().gather(-1, self.y.long().view(-1, 1))
+            return float(-picked.mean())
+        return float((out - self.y.to(out.dtype)).pow(2).mean().sqrt())
+
+    def update(self, epoch: int) -> None:
+        """After a stage-2 epoch: score it and keep its weights when it is the best so far."""
+        if not self.node.active.present or not self._cached:
+            return
+        value = self.score()
+        self.scores.append(round(value, 6))
+        if value < self.best_score:
+            self.best_score, self.best_epoch = value, epoch
+            self._best_state = copy.deepcopy(self.node.active.get().model.discriminator.state_dict())
+
+    def restore(self) -> dict | None:
+        """Load the best epoch's discriminator; what was chosen (None where this process has no label side)."""
+        if self._best_state is None:
+            return None
+        self.node.active.get().model.discriminator.load_state_dict(self._best_state)
+        metric = "log_loss" if self.node.cfg.task == "classification" else "rmse_standardised"
+        return {"metric": metric, "best_epoch": self.best_epoch, "best": round(self.best_score, 6),
+                "per_epoch": self.scores}

@@ -1,0 +1,109 @@
+"""What every federation run reports: the tabular metrics, the active party's own reference and the lift
+over it, the warnings, the schedule sized by the table, and stage 2's choice of its best epoch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn import metrics as skm
+
+from falsevfl_secure.config import AUTO_BATCH, AUTO_EPOCHS, Config, Stage, StageConfig, make_config, sized_schedule
+from falsevfl_secure.federation.reference import fit_reference, lift_lines, lift_report
+from falsevfl_secure.metrics import classification_metrics, expected_calibration_error
+
+
+def test_ece_of_a_hand_computed_example():
+    p = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]])
+    y = np.array([0, 1, 1, 1])
+    # bins of width 1/15: 0.9 -> bin 13 (acc 1), 0.8 -> bin 12 (acc 0), 0.7 -> bin 10 (acc 1), 0.6 -> bin 9 (acc 1)
+    expected = 0.25 * (abs(1 - 0.9) + abs(0 - 0.8) + abs(1 - 0.7) + abs(1 - 0.6))
+    assert expected_calibration_error(p, y) == pytest.approx(expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(4, 60), classes=st.integers(2, 5), seed=st.integers(0, 2**31))
+def test_classification_metrics_agree_with_scikit_learn(n, classes, seed):
+    rng = np.random.default_rng(seed)  # test data only
+    p = rng.dirichlet(np.ones(classes), size=n)
+    y = np.concatenate([np.arange(classes), rng.integers(0, classes, n - classes)]) if n >= classes else \
+        rng.integers(0, classes, n)
+    got = classification_metrics(p, y)
+    assert got["log_loss"] == pytest.approx(skm.log_loss(y, p, labels=np.arange(classes)), rel=1e-6)
+    assert got["balanced_accuracy"] == pytest.approx(skm.balanced_accuracy_score(y, p.argmax(1)))
+    if np.unique(y).size == classes:
+        auc = skm.roc_auc_score(y, p[:, 1]) if classes == 2 else skm.roc_auc_score(y, p, multi_class="ovr")
+        assert got["roc_auc"] == pytest.approx(auc)
+
+
+def _placed(n: int, seed: int):
+    from falsevfl_secure.federation.aligned import Placed
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    return Placed(x, np.ones((n, 3), dtype=bool), np.ones(n, dtype=bool)), x
+
+
+def test_the_reference_learns_from_the_active_partys_own_columns_and_the_lift_compares_on_the_same_records():
+    placed, x = _placed(600, 0)
+    y = (x[:, 0] + 0.3 * np.random.default_rng(1).normal(size=600) > 0).astype(np.int64)
+    train, rows = np.arange(400), np.arange(400, 600)
+    refs = fit_reference(placed, y, train, rows, "classification", 2, 0)
+    assert skm.roc_auc_score(y[rows], refs["linear"]["predictions"][:, 1]) > 0.9
+    coin = np.full((200, 2), 0.5)
+    report = lift_report("classification", coin, refs, y[rows])
+    assert report["metric"] == "roc_auc" and report["lift"] < -0.3 and report["records"] == 200
+    lines = lift_lines(report)
+    assert lines[0].startswith("lift: federation roc_auc 0.5000")
+    assert sum(line.startswith("warning: ") for line in lines) == 2  # no lift, and one class for every record
+    better = lift_report("classification", np.stack([1 - y[rows], y[rows]], 1).astype(float), refs, y[rows])
+    assert better["lift"] >= 0 and not any(line.startswith("warning") for line in lift_lines(better))
+
+
+def test_regression_lift_is_in_the_targets_unit():
+    placed, x = _placed(300, 2)
+    y = (2 * x[:, 1]).astype(np.float32)
+    refs = fit_reference(placed, y, np.arange(200), np.arange(200, 300), "regression", 1, 0)
+    report = lift_report("regression", y[200:] + 0.5, refs, y[200:], inverse=lambda v: 10 * v)
+    assert report["metric"] == "rmse" and report["federation"]["rmse"] == pytest.approx(5.0, rel=1e-5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(rows=st.integers(1, 2_000_000), labeled=st.integers(1, 2_000_000))
+def test_the_sized_schedule_stays_within_its_bounds_and_grows_batches_with_the_table(rows, labeled):
+    cfg = sized_schedule(make_config("digits", "auto"), rows, labeled)
+    for stage, settings_ in ((Stage.PRETRAIN, cfg.pretrain), (Stage.TRAIN, cfg.train)):
+        assert AUTO_BATCH[stage][0] <= settings_.batch_size <= AUTO_BATCH[stage][1]
+        assert AUTO_EPOCHS[stage][0] <= settings_.epochs <= AUTO_EPOCHS[stage][1]
+    bigger = sized_schedule(make_config("digits", "auto"), rows * 4, labeled)
+    assert bigger.pretrain.batch_size >= cfg.pretrain.batch_size
+    assert make_config("digits", "auto").discriminator_inputs == "latent+own"
+    assert sized_schedule(make_config("digits", "paper"), rows, labeled) == make_config("digits", "paper")
+
+
+def test_stage_two_keeps_its_best_epoch_on_the_validation_records():
+    from falsevfl_secure.data.synthetic import synthetic_split
+    from falsevfl_secure.node import build_node, host_split
+    from falsevfl_secure.randomness import RoleSecret
+    from falsevfl_secure.train import fit, predict_split
+    from falsevfl_secure.transport.local import LocalTransport
+
+    torch.set_num_threads(1)
+    cfg = Config(dataset="synthetic", parties=3, h_dim=8, z_dim=4, party_hidden=16, global_hidden=16,
+                 discriminator_hidden=16, kappa=2, predict_samples=4, pretrain=StageConfig(2e-3, 32, 2),
+                 train=StageConfig(5e-2, 16, 6))
+    split = synthetic_split(n=120, parties=3, width=4, p_missing=0.2, seed=3)
+    data = host_split(split.view([0, 1, 2], True), torch.device("cpu"), 3)
+    held_out = host_split(synthetic_split(n=40, parties=3, width=4, p_missing=0.2, seed=4).view([0, 1, 2], True),
+                          torch.device("cpu"), 3)
+    secrets = {k: RoleSecret.for_tests(5, k) for k in range(3)}
+    node = build_node(cfg, {k: 4 for k in range(3)}, 3, LocalTransport(3, 2), torch.device("cpu"), secrets)
+    result = fit(node, data, progress=False, validation=held_out)
+    chosen = result.selection
+    assert len(chosen["per_epoch"]) == 6 and chosen["best"] == min(chosen["per_epoch"])
+    assert chosen["per_epoch"][chosen["best_epoch"]] == chosen["best"]
+    p = predict_split(node, held_out).get().numpy()  # the restored discriminator scores what was recorded
+    loss = -np.mean(np.log(np.clip(p[np.arange(40), held_out.y.get().numpy()], 1e-12, None)))
+    assert loss == pytest.approx(chosen["best"], rel=1e-4)

@@ -117,6 +117,10 @@ class Config:
     # also the active party's own block where it holds the record, p(y | h, x_active): values it holds in
     # clear, so nothing more crosses (threat_models/labels.toml).
     discriminator_inputs: str = "latent"
+    # With "latent+own": the discriminator also reads the active party's own gradient-boosted trees' score of
+    # the record (fitted on its own columns and labels; out of fold on its training rows): stage 2 then learns
+    # what the other parties add to the best model the active party has alone. A federation only.
+    own_reference: bool = False
     class_weight: str = "none"  # stage 2: "balanced" weighs each labeled row by n / (C n_class) (classification)
     # Stage 2 keeps the discriminator of its best epoch on the validation records (log loss, or RMSE for
     # regression; the active party's own choice: stage 2 trains its parameters only) where a run has them.
@@ -214,6 +218,8 @@ class Config:
         _need(self.discriminator_inputs in DISCRIMINATOR_INPUTS and (self.method == "false-vfl"
                                                                       or self.discriminator_inputs == "latent"),
               f"discriminator_inputs={self.discriminator_inputs!r}: choose latent or latent+own (FALSE-VFL only)")
+        _need(not self.own_reference or self.discriminator_inputs == "latent+own",
+              "own_reference = true needs discriminator_inputs = \"latent+own\" (the trees' score is an own input)")
         _need(self.class_weight in CLASS_WEIGHTS, f"class_weight={self.class_weight!r}: choose none or balanced")
         _need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
 
@@ -256,6 +262,7 @@ PRESETS: dict[str, dict[str, dict]] = {
 # Tables of a federation (`preset = "auto"`, the default there): the digits widths, the active party's own
 # columns in the discriminator, the schedule sized by the table (`sized_schedule`).
 PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True, discriminator_inputs="latent+own",
+                                 own_reference=True,
                                  pretrain=StageConfig(2e-3, 256, 1), train=StageConfig(2e-3, 128, 1))
 
 # "default" is what a run gets unless it asks for another schedule: the paper's for the paper's datasets.
@@ -313,23 +320,27 @@ def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> 
     values = {**PRESETS[key][preset], **schedule, **given}
     if values.get("method", "false-vfl") != "false-vfl" and "discriminator_inputs" not in given:
         values["discriminator_inputs"] = "latent"  # the preset's choice is FALSE-VFL's; a baseline has its own head
+        values["own_reference"] = False
     return replace(Config(dataset=key), **values).validate()
 
 
 # `sized_schedule`: optimiser steps each stage aims at, and the bounds of its batch size and epochs.
 AUTO_STEPS = {Stage.PRETRAIN: 3000, Stage.TRAIN: 1500}
+AUTO_ROWS = {Stage.PRETRAIN: 1_200_000, Stage.TRAIN: 600_000}  # rows seen at most: large tables, fewer steps
 AUTO_BATCH = {Stage.PRETRAIN: (256, 1024), Stage.TRAIN: (64, 512)}
-AUTO_EPOCHS = {Stage.PRETRAIN: (10, 200), Stage.TRAIN: (10, 200)}
+AUTO_EPOCHS = {Stage.PRETRAIN: (3, 200), Stage.TRAIN: (3, 200)}
 
 
 def _sized(stage: Stage, base: StageConfig, rows: int) -> StageConfig:
-    """About AUTO_STEPS[stage] steps over `rows` rows: batches of rows / 32 (a power of two in the stage's
-    bounds: fewer, larger steps on large tables), as many epochs as the steps need, within bounds."""
+    """About AUTO_STEPS[stage] steps over `rows` rows, and at most AUTO_ROWS[stage] rows in all: batches of
+    rows / 32 (a power of two in the stage's bounds: fewer, larger steps on large tables), as many epochs as
+    the steps need, within bounds."""
     low, high = AUTO_BATCH[stage]
     batch = int(min(high, max(low, 2 ** round(math.log2(max(rows, 1) / 32)))))
     steps_per_epoch = max(1, math.ceil(rows / batch))
     least, most = AUTO_EPOCHS[stage]
-    epochs = int(min(most, max(least, round(AUTO_STEPS[stage] / steps_per_epoch))))
+    steps = min(AUTO_STEPS[stage], AUTO_ROWS[stage] / batch)
+    epochs = int(min(most, max(least, round(steps / steps_per_epoch))))
     return replace(base, batch_size=batch, epochs=epochs)
 
 

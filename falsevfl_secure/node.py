@@ -91,6 +91,7 @@ class Batch:
     record_keys: np.ndarray | None = None
     patterns: np.ndarray | None = None
     subsets: np.ndarray | None = None
+    own_extra: Active[Tensor] = field(default_factory=Active.absent)  # the active party's extra own inputs
 
     @property
     def size(self) -> int:
@@ -145,12 +146,13 @@ class Node:
 
 def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, transport: Transport,
                device: torch.device, secrets: Mapping[int, RoleSecret] | None = None,
-               layouts: Mapping[int, CellLayout] | None = None) -> Node:
+               layouts: Mapping[int, CellLayout] | None = None, own_extra: int = 0) -> Node:
     """A node hosting the parties in `widths` (party -> block width) and, when `n_classes` is given, the
     active party's label side, for the configuration's method (whose round table the transport then
     checks every message against). `secrets` (party -> RoleSecret) is for tests and resumed runs; a party
     without one draws a fresh secret from the operating system. `layouts`: a party's cell kinds (its own
-    encoding's; a party without one has numeric cells only)."""
+    encoding's; a party without one has numeric cells only). `own_extra`: the width of the active party's
+    extra discriminator inputs (`HostedData.own_extra`)."""
     from .methods import method_for
 
     method, secrets, layouts = method_for(cfg), secrets or {}, layouts or {}
@@ -162,7 +164,7 @@ def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, tr
     if n_classes is not None:
         rand = randomness[cfg.active_index]
         own = widths.get(cfg.active_index, 0)
-        active = Active(ActiveRole(method.build_active(cfg, n_classes, rand, own).to(device), rand))
+        active = Active(ActiveRole(method.build_active(cfg, n_classes, rand, own, own_extra).to(device), rand))
     batched = cfg.stack_parties == "always" or (cfg.stack_parties == "auto" and device.type == "cuda")
     models = {k: role.model for k, role in parties.items()}
     stack = PartyStack(models) if method.stackable and batched and PartyStack.can_stack(models) else None
@@ -187,6 +189,8 @@ class HostedData:
     observed: dict[int, Tensor] = field(default_factory=dict)
     record_keys: np.ndarray | None = None
     patterns: np.ndarray | None = None  # public (N, K) holders, where public (see `PartyView`)
+    # The active party's extra inputs to its discriminator (N, e), values of its own (federation/reference.py)
+    own_extra: Active[Tensor] = field(default_factory=Active.absent)
 
     def batch(self, rows: np.ndarray) -> Batch:
         rows = np.asarray(rows, dtype=np.int64)
@@ -197,7 +201,8 @@ class HostedData:
                      y=self.y.map(lambda t: t.index_select(0, index)),
                      observed={k: v.index_select(0, index) for k, v in self.observed.items()},
                      record_keys=None if self.record_keys is None else self.record_keys[rows],
-                     patterns=None if self.patterns is None else self.patterns[rows])
+                     patterns=None if self.patterns is None else self.patterns[rows],
+                     own_extra=self.own_extra.map(lambda t: t.index_select(0, index)))
 
 
 def _host_block(k: int, block: np.ndarray, held: np.ndarray, observed: np.ndarray | None

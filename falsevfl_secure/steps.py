@@ -150,7 +150,8 @@ def own_inputs(node: Node, batch: Batch) -> Tensor | None:
     if not node.active.present or not node.active.get().model.own_inputs:
         return None
     a = node.cfg.active_index
-    return own_features(batch.x[a], batch.held[a], node.cells(batch).get(a))
+    own = own_features(batch.x[a], batch.held[a], node.cells(batch).get(a))
+    return torch.cat([own, batch.own_extra.get().to(own)], dim=-1) if batch.own_extra.present else own
 
 
 def _conditional_loss(role: ActiveRole, weighted: tuple[Tensor, Tensor], y: Tensor, own: Tensor | None) -> Tensor:

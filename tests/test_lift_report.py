@@ -107,3 +107,21 @@ def test_stage_two_keeps_its_best_epoch_on_the_validation_records():
     p = predict_split(node, held_out).get().numpy()  # the restored discriminator scores what was recorded
     loss = -np.mean(np.log(np.clip(p[np.arange(40), held_out.y.get().numpy()], 1e-12, None)))
     assert loss == pytest.approx(chosen["best"], rel=1e-4)
+
+
+def test_the_active_partys_own_trees_score_each_training_row_out_of_fold_and_refit_the_same_at_predict(tmp_path):
+    from falsevfl_secure.federation.reference import own_scores, refit_scores, save_own_rows
+
+    placed, x = _placed(300, 3)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    labeled = np.arange(0, 300, 2)
+    scores = own_scores(placed, y, labeled, "classification", 2, 0)
+    assert scores.shape == (300, 1) and scores.dtype == np.float32
+    assert skm.roc_auc_score(y[labeled], scores[labeled, 0]) > 0.8  # informative, though out of fold
+    flipped = y.copy()
+    flipped[labeled[0]] = 1 - flipped[labeled[0]]  # a row's own label never reaches its own score
+    assert own_scores(placed, flipped, labeled, "classification", 2, 0)[labeled[0]] == scores[labeled[0]]
+    save_own_rows(tmp_path, placed, y, labeled)
+    again = refit_scores(tmp_path, placed, "classification", 2, 0)
+    unlabeled = np.setdiff1d(np.arange(300), labeled)
+    np.testing.assert_allclose(again[unlabeled], scores[unlabeled], rtol=1e-5)

@@ -19,6 +19,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..config import sized_schedule
 from ..data.tables import PartyTable
@@ -26,6 +27,7 @@ from ..errors import InputError
 from ..fsio import atomic_write, write_json
 from ..model.likelihood import CellLayout
 from ..node import build_node, resolve_device
+from ..placement import Active
 from ..randomness import record_keys
 from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split
@@ -33,7 +35,7 @@ from .aligned import Aligned, Placed, Policy, align_table, ids_in_order, is_labe
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
 from .quality import validation_summary, validation_table
-from .reference import fit_reference, lift_lines, lift_report
+from .reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from .store import Manifest, load_weights, save_model
 
 __all__ = ["PartyInput", "federation_program", "overlap_line", "predictions_csv", "read_inputs",
@@ -97,17 +99,13 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
                           policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids))
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
-    cfg, device = sized_schedule(fed.model, aligned.n, aligned.labeled.size), resolve_device(fed.model.device)
+    cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
     if role.is_active:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
               f"{cfg.train.epochs} epochs of batch {cfg.train.batch_size}", flush=True)
-    node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device,
-                      layouts={rank: CellLayout.from_kinds(inputs.encoding.kinds())})
     placed = place_block(inputs.block, aligned)
-    data = host_split(party_view(placed, aligned, rank, targets), device,
-                      n_classes if fed.task == "classification" else None)
-    held_out = _validation_data(placed, aligned, rank, targets, device)
+    node, data, held_out = _host(role, fed, cfg, inputs, placed, aligned, targets, n_classes)
     progress = options.get("progress", False) and role.is_active
     trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role),
                   validation=held_out)
@@ -128,6 +126,36 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         print(validation_summary(validation), flush=True)
         for line in lift_lines(lift) if lift else ():
             print(line, flush=True)
+
+
+def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligned: Aligned, targets, n_classes):
+    """This party's node, its training data and validation records (the active party's with its own trees'
+    score, an input of its discriminator only)."""
+    device, rank = resolve_device(cfg.device), role.rank
+    model_dir = fed.party(role.spec.name).model_dir
+    scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes) if role.is_active else None
+    node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device,
+                      layouts={rank: CellLayout.from_kinds(inputs.encoding.kinds())},
+                      own_extra=0 if scores is None else scores.shape[1])
+    data = host_split(party_view(placed, aligned, rank, targets), device,
+                      n_classes if fed.task == "classification" else None)
+    held_out = _validation_data(placed, aligned, rank, targets, device)
+    if scores is not None:
+        data.own_extra = Active(torch.from_numpy(scores).to(device))
+        if held_out is not None:
+            held_out.own_extra = Active(torch.from_numpy(scores[aligned.validation]).to(device))
+    return node, data, held_out
+
+
+def _own_scores(fed: Federation, cfg, model_dir: Path, placed: Placed, aligned: Aligned, targets: np.ndarray,
+                n_classes: int) -> np.ndarray | None:
+    """With `own_reference`: the active party's own trees' score of every record (out of fold on its labeled
+    training rows), and the rows they were fitted on kept in its own folder for `predict`."""
+    if not cfg.own_reference:
+        return None
+    y = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y
+    save_own_rows(model_dir, placed, y, aligned.labeled)
+    return own_scores(placed, y, aligned.labeled, fed.task, n_classes, cfg.seed)
 
 
 def _validation_data(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray | None, device):
@@ -181,12 +209,18 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
+    placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
+    scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed) \
+        if role.is_active and cfg.own_reference else None
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,
-                      layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())})
-    load_weights(fed.party(name).model_dir, node, rank)
+                      layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())},
+                      own_extra=0 if scores is None else scores.shape[1])
+    load_weights(model_dir, node, rank)
     keys = record_keys(node.parties[rank].randomness.secret, ids_in_order(loaded.table.ids, aligned))
-    view = party_view(place_block(loaded.block, aligned), aligned, rank, None, record_keys=keys)
-    predictions = predict_split(node, host_split(view, device))
+    hosted = host_split(party_view(placed, aligned, rank, None, record_keys=keys), device)
+    if scores is not None:
+        hosted.own_extra = Active(torch.from_numpy(scores).to(device))
+    predictions = predict_split(node, hosted)
     if role.is_active:
         atomic_write(Path(options["out"]), predictions_csv(loaded.table, aligned, predictions.get().numpy(),
                                                            manifest, present))

@@ -9,8 +9,10 @@ reference then predicts from nothing, as the active party alone would.
 
 from __future__ import annotations
 
+import io
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
@@ -18,6 +20,7 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from ..fsio import atomic_write
 from ..metrics import primary, task_metrics
 
 MODELS = ("linear", "hgb")
@@ -101,3 +104,64 @@ def lift_lines(report: dict) -> list[str]:
                      f"{report['federation']['balanced_accuracy']:.3f}): use the class probabilities (ROC AUC "
                      "reads them) or set class_weight = \"balanced\" in [model]")
     return lines
+
+
+# -- the active party's own trees as inputs of its discriminator (`own_reference`) ------------------------
+
+FOLDS = 5
+SAVED = "own_reference.npz"  # the active party's own labeled rows, kept to refit its trees at `predict`
+
+
+def _score_columns(model, features: np.ndarray, task: str, n_classes: int) -> np.ndarray:
+    """The trees' output as discriminator inputs: log-probabilities (classification; the logit for two
+    classes), or the standardised prediction (regression)."""
+    if task != "classification":
+        return model.predict(features).reshape(-1, 1)
+    logp = np.log(np.clip(_predict(model, features, task, n_classes), 1e-6, 1.0))
+    return logp[:, 1:] - logp[:, :1] if n_classes == 2 else logp
+
+
+def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int, seed: int) -> np.ndarray:
+    """Each labeled row's score from trees that never saw it (K folds in row order, public)."""
+    out = np.zeros((len(y), 1 if task != "classification" or n_classes == 2 else n_classes))
+    folds = np.array_split(np.arange(len(y)), min(FOLDS, max(len(y), 1)))
+    for fold in folds:
+        rest = np.setdiff1d(np.arange(len(y)), fold)
+        if fold.size and rest.size:
+            out[fold] = _score_columns(_fitted(features[rest], y[rest], task, seed), features[fold], task, n_classes)
+    return out
+
+
+def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int):
+    model = _model("hgb", task, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(features, y)
+    return model
+
+
+def own_scores(placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int) -> np.ndarray:
+    """(n, e) float32: the active party's own trees' score of every record of the shared order, out of fold
+    on its labeled training rows (so stage 2 never reads a score fitted to the row's own label)."""
+    features = _features(placed.x, placed.observed, placed.held, "hgb")
+    full = _fitted(features[labeled], y[labeled], task, seed)
+    out = _score_columns(full, features, task, n_classes)
+    out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed)
+    return out.astype(np.float32)
+
+
+def save_own_rows(model_dir, placed, y: np.ndarray, labeled: np.ndarray) -> None:
+    """Keep the labeled rows the trees were fitted on (the active party's own values, in its own folder)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, x=placed.x[labeled], observed=placed.observed[labeled], held=placed.held[labeled],
+             y=y[labeled])
+    atomic_write(Path(model_dir) / SAVED, buffer.getvalue(), private=True)
+
+
+def refit_scores(model_dir, placed, task: str, n_classes: int, seed: int) -> np.ndarray:
+    """At `predict`: the trees refitted on the saved rows (the same fit as in training), scoring `placed`."""
+    with np.load(Path(model_dir) / SAVED, allow_pickle=False) as saved:
+        features = _features(saved["x"], saved["observed"], saved["held"], "hgb")
+        full = _fitted(features, saved["y"], task, seed)
+    return _score_columns(full, _features(placed.x, placed.observed, placed.held, "hgb"), task,
+                          n_classes).astype(np.float32)

@@ -88,9 +88,10 @@ class Method:
         None: all numeric), initial weights from the party's secret."""
         raise NotImplementedError
 
-    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0) -> nn.Module:
-        """The active party's label side (`own_width`: its own block's width, for methods that read it),
-        initial weights from its secret."""
+    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0,
+                     own_extra: int = 0) -> nn.Module:
+        """The active party's label side (`own_width`: its own block's width, `own_extra`: the width of its own
+        extra inputs, for methods that read them), initial weights from its secret."""
         raise NotImplementedError
 
     def loss(self, node: Node, batch: Batch, stage: Stage) -> Objective:

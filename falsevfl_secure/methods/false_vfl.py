@@ -49,8 +49,9 @@ class FalseVfl(Method):
                            cell_mask=cfg.cell_handling == "mask", layout=layout)
         return initialise(model, randomness.stream("party/init"))
 
-    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0) -> nn.Module:
-        own = model_own_width(own_width) if cfg.discriminator_inputs == "latent+own" else 0
+    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0,
+                     own_extra: int = 0) -> nn.Module:
+        own = model_own_width(own_width) + own_extra if cfg.discriminator_inputs == "latent+own" else 0
         model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task,
                             own_inputs=own)
         return initialise(model, randomness.stream("active/init"))

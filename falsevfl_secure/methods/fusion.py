@@ -45,7 +45,8 @@ class EmbeddingFusion(Method):
     def build_party(self, cfg: Config, width: int, randomness: RoleRandomness, layout=None) -> nn.Module:
         return initialise(self.party_module(cfg, width), randomness.stream("party/init"))
 
-    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0) -> nn.Module:
+    def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0,
+                     own_extra: int = 0) -> nn.Module:
         return initialise(FusionHead(self.embedding_width(cfg), cfg.discriminator_hidden, n_classes, cfg.task),
                           randomness.stream("active/init"))
 

@@ -39,7 +39,7 @@ class CellLayout:
     gaussian: tuple[int, ...]
     binary: tuple[int, ...] = ()
     groups: tuple[tuple[int, int], ...] = ()
-    _index: dict = field(default_factory=dict, compare=False, repr=False)
+    _masks: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def numeric(cls, width: int) -> CellLayout:
@@ -66,47 +66,40 @@ class CellLayout:
     def signature(self) -> tuple:
         return self.width, self.gaussian, self.binary, self.groups
 
-    def index(self, device: torch.device) -> dict[str, Tensor]:
-        """The index tensors on `device` (made once per device): cells per kind, the padded groups."""
-        if device not in self._index:
-            longest = max((b - a for a, b in self.groups), default=1)
-            pad = [[a + min(i, b - a - 1) for i in range(longest)] for a, b in self.groups]
-            valid = [[i < b - a for i in range(longest)] for a, b in self.groups]
-            long = {"dtype": torch.long, "device": device}
-            self._index[device] = {
-                "gaussian": torch.tensor(self.gaussian, **long),
-                "binary": torch.tensor(self.binary, **long),
-                "cells": torch.tensor([c for a, b in self.groups for c in range(a, b)], **long),
-                "starts": torch.tensor([a for a, _ in self.groups], **long),
-                "pad": torch.tensor(pad, **long).reshape(len(pad), longest),
-                "valid": torch.tensor(valid, dtype=torch.bool, device=device).reshape(len(pad), longest)}
-        return self._index[device]
+    def masks(self, device: torch.device) -> dict[str, Tensor]:
+        """(width,) bool masks of the Gaussian, Bernoulli and categorical cells on `device` (made once)."""
+        if device not in self._masks:
+            kinds = torch.zeros(self.width, dtype=torch.long)
+            kinds[list(self.binary)] = 1
+            for a, b in self.groups:
+                kinds[a:b] = 2
+            self._masks[device] = {name: (kinds == i).to(device) for i, name in enumerate(KINDS)}
+        return self._masks[device]
 
 
-def _masked_sum(cells: Tensor, observed: Tensor | None) -> Tensor:
-    return (cells if observed is None else torch.where(observed, cells, torch.zeros_like(cells))).sum(-1)
+def _where(mask: Tensor | None, cells: Tensor) -> Tensor:
+    return cells if mask is None else torch.where(mask, cells, torch.zeros_like(cells))
 
 
-def _gaussian(x: Tensor, mean: Tensor, std: Tensor, observed: Tensor | None, at: Tensor) -> Tensor:
-    x, mean, std = x[..., at], mean[..., at], std[..., at]
-    if observed is None:
-        return diagonal_gaussian_log_prob(x, mean, std)
-    return observed_gaussian_log_prob(x, mean, std, observed[..., at])
+def _typed_cells(x: Tensor, mean: Tensor, std: Tensor, masks: dict[str, Tensor]) -> Tensor:
+    """Each cell's own term, elementwise over the whole block (masks and slices, no gather: a gather's
+    copies and scatters cost more than the arithmetic here): the Gaussian log-density, the Bernoulli
+    log-probability of x > 0.5, and x * logit for a categorical cell (its group's normaliser comes after)."""
+    z = (x - mean) / std
+    gaussian = -0.5 * (z * z) - std.log() - 0.5 * math.log(2 * math.pi)
+    bernoulli = (x > 0.5).to(mean.dtype) * mean - F.softplus(mean)
+    out = torch.where(masks["numeric"], gaussian, torch.zeros_like(gaussian))
+    out = torch.where(masks["binary"], bernoulli, out)
+    return torch.where(masks["categorical"], x * mean, out)
 
 
-def _bernoulli(x: Tensor, logit: Tensor, observed: Tensor | None, at: Tensor) -> Tensor:
-    logit, target = logit[..., at], (x[..., at] > 0.5).to(logit.dtype)
-    return _masked_sum(target * logit - F.softplus(logit), None if observed is None else observed[..., at])
-
-
-def _categorical(x: Tensor, logit: Tensor, observed: Tensor | None, index: dict[str, Tensor]) -> Tensor:
-    """sum_g [x_g . logits_g - logsumexp(logits_g)] over the observed groups (x_g one-hot, or the
-    category shares under cell_handling "mean", a soft target)."""
-    padded = logit[..., index["pad"]].masked_fill(~index["valid"], -math.inf)
-    normaliser = torch.logsumexp(padded, dim=-1)  # (..., G)
-    cells = index["cells"]
-    picked = _masked_sum(x[..., cells] * logit[..., cells], None if observed is None else observed[..., cells])
-    return picked - _masked_sum(normaliser, None if observed is None else observed[..., index["starts"]])
+def _normalisers(layout: CellLayout, logit: Tensor, observed: Tensor | None) -> Tensor | float:
+    """The sum over the observed categorical groups of logsumexp(the group's logits), a slice per group."""
+    total = 0.0
+    for start, stop in layout.groups:
+        normaliser = torch.logsumexp(logit[..., start:stop], dim=-1)
+        total = total + _where(None if observed is None else observed[..., start], normaliser)
+    return total
 
 
 def cell_log_likelihood(layout: CellLayout | None, x: Tensor, mean: Tensor, std: Tensor,
@@ -116,15 +109,8 @@ def cell_log_likelihood(layout: CellLayout | None, x: Tensor, mean: Tensor, std:
     if layout is None or layout.all_gaussian:
         return diagonal_gaussian_log_prob(x, mean, std) if observed is None else \
             observed_gaussian_log_prob(x, mean, std, observed)
-    x = x.expand_as(mean)
-    observed = None if observed is None else observed.expand(mean.shape)
-    index = layout.index(mean.device)
-    total = _gaussian(x, mean, std, observed, index["gaussian"]) if layout.gaussian else 0.0
-    if layout.binary:
-        total = total + _bernoulli(x, mean, observed, index["binary"])
-    if layout.groups:
-        total = total + _categorical(x, mean, observed, index)
-    return total
+    cells = _where(observed, _typed_cells(x, mean, std, layout.masks(mean.device)))
+    return cells.sum(-1) - _normalisers(layout, mean, observed)
 
 
 def cell_means(layout: CellLayout | None, mean: Tensor, std: Tensor, noise: Tensor) -> Tensor:
@@ -134,10 +120,7 @@ def cell_means(layout: CellLayout | None, mean: Tensor, std: Tensor, noise: Tens
     draw = mean + std * noise
     if layout is None or layout.all_gaussian:
         return draw
-    index = layout.index(mean.device)
-    out = draw.clone()
-    if layout.binary:
-        out[..., index["binary"]] = torch.sigmoid(mean[..., index["binary"]])
+    out = torch.where(layout.masks(mean.device)["binary"], torch.sigmoid(mean), draw)
     for start, stop in layout.groups:
-        out[..., start:stop] = torch.softmax(mean[..., start:stop], dim=-1)
+        out = torch.cat([out[..., :start], torch.softmax(mean[..., start:stop], dim=-1), out[..., stop:]], dim=-1)
     return out

@@ -118,7 +118,9 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     {"step", "from", "payload"} for every frame this party receives. `secrets_out` (a dict; test
     hook for collusion attacks, never needed in production) receives this party's scalar, session
     and permutation. `timings` (a dict) receives seconds per phase. `threads` > 1 spreads the
-    group operations over that many threads (libsodium runs without the GIL; use idle cores only).
+    group operations over that many threads (libsodium runs without the GIL; use idle cores only); they
+    are the cost (every party hashes its list and multiplies all K lists, ~50 us per product), and the
+    active party's check of the final lists, once the ring is done, is the one stretch where the others wait.
     `max_ids` bounds every party's list: the active party learns which parties hold each ID it lists
     (threat_models/alignment.toml), so each party refuses to align with a list longer than its own bound.
     Raises AlignmentInputError for unusable own input (before anything is sent) and

@@ -66,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tables", nargs="+", choices=tuple(tables_data.TABLES), default=list(tables_data.TABLES))
     p.add_argument("--protocols", nargs="*", default=["plain", "mpc"], help="federation runs (none: references only)")
     p.add_argument("--quick", action="store_true", help=f"a {QUICK_RECORDS}-record subsample of each table")
+    p.add_argument("--records", type=int, default=None, help="a public subsample of this many records a table")
     p.add_argument("--seed", type=int, default=0, help="the public seed of the split, the models and [model] seed")
     p.add_argument("--model", default="", help="extra [model] lines for the federation, e.g. 'preset = \"quick\"'")
     p.add_argument("--threads", type=int, default=1,
@@ -310,7 +311,11 @@ def run_federation(folder: Path, protocol: str, table: tables_data.Table, logs: 
 
 
 def size_of(args) -> str:
-    return f"quick{QUICK_RECORDS}" if args.quick else "full"
+    return f"quick{QUICK_RECORDS}" if args.quick else f"records{args.records}" if args.records else "full"
+
+
+def records_of(args) -> int | None:
+    return QUICK_RECORDS if args.quick else args.records
 
 
 def model_tag(model: str) -> str:
@@ -336,7 +341,7 @@ def cell_key(table: str, args, arm: str) -> str:
 def run_table(name: str, args, results: dict, out: Path) -> None:
     """Every unfinished cell of one table; each is saved as soon as it ends."""
     table = tables_data.TABLES[name]
-    split = tables_data.split(table, args.seed, QUICK_RECORDS if args.quick else None)
+    split = tables_data.split(table, args.seed, records_of(args))
     group = f"{name}|{size_of(args)}|seed{args.seed}"
     info = {**tables_data.describe(split), "task": table.task, "label": table.label, "positive": table.positive,
             "fingerprint": tables_data.fingerprint(split)}

@@ -125,3 +125,19 @@ def test_the_active_partys_own_trees_score_each_training_row_out_of_fold_and_ref
     again = refit_scores(tmp_path, placed, "classification", 2, 0)
     unlabeled = np.setdiff1d(np.arange(300), labeled)
     np.testing.assert_allclose(again[unlabeled], scores[unlabeled], rtol=1e-5)
+
+
+@pytest.mark.parametrize(("device", "error"), [("cpu", None), ("auto", None), ("tpu", "choose auto, cpu or cuda"),
+                                               ("cuda", None if torch.cuda.is_available() else "no CUDA device")])
+def test_each_party_chooses_its_own_device_in_its_file(tmp_path, device, error):
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.tables_demo import Spec, write_federation
+
+    path = write_federation(tmp_path, Spec(model=f'device = "{device}"\n')).path
+    if error is None:
+        fed = load_federation(path)
+        assert fed.model.device == device and "device" not in fed.model.training_settings()
+    else:
+        with pytest.raises(InputError, match=error):
+            load_federation(path)

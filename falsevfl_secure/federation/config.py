@@ -57,10 +57,10 @@ PARTY_KEYS = ("name", "train", "predict", "model", "key", "identity", "categoric
 AGGREGATOR_KEYS = ("address", "key", "identity")
 DEFAULT_MAX_IDS = 1_000_000
 STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
-# Not model settings of a federation: fixed by the file ([[party]] order, active, task), chosen per host
-# (device), or used by `simulate` only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows,
-# standardize, cell_missing).
-_NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "device", "train_mechanism", "n_labeled", "n_aligned",
+# Not model settings of a federation: fixed by the file ([[party]] order, active, task), or used by `simulate`
+# only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows, standardize, cell_missing).
+# `device` is one: each party's own choice for its own host (not part of the model's fingerprint).
+_NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "n_labeled", "n_aligned",
                    "max_rows", "standardize", "cell_missing"}
 MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
 # A bare schedule: the sizes tuned on digits; "auto" sizes the schedule by the table (config.sized_schedule)
@@ -377,6 +377,18 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
     try:
         cfg = make_config(dataset, schedule, **method)
         stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **v}) for k, v in stages.items()}
-        return replace(cfg, **section, **stages, parties=parties, active_party=active, task=task).validate()
+        cfg = replace(cfg, **section, **stages, parties=parties, active_party=active, task=task).validate()
     except (TypeError, ValueError) as error:
         raise InputError(f"{path}: [model] {error}") from error
+    _check_device(cfg.device, path)
+    return cfg
+
+
+def _check_device(device: str, path: Path) -> None:
+    """`[model] device`, this host's own choice, checked on this host."""
+    import torch
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"{path}: [model] device = {device!r}; choose auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError(f'{path}: [model] device = "cuda", but this host has no CUDA device; use "auto" or "cpu"')

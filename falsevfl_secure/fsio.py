@@ -32,5 +32,15 @@ def atomic_write(path: Path | str, data: bytes | str, private: bool = False) -> 
 
 
 def write_json(path: Path | str, record: object) -> None:
-    """`record` as indented JSON, written atomically."""
-    atomic_write(path, json.dumps(record, indent=2) + "\n")
+    """`record` as indented JSON, written atomically; numpy scalars and arrays as the numbers they hold (an
+    audit's `numpy.bool_` once made `simulate --audit` fail at the very end)."""
+    atomic_write(path, json.dumps(record, indent=2, default=_plain) + "\n")
+
+
+def _plain(value: object) -> object:
+    """JSON's stand-in for a numpy value (`item()` of a scalar, `tolist()` of an array); else refused."""
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return value.item()
+    if hasattr(value, "tolist") and hasattr(value, "shape"):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

@@ -141,3 +141,28 @@ def test_each_party_chooses_its_own_device_in_its_file(tmp_path, device, error):
     else:
         with pytest.raises(InputError, match=error):
             load_federation(path)
+
+
+def test_numpy_values_are_written_as_json_numbers(tmp_path):
+    import json
+
+    from falsevfl_secure.fsio import write_json
+
+    write_json(tmp_path / "r.json", {"passed": np.bool_(True), "n": np.int64(3), "x": np.float32(0.5),
+                                     "a": np.arange(2)})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"passed": True, "n": 3, "x": 0.5, "a": [0, 1]}
+    with pytest.raises(TypeError):
+        write_json(tmp_path / "bad.json", {"s": {1, 2}})
+
+
+def test_numbers_written_with_decimal_commas_are_refused_not_read_as_categories(tmp_path):
+    from falsevfl_secure.data.errors import DataError
+    from falsevfl_secure.data.tables import ReadOptions, read_party_table
+
+    path = tmp_path / "t.csv"
+    path.write_text('id,income,region\na,"1,5",north\nb,"2,25",south\n')
+    with pytest.raises(DataError, match="decimal comma") as error:
+        read_party_table(path, "bank", "id")
+    assert "income" in str(error.value) and "line 2" in str(error.value)
+    table = read_party_table(path, "bank", "id", options=ReadOptions(categorical=("income",)))
+    assert table.categorical == ("income", "region")  # listed: its values are categories, as the user says

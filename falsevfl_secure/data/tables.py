@@ -29,6 +29,7 @@ import csv
 import difflib
 import itertools
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -484,6 +485,10 @@ class _Cells:
     def _saw(self, j: int, kind: str, cell: str, location: str) -> None:
         """Record column j's kind; a column holding both numbers and text is refused at this cell (the
         odd one: the later or the rarer kind), naming one cell of each kind."""
+        if kind == "text" and _DECIMAL_COMMA.fullmatch(str(cell)):
+            raise self.at.error(f"{str(cell)!r} looks like a number written with a decimal comma; write numbers with "
+                                "a decimal point (1.5), or list the column as categorical if its values are "
+                                "categories", location, self.columns[j])
         known = self.kind.setdefault(j, (kind, str(cell), location))
         if known[0] != kind:
             (text, text_at), (number, number_at) = sorted([known[1:], (str(cell), location)],
@@ -541,6 +546,9 @@ def _columns(cells: np.ndarray, numeric: list[int]) -> np.ndarray:
 
 def _text_cells(cells: np.ndarray, missing: np.ndarray) -> list[str | None]:
     return [None if gone else str(cell) for cell, gone in zip(cells, missing, strict=True)]
+
+
+_DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")  # "1,5" or "-0,25": a number as a European spreadsheet writes it
 
 
 def _parses(cells: np.ndarray) -> np.ndarray:

@@ -152,6 +152,21 @@ def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own
             assert [e["round"] for e in a] == ["latent"]
 
 
+def test_plugvfl_sends_label_dependent_gradients_to_passive_parties(sessions):
+    """The disclosure `method = "plugvfl"` makes (threat_models/labels.toml, not_covered): the same attack as
+    above succeeds against it, since its fine-tuning broadcasts the label loss's gradient (`embedding_grad`)."""
+    job = make_job(PARTIES, "I", 16, 3, 5, 0.3, "train", method="plugvfl", record=True)
+    session = sessions("plain", PARTIES)
+    original = session.run(job)
+    from dataclasses import replace
+
+    permuted = session.run(replace(job, permute_labels=True))
+    for party in range(PARTIES - 1):
+        a = {e["round"]: e["value"] for e in original[party]["view"] if e["kind"] == "received"}
+        b = {e["round"]: e["value"] for e in permuted[party]["view"] if e["kind"] == "received"}
+        assert "embedding_grad" in a and not np.array_equal(a["embedding_grad"], b["embedding_grad"]), party
+
+
 def test_aggregator_cannot_decrypt():
     from falsevfl_secure.secure.ckks import (
         decrypt_tensors,

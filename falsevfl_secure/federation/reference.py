@@ -97,7 +97,9 @@ def lift_lines(report: dict) -> list[str]:
         lines.append(f"warning: the federation does not beat the active party's own {label} ({name} {fed:.4f} "
                      f"against {ref:.4f}): the other parties' columns did not pay on this run. Try preset = \"auto\" "
                      "(more steps), discriminator_inputs = \"latent+own\", class_weight = \"balanced\" for rare "
-                     "classes, and check with `federation check` that the parties' IDs line up")
+                     "classes, and check with `federation check` that the parties' IDs line up; method = \"plugvfl\" "
+                     "often fits tables better, but sends every party label-dependent gradients "
+                     "(threat_models/labels.toml)")
     if "predicted_classes" in report["federation"] and report["federation"]["predicted_classes"] == 1:
         lines.append("warning: the federation predicts one class for every validation record (accuracy "
                      f"{100 * report['federation']['accuracy']:.1f} %, balanced accuracy "

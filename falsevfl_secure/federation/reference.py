@@ -57,11 +57,8 @@ def fit_reference(placed, y: np.ndarray, train_rows: np.ndarray, rows: np.ndarra
     out = {}
     for kind in MODELS:
         began = time.perf_counter()
-        model = _model(kind, task, seed)
         fit_x = _features(placed.x[train_rows], placed.observed[train_rows], placed.held[train_rows], kind)
-        with warnings.catch_warnings():  # convergence chatter is not the user's business here
-            warnings.simplefilter("ignore")
-            model.fit(fit_x, y[train_rows])
+        model = _fitted(fit_x, y[train_rows], task, seed, kind)
         score_x = _features(placed.x[rows], placed.observed[rows], placed.held[rows], kind)
         out[kind] = {"predictions": _predict(model, score_x, task, n_classes),
                      "fit_s": round(time.perf_counter() - began, 3)}
@@ -134,9 +131,9 @@ def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int,
     return out
 
 
-def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int):
-    model = _model("hgb", task, seed)
-    with warnings.catch_warnings():
+def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str = "hgb"):
+    model = _model(kind, task, seed)
+    with warnings.catch_warnings():  # convergence chatter is not the user's business here
         warnings.simplefilter("ignore")
         model.fit(features, y)
     return model

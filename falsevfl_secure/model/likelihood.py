@@ -63,9 +63,6 @@ class CellLayout:
     def all_gaussian(self) -> bool:
         return not self.binary and not self.groups
 
-    def signature(self) -> tuple:
-        return self.width, self.gaussian, self.binary, self.groups
-
     def masks(self, device: torch.device) -> dict[str, Tensor]:
         """(width,) bool masks of the Gaussian, Bernoulli and categorical cells on `device` (made once)."""
         if device not in self._masks:

@@ -39,8 +39,7 @@ def stacked_mlp(mlps: Sequence[nn.Sequential], x: Tensor) -> Tensor:
 
 def _signature(model: PartyModel) -> tuple:
     shapes = tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
-    layout = None if model.layout is None else model.layout.signature()
-    return shapes, model.variant, model.min_decoder_std, model.cell_weight is not None, layout
+    return shapes, model.variant, model.min_decoder_std, model.cell_weight is not None, model.layout
 
 
 class PartyStack:

@@ -1,9 +1,12 @@
-"""The one way this package writes a file: atomically, so a killed run never leaves half a file."""
+"""The one way this package writes a file: atomically, so a killed run never leaves half a file; and a run's
+outputs staged beside their place (`staged`), moved into place only once the whole run has ended well
+(`commit`) and dropped otherwise (`discard`), so a failed run leaves the previous ones as they were."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,6 +32,35 @@ def atomic_write(path: Path | str, data: bytes | str, private: bool = False) -> 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def staged(path: Path | str) -> Path:
+    """Where a run writes `path` (a file, or a folder of files) until it has ended well: a hidden sibling,
+    on the same file system, so that `commit` is a rename."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.staged")
+
+
+def commit(path: Path | str) -> None:
+    """Move what was staged for `path` into place: a file by one rename, a folder file by file (each
+    replaced atomically; files the run did not write stay). Nothing staged: nothing changes."""
+    path, source = Path(path), staged(path)
+    if source.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        for item in sorted(source.iterdir()):
+            os.replace(item, path / item.name)
+        source.rmdir()
+    elif source.exists():
+        os.replace(source, path)
+
+
+def discard(path: Path | str) -> None:
+    """Drop what a run staged for `path` (a failed run's, or one killed before its commit)."""
+    source = staged(path)
+    if source.is_dir():
+        shutil.rmtree(source)
+    else:
+        source.unlink(missing_ok=True)
 
 
 def write_json(path: Path | str, record: object) -> None:

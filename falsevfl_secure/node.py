@@ -9,7 +9,7 @@ the same code. Each party draws its initial weights and its noise from its own s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -92,6 +92,7 @@ class Batch:
     patterns: np.ndarray | None = None
     subsets: np.ndarray | None = None
     own_extra: Active[Tensor] = field(default_factory=Active.absent)  # the active party's extra own inputs
+    orphans: bool = False  # a party left the run: a row may have no observed party left (it trains nothing)
 
     @property
     def size(self) -> int:
@@ -156,7 +157,7 @@ def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, tr
     from .methods import method_for
 
     method, secrets, layouts = method_for(cfg), secrets or {}, layouts or {}
-    transport.use(method.rounds)
+    transport.use(method.rounds, method.wire_sizes(cfg))
     randomness = {k: RoleRandomness(secrets.get(k) or RoleSecret.fresh()) for k in widths}
     parties = {k: PartyRole(k, method.build_party(cfg, d, randomness[k], layouts.get(k)).to(device), randomness[k])
                for k, d in sorted(widths.items())}
@@ -191,6 +192,24 @@ class HostedData:
     patterns: np.ndarray | None = None  # public (N, K) holders, where public (see `PartyView`)
     # The active party's extra inputs to its discriminator (N, e), values of its own (federation/reference.py)
     own_extra: Active[Tensor] = field(default_factory=Active.absent)
+    dropped: set[int] = field(default_factory=set)  # parties that left a run that goes on without them
+
+    def drop_parties(self, lost: Iterable[int]) -> None:
+        """Parties that left a run that goes on: from now on they hold no row. At the active party each row's
+        count of observed parties drops where they held it (from the public holders, `patterns`); a row no
+        party holds any more counts 0 and trains nothing (`steps`)."""
+        new = sorted(set(lost) - self.dropped)
+        if not new:
+            return
+        if self.n_observed.present and self.patterns is None:
+            raise InputError("the run cannot go on without a lost party here: the active party does not know "
+                             "which rows it held")
+        if self.patterns is not None:
+            gone = torch.from_numpy(self.patterns[:, new].sum(axis=1).astype(np.int64))
+            self.n_observed = self.n_observed.map(lambda t: t - gone.to(t))
+            self.patterns = self.patterns.copy()
+            self.patterns[:, new] = False
+        self.dropped |= set(new)
 
     def batch(self, rows: np.ndarray) -> Batch:
         rows = np.asarray(rows, dtype=np.int64)
@@ -202,7 +221,7 @@ class HostedData:
                      observed={k: v.index_select(0, index) for k, v in self.observed.items()},
                      record_keys=None if self.record_keys is None else self.record_keys[rows],
                      patterns=None if self.patterns is None else self.patterns[rows],
-                     own_extra=self.own_extra.map(lambda t: t.index_select(0, index)))
+                     own_extra=self.own_extra.map(lambda t: t.index_select(0, index)), orphans=bool(self.dropped))
 
 
 def _host_block(k: int, block: np.ndarray, held: np.ndarray, observed: np.ndarray | None

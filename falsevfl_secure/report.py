@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+from .fsio import atomic_write
 from .runtime.records import RunResult
 from .transport.accounting import per_round
 
@@ -61,5 +63,7 @@ def plot_result(result: RunResult, path: Path) -> None:
                  f"{cfg['train_mechanism']}, {result.protocol}/{result.runtime}", fontsize=9)
     fig.legend(loc="lower left", fontsize=8, bbox_to_anchor=(0.08, 0.14))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    atomic_write(path, image.getvalue())  # a failed plot leaves the previous result.png whole

@@ -49,7 +49,7 @@ def check_batch(node: Node, batch: Batch) -> None:
     if batch.n_observed.present:
         n_observed = batch.n_observed.get()
         sizes.add(n_observed.shape[0] if n_observed.dim() == 1 else -1)
-        if n_observed.numel() and float(n_observed.min()) < 1:
+        if n_observed.numel() and float(n_observed.min()) < (0 if batch.orphans else 1):
             raise InputError("a sample in the batch has no observed party; it cannot reach the model")
     if len(sizes) > 1:
         raise InputError(f"the parties' batch blocks disagree on the batch size: {sorted(sizes)}")
@@ -58,7 +58,24 @@ def check_batch(node: Node, batch: Batch) -> None:
 
 
 def _sample(role: ActiveRole, noise, posterior: Tensor, n_observed: Tensor, n_samples: int):
-    return role.model.sample_latent(posterior, n_observed, n_samples, noise)
+    return role.model.sample_latent(*_orphans_from_prior(posterior, n_observed), n_samples, noise)
+
+
+def _orphans_from_prior(posterior: Tensor, n_observed: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows no party holds any more (a party left the run): the standard normal as their posterior, so their
+    samples are finite; their loss weight is 0 (`_row_mean`). Other rows are untouched."""
+    orphan = n_observed < 1
+    if not bool(orphan.any()):
+        return posterior, n_observed
+    h_dim = posterior.shape[-1] // 2
+    prior = torch.cat([posterior.new_zeros(h_dim), posterior.new_ones(h_dim)])
+    return torch.where(orphan.unsqueeze(-1), prior, posterior), n_observed.clamp(min=1)
+
+
+def _row_mean(values: Tensor, n_observed: Tensor) -> Tensor:
+    """The batch mean over rows some party holds (every row, bit-identically, unless a party left)."""
+    kept = n_observed > 0
+    return values.mean() if bool(kept.all()) else values[kept].mean()
 
 
 def _weigh(role: ActiveRole, noise, latent: tuple[Tensor, Tensor], likelihood: Tensor):
@@ -90,7 +107,7 @@ KEY_WORDS = 16  # a row's 32-byte sampling key as 16 uint16 words, each exact in
 def _moments_payload(role: ActiveRole, noise, posterior: Tensor, n_observed: Tensor) -> Tensor:
     """(B, 2 d_h + 16): the posterior's mean and scale and a fresh sampling key per row (from the active
     party's noise: its stream in training, the row's record stream in a repeatable prediction)."""
-    loc, scale = role.model.latent_moments(posterior, n_observed)
+    loc, scale = role.model.latent_moments(*_orphans_from_prior(posterior, n_observed))
     words = noise.row_keys(loc.shape[0]).view("<u2").astype(np.float32)
     return torch.cat([loc, scale, torch.from_numpy(words).to(loc)], dim=-1)
 
@@ -141,7 +158,7 @@ def _broadcast_moments(node: Node, noise, posterior: Active[Tensor], batch: Batc
 def stage1_loss(node: Node, batch: Batch) -> Active[Tensor]:
     """Negative kappa-sample IWAE bound of log p(x_obs) (FALSE-VFL-II: of log p(x_obs, m)), batch mean."""
     weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.PRETRAIN)
-    return weighted.map(lambda w: -iwae_bound(w[0]).mean())
+    return apply(lambda role, w, n: -_row_mean(iwae_bound(w[0]), n), node.active, weighted, batch.n_observed)
 
 
 def own_inputs(node: Node, batch: Batch) -> Tensor | None:
@@ -154,12 +171,13 @@ def own_inputs(node: Node, batch: Batch) -> Tensor | None:
     return torch.cat([own, batch.own_extra.get().to(own)], dim=-1) if batch.own_extra.present else own
 
 
-def _conditional_loss(role: ActiveRole, weighted: tuple[Tensor, Tensor], y: Tensor, own: Tensor | None) -> Tensor:
+def _conditional_loss(role: ActiveRole, weighted: tuple[Tensor, Tensor], y: Tensor, own: Tensor | None,
+                      n_observed: Tensor) -> Tensor:
     log_w, h = weighted
     bound = conditional_bound(log_w, role.model.label_log_prob(h, y, own))
     if role.class_weights is None:
-        return -bound.mean()
-    weights = role.class_weights[y]  # "balanced": each class counts as much as the others in total
+        return -_row_mean(bound, n_observed)
+    weights = role.class_weights[y] * (n_observed > 0)  # "balanced": each class counts as much as the others
     return -(weights * bound).sum() / weights.sum().clamp(min=1e-12)
 
 
@@ -169,7 +187,7 @@ def stage2_loss(node: Node, batch: Batch) -> Active[Tensor]:
     label-dependent value reaches a passive party."""
     with torch.no_grad():
         weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.TRAIN)
-    return apply(_conditional_loss, node.active, weighted, batch.y, own_inputs(node, batch))
+    return apply(_conditional_loss, node.active, weighted, batch.y, own_inputs(node, batch), batch.n_observed)
 
 
 def snis_output(role: ActiveRole, weighted: tuple[Tensor, Tensor], own: Tensor | None = None) -> Tensor:

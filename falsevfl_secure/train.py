@@ -27,6 +27,7 @@ from .config import Stage
 from .errors import InputError
 from .node import Batch, HostedData, Node, host_split
 from .placement import Active, apply
+from .transport.network import PartyLost
 
 EpochHook = Callable[[Stage, int, dict], None]
 __all__ = ["EpochHook", "Fit", "HostedData", "evaluate", "fit", "host_split", "optimizers_for", "predict_split",
@@ -79,13 +80,35 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
     bar = tqdm(range(start_epoch, settings.epochs), desc=desc, disable=not progress, initial=start_epoch,
                total=settings.epochs, unit="ep")
     for epoch in bar:
-        losses = [(_step(node, b, stage, optimizers), b.size) for b in stage_batches(node, data, stage, epoch)]
+        losses = _epoch_steps(node, data, stage, epoch, optimizers)
         node.method.end_epoch(node, stage)
         history.append(_epoch_mean(losses, stage, epoch))
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if on_epoch_end is not None:
             on_epoch_end(stage, epoch, optimizers)
     return history
+
+
+def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimizers: dict) -> list:
+    """The steps of one epoch, (loss, rows) each. When a party leaves a run that goes on without it, the step
+    in flight is abandoned by every role (no optimiser step, no sum over fewer parties revealed for it) and
+    every role resumes at the step the active party announces."""
+    batches, losses, index = stage_batches(node, data, stage, epoch), [], 0
+    while index < len(batches):
+        try:
+            losses.append((_step(node, batches[index], stage, optimizers), batches[index].size))
+            index += 1
+        except PartyLost as lost:
+            handler = getattr(node.transport, "on_party_lost", None)
+            if handler is None or not node.method.survives_party_loss:
+                raise
+            for opt in optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            node.transport.abandon()
+            index = handler(lost, (int(stage), epoch, index))
+            data.drop_parties(handler.lost)  # from now on they hold no row
+            batches = stage_batches(node, data, stage, epoch)  # the same public plan, without them
+    return losses
 
 
 def _epoch_mean(losses: list[tuple[Active[Tensor], int]], stage: Stage, epoch: int) -> float:
@@ -200,6 +223,8 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     result = Fit()
     for stage in (Stage.PRETRAIN, Stage.TRAIN):
         began, (rounds, waiting) = time.perf_counter(), node.transport.log.totals()
+        if validation is not None:
+            validation.drop_parties(data.dropped)  # a party that left holds no validation record either
         if stage is Stage.TRAIN and _selects(node, validation):
             best = BestEpoch(node, validation)  # collective: the validation records' forward rounds, once
         result.losses[stage.key] = run_stage(node, data, stage, optimizers[stage], start[stage], progress,
@@ -209,6 +234,8 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         result.seconds[stage.key] = round(time.perf_counter() - began, 3)
         after = node.transport.log.totals()
         result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
+    if validation is not None:
+        validation.drop_parties(data.dropped)
     return result
 
 

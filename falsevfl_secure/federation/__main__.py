@@ -7,16 +7,18 @@
     python -m falsevfl_secure.federation check --config DIR/federation.toml [--party NAME]
     python -m falsevfl_secure.federation train --config DIR/federation.toml [--party NAME] [--protocol P]
     python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME]
-        [--absent NAME ...] --out PREDICTIONS.csv
+        [--absent NAME ...] [--out PREDICTIONS.csv]
     python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv
 
-`check` reads each party's own files as `train` and `predict` will, without starting a federation;
-`train` and `predict` run it for every local party before anything is launched. Without --party, every
-listed party (and the he aggregator) runs as its own local process, each reading only its own files;
-with --party, this process is that party alone (one host per party: the active party listens at the
-rendezvous, the he aggregator at its address, every other party only connects out over mutual TLS to the
-identities pinned in its own file). The federation file's format: docs/federation-toml.md. Every expected
-failure ends with one `error:` line and a non-zero exit.
+`check` reads a role's own files as `train` and `predict` will (its key against its own pin, its tables),
+without starting a federation; `train` and `predict` run it for every local role before anything
+connects. Without --party, every listed party (and the he aggregator) runs as its own local process,
+each reading only its own files; with --party, this process is that role alone (one host per party: the
+active party listens at the rendezvous, the he aggregator at its address, every other party only
+connects out over mutual TLS to the identities pinned in its own file; only the active party writes
+predictions, so only it needs --out). Every participant passes the same --protocol, or none. The
+federation file's format: docs/federation-toml.md. Every expected failure ends with one `error:` line per
+problem and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import guarded
-from ..errors import InputError
+from ..errors import InputError, PartyFailure
 from ..transport.protocols import PROTOCOLS
-from .config import load_federation
+from .check import has_aggregator
+from .config import AGGREGATOR, load_federation
 from .tables_demo import DATASETS as TABLES
 
 
@@ -46,19 +49,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     keygen = commands.add_parser("keygen", help="create a participant's identity key and print the line to pin")
     keygen.add_argument("--config", required=True, help="the federation.toml that names the participant")
     keygen.add_argument("--party", required=True, help="a party's name, or 'aggregator'")
-    check = commands.add_parser("check", help="check each party's own tables against the federation file")
+    check = commands.add_parser("check", help="check a role's own key and tables against its federation file")
     check.add_argument("--config", required=True, help="the federation.toml")
-    check.add_argument("--party", default=None, help="check this party only (default: every party)")
+    check.add_argument("--party", default=None, help="check this role only (default: every party whose files the "
+                                                     "file names)")
     for name in ("train", "predict"):
         sub = commands.add_parser(name, help=f"{name} the federation")
         sub.add_argument("--config", required=True, help="the federation.toml")
         sub.add_argument("--party", default=None, help="run this party only (one host per party)")
         sub.add_argument("--protocol", choices=tuple(PROTOCOLS), default=None,
-                         help="as if this party's file said so (every participant must agree, or nobody runs)")
+                         help="as if this party's file said so (every participant passes the same, or nobody runs)")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
     commands.choices["train"].add_argument("--resume", action="store_true")
     commands.choices["predict"].add_argument("--absent", nargs="*", default=[], help="listed parties that are away")
-    commands.choices["predict"].add_argument("--out", required=True, help="the predictions CSV (active party)")
+    commands.choices["predict"].add_argument("--out", default=None,
+                                             help="the predictions CSV (needed where the active party runs)")
     score = commands.add_parser("score", help="accuracy, or RMSE, MAE and R^2, of a predictions CSV against the truth")
     score.add_argument("--predictions", required=True)
     score.add_argument("--truth", required=True)
@@ -119,12 +124,13 @@ def _tables_demo(args: argparse.Namespace) -> int:
 
 def keygen(args: argparse.Namespace) -> int:
     from ..secure import identity
-    from .config import AGGREGATOR
 
     fed = load_federation(args.config)
     if args.party != AGGREGATOR:
         fed.party(args.party)  # an unknown name is refused, naming the parties
     path = fed.identity_path(args.party)
+    if path.exists():
+        raise InputError(_existing_key(fed, args.party, path))
     key = identity.generate()
     identity.write_private_key(path, key)
     public = identity.public_bytes(key)
@@ -136,51 +142,168 @@ def keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    """train or predict: one party here, or all of them as local processes, after checking the tables of
-    the parties run here."""
-    from .launch import present_parties, run_all, run_party
+def _existing_key(fed, name: str, path: Path) -> str:
+    """Why keygen leaves `path` alone (a key is never replaced), whose key it holds by this file's pins, and
+    what to do."""
+    from ..secure import identity
 
+    fix = (f"remove it to make a new key (every participant must then pin the new line), or give {name} another "
+           f"key file with its `identity` setting in {fed.path}")
+    try:
+        public = identity.public_bytes(identity.read_private_key(path))
+    except identity.IdentityError as error:
+        return f"{path} exists (written by an earlier keygen?) but holds no usable key ({error}); {fix}"
+    owner = next((role for role, key in fed.pinned().items() if key == public), None)
+    if owner == name:
+        return (f"{path} exists (written by an earlier keygen): it holds {name}'s key, pinned in {fed.path}; "
+                f"nothing to do (`federation check --party {name}` uses it), or {fix}")
+    if owner is not None:
+        return f"{path} exists (written by an earlier keygen): it holds {owner}'s key, not {name}'s; {fix}"
+    return (f"{path} exists (written by an earlier keygen): its key is not pinned in {fed.path} yet; keep it and "
+            f'pin its line key = "{identity.pin_text(public)}" in every participant\'s file, or {fix}')
+
+
+def run(args: argparse.Namespace) -> int:
+    """train or predict: this host's own files checked first (each local role's key, tables, the settings a
+    run needs), then one role here, or every role as a local process."""
     fed = load_federation(args.config)
-    present = present_parties(fed, getattr(args, "absent", []))
-    if not _tables_ready(fed, present if args.party is None else [args.party], args.command, quiet=args.quiet):
-        return 2
+    present = fed.present(getattr(args, "absent", []))
     protocol = args.protocol or fed.protocol
-    out = str(Path(args.out).resolve()) if getattr(args, "out", None) else None
-    options = {"resume": getattr(args, "resume", False), "progress": not args.quiet, "out": out}
+    roles = _roles(fed, args.party, present, protocol)
+    options = {"resume": getattr(args, "resume", False), "progress": not args.quiet,
+               "out": _predictions_path(fed, args, roles)}
+    if not _ready(fed, roles, args.command, protocol, args.party is not None, quiet=args.quiet):
+        return 2
+    from .launch import run_all, run_party  # only now: its imports take seconds a refusal should not wait for
+
     if args.party is not None:
-        return run_party(fed, args.party, args.command, protocol, present, options)
+        return _explained(fed, args.party, present, protocol,
+                          lambda: run_party(fed, args.party, args.command, protocol, present, options))
     run_all(fed, args.command, protocol, present, options)
     _summarise(fed, args)
     return 0
 
 
+def _roles(fed, party: str | None, present: list[str], protocol: str) -> list[str]:
+    """The roles this process runs: --party, or every present party and the protocol's aggregator."""
+    roles = [*fed.names, *([AGGREGATOR] if has_aggregator(protocol) else [])]
+    if party is not None and party not in roles:
+        raise InputError(f"--party {party!r} is not a role of this run; the roles are {', '.join(roles)}")
+    return [party] if party is not None else [p for p in roles if p in present or p == AGGREGATOR]
+
+
+def _predictions_path(fed, args: argparse.Namespace, roles: list[str]) -> str | None:
+    """`predict --out`: needed where the active party runs (it alone writes the predictions), checked now."""
+    if args.command != "predict" or (args.out is None and fed.active not in roles):
+        return None
+    if args.out is None:
+        raise InputError(f"predict: --out PREDICTIONS.csv is needed where the active party {fed.active!r} runs: it "
+                         "writes the predictions there (the other parties write nothing)")
+    out = Path(args.out).resolve()
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if out.is_dir() or blocker is not None:
+        raise InputError(f"--out {args.out}: cannot write the predictions there "
+                         f"({'it is a folder' if blocker is None else f'{blocker} is a file'}); name a CSV file")
+    return str(out)
+
+
 def check(args: argparse.Namespace) -> int:
-    """`check`: every party's files (or one party's), without starting a federation."""
+    """`check`: a role's own files (or those of every party the file names), without starting a federation."""
     fed = load_federation(args.config)
-    names = fed.names if args.party is None else [args.party]
-    return 0 if _tables_ready(fed, names, "check", quiet=False) else 2
+    if args.party is not None:  # the aggregator's key is checked under any protocol
+        names = [AGGREGATOR] if args.party == AGGREGATOR else _roles(fed, args.party, fed.names, fed.protocol)
+    else:
+        every = fed.local == fed.names and has_aggregator(fed.protocol)  # one operator plays every role
+        names = [*fed.local, *([AGGREGATOR] if every else [])]
+    if not names:
+        raise InputError(f"{fed.path} names no party's own files (train, predict, model): pass --party NAME")
+    if args.party is None:  # a check of one role reports on that role alone
+        print(_pins_line(fed))
+        for name in (n for n in fed.names if n not in fed.local):
+            print(f"party {name!r}: another host's party (its entry here is its name and key)")
+    return 0 if _ready(fed, names, "check", fed.protocol, args.party is not None, quiet=False) else 2
 
 
-def _tables_ready(fed, names: list[str], command: str, quiet: bool) -> bool:
-    """Check the named parties' files for `command`; print the report (stdout) and one `error:` line per
-    party with a problem (stderr). True when every party's files are fine."""
-    from .check import timed_check
+def _pins_line(fed) -> str:
+    """Every pin's fingerprint, to compare with the one each participant's keygen printed (a mistyped pin
+    that is still a valid key is found here, or at the TLS handshake)."""
+    from ..secure.identity import fingerprint
+
+    pins = ", ".join(f"{name} {fingerprint(key)}" for name, key in fed.pinned().items())
+    return f"{fed.path}: protocol {fed.protocol}; pins (compare each with the fingerprint its keygen printed): " + (
+        pins or "none yet")
+
+
+def _ready(fed, names: list[str], command: str, protocol: str, one_host: bool, quiet: bool) -> bool:
+    """Check the named roles' own files for `command` and what the run needs of the file; print the report
+    (stdout) and one `error:` line per problem (stderr). True when there is none."""
+    from .check import run_problems, timed_check
 
     reports, seconds = timed_check(fed, names, command)
     for report in reports:
         for line in report.notes if quiet else report.lines:
             print(line)
-        if report.error is not None:
-            print(f"error: {report.error}", file=sys.stderr)
-    failed = [r.name for r in reports if r.error is not None]
-    if failed:
-        print(f"error: {command}: the files of {', '.join(failed)} need fixing (see above); nothing was started",
-              file=sys.stderr)
+    problems = [(None, p) for p in run_problems(fed, protocol, one_host)]
+    problems += [(r.name, e) for r in reports for e in r.errors]
+    for name, problem in problems:
+        before = "" if command == "check" else f"{command}: " + (
+            f"the files of {name} need fixing (nothing was started): " if name else "nothing was started: ")
+        print(f"error: {before}{problem}", file=sys.stderr)
+    if problems:
         return False
     if not quiet:
-        print(f"checked the files of {len(reports)} {'party' if len(reports) == 1 else 'parties'} in {seconds:.2f} s")
+        print(f"checked the files of {_whom(names)} in {seconds:.2f} s")
     return True
+
+
+def _whom(names: list[str]) -> str:
+    """'3 parties', 'the aggregator', '3 parties and the aggregator'."""
+    parties = sum(name != AGGREGATOR for name in names)
+    counted = [f"{parties} {'party' if parties == 1 else 'parties'}"] if parties else []
+    return " and ".join(counted + (["the aggregator"] if AGGREGATOR in names else []))
+
+
+def _explained(fed, name: str, present: list[str], protocol: str, run) -> int:
+    """`run()`; a failure whose words come from elsewhere (a TLS refusal, the two-party rule) retold with
+    what this party's own file says."""
+    try:
+        return run()
+    except (PartyFailure, InputError) as error:
+        text = str(error)
+        better = _pin_hint(fed, name, protocol, text) or _two_party_cause(fed, present, text)
+        if better is None:
+            raise
+        raise (InputError if isinstance(error, InputError) else PartyFailure)(better) from None
+
+
+def _pin_hint(fed, name: str, protocol: str, text: str) -> str | None:
+    """A refused TLS handshake with a peer this role dials, with the pins its own file holds for both ends."""
+    from ..secure.identity import fingerprint, pin_text
+
+    dials = ([fed.active] if name not in (fed.active, AGGREGATOR) else []) + (
+        [AGGREGATOR] if has_aggregator(protocol) and name != AGGREGATOR else [])
+    peer = next((p for p in dials if f"could not connect to {p} at" in text and "TLS handshake" in text), None)
+    pins = fed.pinned()
+    if peer is None or peer not in pins or name not in pins:
+        return None
+    return (f"{text}. {fed.path} pins {peer} as key = \"{pin_text(pins[peer])}\" (fingerprint "
+            f"{fingerprint(pins[peer])}): compare it with the line {peer}'s `federation keygen` printed; {peer}'s "
+            f"own file must pin {name} as fingerprint {fingerprint(pins[name])}")
+
+
+_TWO_PARTIES = "only two parties take part"
+
+
+def _two_party_cause(fed, present: list[str], text: str) -> str | None:
+    """The two-party refusal where this file expects more parties: its cause is a party that did not join,
+    not the consent setting it would point at."""
+    if _TWO_PARTIES not in text or len(present) <= 2:
+        return None
+    return (f"{text[:text.index(_TWO_PARTIES)]}only two of the {len(present)} parties expected "
+            f"({', '.join(present)}) joined within join_timeout_s = {fed.join_timeout_s:g} s ({fed.path}), and two "
+            "parties would hide nothing from each other, so nothing was sent. A party that could not connect says "
+            "why on its own host (a pin that does not match, its key file, an address); `federation check --party "
+            "NAME` there checks its key and pins. A party that is away is declared with --absent NAME")
 
 
 def _summarise(fed, args: argparse.Namespace) -> None:

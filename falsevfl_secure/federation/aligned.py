@@ -175,35 +175,37 @@ def _announced(role, n_union: int, listed: int):
     signature, frame = payload[:64], payload[64:]
     verify(role.spec.cast.pins[active], "kept rows", role.session.id + role.spec.name.encode() + b"\0"
            + hashlib.sha256(frame).digest(), signature, active)
-    return check_announcement(frame, peers.active_index, n_union, listed, peers.n_parties)
+    return check_announcement(frame, peers.active_index, n_union, listed, peers.n_parties,
+                              f"the active party {active!r}")
 
 
-def check_announcement(data: bytes, active: int, n_union: int, listed: int, world: int):
+def check_announcement(data: bytes, active: int, n_union: int, listed: int, world: int,
+                       sender: str = "the active party"):
     """(kept, labeled, validation, counts, short) of an announcement frame, each checked: increasing
     positions of the shared order, labeled and validation disjoint among the kept, counts within this
     party's `listed` records, shortfalls of other ranks of the `world` within their base (anything else
-    is refused, naming the sender)."""
+    is refused, naming the `sender` by its name, never by its rank)."""
+    source = f"the row announcement of {sender}"
     frame = frames.decode(data, expect=(frames.Kind.DATA,))
     if len(frame.blobs) != _BLOBS or any(len(b) % 8 for b in frame.blobs):
-        raise SecureMessageError(f"the row announcement from party {active} is not {_BLOBS} int64 arrays")
+        raise SecureMessageError(f"{source} is not {_BLOBS} int64 arrays")
     kept, labeled, validation, counts, short = (np.frombuffer(b, dtype="<i8").astype(np.int64) for b in frame.blobs)
     if not (all(_increasing_within(p, n_union) for p in (kept, labeled, validation))
             and np.isin(labeled, kept).all() and np.isin(validation, kept).all()
             and not np.isin(validation, labeled).any()):
-        raise SecureMessageError(f"the row announcement from party {active} names positions that are not "
-                                 f"increasing positions of the shared order of {n_union} records")
+        raise SecureMessageError(f"{source} names positions that are not increasing positions of the shared "
+                                 f"order of {n_union} records")
     if counts.size != 2 or counts.min() < 0 or counts.max() > listed:
-        raise SecureMessageError(f"the row announcement from party {active} gives counts {counts.tolist()} "
-                                 f"outside this party's {listed} records")
-    return kept, labeled, validation, counts, _shortfalls(short, world, active)
+        raise SecureMessageError(f"{source} gives counts {counts.tolist()} outside this party's {listed} records")
+    return kept, labeled, validation, counts, _shortfalls(short, world, active, source)
 
 
-def _shortfalls(values: np.ndarray, world: int, active: int) -> tuple[Shortfall, ...]:
+def _shortfalls(values: np.ndarray, world: int, active: int, source: str) -> tuple[Shortfall, ...]:
     triples = values.reshape(-1, 3) if values.size % 3 == 0 else None
     if triples is None or not _increasing_within(triples[:, 0], world) or (triples[:, 0] == active).any() \
             or (triples[:, 1] < 0).any() or (triples[:, 1] > triples[:, 2]).any():
-        raise SecureMessageError(f"the row announcement from party {active} names shortfalls that are not "
-                                 f"(rank, overlap <= base) of other parties")
+        raise SecureMessageError(f"{source} names shortfalls that are not (party, overlap <= base) of the other "
+                                 "parties")
     return tuple(Shortfall(*(int(v) for v in row)) for row in triples)
 
 

@@ -1,13 +1,16 @@
-"""`federation check`: each party's own files checked against the federation file, in about a second and
-without starting a federation.
+"""`federation check`: each party's own files checked against its own federation file, in about a second
+and without starting a federation.
 
-For a party it reads the training table as `train` will (columns, numeric and categorical types, missing
-cells, IDs and their normalisation, duplicates, at the active party the labels) and fits the encoding;
-then the prediction table when it exists, as `predict` will: against the saved model when one was
-trained with this configuration, else against the training table's columns and categories (unseen
-categories are counted). `train` and `predict` run the same check for every local party before anything
-is launched. Whether the parties' IDs overlap cannot be checked here (the IDs are private): training
-reports it after the private alignment.
+For a role it checks its identity key (an Ed25519 key readable by its owner only, and the key its own file
+pins for it) and, for a party, reads the training table as `train` will (columns, numeric and categorical
+types, missing cells, IDs and their normalisation, duplicates, at the active party the labels) and fits
+the encoding; then the prediction table when it exists, as `predict` will: against the saved model when
+one was trained with this configuration, else against the training table's columns and categories
+(unseen categories are counted). Every pin was parsed when the file was read (a pin that is no Ed25519
+key, or one key pinned for two roles, is refused there); `run_problems` names what a run also needs (every
+role's pin, the he aggregator's address). `train` and `predict` run the same checks for every local role
+before anything connects. Whether the parties' IDs overlap cannot be checked here (the IDs are private):
+training reports it after the private alignment.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..errors import FalseVflError
+from ..errors import FalseVflError, InputError
+from ..secure import identity
+from ..transport.protocols import protocol_named
 from .config import AGGREGATOR, Federation
 from .inputs import PartyInput, prediction_input, read_prediction_table, read_training_table
 from .store import load_manifest
@@ -29,12 +34,12 @@ NOTE = "  note: "
 
 @dataclass
 class PartyCheck:
-    """What the check found for one party: report lines, the error (None: the files are fine) and what
-    was read (the `PartyInput` that `train` or `predict` uses)."""
+    """What the check found for one role: report lines, its problems (one line each; none: its files are
+    fine) and what was read (the `PartyInput` that `train` or `predict` uses)."""
 
     name: str
     lines: list[str] = field(default_factory=list)
-    error: str | None = None
+    errors: list[str] = field(default_factory=list)
     inputs: PartyInput | None = None
 
     @property
@@ -44,35 +49,87 @@ class PartyCheck:
 
 
 def check_parties(fed: Federation, names: list[str], command: str) -> list[PartyCheck]:
-    """The check of every named party for `command` ("check", "train" or "predict")."""
+    """The check of every named role for `command` ("check", "train" or "predict")."""
     return [check_party(fed, name, command) for name in names]
 
 
 def check_party(fed: Federation, name: str, command: str) -> PartyCheck:
-    """One party's files for `command`; a problem becomes `error` (one line), never an exception."""
-    result = PartyCheck(name)
-    if name == AGGREGATOR:
-        result.lines.append("the aggregator has no files to check")
-        return result
+    """Role `name`'s own files for `command`: (a party) its tables, then its key; each problem becomes one
+    line of `errors`, never an exception."""
+    result = PartyCheck(name, ["the aggregator:"] if name == AGGREGATOR else [])
     try:
-        fed.party(name)
-        if command in ("check", "train"):
-            result.inputs = read_training_table(fed, name)
-            result.lines += describe_training(fed, name, result.inputs)
-        if command == "check":
-            result.lines += _prediction_lines(fed, name, result.inputs)
-        if command == "predict":
-            result.inputs = read_prediction_table(fed, name)
-            result.lines += describe_prediction(fed, name, result.inputs)
+        if name != AGGREGATOR:
+            result.lines += _table_lines(fed, name, command, result)
     except FalseVflError as error:
-        result.error = str(error)
+        result.errors.append(str(error))
+    try:
+        result.lines.append(identity_line(fed, name))
+    except FalseVflError as error:
+        result.errors.append(str(error))
     return result
+
+
+def _table_lines(fed: Federation, name: str, command: str, result: PartyCheck) -> list[str]:
+    """Party `name`'s tables read as `command` reads them (kept in `result.inputs`), and the report lines."""
+    fed.own(name)
+    if command == "predict":
+        result.inputs = read_prediction_table(fed, name)
+        return describe_prediction(fed, name, result.inputs)
+    result.inputs = read_training_table(fed, name)
+    lines = describe_training(fed, name, result.inputs)
+    return lines + (_prediction_lines(fed, name, result.inputs) if command == "check" else [])
+
+
+def role_text(name: str) -> str:
+    return "the aggregator" if name == AGGREGATOR else f"party {name!r}"
+
+
+def identity_line(fed: Federation, name: str) -> str:
+    """Role `name`'s own key file: a usable Ed25519 key, and the one its own file pins for it (a key that
+    is not would fail at the TLS handshake, after the join timeout, with the peer's words)."""
+    path, who = fed.identity_path(name), role_text(name)
+    try:
+        public = identity.public_bytes(identity.read_private_key(path))
+    except identity.IdentityError as error:
+        raise InputError(f"{who}: {error}") from None
+    pinned, fingerprint = fed.pinned(), identity.fingerprint(public)
+    if pinned.get(name) == public:
+        return f"  key: {path} holds the key pinned for {name} (fingerprint {fingerprint})"
+    if name not in pinned:
+        return f"{NOTE}{path} holds {who}'s key, not pinned yet: every file pins key = \"{identity.pin_text(public)}\""
+    owner = next((role for role, key in pinned.items() if key == public), None)
+    if owner is not None:
+        raise InputError(f"{who}: {path} holds the key {fed.path} pins for {role_text(owner)}, not for {who}: "
+                         f"this is {owner}'s key file; give {name} its own (`federation keygen --party {name}`, or "
+                         "its `identity` setting)")
+    raise InputError(f"{who}: {path} holds a key (fingerprint {fingerprint}) that {fed.path} does not pin for "
+                     f"{name} (it pins fingerprint {identity.fingerprint(pinned[name])}): the key file is not "
+                     f"{name}'s, or its pin is mistyped. This key's line is key = \"{identity.pin_text(public)}\"")
+
+
+def has_aggregator(protocol: str) -> bool:
+    """Whether the protocol runs the aggregator role (he)."""
+    return bool(protocol_named(protocol).helpers)
+
+
+def run_problems(fed: Federation, protocol: str, one_host: bool) -> list[str]:
+    """What a run under `protocol` needs of the file beyond each role's own files: a pin for every role,
+    and with one host per party the aggregator's address."""
+    problems = []
+    try:
+        fed.pins(with_aggregator=has_aggregator(protocol))
+    except InputError as error:
+        problems.append(str(error))
+    if one_host and has_aggregator(protocol) and fed.aggregator.address is None:
+        problems.append(f"{fed.path}: protocol {protocol} needs [aggregator] address = \"HOST:PORT\" (where the "
+                        "aggregator listens)")
+    return problems
 
 
 def _prediction_lines(fed: Federation, name: str, training: PartyInput) -> list[str]:
     """The prediction table against the saved model (when trained with this configuration) or else
     against the training table."""
-    spec = fed.party(name)
+    spec = fed.own(name)
     if not spec.predict.exists():
         return [f"  no prediction table yet ({spec.predict})"]
     notes = []

@@ -18,17 +18,17 @@ Every key, its type, default and an example: docs/federation-toml.md. In short:
 
     [[party]]                       # one per party, in rank order
     name = "bank"
-    train = "bank/train.csv"        # paths are relative to this file
-    predict = "bank/predict.csv"
-    model = "bank/model"
     key = "ed25519:..."             # the party's pinned identity (`federation keygen` prints this line)
+    train = "bank/train.csv"        # this party's own files (relative to this file): only the party that
+    predict = "bank/predict.csv"    # runs with this file needs them; another party's entry is its name
+    model = "bank/model"            # and key
 
     [aggregator]                    # he only: the non-colluding aggregator
     address = "10.0.0.9:29612"      # host:port where it listens
     key = "ed25519:..."             # its pinned identity
 
 Every mistake is one `InputError` naming the file and the setting; an unknown key is refused with the
-valid keys of its section and the closest one.
+valid keys of its section and the closest one, and two participants pinned with one key are refused.
 """
 
 from __future__ import annotations
@@ -69,15 +69,25 @@ DEFAULT_PRESET = "auto"
 SCHEDULE_WIDTHS = "digits"  # the dataset whose widths a bare schedule takes
 
 
+OWN_PATHS = ("train", "predict", "model")  # what only the party that runs with the file must name
+KEYS_FOLDER = "keys"  # the default home of every role's key: keys/<name>.key beside the file
+
+
 @dataclass(frozen=True)
 class PartySpec:
     name: str
-    train: Path
-    predict: Path
-    model_dir: Path
+    train: Path | None = None  # None: another host's party (its entry names it and pins its key only)
+    predict: Path | None = None
+    model_dir: Path | None = None
     key: bytes | None = None  # the pinned Ed25519 public key
     identity: Path | None = None  # this party's own private key file (used only on its own host)
     categorical: tuple[str, ...] = ()
+
+    @property
+    def missing_paths(self) -> list[str]:
+        """Which of its own paths the entry does not name."""
+        given = {"train": self.train, "predict": self.predict, "model": self.model_dir}
+        return [key for key in OWN_PATHS if given[key] is None]
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,30 @@ class Federation:
                 return spec
         raise InputError(f"{self.path}: unknown party {name!r}; the parties are {', '.join(self.names)}")
 
+    def own(self, name: str) -> PartySpec:
+        """Party `name` as the party that runs with this file: its entry must name its own files."""
+        spec = self.party(name)
+        if spec.missing_paths:
+            raise InputError(f"{self.path}: [[party]] name = {name!r} has no {', '.join(spec.missing_paths)}: the "
+                             "file of the party that runs names its own tables and model folder there (relative to "
+                             "the file; another party's entry needs only name and key)")
+        return spec
+
+    @property
+    def local(self) -> list[str]:
+        """The parties whose own files this file names (every party in a one-operator file, one per host); an
+        entry naming only some is among them, so that `own` names what it lacks."""
+        return [p.name for p in self.parties if len(p.missing_paths) < len(OWN_PATHS)]
+
+    def present(self, absent: list[str]) -> list[str]:
+        """The listed parties not declared absent; the active party is never absent."""
+        unknown = [name for name in absent if name not in self.names]
+        if unknown:
+            raise InputError(f"--absent {unknown}: no such party; the parties are {', '.join(self.names)}")
+        if self.active in absent:
+            raise InputError(f"the active party {self.active!r} must be present: it holds the model's label side")
+        return [name for name in self.names if name not in absent]
+
     def pins(self, with_aggregator: bool) -> dict[str, bytes]:
         """Every participant's pinned key (the aggregator's too when the protocol has one); a missing pin is
         refused: a party talks to no one it has not pinned."""
@@ -131,11 +165,26 @@ class Federation:
         return {**pins, AGGREGATOR: self.aggregator.key} if with_aggregator else pins
 
     def identity_path(self, name: str) -> Path:
-        """Where role `name` keeps its own private key (its `identity` setting, or the default)."""
+        """Where role `name` keeps its own private key: its `identity` setting, else keys/<name>.key beside
+        this file (one file per name, so two roles' keygens never meet), else where an older version put
+        it when a key is there (<folder of model>/identity.key, aggregator/identity.key)."""
+        given = self.aggregator.identity if name == AGGREGATOR else self.party(name).identity
+        if given is not None:
+            return given
+        default = self.path.parent / KEYS_FOLDER / f"{name}.key"
         if name == AGGREGATOR:
-            return self.aggregator.identity or self.path.parent / AGGREGATOR / "identity.key"
-        spec = self.party(name)
-        return spec.identity or spec.model_dir.parent / "identity.key"
+            older = self.path.parent / AGGREGATOR / "identity.key"
+        else:
+            model = self.party(name).model_dir
+            older = model.parent / "identity.key" if model is not None else None
+        if older is not None and older.exists() and not default.exists():
+            return older  # a key made before the keys/ folder: files written then keep working
+        return default
+
+    def pinned(self) -> dict[str, bytes]:
+        """The roles this file pins a key for (the aggregator too where pinned)."""
+        pins = {p.name: p.key for p in self.parties if p.key is not None}
+        return {**pins, AGGREGATOR: self.aggregator.key} if self.aggregator.key is not None else pins
 
     def read_options(self, name: str, detect_categories: bool = True,
                      categorical: tuple[str, ...] | None = None) -> ReadOptions:
@@ -160,11 +209,12 @@ def load_federation(path: Path | str) -> Federation:
     active = _text(section, "active", path, "federation")
     if active not in names:
         raise InputError(f"{path}: [federation] active = {active!r} is not one of the parties {names}")
-    task = _task(section, path)
+    task, aggregator = _task(section, path), _aggregator(raw, path)
+    _distinct_pins(parties, aggregator, path)
     return Federation(path, parties, active, _protocol(section, path), _text(section, "id_column", path, "federation"),
                       _text(section, "label_column", path, "federation"), task,
                       _address(section, "rendezvous", path, "federation"),
-                      _model(raw, path, len(parties), names.index(active), task), _aggregator(raw, path),
+                      _model(raw, path, len(parties), names.index(active), task), aggregator,
                       _flag(section, "allow_two_party_disclosure", path), _join_timeout(section, path),
                       _missing_values(section, path), _id_rule(section, path),
                       _fraction(section, "min_overlap", 0.01, 1.0, path),
@@ -292,13 +342,25 @@ def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
 
 
 def _party(entry: dict, index: int, path: Path) -> PartySpec:
-    where = f"party #{index + 1}"
     refuse_unknown(entry, PARTY_KEYS, path, f"[[party]] #{index + 1}")
-    base = path.parent
-    identity = base / _text(entry, "identity", path, where) if "identity" in entry else None
-    return PartySpec(_text(entry, "name", path, where), base / _text(entry, "train", path, where),
-                     base / _text(entry, "predict", path, where), base / _text(entry, "model", path, where),
-                     _pin(entry, path, where), identity, _categorical(entry, path, where))
+    name = _text(entry, "name", path, f"party #{index + 1}")
+    where, base = f"party {name!r}", path.parent
+    given = {key: base / _text(entry, key, path, where) if key in entry else None
+             for key in (*OWN_PATHS, "identity")}
+    return PartySpec(name, given["train"], given["predict"], given["model"], _pin(entry, path, where),
+                     given["identity"], _categorical(entry, path, where))
+
+
+def _distinct_pins(parties: tuple[PartySpec, ...], aggregator: AggregatorSpec, path: Path) -> None:
+    """Two roles pinned with one key: a pin copied into the wrong entry (each role has a key of its own)."""
+    seen: dict[bytes, str] = {}
+    roles = [(p.name, p.key) for p in parties] + [(AGGREGATOR, aggregator.key)]
+    for name, key in roles:
+        if key is not None and key in seen:
+            raise InputError(f"{path}: {seen[key]} and {name} are pinned with the same key: every participant has "
+                             "its own (the `key = ...` line its own `federation keygen` printed); one of the two "
+                             "pins was copied into the wrong entry")
+        seen.setdefault(key, name)
 
 
 def _categorical(entry: dict, path: Path, where: str) -> tuple[str, ...]:
@@ -386,9 +448,11 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
 
 def _check_device(device: str, path: Path) -> None:
     """`[model] device`, this host's own choice, checked on this host."""
-    import torch
-
     if device not in ("auto", "cpu", "cuda"):
         raise InputError(f"{path}: [model] device = {device!r}; choose auto, cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device != "cuda":
+        return
+    import torch  # only asked where the file names cuda
+
+    if not torch.cuda.is_available():
         raise InputError(f'{path}: [model] device = "cuda", but this host has no CUDA device; use "auto" or "cpu"')

@@ -59,14 +59,16 @@ def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: s
 
 
 def write_identities(out: Path, names: list[str]) -> dict[str, str]:
-    """An identity key per party (party folder/identity.key) and for the aggregator; the pins. In a real
-    federation each participant runs `federation keygen` on its own host and sends only the printed pin."""
+    """An identity key per party and for the aggregator, where `keygen` puts them (keys/<name>.key beside
+    the file); the pins. In a real federation each participant runs `federation keygen` on its own host and
+    sends only the printed pin."""
     from ..secure import identity
+    from .config import KEYS_FOLDER
 
     pins = {}
     for name in [*names, "aggregator"]:
         key = identity.generate()
-        path = out / name / "identity.key"
+        path = out / KEYS_FOLDER / f"{name}.key"
         path.unlink(missing_ok=True)  # the demo rewrites its own folder
         identity.write_private_key(path, key)
         pins[name] = identity.pin_text(identity.public_bytes(key))
@@ -103,7 +105,8 @@ def _toml(preset: str, names: list[str], active: str, protocol: str, seed: int, 
     parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
                       f'model = "{n}/model"\nkey = "{pins[n]}"\n' for n in names)
     return (f'# A demo federation written by `python -m falsevfl_secure.federation demo` ({preset}).\n'
-            '# Every key is explained in docs/federation-toml.md.\n'
+            '# Every key is explained in docs/federation-toml.md. One operator plays every role here; with one\n'
+            "# host per party, each party's own file names only its own paths (docs/federation-examples.md).\n"
             f'[federation]\nactive = "{active}"\nprotocol = "{protocol}"\nid_column = "id"\nlabel_column = "label"\n'
             f'task = "classification"\nrendezvous = "127.0.0.1:29611"\n'
             f"validation_fraction = {validation_fraction!r}  # labeled records held out to measure the model "

@@ -40,7 +40,7 @@ def _labels(fed: Federation, table: PartyTable, classes=None) -> tuple[np.ndarra
 def read_training_table(fed: Federation, name: str) -> PartyInput:
     """Party `name`'s training table, encoded and checked before the party joins the federation."""
     labels = fed.label_column if name == fed.active else None
-    table = read_party_table(fed.party(name).train, name, fed.id_column, labels, options=fed.read_options(name))
+    table = read_party_table(fed.own(name).train, name, fed.id_column, labels, options=fed.read_options(name))
     encoding = fit_encoding(table)
     block = encode(table, encoding)
     if name != fed.active:
@@ -58,7 +58,7 @@ def read_training_table(fed: Federation, name: str) -> PartyInput:
 def read_prediction_table(fed: Federation, name: str) -> PartyInput:
     """Party `name`'s saved model and prediction table (columns matched by name), checked against each
     other before it joins."""
-    manifest = load_manifest(fed.party(name).model_dir, name, fed.model)
+    manifest = load_manifest(fed.own(name).model_dir, name, fed.model)
     return prediction_input(fed, name, manifest.encoding, manifest.classes, manifest)
 
 
@@ -68,7 +68,7 @@ def prediction_input(fed: Federation, name: str, encoding: Encoding, classes: tu
     training the one fitted on the training table): the same columns by name, the same kinds."""
     labels = fed.label_column if name == fed.active else None
     options = fed.read_options(name, detect_categories=False, categorical=tuple(encoding.categories))
-    table = read_party_table(fed.party(name).predict, name, fed.id_column, labels, expected_columns=encoding.columns,
+    table = read_party_table(fed.own(name).predict, name, fed.id_column, labels, expected_columns=encoding.columns,
                              label_optional=True, options=options)
     if table.labels is not None and fed.task == "classification" and classes:
         _labels(fed, table, classes)  # labels in a prediction table are for scoring only, but must be known ones

@@ -6,13 +6,19 @@ Every role builds its spec from its own federation.toml: the cast with the pinne
 One host per party, the active party listens at `[federation] rendezvous`, the he aggregator at
 `[aggregator] address`, and every other party only dials out. Launched locally, the hubs listen on
 loopback ports chosen at start-up.
+
+Outputs are fail-safe: a run's models and predictions are written to their staged places (`fsio.staged`)
+and moved into place only once the run has ended well here (every local role's program finished), so a
+failed or killed run leaves the previous models and predictions as they were.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
+from ..fsio import commit, discard
 from ..runtime.cast import LOOPBACK, base_agreement, plan_for
 from ..runtime.role import RoleSpec
 from ..runtime.worker import run_role
@@ -72,7 +78,8 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
         raise InputError(f"--party {name!r} is not a role of this run; the roles are "
                          f"{', '.join(role_names(fed, fed.names, proto))}")
     spec = spec_of(fed, name, command, proto, present, file_addresses(fed, proto))
-    run_role(spec, federation_program, (str(fed.path), command, options))
+    committed(outputs_of(fed, [name], command, options),
+              lambda: run_role(spec, federation_program, (str(fed.path), command, options)))
     return 0
 
 
@@ -85,4 +92,27 @@ def run_all(fed: Federation, command: str, protocol: str, present: list[str], op
     check_two_parties(len(present), specs[0].agreement, str(fed.path))  # every role would refuse: say it now
     logs = Path(fed.path).parent / "logs" / command
     show = fed.active if options.get("progress") else None
-    World(specs, federation_program, (str(fed.path), command, options), logs, show=show).start().wait()
+    world = World(specs, federation_program, (str(fed.path), command, options), logs, show=show)
+    committed(outputs_of(fed, present, command, options), lambda: world.start().wait())
+
+
+def outputs_of(fed: Federation, names: list[str], command: str, options: dict) -> list[Path]:
+    """What the roles `names` of the command write: each party's model folder (train), or the active
+    party's predictions file (predict)."""
+    if command == "train":
+        return [fed.party(name).model_dir for name in names if name != AGGREGATOR]
+    return [Path(options["out"])] if fed.active in names and options.get("out") else []
+
+
+def committed(outputs: list[Path], run: Callable[[], object]) -> None:
+    """`run()`, with `outputs` moved into place only when it ended well; whatever stays staged is dropped
+    (also an earlier run's, first: it never ended well)."""
+    for path in outputs:
+        discard(path)
+    try:
+        run()
+        for path in outputs:
+            commit(path)
+    finally:
+        for path in outputs:
+            discard(path)

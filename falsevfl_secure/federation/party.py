@@ -6,7 +6,10 @@ runs: in `train`, a party aligns its training table with the others', encodes it
 rows' statistics (data/encoding.py), trains the FALSE-VFL core, measures the model on the held-out
 validation records and saves its part and its own communication counters (never sent to another party);
 in `predict`, the parties present align their prediction tables, load their saved parts, and the active
-party writes the predictions. The he aggregator has no files: it serves its protocol.
+party writes the predictions. Every output is written to its staged place (`fsio.staged`); the launcher
+moves it into place once the whole run has ended well (`launch.py`). A listed party that did not join ends
+a prediction unless it was declared absent (`--absent`) or the active party's file consents. The he
+aggregator has no files: it serves its protocol.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from ..config import sized_schedule
 from ..data.tables import PartyTable
 from ..errors import InputError
-from ..fsio import atomic_write, write_json
+from ..fsio import atomic_write, staged, write_json
 from ..model.likelihood import CellLayout
 from ..node import build_node, resolve_device
 from ..placement import Active
@@ -83,16 +86,27 @@ def federation_program(role, config: str, command: str, options: dict):
         role.serve_helper()
         return None
     if role.session.left_out:
-        print(f"left out (did not join within {fed.join_timeout_s:g} s): {', '.join(role.session.left_out)}",
-              file=sys.stderr, flush=True)
+        _left_out(fed, role.session.left_out)
     inputs = read_inputs(fed, role.spec.name, command)
     return _train(role, fed, inputs, options) if command == "train" else _predict(role, fed, inputs, options)
 
 
+def _left_out(fed: Federation, names: tuple[str, ...]) -> None:
+    """At the active party: listed parties that did not join end the run, unless its own file consents
+    (predictions from fewer parties must be asked for, never a silent fallback)."""
+    waited = f"did not join within {fed.join_timeout_s:g} s"
+    if getattr(fed, "allow_partial_predict", False):  # [federation] allow_partial_predict = true
+        print(f"left out ({waited}): {', '.join(names)}", file=sys.stderr, flush=True)
+        return
+    raise InputError(f"{', '.join(names)} {waited} (join_timeout_s in {fed.path}); predicting without "
+                     f"{'it' if len(names) == 1 else 'them'} needs --absent {' '.join(names)} (or "
+                     f"allow_partial_predict = true in [federation] of {fed.path}); no predictions were written")
+
+
 def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
-    """Align, encode with its own rows, train, validate, save its own part (and its own counters)."""
+    """Align, encode with its own rows, train, validate, save its own part (and its own counters), staged."""
     started, name, rank = time.perf_counter(), role.spec.name, role.rank
-    me = fed.party(name)
+    me, out = fed.party(name), staged(fed.party(name).model_dir)
     targets = inputs.targets if role.is_active else None
     labeled_rows = np.flatnonzero(is_labeled(targets)) if targets is not None else None
     aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
@@ -110,19 +124,22 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role),
                   validation=held_out)
     predictions = predict_split(node, held_out) if held_out is not None else None
-    save_model(me.model_dir, node, rank, Manifest(name, inputs.encoding, fed.model.fingerprint(),
-                                                  fed.model.training_settings(), role.protocol.name,
-                                                  inputs.classes or None, inputs.target_scale))
+    save_model(out, node, rank, Manifest(name, inputs.encoding, fed.model.fingerprint(), fed.model.training_settings(),
+                                         role.protocol.name, inputs.classes or None, inputs.target_scale))
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
-    write_json(me.model_dir / "train_log.json", own)  # this party's own counters stay with it
+    write_json(out / "train_log.json", own)  # this party's own counters stay with it
     if role.is_active:
         validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
                                time.perf_counter() - started, validation)
         schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
-        write_json(me.model_dir / "train_result.json", {**record, "lift": lift, "selection": trained.selection,
-                                                        "schedule": schedule})
+        lost = role.losses.events if role.losses is not None else []
+        write_json(out / "train_result.json", {**record, "lift": lift, "selection": trained.selection,
+                                               "schedule": schedule, "lost_parties": lost})
+        for event in lost:
+            print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
+                  f"part of the model is from before; predict with --absent {event['party']}", flush=True)
         print(validation_summary(validation), flush=True)
         for line in lift_lines(lift) if lift else ():
             print(line, flush=True)
@@ -132,7 +149,7 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
     """This party's node, its training data and validation records (the active party's with its own trees'
     score, an input of its discriminator only)."""
     device, rank = resolve_device(cfg.device), role.rank
-    model_dir = fed.party(role.spec.name).model_dir
+    model_dir = staged(fed.party(role.spec.name).model_dir)  # the rows its trees fit on join the staged model
     scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes) if role.is_active else None
     node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device,
                       layouts={rank: CellLayout.from_kinds(inputs.encoding.kinds())},
@@ -140,6 +157,10 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
     data = host_split(party_view(placed, aligned, rank, targets), device,
                       n_classes if fed.task == "classification" else None)
     held_out = _validation_data(placed, aligned, rank, targets, device)
+    if role.is_active and node.method.survives_party_loss:  # who holds each record: a run can go on without one
+        data.patterns = aligned.holders
+        if held_out is not None:
+            held_out.patterns = aligned.holders[aligned.validation]
     if scores is not None:
         data.own_extra = Active(torch.from_numpy(scores).to(device))
         if held_out is not None:
@@ -222,8 +243,8 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
         hosted.own_extra = Active(torch.from_numpy(scores).to(device))
     predictions = predict_split(node, hosted)
     if role.is_active:
-        atomic_write(Path(options["out"]), predictions_csv(loaded.table, aligned, predictions.get().numpy(),
-                                                           manifest, present))
+        atomic_write(staged(options["out"]), predictions_csv(loaded.table, aligned, predictions.get().numpy(),
+                                                             manifest, present))
 
 
 def predictions_csv(table: PartyTable, aligned: Aligned, predictions: np.ndarray, manifest: Manifest,

@@ -182,7 +182,9 @@ def _toml(spec: Spec, names: list[str], task: str, pins: dict[str, str]) -> str:
                   f"# id_pattern = {_value(MIXED_PATTERN)}\n")
     parties = "".join(f'\n[[party]]\nname = "{n}"\ntrain = "{n}/train.csv"\npredict = "{n}/predict.csv"\n'
                       f'model = "{n}/model"\nkey = "{pins[n]}"\n' for n in names)
-    return (f'[federation]\nactive = "{names[0]}"\nprotocol = "{spec.protocol}"\nid_column = "patient_id"\n'
+    return ("# One operator plays every role here; with one host per party, each party's own file names only\n"
+            "# its own paths (docs/federation-examples.md). Every key: docs/federation-toml.md.\n"
+            f'[federation]\nactive = "{names[0]}"\nprotocol = "{spec.protocol}"\nid_column = "patient_id"\n'
             f'label_column = "outcome"\ntask = "{task}"\nrendezvous = "127.0.0.1:{spec.port}"\n{extra}\n'
             f'[model]\n{spec.model}{parties}\n[aggregator]\naddress = "127.0.0.1:{spec.port + 1}"\n'
             f'key = "{pins["aggregator"]}"\n')

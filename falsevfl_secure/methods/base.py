@@ -57,10 +57,12 @@ class Method:
       stackable: the local runtime may evaluate its party networks as batched products (`PartyStack`).
       probe_stages: the stages whose first step (and end-of-epoch rounds) `simulate --audit` records.
       row_rule: per training stage, which rows it trains on (in words, for errors).
+      survives_party_loss: training may go on without a passive party that left (`runtime.losses`).
     """
 
     name: ClassVar[str]
     rounds: ClassVar[RoundTable]
+    survives_party_loss: ClassVar[bool] = False  # its steps treat a party that left as one holding no row
     variants: ClassVar[tuple[type[Method], ...]] = ()  # subclasses a configuration option selects (`configured`)
     needs_patterns: ClassVar[bool] = False
     stackable: ClassVar[bool] = False
@@ -123,6 +125,14 @@ class Method:
 
     def prepare(self, node: Node, data: HostedData) -> None:
         """Before training: statistics each party takes of its own training rows (none by default)."""
+
+    def wire_sizes(self, cfg: Config, rows: int = 0) -> dict[str, int]:
+        """The largest value of each size name of this method's round payloads (B batch rows, S samples, H the
+        latent width, E an embedding width, T subsets, P model parameters): the network's frame bounds.
+        `rows`: a batch larger than the configured ones (a test's single step)."""
+        batch = max(cfg.pretrain.batch_size, cfg.train.batch_size, cfg.eval_batch_size, rows)
+        return {"B": batch, "S": max(cfg.kappa, cfg.predict_samples), "H": cfg.h_dim, "E": cfg.h_dim,
+                "T": cfg.parties, "P": 1}
 
     def end_epoch(self, node: Node, stage: Stage) -> None:
         """The rounds at the end of every epoch of `stage` (the table's `epoch_end`; none by default)."""

@@ -36,6 +36,7 @@ class FalseVfl(Method):
     active party). Prediction: SNIS over `predict_samples` latent samples."""
 
     name = "false-vfl"
+    survives_party_loss = True  # a party adds only to sums; rows no one holds any more get weight 0 (steps)
     rounds = ROUNDS
     stackable = True
     selects_locally = True

@@ -42,6 +42,11 @@ class FedHssl(EmbeddingFusion):
     def embedding_width(self, cfg: Config) -> int:
         return 2 * cfg.h_dim  # the cross-party and the local encoder's outputs side by side
 
+    def wire_sizes(self, cfg: Config, rows: int = 0) -> dict[str, int]:
+        with torch.device("meta"):  # shapes only: no initialisation, no draw from any generator
+            shared = self.party_module(cfg, 1).shared()  # the averaged parameters do not depend on a block's width
+        return {**super().wire_sizes(cfg, rows), "P": sum(p.numel() for p in shared)}
+
     def rows(self, stage: Stage, data) -> np.ndarray:
         patterns = patterns_of(data, self.name)
         if stage is Stage.PRETRAIN:

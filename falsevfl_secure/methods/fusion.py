@@ -42,6 +42,9 @@ class EmbeddingFusion(Method):
         """The width of a party's embedding (what the fusion sums)."""
         return cfg.h_dim
 
+    def wire_sizes(self, cfg: Config, rows: int = 0) -> dict[str, int]:
+        return {**super().wire_sizes(cfg, rows), "E": self.embedding_width(cfg)}
+
     def build_party(self, cfg: Config, width: int, randomness: RoleRandomness, layout=None) -> nn.Module:
         return initialise(self.party_module(cfg, width), randomness.stream("party/init"))
 

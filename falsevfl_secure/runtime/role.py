@@ -26,6 +26,7 @@ from ..transport.network import Blame, Network, Plan
 from ..transport.protocols import Membership, Protocol, protocol_named
 from ..transport.rounds import VOCABULARY
 from ..transport.views import View
+from .losses import PartyLoss, tolerated
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class Role:
         peers = Peers(self.network, names, names.index(spec.name), len(session.present), session.active_index)
         self.session = session
         self.membership = Membership(peers, session, spec.cast, self.key, exchange, self.view)
+        self.network.coordinator, self.network.tolerated = session.active, tolerated(self)
+        self.losses = PartyLoss(self) if self.network.tolerated and spec.is_party else None
         if spec.is_party:
             self.backend = self.protocol.open(self.membership)
         return self
@@ -112,8 +115,10 @@ class Role:
     def transport(self, device: torch.device | None = None) -> DistributedTransport:
         """A fresh transport over this role's backend (one per training run or session job)."""
         peers = self.peers
-        return DistributedTransport(peers.rank, peers.n_parties, peers.active_index, self.backend, self.network,
-                                    CommLog(timed=True), device)
+        transport = DistributedTransport(peers.rank, peers.n_parties, peers.active_index, self.backend, self.network,
+                                         CommLog(timed=True), device)
+        transport.on_party_lost = getattr(self, "losses", None)  # None: a lost party ends the run
+        return transport
 
     def channel(self, tag: str = "align") -> PairChannel:
         """Byte frames among the present parties (the alignment), sealed where the active party relays."""

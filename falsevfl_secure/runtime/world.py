@@ -8,8 +8,11 @@ every outcome, or for the first failure: it names the cause -- a role's own erro
 that died (with its signal and the round it was in), then a stall -- not the peers' failures that
 followed, and it stops every child (also on Ctrl-C and on a timeout). Children write their output to
 `OUT/logs/<role>.log` (one chosen role's stderr stays on the terminal: its progress bars), and their
-process ids to `OUT/world.pids`. A child never outlives the world: its parent-death signal fires when the
-fork server exits with this process.
+process ids to `OUT/world.pids`. A child never outlives the world, even one killed with SIGKILL: each child
+watches a lifeline, a pipe whose only writing end this process holds, and exits when it reads end-of-file
+(the kernel closes that end when this process dies). The fork server and the resource tracker then lose
+their last client and exit too. (A parent-death signal would not do: a child's parent is the fork server,
+which lives on as long as any child holds its pipe.)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +33,7 @@ from .worker import serve_in_world
 
 SETTLE_S = 2.0  # after a first failure, how long the other roles get to report theirs
 STOP_GRACE_S = 5.0
+LAUNCHER_GONE = 137  # a child's exit code when its launcher is gone (as if killed with it)
 
 
 class World:
@@ -45,18 +50,21 @@ class World:
         self.out_dir, self.show = (Path(out_dir) if out_dir is not None else None), show
         self.procs: list = []
         self.conns: list = []
+        self.lifelines: list = []  # the writing ends: never written, closed only when this world is over
         self.reports: dict[int, dict] = {}
 
     def start(self) -> World:
         ctx = _context()
         for spec in self.specs:
             parent, child = ctx.Pipe()
+            watched, held = ctx.Pipe(duplex=False)
             log = None if self.out_dir is None else str(self.out_dir / "logs" / f"{spec.name}.log")
             args = (*self.args, *self.per_role.get(spec.name, ()))
-            self.procs.append(ctx.Process(target=_child, args=(spec, self.program, args, child, log,
+            self.procs.append(ctx.Process(target=_child, args=(spec, self.program, args, child, watched, log,
                                                                 spec.name == self.show,
                                                                 self.role_classes.get(spec.name)), daemon=True))
             self.conns.append(parent)
+            self.lifelines.append(held)
         try:
             for proc in self.procs:
                 proc.start()
@@ -169,6 +177,8 @@ class World:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
+        for held in self.lifelines:
+            held.close()  # the world is over: a child not reaped yet (a kill still pending) exits too
 
 
 def describe(names: list[str], reports: dict[int, dict], codes: dict[int, int | None]) -> str:
@@ -221,9 +231,11 @@ def _context():
     return ctx
 
 
-def _child(spec: RoleSpec, program: Callable, args: tuple, conn, log: str | None, show: bool,
+def _child(spec: RoleSpec, program: Callable, args: tuple, conn, lifeline, log: str | None, show: bool,
            role_class: type | None) -> None:
-    """A world's child: its output to its log (the shown role keeps its stderr), then the role's life."""
+    """A world's child: its lifeline watched, its output to its log (the shown role keeps its stderr), then
+    the role's life."""
+    follow_launcher(lifeline)
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -232,6 +244,19 @@ def _child(spec: RoleSpec, program: Callable, args: tuple, conn, log: str | None
             os.dup2(fd, 2)
         os.close(fd)
     serve_in_world(spec, program, args, conn, role_class)
+
+
+def follow_launcher(lifeline) -> None:
+    """Exit as soon as the lifeline reads end-of-file: nothing is ever written to it, so that means the
+    launcher died or its world is over (also when it died before this thread started: no race)."""
+    def watch() -> None:
+        try:
+            lifeline.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os._exit(LAUNCHER_GONE)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
 class WorkerError(RuntimeError):

@@ -11,7 +11,8 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Channel(Protocol):
-    """Reliable, ordered byte frames between the ranks of one world."""
+    """Reliable, ordered byte frames between the ranks of one world. A realisation that seals frames binds its
+    nonces to the key, not to the channel object: several channels of one world never repeat a (key, nonce)."""
 
     rank: int
     world_size: int

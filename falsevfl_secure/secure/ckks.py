@@ -210,6 +210,17 @@ def values_per_ciphertext(ctx: ts.Context) -> int:
     return _degree(ctx)
 
 
+def message_bound(ctx: ts.Context, numel: int) -> int:
+    """The most bytes an `encrypt_tensors` message of `numel` values can take: its header and digest, and per
+    ciphertext two polynomials of N coefficients under every prime of the data modulus, 8 bytes each, plus
+    SEAL's own header (serialization only compresses)."""
+    degree = _degree(ctx)
+    primes = len(ctx.seal_context().data.first_context_data().parms().coeff_modulus())
+    per_ciphertext = 2 * degree * 8 * primes + 1024
+    chunks = n_chunks(numel, values_per_ciphertext(ctx))
+    return _HEADER.size + _DIGEST_BYTES + chunks * (_LENGTH.size + per_ciphertext)
+
+
 def n_chunks(numel: int, per_ciphertext: int) -> int:
     """Ciphertexts needed for `numel` values: ceil(numel / per_ciphertext), and at least one."""
     return max(1, math.ceil(numel / per_ciphertext))

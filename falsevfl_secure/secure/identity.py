@@ -47,6 +47,9 @@ _LABEL_PREFIX = b"falsevfl/v1/"
 _LEAF_DAYS = 30
 _ANCHOR_VALIDITY = (datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC),
                     datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC))
+_P = 2**255 - 19  # Ed25519's field (RFC 8032): a pin must decode to a point of its curve
+_D = -121665 * pow(121666, -1, _P) % _P
+_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
 
 
 class IdentityError(SecureMessageError):
@@ -70,8 +73,8 @@ def write_private_key(path: Path | str, key: PrivateKey) -> None:
     """Write the private key (PKCS#8 PEM) readable by its owner only; an existing key is never replaced."""
     path = Path(path)
     if path.exists():
-        raise IdentityError(f"{path}: an identity key already exists there; move it away first (a replaced key "
-                            "must be pinned again by every participant)")
+        raise IdentityError(f"{path} exists (written by an earlier keygen): a key is never replaced; remove it to "
+                            "make a new one (every participant must then pin the new line)")
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     atomic_write(path, pem, private=True)
@@ -93,7 +96,7 @@ def read_private_key(path: Path | str) -> PrivateKey:
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as error:
-        raise IdentityError(f"{path}: not a PEM private key ({error})") from None
+        raise IdentityError(f"{path}: not a key written by `federation keygen` (no PEM private key: {error})") from None
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise IdentityError(f"{path}: the identity key must be Ed25519, got {type(key).__name__}")
     return key
@@ -112,7 +115,25 @@ def parse_pin(text: object) -> bytes:
         raw = base64.b64decode(text[len(PIN_PREFIX):], validate=True)
     except ValueError:
         raise IdentityError(f"the key pin {text!r} is not valid base64") from None
-    return _checked_public(raw)
+    if not on_curve(_checked_public(raw)):
+        raise IdentityError(f"the key pin {text!r} is no Ed25519 public key (its bytes are not a point of the "
+                            "curve: a mistyped or changed character?); copy the `key = ...` line that participant's "
+                            "`federation keygen` printed")
+    return raw
+
+
+def on_curve(public: bytes) -> bool:
+    """Whether 32 bytes encode a point of Ed25519 (RFC 8032, 5.1.3): about half of all mistyped pins do not."""
+    y = int.from_bytes(public, "little") & ((1 << 255) - 1)
+    if y >= _P:
+        return False
+    x2 = (y * y - 1) * pow(_D * y * y + 1, -1, _P) % _P
+    x = pow(x2, (_P + 3) // 8, _P)
+    if (x * x - x2) % _P:
+        x = x * _SQRT_M1 % _P
+    if (x * x - x2) % _P:
+        return False
+    return x != 0 or not public[31] >> 7
 
 
 def fingerprint(public: bytes) -> str:
@@ -219,6 +240,6 @@ def issuer_of(certificate_pem: bytes, pins: Mapping[str, bytes]) -> str | None:
 
 
 __all__ = ["PIN_PREFIX", "PUBLIC_KEY_BYTES", "TLS_NAME", "IdentityError", "PrivateKey", "TlsMaterial",
-           "anchor_name", "fingerprint", "generate", "issuer_of", "parse_pin", "pin_text", "public_bytes",
+           "anchor_name", "fingerprint", "generate", "issuer_of", "on_curve", "parse_pin", "pin_text", "public_bytes",
            "read_private_key", "sign", "tls_material", "verify", "write_private_key"]
 

@@ -74,14 +74,15 @@ def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: Peers, 
     """
     if not torch.is_tensor(value) or not value.is_floating_point():
         raise TypeError(f"value must be a floating-point tensor, got {getattr(value, 'dtype', type(value))}")
-    message, own_error = _masked_message(value, shares, peers.size, limit)
+    alive = getattr(peers, "alive", range(peers.size))  # a run that lost a party sums over the others
+    message, own_error = _masked_message(value, shares, len(alive), limit)
     if peers.rank != dst:
         peers.send(dst, tag, message.numpy().astype("<i8", copy=False).tobytes())
         if own_error is not None:
             raise own_error
         return None
     total = message.clone()
-    for src in range(peers.size):
+    for src in alive:
         if src != peers.rank:
             raw = _share_of(peers.recv(src, tag), value.numel(), src)
             total += raw

@@ -3,31 +3,55 @@
 `PairChannel` realises `secure.channel.Channel` (ranks 0..K-1, `send`/`recv`/`exchange` of opaque byte
 frames) over the run's authenticated links. A frame to or from the active party travels on that party's
 own TLS link. A frame between two passive parties has no direct link (a passive party opens no port): it
-travels through the active party's hub, sealed end to end with AES-256-GCM under the pair's channel key
-(derived from the session's signed X25519 exchange, `transport.handshake.pair_keys`), with a counter nonce
-per direction and the sender, receiver and step as associated data. The relay therefore sees only the
-frame's length; it can neither read it nor alter, replay or redirect it unnoticed.
+travels through the active party's hub, sealed end to end with AES-256-GCM under a key of the pair's own
+(derived from the session's signed X25519 exchange, `transport.handshake.pair_keys`, then per tag by HKDF),
+with the sender, receiver and tag as associated data and a counter nonce per direction.
+
+The counters belong to the key, not to the channel object: every channel a process builds from the same
+pair key and tag continues one count per direction (`_COUNTS`), so a second channel of a session never
+reuses a (key, nonce) pair, and a frame of an earlier channel replayed into a later one is refused. The
+relay therefore sees only the frame's length; it can neither read a frame nor alter, replay, reorder or
+redirect one unnoticed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
+import threading
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..secure.channel import Channel
 from ..secure.errors import SecureMessageError
 from .distributed import Peers
 from .wire import MAX_FRAME_BYTES
 
-__all__ = ["MAX_FRAME_BYTES", "Channel", "FrameTooLargeError", "PairChannel"]
+__all__ = ["MAX_FRAME_BYTES", "Channel", "FrameTooLargeError", "PairChannel", "frame_key"]
 
-_NONCE = struct.Struct(">IQ")  # sender rank, frame counter of that direction
+_NONCE = struct.Struct(">IQ")  # sender rank, frame counter of that direction under that key
+# The last counter of each (key, direction) in this process, by a one-way label of the key: shared by every
+# channel built from the key, so counters never restart while the key lives (keys are per session).
+_COUNTS: dict[bytes, int] = {}
+_COUNTS_LOCK = threading.Lock()
 
 
 class FrameTooLargeError(SecureMessageError):
     """A peer sent (or a caller tried to send) a frame longer than the channel's bound."""
+
+
+def frame_key(pair_key: bytes, tag: str) -> bytes:
+    """The AES-256-GCM key of one tag's frames: frames of different tags never share a key."""
+    info = b"falsevfl/pair-frames/v1\0" + tag.encode()
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(pair_key)
+
+
+def _label(key: bytes, way: str, sender: int, receiver: int) -> bytes:
+    """Where the counter of one direction under `key` is kept (a hash: the table holds no key)."""
+    return hashlib.sha256(b"falsevfl/pair-nonce/v1\0" + key + f"{way}:{sender}:{receiver}".encode()).digest()
 
 
 class PairChannel:
@@ -37,9 +61,9 @@ class PairChannel:
                  max_frame: int = MAX_FRAME_BYTES) -> None:
         self.peers, self.tag, self.max_frame = peers, tag, int(max_frame)
         self.rank, self.world_size = peers.rank, peers.n_parties
-        self._aead = {peer: AESGCM(key) for peer, key in keys.items()}
-        self._sent: dict[int, int] = {}
-        self._received: dict[int, int] = {}
+        self._keys = {peer: frame_key(key, tag) for peer, key in keys.items()}
+        self._aead = {peer: AESGCM(key) for peer, key in self._keys.items()}
+        self._counts = _COUNTS  # bound to the key: every channel of this key continues the same count
         self.bytes_sent = self.bytes_received = 0
 
     def _relayed(self, peer: int) -> bool:
@@ -49,6 +73,14 @@ class PairChannel:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise SecureMessageError(f"rank {self.rank}: no channel to rank {peer} (world size {self.world_size})")
 
+    def _nonce(self, peer: int, way: str) -> bytes:
+        """The next nonce of one direction with `peer` ("send": ours to it, "recv": its to us)."""
+        sender, receiver = (self.rank, peer) if way == "send" else (peer, self.rank)
+        label = _label(self._keys[peer], way, sender, receiver)
+        with _COUNTS_LOCK:
+            count = self._counts[label] = self._counts.get(label, -1) + 1
+        return _NONCE.pack(sender, count)
+
     def send(self, dst: int, payload: bytes) -> None:
         self._check_peer(dst)
         if not isinstance(payload, bytes | bytearray):
@@ -56,8 +88,7 @@ class PairChannel:
         if len(payload) > self.max_frame:
             raise FrameTooLargeError(f"frame of {len(payload)} bytes exceeds the bound of {self.max_frame} bytes")
         if self._relayed(dst):
-            count = self._sent[dst] = self._sent.get(dst, -1) + 1
-            payload = self._aead[dst].encrypt(_NONCE.pack(self.rank, count), bytes(payload), self._ad(self.rank, dst))
+            payload = self._aead[dst].encrypt(self._nonce(dst, "send"), bytes(payload), self._ad(self.rank, dst))
         self.peers.send(dst, self.tag, bytes(payload))
         self.bytes_sent += len(payload)
 
@@ -70,12 +101,11 @@ class PairChannel:
                                      f"(bound {self.max_frame})")
         if not self._relayed(src):
             return frame
-        count = self._received[src] = self._received.get(src, -1) + 1
         try:
-            return self._aead[src].decrypt(_NONCE.pack(src, count), frame, self._ad(src, self.rank))
+            return self._aead[src].decrypt(self._nonce(src, "recv"), frame, self._ad(src, self.rank))
         except InvalidTag:
             raise SecureMessageError(f"rank {self.rank}: the frame from rank {src} failed its integrity check "
-                                     "(altered, replayed or redirected on the way)") from None
+                                     "(altered, replayed, reordered or redirected on the way)") from None
 
     def exchange(self, dst: int, payload: bytes, src: int) -> bytes:
         """Send to `dst`, then receive from `src` (sends never block, so a ring cannot deadlock)."""

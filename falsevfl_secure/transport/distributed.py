@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -27,7 +27,7 @@ from ..placement import Active
 from .accounting import CommLog
 from .moments import gradient_from_moments, sample_moments
 from .network import Network
-from .rounds import Message, MessageValidator, Round, RoundTable, check_contributions
+from .rounds import Message, MessageValidator, Round, RoundTable, check_contributions, largest
 from .views import View
 
 
@@ -41,10 +41,16 @@ class Peers:
     rank: int
     n_parties: int
     active_index: int
+    lost: set[int] = field(default_factory=set)  # parties that left a run that goes on without them
 
     @property
     def size(self) -> int:
         return self.n_parties
+
+    @property
+    def alive(self) -> list[int]:
+        """The parties still in the run, in rank order (every sum is over them)."""
+        return [k for k in range(self.n_parties) if k not in self.lost]
 
     @property
     def is_active(self) -> bool:
@@ -82,6 +88,9 @@ class Backend(Protocol):
     def broadcast(self, round: Round, value: Tensor | None, shape: tuple[int, ...]) -> Tensor:
         """The active party's `value` (of `shape`), delivered to every party."""
 
+    def wire_bytes(self, round: Round, numel: int) -> int:
+        """The most bytes one frame of `round` with `numel` values takes under this protocol."""
+
     def close(self, clean: bool = True) -> None:
         """Release this role's own resources; when `clean`, also tell its helpers that it is done."""
 
@@ -116,6 +125,7 @@ class DistributedTransport:
         self.log = log if log is not None else CommLog(timed=True)
         self.validator = MessageValidator(n_parties, active_index, backend.protection)
         self.table: RoundTable | None = None
+        self.on_party_lost = None  # the role's handler when the run survives a lost party (runtime.losses)
         self._token: Tensor | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}  # the forward shape of each round of this pass
 
@@ -123,10 +133,17 @@ class DistributedTransport:
     def is_active(self) -> bool:
         return self.party == self.active_index
 
-    def use(self, table: RoundTable) -> None:
-        """Run the rounds of this method's table (the validator checks every message against it)."""
+    def use(self, table: RoundTable, sizes: Mapping[str, int] | None = None) -> None:
+        """Run the rounds of this method's table (the validator checks every message against it); `sizes`
+        bounds each size name of the rounds' payloads (B, S, H, ...), so the network refuses a larger frame."""
         self.table = table
         self.validator.use(table)
+        if sizes is not None:
+            self.network.allow(self.bounds(table, sizes))
+
+    def bounds(self, table: RoundTable, sizes: Mapping[str, int]) -> dict[str, int]:
+        """Each round's largest frame in bytes under this protocol (`wire_bytes`), for the network."""
+        return {r.name: self.backend.wire_bytes(r, largest(r, sizes)) for r in table.rounds}
 
     def _apply(self, round: Round, value: Tensor) -> Tensor:
         if self.table is None or round in self.table.firsts or self._token is None:  # a new pass
@@ -149,6 +166,11 @@ class DistributedTransport:
                                 f"!= declared {tuple(shape)}")
         self._shapes[round.name] = tuple(shape)
         return {self.party: self._apply(round, value.get() if self.is_active else torch.zeros(0))}
+
+    def abandon(self) -> None:
+        """Forget the pass in flight (a party left during it): the next round opens a new pass."""
+        self.validator.reset()
+        self._token, self._shapes = None, {}
 
     def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None:
         """Run the adjoint rounds of the last forward pass (every role: the same Functions' backward),

@@ -20,16 +20,19 @@ from torch import Tensor
 
 from ..errors import ProtocolError
 from ..secure import frames
-from ..secure.ckks import ZeroPool, decrypt_tensors, encrypt_tensors, max_safe_abs, sum_encrypted
+from ..secure.ckks import ZeroPool, decrypt_tensors, encrypt_tensors, max_safe_abs, message_bound, sum_encrypted
 from ..secure.errors import SecureRangeError
 from ..secure.fixed_point import round_to_grid
 from .distributed import Peers
+from .network import PartyLost
 from .plain import PlainBackend
-from .rounds import VOCABULARY, Round
+from .rounds import AGGREGATES, VOCABULARY, Round
 from .views import View
 
 Kind = frames.Kind
 STOP = "stop"
+FRAME_SLACK = 4096  # a byte frame's header and lengths, or a refusal's text
+AGGREGATED_VALUES = 1 << 22  # the most values of one sum the aggregator takes (FedHSSL's model average: ~10^5)
 
 
 class HeBackend(PlainBackend):
@@ -58,7 +61,7 @@ class HeBackend(PlainBackend):
 
     def _send_encrypted(self, round: Round, value: Tensor) -> None:
         """Encrypt and send to the aggregator; a refused input still sends a frame (ERROR), then raises."""
-        k = self.peers.n_parties
+        k = len(self.peers.alive)
         try:
             message = encrypt_tensors(self.public, [value], n_addends=k, zeros=self.zeros)
         except SecureRangeError as error:
@@ -80,6 +83,10 @@ class HeBackend(PlainBackend):
                                 f"{frame.round} instead")
         return frame
 
+    def wire_bytes(self, round: Round, numel: int) -> int:
+        """A sum travels as one CKKS message in a byte frame (`secure.ckks.message_bound`)."""
+        return FRAME_SLACK + message_bound(self.public, numel) if round.is_aggregate else 4 * numel
+
     def close(self, clean: bool = True) -> None:
         if self.zeros is not None:
             self.zeros.close()  # kills its helper process, also when the run failed
@@ -95,8 +102,14 @@ def serve_aggregator(peers: Peers, context, view: View | None = None, on_recorde
     the first `recorded_rounds` sums (those of the method's probe step) are recorded and then handed to
     `on_recorded`."""
     passive = [k for k in range(peers.n_parties) if k != peers.active_index]
+    # It holds no model configuration: every sum of the vocabulary, each at most AGGREGATED_VALUES values.
+    peers.network.allow({r.name: FRAME_SLACK + message_bound(context, AGGREGATED_VALUES) for r in AGGREGATES})
     while True:
-        received = {k: peers.network.recv_any(peers.names[k], "a round's ciphertexts") for k in passive}
+        try:
+            received = {k: peers.network.recv_any(peers.names[k], "a round's ciphertexts") for k in passive}
+        except PartyLost:
+            passive = _after_loss(peers, passive)
+            continue
         tags = {tag for tag, _ in received.values()}
         if tags == {STOP}:
             return
@@ -105,7 +118,21 @@ def serve_aggregator(peers: Peers, context, view: View | None = None, on_recorde
         if view is not None:
             view = _record(view, {k: data for k, (_, data) in received.items()}, on_recorded, recorded_rounds)
         batch = {k: frames.decode(data) for k, (_, data) in received.items()}
-        peers.send(peers.active_index, tags.pop(), _forward(context, batch))
+        tag = tags.pop()
+        peers.send(peers.active_index, tag, _forward(context, batch))
+        peers.network.enter(tag)  # its heartbeat shows progress, and its own waits get round deadlines
+
+
+def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
+    """The active party announced a lost party: every frame this role sent it before is stale (it says so),
+    and each other party's frames of the abandoned step are dropped; the parties it sums from now on."""
+    notice = peers.network.take_notice()
+    peers.lost |= {peers.names.index(name) for name in notice["lost"]}
+    peers.send(peers.active_index, "lost-ack", b"")
+    survivors = [k for k in passive if k not in peers.lost]
+    for k in survivors:
+        peers.network.drain(peers.names[k], "lost-ack")
+    return survivors
 
 
 def _forward(context, batch: dict[int, frames.Frame]) -> bytes:

@@ -43,24 +43,39 @@ OnClosed = Callable[["Link", str | None], None]
 
 
 class Link:
-    """One authenticated stream to `peer`; `last_seen` is when anything last arrived from it."""
+    """One authenticated stream to `peer`; `last_seen` is when anything last arrived from it, `progress` the
+    rounds it says it entered (`progressed_at`: when that last grew), `waiting_on` whom it says it waits on,
+    `queued` the bytes waiting to be sent to it."""
 
     def __init__(self, peer: str, on_envelope: OnEnvelope, on_closed: OnClosed) -> None:
         self.peer, self._on_envelope, self._on_closed = peer, on_envelope, on_closed
         self.last_seen, self.last_round = time.monotonic(), None
+        self.progress, self.progressed_at, self.waiting_on = 0, self.last_seen, None
         self._outbound: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self.queued = 0
+        self.held = False  # its reader waits for room (this role is behind, not the peer): no stall
         self.open = True
+
+    def heard(self, round: str | None, progress: int, waiting_on: str | None) -> None:
+        """A heartbeat: the peer's round, rounds entered and whom it waits on."""
+        if progress != self.progress:
+            self.progress, self.progressed_at = progress, time.monotonic()
+        self.last_round, self.waiting_on = round, waiting_on
 
     def put(self, messages: list[bytes]) -> int:
         """Queue one frame's messages back to back; the bytes queued."""
+        size = sum(len(m) for m in messages)
         with self._lock:
+            self.queued += size
             for message in messages:
                 self._outbound.put(message)
-        return sum(len(m) for m in messages)
+        return size
 
     def outbound(self) -> Iterator[bytes]:
         while (item := self._outbound.get()) is not _CLOSE:
+            with self._lock:
+                self.queued -= len(item)
             yield item
 
     def read(self, messages: Iterator[bytes]) -> None:

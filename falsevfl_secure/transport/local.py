@@ -69,9 +69,13 @@ class LocalTransport:
         self.record = record
         self.validator = MessageValidator(n_parties, active_index, self.protection)
 
-    def use(self, table: RoundTable) -> None:
+    def use(self, table: RoundTable, sizes=None) -> None:
         """Run the rounds of this method's table (the validator checks every message against it)."""
         self.validator.use(table)
+
+    def abandon(self) -> None:
+        """Forget the pass in flight (a party left during it): the next round opens a new pass."""
+        self.validator.reset()
 
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         parties = tuple(sorted(contributions))

@@ -45,5 +45,14 @@ class MpcBackend(PlainBackend):
         self._record(round, "revealed", -1, total)
         return total.to(torch.float32)
 
+    def wire_bytes(self, round: Round, numel: int) -> int:
+        """A sum's share is numel + 1 int64 ring elements (the values and the range flag)."""
+        return 8 * (numel + 1) if round.is_aggregate else 4 * numel
+
+    def rekey(self, pair_keys: dict[int, bytes]) -> None:
+        """Masks among the parties still in the run, from fresh pair keys (a party left)."""
+        self.shares.close()
+        self.shares = ZeroShares(self.peers.rank, {k: key for k, key in pair_keys.items() if k in self.peers.alive})
+
     def close(self, clean: bool = True) -> None:
         self.shares.close()

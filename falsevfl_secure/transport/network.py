@@ -6,12 +6,22 @@ when there is none; a hub forwards an envelope only after checking that its send
 peer of the stream it came on, so nobody can speak for another role. `recv(src, tag)` returns the next
 frame from `src` (frames from one sender arrive in order) and refuses one with another tag.
 
-Liveness. Both ends of every link send a heartbeat each `HEARTBEAT_S` naming the round they are in. A peer
-silent for `STALL_S` is stalled, a link that closes without a goodbye means its peer left: either ends the
-run at this role, which tells every peer it is linked to (`ABORT`, flooded onward once), so every role
-fails within about `STALL_S` naming the role and round. An ABORT carries only who, how and in which round:
-never a value, never another role's error text. `close()` is a goodbye barrier, so a role leaves only
-when everybody is done with it.
+Bounds. A peer cannot take more than its round: a role accepts only the tags it declared (the set-up steps
+of `SETUP`, then the rounds the transport `allow`s with each frame's largest size, computed from the round
+table, the batch and the protocol) and refuses a frame as soon as it grows past its tag's bound (before it
+is whole): the offender is named and the run ends. A sender ahead of the rounds is held back instead (gRPC
+flow control: its frames wait in its own memory) while `depth` of its frames of one tag wait unread here,
+and the hub holds a relayed sender back while the receiver's queue is full. So no peer grows another's
+memory by more than its declared frames.
+
+Liveness. Both ends of every link send a heartbeat each `HEARTBEAT_S` naming the round they are in, how many
+rounds they have entered and whether they are waiting on someone. A peer silent for `STALL_S` is stalled, a
+link that closes without a goodbye means its peer left, and a peer that heartbeats but delivers nothing in a
+round for `deadline_s` (while not itself waiting on someone) is stuck: each ends the run at this role, which
+tells every peer it is linked to (`ABORT`, flooded onward once), so every role fails naming the role and
+round. An ABORT carries only who, how and in which round: never a value, never another role's error text,
+and it is believed only as its sender's word (`Blame.by`). `close()` is a goodbye barrier, so a role leaves
+only when everybody is done with it.
 """
 
 from __future__ import annotations
@@ -21,17 +31,35 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..errors import PartyFailure, ProtocolError
 from ..secure.identity import PrivateKey, tls_material
 from . import wire
 from .link import Hub, Link, dial, secure_channel
+from .wire import Refused
 
 HEARTBEAT_S = 1.0
 STALL_S = 10.0
-RECV_TIMEOUT_S = 900.0  # only a deadlock reaches this: liveness ends a run with a dead or stalled peer first
+RECV_TIMEOUT_S = 900.0  # set-up steps and waits on a peer that is itself waiting: deadlines cover the rounds
 CLOSE_TIMEOUT_S = 30.0
+# A round's deadline: DEADLINE_FACTOR times the slowest round this role has measured, at least DEADLINE_MIN_S
+# (the first rounds, before any measurement, get DEADLINE_MIN_S).
+DEADLINE_MIN_S = 45.0
+DEADLINE_FACTOR = 20.0
+ROUND_DEPTH = 2  # frames of one round a sender may have waiting: its current step's and the next step's
+RELAY_QUEUE_BYTES = 8 << 20  # the hub holds a sender back while this much waits for the receiver
+# The set-up steps a role accepts from the start: (largest frame in bytes, frames that may wait). The
+# alignment's frames hold up to max_ids points (32 bytes each) per listing party and the announcement 24 bytes
+# per kept record: 256 MiB covers the default max_ids of 10^6 at K <= 8.
+SETUP: dict[str, tuple[int, int]] = {
+    "hello": (64 << 10, 2), "roster": (1 << 20, 2), "keys": (1 << 20, 2), "context": (64 << 20, 2),
+    "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (64 << 20, 2), "barrier": (1 << 10, 2),
+    "stop": (1 << 10, 2), "sum": (64 << 20, 2), "lost": (4 << 10, 4), "lost-ack": (64, 4)}
+# A pass's first round may reach a role before its transport declared the method's rounds (a passive party
+# starts its step while the active party still builds its model): until then, one frame of each, this large.
+EARLY = ("posterior", "embedding", "subsets", "cross_view")
+EARLY_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -43,12 +71,16 @@ class Blame:
     how: str
     round: str | None = None
     kind: str = ""
+    by: str = ""  # who says so, when not this role itself: an ABORT is only its sender's word
 
     def text(self) -> str:
         where = f" in round {self.round!r}" if self.round else " outside the rounds (start-up or shut-down)"
         what = {"stalled": f"stalled (no heartbeat for {STALL_S:.0f} s)", "left": "left (its connection closed)",
+                "stuck": f"delivered nothing ({self.kind or 'past its deadline'}) while its heartbeat went on",
+                "refused": f"was refused ({self.kind})",
                 "failed": f"stopped with an error of its own ({self.kind or 'see its output'})"}.get(self.how, self.how)
-        return f"{self.role} {what}{where}"
+        said = f"{self.by} reports: " if self.by and self.by != self.role else ""
+        return f"{said}{self.role} {what}{where}"
 
 
 class RunAborted(PartyFailure):
@@ -57,6 +89,16 @@ class RunAborted(PartyFailure):
     def __init__(self, blame: Blame) -> None:
         super().__init__(blame.text())
         self.blame = blame
+
+
+class PartyLost(PartyFailure):
+    """A tolerated party left: at the active party `blame` says who and how (it decides and announces), at
+    every other role `notice` is the active party's announcement (who, and the step every role resumes at)."""
+
+    def __init__(self, blame: Blame | None = None, notice: dict | None = None) -> None:
+        who = blame.text() if blame is not None else f"the active party reports that {notice['lost']} left"
+        super().__init__(who)
+        self.blame, self.notice = blame, notice
 
 
 @dataclass(frozen=True)
@@ -76,6 +118,7 @@ class Network:
 
     hub_class = Hub
     open_channel = staticmethod(secure_channel)
+    min_deadline_s = DEADLINE_MIN_S
 
     def __init__(self, me: str, key: PrivateKey, pins: dict[str, bytes], plan: Plan,
                  on_delivered: Callable[[str, str, bytes], None] | None = None) -> None:
@@ -84,11 +127,24 @@ class Network:
         self.links: dict[str, Link] = {}
         self.traffic: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # tag -> [bytes sent, bytes received]
         self.round: str | None = None
+        self.progress = 0  # rounds entered so far (heartbeats carry it: a peer that advances is not stuck)
+        self.waiting_on: str | None = None  # the peer `recv` waits on (heartbeats say so: it is not stuck itself)
         self.waited = 0.0  # seconds `recv` spent blocked until a frame arrived (the transport's timing split)
+        self.bounds: dict[str, tuple[int, int]] = dict(SETUP)
+        self._rounds_declared = False
+        self.slowest = 0.0  # the longest wait for a round's frame on a peer that was not waiting itself
         self._mail: dict[str, deque] = defaultdict(deque)
+        self._queued: dict[tuple[str, str], int] = defaultdict(int)  # (sender, tag) -> frames waiting
+        self._relaying: dict[tuple[str, str], int] = defaultdict(int)  # (sender, receiver) -> bytes of its open frame
         self._reassembly, self._byes, self._dismissed = wire.Reassembly(), set(), set()
         self._cond, self._count = threading.Condition(), threading.Lock()
         self._aborted: Blame | None = None
+        # Passive parties whose loss this role tolerates (the run's `on_party_loss`); the active party decides.
+        self.tolerated: set[str] = set()
+        self.coordinator: str | None = None  # the active party: its `lost` announcements are believed
+        self.lost: dict[str, Blame] = {}
+        self._unannounced: list[Blame] = []  # at the active party: losses it has not announced yet
+        self._notice: dict | None = None  # elsewhere: the active party's announcement, not yet handled
         self._closing = False
         self._hub: Hub | None = None
         self._channels: list = []
@@ -146,11 +202,24 @@ class Network:
         if not self._monitor.is_alive() and not self._stop.is_set():
             self._monitor.start()
 
+    def allow(self, bounds: dict[str, int], depth: int = ROUND_DEPTH) -> None:
+        """Accept frames of these tags from now on, each at most its bound in bytes (a method's rounds)."""
+        with self._cond:
+            self.bounds.update({tag: (int(size), depth) for tag, size in bounds.items()})
+            self._rounds_declared = True
+
+    @property
+    def deadline_s(self) -> float:
+        """How long a peer may heartbeat without delivering a round's frame (see DEADLINE_FACTOR)."""
+        return max(self.min_deadline_s, DEADLINE_FACTOR * self.slowest)
+
     # -- messages ---------------------------------------------------------------------------------------
 
     def send(self, dst: str, tag: str, payload: bytes) -> None:
         """Deliver `payload` to role `dst` under `tag` (direct link, else through the relay hub)."""
         self._raise_if_aborted()
+        if dst in self.lost:
+            return  # gone: a step that still addresses it is being abandoned
         link = self.links.get(dst) or (self.links.get(self.plan.relay) if self.plan.relay else None)
         if link is None:
             raise PartyFailure(f"{self.me} has no link to {dst}")
@@ -168,29 +237,95 @@ class Network:
     def recv_any(self, src: str, expecting: str = "a frame") -> tuple[str, bytes]:
         """The next frame from `src` and its tag (a role that follows another's lead, e.g. the aggregator)."""
         began = time.monotonic()
-        deadline = began + RECV_TIMEOUT_S
         with self._cond:
-            while not self._mail[src]:
-                self._raise_if_aborted()
-                if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
-                    raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
-                if time.monotonic() > deadline:
-                    raise PartyFailure(f"{self.me} waited {RECV_TIMEOUT_S:.0f} s for {expecting!r} from {src}")
-                self._cond.wait(0.5)
-            self.waited += time.monotonic() - began
+            self.waiting_on, excused = src, False
+            try:
+                while not self._mail[src]:  # frames that came before a loss are still read: the runs stay repeatable
+                    self._raise_if_lost(src)
+                    excused = self._check_wait(src, expecting, began) or excused
+                    self._cond.wait(0.5)
+            finally:
+                self.waiting_on = None
+            if self._notice is not None and self._mail[src][0][0] == "lost":
+                raise PartyLost(notice=self._notice)  # every earlier frame was read: now the announcement
+            waited = time.monotonic() - began
+            self.waited += waited
             tag, payload = self._mail[src].popleft()
+            self._queued[src, tag] -= 1
+            self._cond.notify_all()  # a reader held for this sender and tag may go on
+            if not excused and self.round is not None:
+                self.slowest = max(self.slowest, waited)
         with self._count:  # counted when taken, so a frame that came early counts in the round that reads it
             self.traffic[tag][1] += len(payload)
         return tag, payload
 
+    def _raise_if_lost(self, src: str) -> bool:
+        """Raise `PartyLost` for a loss this role must act on now (False otherwise): at the active party one it
+        has not announced, once it waits on the lost party (or on a helper, which waits on it), elsewhere the
+        active party's announcement. So every role abandons the step at the same round, whatever the timing."""
+        if self._unannounced and self.me == self.coordinator and (src in self.lost or src not in self.tolerated):
+            raise PartyLost(blame=self._unannounced[0])  # a party still here delivers: its step goes on
+        if self._notice is not None:
+            raise PartyLost(notice=self._notice)
+        return False
+
+    def take_losses(self) -> list[Blame]:
+        """At the active party: the losses to announce (each once)."""
+        with self._cond:
+            losses, self._unannounced = self._unannounced, []
+            return losses
+
+    def take_notice(self) -> dict:
+        """The active party's announcement, handled: frames it sent before it are dropped (stale)."""
+        with self._cond:
+            notice, self._notice = self._notice, None
+        self.drain(self.coordinator, "lost")
+        return notice
+
+    def drain(self, peer: str, marker: str) -> int:
+        """Drop `peer`'s frames up to and including its `marker` frame (frames of an abandoned step); the
+        number dropped. A peer lost meanwhile has nothing more to send."""
+        dropped, began = 0, time.monotonic()
+        with self._cond:
+            while True:
+                while self._mail[peer]:
+                    tag, _ = self._mail[peer].popleft()
+                    self._queued[peer, tag] -= 1
+                    self._cond.notify_all()
+                    if tag == marker:
+                        return dropped
+                    dropped += 1
+                self._raise_if_aborted()
+                if peer in self.lost or peer in self._byes or time.monotonic() - began > self.deadline_s:
+                    return dropped
+                self._cond.wait(0.5)
+
+    def _check_wait(self, src: str, expecting: str, began: float) -> bool:
+        """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round)."""
+        self._raise_if_aborted()
+        if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
+            raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
+        now, link = time.monotonic(), self.links.get(src)
+        if now - began > RECV_TIMEOUT_S:
+            raise PartyFailure(f"{self.me} waited {RECV_TIMEOUT_S:.0f} s for {expecting!r} from {src}")
+        if link is None or self.round is None or link.waiting_on or not link.progress:
+            return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one not in a round yet
+        if now - max(began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
+            self._fault(Blame(src, "stuck", link.last_round, f"none for {self.deadline_s:.0f} s"))
+            self._raise_if_aborted()
+        return False
+
     def enter(self, round_name: str) -> None:
         """The round this role is in (heartbeats carry it, so a stall is reported with it)."""
         self.round = round_name
+        self.progress += 1
 
     def _arrived(self, link: Link, envelope: wire.Envelope) -> None:
         """Every envelope from every link, on that link's reader thread; a malformed one ends the run."""
         try:
             self._dispatch(link, envelope)
+        except Refused as refusal:
+            self._abort(Blame(refusal.offender or link.peer, "refused", link.last_round, str(refusal)))
         except ProtocolError:
             self._abort(Blame(link.peer, "failed", link.last_round, "a malformed or misaddressed frame"))
 
@@ -198,9 +333,9 @@ class Network:
         if link.peer in self._dismissed:
             return  # a role that is not in this run has nothing more to say to it
         if envelope.kind is wire.Kind.HEARTBEAT:
-            link.last_round = envelope.payload.decode("ascii", "replace") or None
-        elif envelope.kind is wire.Kind.ABORT:
-            self._abort(_blame_of(envelope.payload, link.peer), flood_except=link.peer)
+            link.heard(*_beat_of(envelope.payload))
+        elif envelope.kind is wire.Kind.ABORT:  # believed as its sender's word only
+            self._abort(replace(_blame_of(envelope.payload, link.peer), by=link.peer), flood_except=link.peer)
         elif envelope.kind is wire.Kind.BYE:
             with self._cond:
                 self._byes.add(link.peer)
@@ -214,35 +349,81 @@ class Network:
         target = self.links.get(envelope.dst) if self._hub is not None else None
         if envelope.src != link.peer or target is None:
             raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r} to {envelope.dst!r}: refused")
+        size = self._relaying[link.peer, envelope.dst] + len(envelope.payload)
+        if size > self._bound(envelope, link.peer)[0]:
+            raise Refused(f"a frame {envelope.tag!r} over its bound of {self._bound(envelope, link.peer)[0]} bytes")
+        self._relaying[link.peer, envelope.dst] = size if envelope.more else 0
         target.put([wire.encode(envelope)])
+        while target.open and target.queued > RELAY_QUEUE_BYTES and self._aborted is None:
+            time.sleep(0.005)  # holds this sender's stream back (flow control) until the receiver drains
+
+    def _hold(self, link: Link, key: tuple[str, str], depth: int) -> None:
+        """Hold this link's reader (gRPC flow control then holds its sender) while `depth` frames of the
+        sender and tag wait unread: a sender ahead of the rounds buffers in its own memory, not here."""
+        with self._cond:
+            link.held = self._queued[key] >= depth
+            while self._queued[key] >= depth and self._aborted is None and not self._closing:
+                self._cond.wait(0.5)
+            link.held, link.last_seen = False, time.monotonic()
+
+    def _bound(self, envelope: wire.Envelope, offender: str) -> tuple[int, int]:
+        """The declared (largest frame, frames waiting) of the envelope's tag; an undeclared tag is refused."""
+        bound = self.bounds.get(envelope.tag)
+        if bound is None and envelope.tag in EARLY and not self._rounds_declared:
+            return EARLY_BYTES, 1
+        if bound is None:
+            raise Refused(f"a frame with the undeclared tag {envelope.tag[:40]!r}", offender)
+        return bound
 
     def _deliver(self, link: Link, envelope: wire.Envelope) -> None:
         if envelope.src != link.peer and link.peer != self.plan.relay:
             raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")
-        whole = self._reassembly.add(envelope)
+        size, depth = self._bound(envelope, envelope.src)
+        whole = self._reassembly.add(envelope, size)
         if whole is None:
             return
+        self._hold(link, (whole.src, whole.tag), depth)
+        with self._cond:
+            self._queued[whole.src, whole.tag] += 1
         if self._on_delivered is not None:
             self._on_delivered(whole.src, whole.tag, whole.payload)
         with self._cond:
             self._mail[whole.src].append((whole.tag, whole.payload))
+            if whole.tag == "lost" and whole.src == self.coordinator and self.me != self.coordinator:
+                self._notice = _notice_of(whole.payload)
             self._cond.notify_all()
 
     # -- liveness -------------------------------------------------------------------------------------
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            beat = wire.encode(wire.Envelope(wire.Kind.HEARTBEAT, self.me, "", "", (self.round or "").encode()))
+            state = f"{self.round or ''}\t{self.progress}\t{self.waiting_on or ''}"
+            beat = wire.encode(wire.Envelope(wire.Kind.HEARTBEAT, self.me, "", "", state.encode("ascii", "replace")))
             now = time.monotonic()
             for link in list(self.links.values()):
                 if link.open:
                     link.put([beat])
-                if not self._closing and link.open and now - link.last_seen > STALL_S:
-                    self._abort(Blame(link.peer, "stalled", link.last_round or self.round))
+                if not self._closing and link.open and not link.held and now - link.last_seen > STALL_S:
+                    self._fault(Blame(link.peer, "stalled", link.last_round or self.round))
 
     def _link_closed(self, link: Link, reason: str | None) -> None:
         if not self._closing and link.peer not in self._byes | self._dismissed:  # rounds run in step
-            self._abort(Blame(link.peer, "left", link.last_round or self.round))
+            self._fault(Blame(link.peer, "left", link.last_round or self.round))
+
+    def _fault(self, blame: Blame) -> None:
+        """A peer left, stalled or stuck: a tolerated party is lost (the run goes on without it), else the run ends."""
+        if blame.role not in self.tolerated:
+            self._abort(blame)
+            return
+        with self._cond:
+            if blame.role in self.lost:
+                return
+            self.lost[blame.role] = blame
+            self._unannounced.append(blame)
+            link = self.links.get(blame.role)
+            self._cond.notify_all()
+        if link is not None:
+            link.close()
 
     def fail(self, blame: Blame) -> None:
         """This role ends the run: every peer is told (and told on), who and how only."""
@@ -305,10 +486,27 @@ def _blame_of(payload: bytes, sender: str) -> Blame:
     """The blame an ABORT carries (fixed fields, plain text only); a malformed one blames its sender."""
     try:
         record = json.loads(payload)
-        fields = {k: record[k] for k in ("role", "how", "round", "kind")}
+        fields = {k: record[k] for k in ("role", "how", "round", "kind")}  # `by`: set by the receiver
         if not all(isinstance(v, str) for k, v in fields.items() if k != "round") or \
                 not (fields["round"] is None or isinstance(fields["round"], str)):
             raise TypeError
         return Blame(**fields)
     except (ValueError, KeyError, TypeError):
         return Blame(sender, "failed", None, "a malformed abort")
+
+
+def _beat_of(payload: bytes) -> tuple[str | None, int, str | None]:
+    """(round, rounds entered, the peer it waits on) of a heartbeat; a malformed one reads as no progress."""
+    fields = payload.decode("ascii", "replace").split("\t")
+    round, progress, waiting = (fields + ["", "0", ""])[:3] if len(fields) <= 3 else ("", "0", "")
+    return round or None, int(progress) if progress.isdigit() else 0, waiting or None
+
+
+def _notice_of(payload: bytes) -> dict:
+    """The active party's announcement of a loss: who left and where every role resumes (fixed fields)."""
+    try:
+        record = json.loads(payload)
+        notice = {"lost": [str(n) for n in record["lost"]], **{k: int(record[k]) for k in ("stage", "epoch", "index")}}
+    except (ValueError, KeyError, TypeError):
+        raise ProtocolError("the active party's announcement of a lost party is malformed") from None
+    return notice

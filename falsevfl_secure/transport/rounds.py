@@ -164,6 +164,15 @@ class RoundTable:
         return round
 
 
+def largest(round: Round, sizes: Mapping[str, int]) -> int:
+    """The most values a frame of `round` holds when each size name is at most `sizes[name]`."""
+    count = 1
+    for symbol in round.payload:
+        key, factor, offset = _symbol(symbol)
+        count *= offset + (factor * int(sizes[key]) if key is not None else 0)
+    return count
+
+
 def check_contributions(round: Round, parties: Sequence[int], values: Sequence[Tensor], n_parties: int) -> None:
     """Refuse contributions that do not fit the round: unknown senders, mismatched shapes or dtypes,
     non-finite values. The error names the round and the field."""

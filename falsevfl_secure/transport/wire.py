@@ -27,6 +27,14 @@ MAX_FRAME_BYTES = 1 << 30  # 1 GiB: about 33 million ristretto255 points in one 
 MAX_MESSAGE_BYTES = FRAGMENT_BYTES + 1024
 
 
+class Refused(ProtocolError):
+    """A peer sent more than its round allows; `offender` is the role that sent it (None: the link's peer)."""
+
+    def __init__(self, text: str, offender: str | None = None) -> None:
+        super().__init__(text)
+        self.offender = offender
+
+
 class Kind(IntEnum):
     DATA = 1  # a round's or a set-up step's payload
     HEARTBEAT = 2  # payload: the sender's current round (ASCII)
@@ -89,19 +97,19 @@ def fragments(kind: Kind, src: str, dst: str, tag: str, payload: bytes) -> list[
 
 
 class Reassembly:
-    """Joins the fragments of frames per sender; refuses a frame that grows past `MAX_FRAME_BYTES`."""
+    """Joins the fragments of frames per sender; refuses a frame as soon as it grows past its bound."""
 
     def __init__(self) -> None:
         self._open: dict[str, tuple[str, list[bytes], int]] = {}
 
-    def add(self, envelope: Envelope) -> Envelope | None:
-        """The whole frame once its last fragment arrived, else None."""
+    def add(self, envelope: Envelope, limit: int = MAX_FRAME_BYTES) -> Envelope | None:
+        """The whole frame once its last fragment arrived, else None; `limit` is the tag's bound in bytes."""
         tag, parts, size = self._open.pop(envelope.src, (envelope.tag, [], 0))
         if tag != envelope.tag:
             raise ProtocolError(f"envelope: {envelope.src} interleaved frame {envelope.tag!r} into {tag!r}")
         size += len(envelope.payload)
-        if size > MAX_FRAME_BYTES:
-            raise ProtocolError(f"envelope: {envelope.src} sent a frame over {MAX_FRAME_BYTES} bytes")
+        if size > min(limit, MAX_FRAME_BYTES):
+            raise Refused(f"a frame {tag!r} over its bound of {min(limit, MAX_FRAME_BYTES)} bytes", envelope.src)
         parts.append(envelope.payload)
         if envelope.more:
             self._open[envelope.src] = (tag, parts, size)

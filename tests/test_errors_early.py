@@ -1,0 +1,293 @@
+"""Errors early and in the user's words: `check` and every command check a role's own files (its key
+against its own pin, its tables, the settings) in seconds and before anything connects; a party's own
+file needs only its own paths; a passive party needs no --out; keygen never replaces a key and says whose
+it is; a TLS refusal names the pin; the two-party rule is never the symptom of a party that did not join."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from align_channels import free_port
+
+from falsevfl_secure.federation.__main__ import main
+from falsevfl_secure.federation.config import load_federation
+from falsevfl_secure.secure import identity
+
+PARTIES = ("clinic", "lab", "insurer")  # the tables demo's; clinic holds the labels
+SHORT = "seed = 0\n[model.pretrain]\nepochs = 1\n[model.train]\nepochs = 2\n"
+FAST = 5.0  # seconds: the most a refusal may take, process start-up included (the issue's bound)
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def command(*argv: str, timeout: float = 60.0) -> tuple[int, str, str, float]:
+    """`python -m falsevfl_secure.federation ARGV` as a user runs it: (exit code, stdout, stderr, seconds)."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "falsevfl_secure.federation", *argv], capture_output=True,
+                          text=True, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr, time.perf_counter() - started
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.strip()]
+
+
+def demo(folder: Path, protocol: str = "mpc") -> Path:
+    """The wine tables of three parties, one operator's file, on a free port, a short schedule."""
+    code, _, err = cli("demo", "--dataset", "wine", "--parties", "3", "--protocol", protocol, "--preset", "quick",
+                       "--out", str(folder))
+    assert code == 0, err
+    config = folder / "federation.toml"
+    text = config.read_text().replace("seed = 0\n", SHORT).replace("127.0.0.1:29611", f"127.0.0.1:{free_port()}")
+    config.write_text(text.replace("127.0.0.1:29612", f"127.0.0.1:{free_port()}"))
+    return config
+
+
+def own_file(config: Path, name: str, edit=lambda text: text) -> Path:
+    """Party `name`'s own file: every party's name and key, only its own paths (beside the demo's file)."""
+    text = re.sub(rf'^(train|predict|model) = "(?!{name}/)[^"]*"\n', "", config.read_text(), flags=re.MULTILINE)
+    path = config.parent / f"{name}.toml"
+    path.write_text(edit(text))
+    return path
+
+
+def mistyped(pin: str, on_curve: bool) -> str:
+    """`pin` with one character of its key changed, still a point of the curve or not (a typo is either)."""
+    for at in range(len("ed25519:") + 5, len(pin) - 2):
+        for char in "ABCDEFGH":
+            if char == pin[at]:
+                continue
+            typo = pin[:at] + char + pin[at + 1:]
+            if is_point(base64.b64decode(typo[len("ed25519:"):])) == on_curve:
+                return typo
+    raise AssertionError("no such typo")
+
+
+def is_point(raw: bytes) -> bool:
+    """Whether 32 bytes encode a point of Ed25519, worked out here on its own (Euler's criterion: x^2 =
+    (y^2 - 1) / (d y^2 + 1) has a root), not with the code under test."""
+    p = 2**255 - 19
+    y = int.from_bytes(raw, "little") & (2**255 - 1)
+    x2 = (y * y - 1) * pow(-121665 * pow(121666, -1, p) * y * y + 1, -1, p) % p
+    return y < p and pow(x2, (p - 1) // 2, p) in (0, 1)
+
+
+def key_file(config: Path, name: str) -> Path:
+    """Where role `name` keeps its key (by its file)."""
+    return load_federation(config).identity_path(name)
+
+
+def set_cell(table: Path, line: int, column: int, value: str) -> None:
+    """One cell of a CSV table changed (line 1 is the header)."""
+    lines = table.read_text(encoding="utf-8-sig").splitlines()
+    cells = lines[line - 1].split(",")
+    cells[column] = value
+    lines[line - 1] = ",".join(cells)
+    table.write_text("\n".join(lines) + "\n")
+
+
+def waiting(seconds: float):
+    """An edit of a file's text: `join_timeout_s = seconds`."""
+    return lambda text: text.replace("[model]", f"join_timeout_s = {seconds:g}\n[model]")
+
+
+def pin_of(config: Path, name: str) -> str:
+    text = config.read_text()
+    return re.search(r'key = "(ed25519:[^"]+)"', text[text.index(f'name = "{name}"'):]).group(1)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The wine demo trained under mpc (a few epochs), once for the module."""
+    config = demo(tmp_path_factory.mktemp("early"))
+    code, _, err = cli("train", "--config", str(config), "--quiet")
+    assert code == 0, err
+    return config
+
+
+# -- check: the key against the own pin, every pin, the tables; in seconds -------------------------------
+
+
+def test_check_refuses_another_roles_key_file_naming_whose_it_is(tmp_path, refused):
+    config = demo(tmp_path)
+    key_file(config, "lab").write_bytes(key_file(config, "insurer").read_bytes())
+    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    assert "lab.key holds the key" in err and "pins for party 'insurer', not for party 'lab'" in err, err
+    refused("federation key")
+
+
+def test_check_refuses_a_key_file_that_is_no_key(tmp_path, refused):
+    config = demo(tmp_path)
+    key_file(config, "lab").write_text("not a key\n")
+    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    assert err.startswith("error: party 'lab': ") and "not a key written by `federation keygen`" in err, err
+    refused("federation key")
+
+
+def test_check_refuses_a_mistyped_own_pin_and_a_peer_pin_that_is_no_key(tmp_path, refused):
+    config = demo(tmp_path)
+    text = config.read_text()
+    config.write_text(text.replace(pin_of(config, "lab"), mistyped(pin_of(config, "lab"), on_curve=True)))
+    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    assert "does not pin for lab" in err and "mistyped" in err, err
+    refused("federation key")
+    config.write_text(text.replace(pin_of(config, "clinic"), mistyped(pin_of(config, "clinic"), on_curve=False)))
+    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    assert "[party 'clinic'] key: " in err and "no Ed25519 public key" in err, err
+    refused("federation key")
+
+
+def test_check_refuses_one_key_pinned_for_two_roles(tmp_path, refused):
+    config = demo(tmp_path)
+    config.write_text(config.read_text().replace(pin_of(config, "clinic"), pin_of(config, "insurer")))
+    code, _, err = cli("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and "clinic and insurer are pinned with the same key" in err, err
+    refused("federation key")
+
+
+def test_check_shows_a_decimal_comma_in_seconds(tmp_path, refused):
+    config = demo(tmp_path)
+    set_cell(tmp_path / "lab" / "train.csv", 2, 1, '"1,5"')
+    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    assert "'1,5' looks like a number written with a decimal comma" in err and "line 2" in err, err
+    refused("federation input")
+
+
+# -- train and predict: their own files first, before anything connects --------------------------------
+
+
+def test_train_with_a_bad_table_stops_in_seconds_with_one_line(tmp_path, refused):
+    config = demo(tmp_path)
+    set_cell(tmp_path / "lab" / "train.csv", 2, 1, "abc")
+    code, _, err, seconds = command("train", "--config", str(config), "--party", "lab", "--quiet")
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    assert err.startswith("error: train: the files of lab need fixing") and "line 2" in err, err
+    refused("federation input")
+
+
+def test_train_with_another_roles_key_stops_before_connecting(tmp_path, refused):
+    """Before: the party connected, and the peers' words came back after the join timeout."""
+    config = demo(tmp_path)
+    config.write_text(waiting(30)(config.read_text()))
+    key = key_file(config, "lab")
+    key.unlink()
+    identity.write_private_key(key, identity.generate())
+    code, _, err, seconds = command("train", "--config", str(config), "--party", "lab", "--quiet")
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    assert "does not pin for lab" in err and "Traceback" not in err, err
+    refused("federation key")
+
+
+def test_predict_asks_the_active_party_alone_for_out(tmp_path, refused):
+    config = demo(tmp_path)
+    code, _, err = cli("predict", "--config", str(config), "--party", "clinic")
+    assert code == 2 and "--out PREDICTIONS.csv is needed where the active party 'clinic' runs" in err, err
+    refused("cli option")
+
+
+# -- one host per party: own paths only, no --out at a passive party ------------------------------------
+
+
+def run_hosts(argv: list[str], configs: dict[str, Path], outs: dict[str, list[str]], timeout: float = 180):
+    """Every party as its own process with its own file (one host each); (exit code, stderr) of each."""
+    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", *argv, "--config",
+                                     str(path), "--party", name, "--quiet", *outs.get(name, [])],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for name, path in configs.items()}
+    try:
+        return {name: (p.wait(timeout=timeout), p.communicate()[1]) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_each_party_runs_from_a_file_with_its_own_paths_and_passive_parties_need_no_out(trained):
+    configs = {name: own_file(trained, name) for name in PARTIES}
+    assert 'train = "clinic/' not in configs["lab"].read_text()
+    out = trained.parent / "own-files.csv"
+    ended = run_hosts(["predict"], configs, {"clinic": ["--out", str(out)]})
+    assert all(code == 0 for code, _ in ended.values()), ended
+    assert len(out.read_text().splitlines()) > 10
+
+
+def test_a_mistyped_pin_under_mpc_is_named_not_the_two_party_rule(trained, tmp_path):
+    """lab's file pins a wrong key for clinic (still a key): lab's TLS handshake fails, and names the pin;
+    clinic and insurer are told a party did not join, never to set allow_two_party_disclosure."""
+    wrong = mistyped(pin_of(trained, "clinic"), on_curve=True)
+    text = trained.read_text()
+    configs = {name: tmp_path / f"{name}.toml" for name in PARTIES}
+    # lab gives up first, so that its last attempt still finds clinic listening (and hears the TLS refusal)
+    configs["lab"].write_text(waiting(4)(text.replace(pin_of(trained, "clinic"), wrong)))
+    for name in ("clinic", "insurer"):
+        configs[name].write_text(waiting(12)(text))
+    for folder in (*PARTIES, "keys"):  # the trained demo's tables, models and keys, beside these files
+        if (trained.parent / folder).exists():
+            (tmp_path / folder).symlink_to(trained.parent / folder)
+    out = ["--out", str(tmp_path / "p.csv")]
+    ended = run_hosts(["predict"], configs, dict.fromkeys(PARTIES, out), timeout=120)
+    for name, (code, err) in ended.items():
+        assert code != 0 and len(error_lines(err)) == 1 and "allow_two_party_disclosure" not in err, (name, err)
+    assert f'pins clinic as key = "{wrong}"' in ended["lab"][1], ended["lab"][1]
+    assert "only two of the 3 parties expected" in ended["clinic"][1], ended["clinic"][1]
+    assert not (tmp_path / "p.csv").exists()
+
+
+# -- keygen ---------------------------------------------------------------------------------------------
+
+
+def test_keygen_gives_each_role_its_own_file_and_never_replaces_one(tmp_path, refused):
+    """Two parties whose model folders share a parent once met in one key file; a second keygen says
+    whose key the file holds and what to do."""
+    config = demo(tmp_path)
+    text = re.sub(r'^key = "[^"]*"\n', "", config.read_text(), flags=re.MULTILINE)
+    config.write_text(re.sub(r'model = "(\w+)/model"', r'model = "models/\1"', text))
+    for path in tmp_path.rglob("*.key"):
+        path.unlink()
+    for name in ("clinic", "lab"):
+        code, out, err = cli("keygen", "--config", str(config), "--party", name)
+        assert code == 0, err  # before: lab's keygen met the clinic's key in models/identity.key
+        assert f"keys/{name}.key" in out, out
+    pin = re.search(r'key = "([^"]+)"', out).group(1)
+    code, _, err = cli("keygen", "--config", str(config), "--party", "lab")
+    assert code == 2 and len(error_lines(err)) == 1, err
+    assert "keys/lab.key exists (written by an earlier keygen)" in err and f'key = "{pin}"' in err, err
+    assert "remove it to make a new key" in err and "`identity` setting" in err, err
+    refused("federation key")
+
+
+# -- parties named, never ranks -------------------------------------------------------------------------
+
+
+def test_a_hostile_row_announcement_is_refused_naming_the_active_party():
+    from falsevfl_secure.federation.aligned import check_announcement
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.secure.errors import SecureMessageError
+
+    frame = frames.encode(frames.Kind.DATA, [np.asarray(v, "<i8").tobytes() for v in ([0, 6], [], [], [3, 2], [])])
+    with pytest.raises(SecureMessageError) as refusal:
+        check_announcement(frame, 0, 6, 4, 3)
+    assert "the row announcement of the active party" in str(refusal.value), refusal.value  # before: "party 0"
+    with pytest.raises(SecureMessageError) as refusal:
+        check_announcement(frame, 0, 6, 4, 3, "the active party 'clinic'")
+    assert "the active party 'clinic'" in str(refusal.value), refusal.value

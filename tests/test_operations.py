@@ -161,3 +161,31 @@ def test_a_party_that_heartbeats_but_delivers_nothing_is_named_within_its_deadli
     active = ended[2].get("error", "")
     assert "party0 delivered nothing" in active and "'posterior'" in active, ended
     assert ended[2]["at"] - began < 20, ended[2]["at"] - began  # its deadline (4 s here, 45 s by default)
+
+
+class Accuser(Role):
+    """A pinned party that ends the run with an ABORT blaming another party (party1) for its own stop."""
+
+
+def _accuse(role) -> str:
+    from falsevfl_secure.transport.network import Blame
+
+    if isinstance(role, Accuser):
+        time.sleep(1)
+        role.network.fail(Blame("party1", "failed", "posterior", "InputError"))
+        time.sleep(5)
+        return "accused"
+    deadline = time.monotonic() + 30
+    while role.network.aborted is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    raise RunAborted(role.network.aborted)
+
+
+def test_an_abort_is_believed_only_as_its_senders_word(tmp_path):
+    """party0's ABORT says party1 failed: the others report that party0 says so (the active party, which heard
+    it from party0), or that the active party relays it (party1), never party1's failure as a fact."""
+    ended = _world(tmp_path, _accuse, {"party0": Accuser}).start().outcomes(60)
+    active, accused = ended[2].get("error", ""), ended[1].get("error", "")
+    assert active.startswith("party0 reports: party1 stopped with an error"), ended
+    assert accused.startswith("party2 reports: party1"), ended  # flooded onward by the active party
+    assert ended[2]["blame"]["by"] == "party0", ended[2]

@@ -71,7 +71,7 @@ def test_a_killed_party_ends_the_run_with_an_error_naming_it(tmp_path):
     killer = threading.Thread(target=kill_party_one, daemon=True)
     killer.start()
     start = time.monotonic()
-    with pytest.raises(PartyFailure, match=r"rank 1 died \(signal 9\) in round '[a-z_]+'"):
+    with pytest.raises(PartyFailure, match=r"party1 died \(signal 9\) in round '[a-z_]+'"):
         run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
                         checkpoint_dir=tmp_path / "ckpt", allow_two_party_disclosure=True)
     assert time.monotonic() - start < 90
@@ -113,7 +113,7 @@ def test_a_stalled_party_ends_the_run_within_the_timeout_naming_it(tmp_path):
     stopped_at = []
     thread = threading.Thread(target=lambda: stopped_at.append(stop_party_one()), daemon=True)
     thread.start()
-    with pytest.raises(PartyFailure, match=r"rank 1 stalled .* in round '[a-z_]+'"):
+    with pytest.raises(PartyFailure, match=r"party1 stalled .* in round '[a-z_]+'"):
         run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
                         checkpoint_dir=tmp_path / "ckpt", allow_two_party_disclosure=True)
     assert time.monotonic() - stopped_at[0] < 30
@@ -129,7 +129,7 @@ def test_a_party_that_fails_is_named_with_its_own_message_not_a_peers_timeout(tm
     for path in (tmp_path / "ckpt").glob("party1-*.pt"):
         path.write_bytes(b"not a checkpoint")
     start = time.monotonic()
-    with pytest.raises(PartyFailure, match=r"rank 1 failed .*\(party1\): .*not a checkpoint of this program"):
+    with pytest.raises(PartyFailure, match=r"party1 failed .*: .*not a checkpoint of this program"):
         run_distributed(cfg, "plain", ("mcar:0",), progress=False, out_dir=tmp_path / "again",
                         checkpoint_dir=tmp_path / "ckpt", resume=True, allow_two_party_disclosure=True)
     assert time.monotonic() - start < 60

@@ -52,7 +52,8 @@ AGGREGATOR = "aggregator"
 SECTIONS = ("federation", "model", "party", "aggregator")
 FEDERATION_KEYS = ("active", "protocol", "id_column", "label_column", "task", "rendezvous",
                    "allow_two_party_disclosure", "join_timeout_s", "missing_values", "id_fold_case",
-                   "id_strip_leading_zeros", "id_pattern", "min_overlap", "validation_fraction", "max_ids")
+                   "id_strip_leading_zeros", "id_pattern", "min_overlap", "validation_fraction", "max_ids",
+                   "allow_partial_predict", "on_party_loss", "min_parties", "round_deadline_s")
 PARTY_KEYS = ("name", "train", "predict", "model", "key", "identity", "categorical")
 AGGREGATOR_KEYS = ("address", "key", "identity")
 DEFAULT_MAX_IDS = 1_000_000
@@ -116,6 +117,10 @@ class Federation:
     min_overlap: float = 0.01
     validation_fraction: float = 0.1
     max_ids: int = DEFAULT_MAX_IDS
+    allow_partial_predict: bool = False  # predict although a listed party did not join (without --absent)
+    on_party_loss: str = "stop"  # "continue": training goes on without a passive party that leaves (FALSE-VFL)
+    min_parties: int = 2  # ... while at least this many parties are left
+    round_deadline_s: float = 45.0  # a party that heartbeats but delivers nothing this long (at least) is named
 
     @property
     def names(self) -> list[str]:
@@ -218,7 +223,9 @@ def load_federation(path: Path | str) -> Federation:
                       _flag(section, "allow_two_party_disclosure", path), _join_timeout(section, path),
                       _missing_values(section, path), _id_rule(section, path),
                       _fraction(section, "min_overlap", 0.01, 1.0, path),
-                      _fraction(section, "validation_fraction", 0.1, 0.5, path), _max_ids(section, path))
+                      _fraction(section, "validation_fraction", 0.1, 0.5, path), _max_ids(section, path),
+                      _flag(section, "allow_partial_predict", path), *_loss_policy(section, path, len(parties)),
+                      _seconds(section, "round_deadline_s", 45.0, path))
 
 
 def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where: str, what: str = "setting") -> None:
@@ -268,6 +275,23 @@ def _flag(section: dict, key: str, path: Path, where: str = "federation") -> boo
     if not isinstance(value, bool):
         raise InputError(f"{path}: [{where}] {key} = {value!r} must be true or false")
     return value
+
+
+def _loss_policy(section: dict, path: Path, parties: int) -> tuple[str, int]:
+    """`on_party_loss` ("stop" | "continue") and `min_parties` (2..the number of parties)."""
+    policy, least = section.get("on_party_loss", "stop"), section.get("min_parties", 2)
+    if policy not in ("stop", "continue"):
+        raise InputError(f"{path}: [federation] on_party_loss = {policy!r} must be \"stop\" or \"continue\"")
+    if isinstance(least, bool) or not isinstance(least, int) or not 2 <= least <= parties:
+        raise InputError(f"{path}: [federation] min_parties = {least!r} must be an integer in 2..{parties}")
+    return policy, least
+
+
+def _seconds(section: dict, key: str, default: float, path: Path) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 86400:
+        raise InputError(f"{path}: [federation] {key} = {value!r} must be a number of seconds in [1, 86400]")
+    return float(value)
 
 
 def _join_timeout(section: dict, path: Path) -> float:

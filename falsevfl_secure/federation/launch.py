@@ -30,12 +30,7 @@ from .party import federation_program
 
 
 def present_parties(fed: Federation, absent: list[str]) -> list[str]:
-    unknown = [name for name in absent if name not in fed.names]
-    if unknown:
-        raise InputError(f"--absent {unknown}: no such party; the parties are {', '.join(fed.names)}")
-    if fed.active in absent:
-        raise InputError(f"the active party {fed.active!r} must be present: it holds the model's label side")
-    return [name for name in fed.names if name not in absent]
+    return fed.present(absent)
 
 
 def role_names(fed: Federation, present: list[str], protocol: Protocol) -> list[str]:
@@ -46,7 +41,7 @@ def role_names(fed: Federation, present: list[str], protocol: Protocol) -> list[
 def agreement_settings(fed: Federation, command: str) -> dict:
     """The run settings every participant must share besides the cast (see `transport.agreement`)."""
     return {"command": command, "method": fed.model.label, "model": fed.model.fingerprint(), "task": fed.task,
-            "max_ids": fed.max_ids}
+            "max_ids": fed.max_ids, "on_party_loss": fed.on_party_loss, "min_parties": fed.min_parties}
 
 
 def spec_of(fed: Federation, name: str, command: str, protocol: Protocol, present: list[str],
@@ -55,7 +50,7 @@ def spec_of(fed: Federation, name: str, command: str, protocol: Protocol, presen
     aggregator = AGGREGATOR if protocol.helpers else None
     cast = Cast(tuple(fed.names), fed.active, aggregator, fed.pins(with_aggregator=aggregator is not None))
     agreement = base_agreement(protocol, cast, fed.allow_two_party_disclosure, agreement_settings(fed, command))
-    request = Request(tuple(present), command == "train", fed.join_timeout_s, str(fed.path))
+    request = Request(tuple(present), command == "train", fed.join_timeout_s, str(fed.path), fed.round_deadline_s)
     return RoleSpec(name, cast, protocol, agreement, request, plan_for(name, cast, addresses),
                     str(fed.identity_path(name)))
 

@@ -95,7 +95,7 @@ def _left_out(fed: Federation, names: tuple[str, ...]) -> None:
     """At the active party: listed parties that did not join end the run, unless its own file consents
     (predictions from fewer parties must be asked for, never a silent fallback)."""
     waited = f"did not join within {fed.join_timeout_s:g} s"
-    if getattr(fed, "allow_partial_predict", False):  # [federation] allow_partial_predict = true
+    if fed.allow_partial_predict:
         print(f"left out ({waited}): {', '.join(names)}", file=sys.stderr, flush=True)
         return
     raise InputError(f"{', '.join(names)} {waited} (join_timeout_s in {fed.path}); predicting without "

@@ -186,22 +186,22 @@ def describe(names: list[str], reports: dict[int, dict], codes: dict[int, int | 
     own = sorted((r["at"], rank) for rank, r in reports.items() if r.get("outcome") in ("error", "crash"))
     if own:
         rank = own[0][1]
-        return f"rank {rank} failed{_where(reports[rank].get('round'))} ({names[rank]}): {reports[rank]['error']}"
+        return f"{names[rank]} failed{_where(reports[rank].get('round'))}: {reports[rank]['error']}"
     blames = [r["blame"] for r in reports.values() if r.get("blame")]
     for rank, code in codes.items():
         if code is not None and code < 0 and rank not in reports:
             round_ = next((b["round"] for b in blames if b["role"] == names[rank]), None)
-            return f"rank {rank} died (signal {-code}){_where(round_)} ({names[rank]})"
+            return f"{names[rank]} died (signal {-code}){_where(round_)}"
     for blame in blames:
         if blame["role"] in names and blame["how"] == "stalled":
             rank = names.index(blame["role"])
-            return f"rank {rank} stalled (no heartbeat for {_stall_s():.0f} s){_where(blame['round'])} ({names[rank]})"
+            return f"{names[rank]} stalled (no heartbeat for {_stall_s():.0f} s){_where(blame['round'])}"
     failed = sorted((r["at"], rank) for rank, r in reports.items() if "error" in r)
     if failed:
         rank = failed[0][1]
-        return f"rank {rank} failed ({names[rank]}): {reports[rank]['error']}"
+        return f"{names[rank]} failed: {reports[rank]['error']}"
     rank = next((r for r, c in codes.items() if c not in (None, 0)), 0)
-    return f"rank {rank} exited with code {codes.get(rank)} ({names[rank]}) without a report"
+    return f"{names[rank]} exited with code {codes.get(rank)} without a report"
 
 
 def _where(round_name: str | None) -> str:

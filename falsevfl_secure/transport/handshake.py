@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ..errors import FalseVflError, InputError, ProtocolError
 from ..secure.identity import PrivateKey, sign, verify
 from .agreement import Agreement
-from .network import Network
+from .network import DEADLINE_MIN_S, Network
 
 NONCE_BYTES = 32
 MAX_RECORD_BYTES = 1 << 20
@@ -58,6 +58,7 @@ class Request:
     needs_all: bool
     join_timeout_s: float
     source: str = "the configuration"
+    round_deadline_s: float = DEADLINE_MIN_S  # the least time a peer may heartbeat without delivering its frame
 
 
 @dataclass
@@ -203,7 +204,15 @@ class Handshake:
             raise InputError(f"{', '.join(missing)} did not join within {request.join_timeout_s:g} s "
                              f"(join_timeout_s in {request.source}); {need}")
         present = [p for p in cast.parties if p == cast.active or p in linked]
-        check_two_parties(len(present), self.agreement, request.source)
+        try:
+            check_two_parties(len(present), self.agreement, request.source)
+        except InputError:
+            if not missing:
+                raise
+            raise InputError(f"{', '.join(missing)} did not join within {request.join_timeout_s:g} s (join_timeout_s "
+                             f"in {request.source}); without {'it' if len(missing) == 1 else 'them'} only two parties "
+                             "would take part, which hide nothing from each other. A party that cannot connect says "
+                             "why on its own host (a pin that does not match, its key file, an address)") from None
         return present
 
     def announce(self, roles: list[str], record: dict) -> None:

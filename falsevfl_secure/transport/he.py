@@ -61,14 +61,14 @@ class HeBackend(PlainBackend):
 
     def _send_encrypted(self, round: Round, value: Tensor) -> None:
         """Encrypt and send to the aggregator; a refused input still sends a frame (ERROR), then raises."""
-        k = len(self.peers.alive)
+        k, me = len(self.peers.alive), self.peers.names[self.peers.rank]
         try:
             message = encrypt_tensors(self.public, [value], n_addends=k, zeros=self.zeros)
         except SecureRangeError as error:
-            notice = f"party {self.peers.rank} refused its own input of round {round.name!r} (outside he's range)"
+            notice = f"{me} refused its own input of round {round.name!r} (outside he's range)"
             self.peers.send(self.aggregator, round.name, frames.encode(Kind.ERROR, [notice.encode()],
                                                                        round.index))
-            raise SecureRangeError(f"round {round.name!r}: party {self.peers.rank}: {error}; he carries |x| < "
+            raise SecureRangeError(f"round {round.name!r}: {me}: {error}; he carries |x| < "
                                    f"{max_safe_abs(self.public, k):.3g} per party at K = {k} (mpc carries far more: "
                                    "run with --protocol mpc, or check the features are standardised)") from None
         self.peers.send(self.aggregator, round.name, frames.encode(Kind.DATA, [message], round.index))

@@ -43,7 +43,8 @@ class PlainBackend:
             self._record(round, "sent", self.peers.rank, sent)
             self.peers.send_tensor(self.peers.active_index, round.name, sent)
             if not finite:
-                raise SecureRangeError(f"round {round.name!r}: party {self.peers.rank} refused its own input: "
+                me = self.peers.names[self.peers.rank]
+                raise SecureRangeError(f"round {round.name!r}: {me} refused its own input: "
                                        f"{int((~torch.isfinite(value)).sum())} NaN/inf value(s)")
             return None
         self._record(round, "sent", self.peers.rank, value)

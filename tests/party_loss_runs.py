@@ -1,0 +1,162 @@
+"""Runs in which one of four parties crashes mid-epoch (a real process exit), and their local references; shared
+by tests/test_party_loss.py and bench/party_loss.py. A crash point is (epoch, step) of stage 1; the crashing
+party exits when it is about to receive its step's latent broadcast, so the active party notices while it
+waits for that party's likelihood term."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from falsevfl_secure.config import Config, Stage, StageConfig
+from falsevfl_secure.runtime.cast import local_specs
+from falsevfl_secure.runtime.world import World
+from falsevfl_secure.transport.local import LocalTransport
+from falsevfl_secure.transport.network import Blame, PartyLost
+from falsevfl_secure.transport.protocols import protocol_named
+from falsevfl_secure.transport.rounds import LIKELIHOOD
+
+CPU = torch.device("cpu")
+PATTERN = "mcar:0.2"
+SECRET_SEED = 5
+POLICY = {"on_party_loss": "continue", "min_parties": 3}
+
+
+@dataclass(frozen=True)
+class Crash:
+    party: int
+    epoch: int
+    step: int
+    steps_per_epoch: int
+
+    @property
+    def step_index(self) -> int:
+        """The crash's step counted from the start of stage 1."""
+        return self.steps_per_epoch * self.epoch + self.step
+
+
+def scheduled(cfg: Config, pretrain: int, train: int) -> Config:
+    return replace(cfg, pretrain=replace(cfg.pretrain, epochs=pretrain), train=replace(cfg.train, epochs=train),
+                   select_best=False)
+
+
+def split_of(cfg: Config, parties: list[int], with_labels: bool):
+    from falsevfl_secure.runtime.simulated import simulated_role
+    from falsevfl_secure.train import host_split
+
+    sim = simulated_role(cfg, (PATTERN,), parties, with_labels)
+    return sim, host_split(sim.train, CPU, sim.n_classes), host_split(sim.tests[PATTERN], CPU, sim.n_classes)
+
+
+def steps_per_epoch(cfg: Config) -> int:
+    sim, _, _ = split_of(cfg, [0], False)
+    return -(-sim.train.n // cfg.pretrain.batch_size)
+
+
+def party_program(role, cfg_json: str, crash: list | None) -> dict:
+    """One role of the run: train both stages, predict the test records (without a party that left)."""
+    from falsevfl_secure.node import build_node
+    from falsevfl_secure.randomness import RoleSecret
+    from falsevfl_secure.train import evaluate, fit
+
+    if not role.is_party:  # the he aggregator
+        role.serve_helper()
+        return {}
+    cfg = Config.from_dict(json.loads(cfg_json))
+    sim, data, test = split_of(cfg, [role.rank], role.is_active)
+    transport = role.transport(CPU)
+    if crash is not None and Crash(*crash).party == role.rank:
+        _crash_in(transport, Crash(*crash))
+    node = build_node(cfg, sim.widths, sim.n_classes, transport, CPU,
+                      {role.rank: RoleSecret.for_tests(SECRET_SEED, role.rank)})
+    trained = fit(node, data, progress=False)
+    test.drop_parties(role.peers.lost)  # its records are predicted from the others
+    accuracy = evaluate(node, test)
+    events = role.losses.events if role.losses is not None else []
+    return {"accuracy": accuracy.get() if accuracy.present else None, "events": events, "losses": trained.losses}
+
+
+def _crash_in(transport, crash: Crash) -> None:
+    """The process exits as it is about to receive the crash step's latent broadcast (three forward rounds a step)."""
+    count, forward = [0], transport.forward
+
+    def counted(round, value):
+        count[0] += 1
+        if count[0] == 3 * crash.step_index + 2:
+            os._exit(3)
+        return forward(round, value)
+
+    transport.forward = counted
+
+
+def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | None) -> list[dict]:
+    """Every role's outcome of a run of four processes (with every party's consent to go on after a loss)."""
+    names = [f"party{k}" for k in range(cfg.parties)]
+    specs = local_specs(protocol_named(protocol), names, names[cfg.active_index], folder / "keys",
+                        {"command": "test", **POLICY})
+    args = (json.dumps(cfg.to_dict()), None if crash is None else list(vars(crash).values()))
+    return World(specs, party_program, args, folder / "world").start().outcomes(1800)
+
+
+class LosingTransport(LocalTransport):
+    """The local plain reference of a crash: the party's step is abandoned where the distributed run notices (the
+    active party waits for its likelihood term), and from then on it holds no row, by the training loop's own
+    rules (`train._epoch_steps`)."""
+
+    def __init__(self, cfg: Config, crash: Crash, splits: list) -> None:
+        super().__init__(cfg.parties, cfg.active_index)
+        self.crash, self.splits, self.sums = crash, splits, 0
+        self.on_party_lost = _Abandon(crash.party, splits)
+
+    def aggregate(self, round, contributions):
+        self.sums += round is LIKELIHOOD
+        if round is LIKELIHOOD and self.sums == self.crash.step_index + 1 and not self.on_party_lost.lost:
+            raise PartyLost(blame=Blame(f"party{self.crash.party}", "left", "likelihood"))
+        return super().aggregate(round, contributions)
+
+
+class _Abandon:
+    """The reference's handler: the party holds no row from now on; the next step follows."""
+
+    def __init__(self, party: int, splits: list) -> None:
+        self.party, self.splits, self.lost = party, splits, set()
+
+    def __call__(self, lost, position) -> int:
+        self.lost = {self.party}
+        _drop(self.splits, self.party)
+        return position[2] + 1
+
+
+def _drop(splits: list, party: int) -> None:
+    for split in splits:
+        split.held[party] = torch.zeros_like(split.held[party])
+        split.drop_parties({party})
+
+
+def local_run(cfg: Config, crash: Crash, absent_from_epoch: bool = False) -> tuple[float, dict]:
+    """All parties in one process, plain sums, the same per-party secrets: the party's step abandoned where the
+    distributed run notices the crash, or (`absent_from_epoch`) the party absent from the crash's epoch on."""
+    from falsevfl_secure.node import build_node
+    from falsevfl_secure.randomness import RoleSecret
+    from falsevfl_secure.train import evaluate, fit
+
+    parties = list(range(cfg.parties))
+    sim, data, test = split_of(cfg, parties, True)
+    transport = LocalTransport(cfg.parties, cfg.active_index) if absent_from_epoch else \
+        LosingTransport(cfg, crash, [data, test])
+    node = build_node(cfg, sim.widths, sim.n_classes, transport, CPU,
+                      {k: RoleSecret.for_tests(SECRET_SEED, k) for k in parties})
+
+    def absent(stage: Stage, epoch: int, _) -> None:
+        if absent_from_epoch and stage is Stage.PRETRAIN and epoch == crash.epoch - 1:
+            _drop([data, test], crash.party)
+
+    trained = fit(node, data, progress=False, after_epoch=absent)
+    return evaluate(node, test).get(), trained.losses
+
+
+__all__ = ["Crash", "StageConfig", "distributed_run", "local_run", "scheduled", "steps_per_epoch"]

@@ -1,7 +1,8 @@
 """Runs in which one of four parties crashes mid-epoch (a real process exit), and their local references; shared
 by tests/test_party_loss.py and bench/party_loss.py. A crash point is (epoch, step) of stage 1; the crashing
-party exits when it is about to receive its step's latent broadcast, so the active party notices while it
-waits for that party's likelihood term."""
+party exits as it starts that step, before it sends anything of it (a frame it had queued when it exited might or
+might not leave, which would make the point the others notice depend on timing), so the active party notices
+while it waits for that party's posterior term."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from falsevfl_secure.runtime.world import World
 from falsevfl_secure.transport.local import LocalTransport
 from falsevfl_secure.transport.network import Blame, PartyLost
 from falsevfl_secure.transport.protocols import protocol_named
-from falsevfl_secure.transport.rounds import LIKELIHOOD
+from falsevfl_secure.transport.rounds import POSTERIOR
 
 CPU = torch.device("cpu")
 PATTERN = "mcar:0.2"
@@ -81,12 +82,12 @@ def party_program(role, cfg_json: str, crash: list | None) -> dict:
 
 
 def _crash_in(transport, crash: Crash) -> None:
-    """The process exits as it is about to receive the crash step's latent broadcast (three forward rounds a step)."""
+    """The process exits as it starts the crash step (three forward rounds a step)."""
     count, forward = [0], transport.forward
 
     def counted(round, value):
         count[0] += 1
-        if count[0] == 3 * crash.step_index + 2:
+        if count[0] == 3 * crash.step_index + 1:
             os._exit(3)
         return forward(round, value)
 
@@ -104,7 +105,7 @@ def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | Non
 
 class LosingTransport(LocalTransport):
     """The local plain reference of a crash: the party's step is abandoned where the distributed run notices (the
-    active party waits for its likelihood term), and from then on it holds no row, by the training loop's own
+    active party waits for its posterior term), and from then on it holds no row, by the training loop's own
     rules (`train._epoch_steps`)."""
 
     def __init__(self, cfg: Config, crash: Crash, splits: list) -> None:
@@ -113,9 +114,9 @@ class LosingTransport(LocalTransport):
         self.on_party_lost = _Abandon(crash.party, splits)
 
     def aggregate(self, round, contributions):
-        self.sums += round is LIKELIHOOD
-        if round is LIKELIHOOD and self.sums == self.crash.step_index + 1 and not self.on_party_lost.lost:
-            raise PartyLost(blame=Blame(f"party{self.crash.party}", "left", "likelihood"))
+        self.sums += round is POSTERIOR
+        if round is POSTERIOR and self.sums == self.crash.step_index + 1 and not self.on_party_lost.lost:
+            raise PartyLost(blame=Blame(f"party{self.crash.party}", "left", "posterior"))
         return super().aggregate(round, contributions)
 
 

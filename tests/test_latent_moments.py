@@ -82,7 +82,7 @@ class ClearReference:
     def __init__(self, n_parties: int) -> None:
         self.n_parties, self.log = n_parties, CommLog()
 
-    def use(self, table) -> None:
+    def use(self, table, sizes=None) -> None:
         pass
 
     def aggregate(self, round, contributions):

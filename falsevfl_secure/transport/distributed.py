@@ -128,6 +128,7 @@ class DistributedTransport:
         self.on_party_lost = None  # the role's handler when the run survives a lost party (runtime.losses)
         self._token: Tensor | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}  # the forward shape of each round of this pass
+        self._pass_ends: set[str] = set()  # rounds after which a pass without adjoints is over
 
     @property
     def is_active(self) -> bool:
@@ -138,6 +139,10 @@ class DistributedTransport:
         bounds each size name of the rounds' payloads (B, S, H, ...), so the network refuses a larger frame."""
         self.table = table
         self.validator.use(table)
+        backward = {r.name for p in table.passes for i, r in enumerate(p) if r.adjoint in p[:i]}
+        firsts = {r.name for r in table.firsts}
+        self._pass_ends = {name for name, after in table.successors().items()
+                           if name is not None and set(after) - backward <= firsts}
         if sizes is not None:
             self.network.allow(self.bounds(table, sizes))
 
@@ -183,16 +188,21 @@ class DistributedTransport:
         if kept:  # a pass run without gradients (stage 2's frozen rounds) has no adjoint to run
             torch.autograd.backward([r for r, _ in kept], [g for _, g in kept])
         self._token = None
+        self.network.between_passes()
 
     # -- one round: validated, run, counted ------------------------------------------------------------
 
     def forward(self, round: Round, value: Tensor) -> Tensor:
         if round.is_aggregate:
             total = self._run(round, tuple(value.shape), self.backend.sum_to_active, round, value)
-            return total.to(device=value.device, dtype=value.dtype) if self.is_active else value.new_zeros(0)
-        shape = self.declared(round)
-        out = self._run(round, shape, self.backend.broadcast, round, value if self.is_active else None, shape)
-        return value.view_as(value) if self.is_active else self._received(round, out, shape)
+            out = total.to(device=value.device, dtype=value.dtype) if self.is_active else value.new_zeros(0)
+        else:
+            shape = self.declared(round)
+            total = self._run(round, shape, self.backend.broadcast, round, value if self.is_active else None, shape)
+            out = value.view_as(value) if self.is_active else self._received(round, total, shape)
+        if not torch.is_grad_enabled() and round.name in self._pass_ends:
+            self.network.between_passes()  # a pass without adjoints (stage 2, predictions) ends here
+        return out
 
     def adjoint(self, round: Round, grad: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
         """The adjoint of a forward round: the gradient of a sum is broadcast back, the gradients of a

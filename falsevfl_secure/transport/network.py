@@ -55,7 +55,7 @@ RELAY_QUEUE_BYTES = 8 << 20  # the hub holds a sender back while this much waits
 SETUP: dict[str, tuple[int, int]] = {
     "hello": (64 << 10, 2), "roster": (1 << 20, 2), "keys": (1 << 20, 2), "context": (64 << 20, 2),
     "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (64 << 20, 2), "barrier": (1 << 10, 2),
-    "stop": (1 << 10, 2), "sum": (64 << 20, 2), "lost": (4 << 10, 4), "lost-ack": (64, 4)}
+    "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4)}
 # A pass's first round may reach a role before its transport declared the method's rounds (a passive party
 # starts its step while the active party still builds its model): until then, one frame of each, this large.
 EARLY = ("posterior", "embedding", "subsets", "cross_view")
@@ -308,8 +308,8 @@ class Network:
         now, link = time.monotonic(), self.links.get(src)
         if now - began > RECV_TIMEOUT_S:
             raise PartyFailure(f"{self.me} waited {RECV_TIMEOUT_S:.0f} s for {expecting!r} from {src}")
-        if link is None or self.round is None or link.waiting_on or not link.progress:
-            return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one not in a round yet
+        if link is None or self.round is None or link.waiting_on or link.last_round is None:
+            return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
         if now - max(began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
             self._fault(Blame(src, "stuck", link.last_round, f"none for {self.deadline_s:.0f} s"))
             self._raise_if_aborted()
@@ -319,6 +319,11 @@ class Network:
         """The round this role is in (heartbeats carry it, so a stall is reported with it)."""
         self.round = round_name
         self.progress += 1
+
+    def between_passes(self) -> None:
+        """This role finished a pass of rounds: until the next, it does work of its own (its peers then wait
+        on it without a round deadline, up to RECV_TIMEOUT_S)."""
+        self.round = None
 
     def _arrived(self, link: Link, envelope: wire.Envelope) -> None:
         """Every envelope from every link, on that link's reader thread; a malformed one ends the run."""
@@ -382,6 +387,9 @@ class Network:
         whole = self._reassembly.add(envelope, size)
         if whole is None:
             return
+        with self._cond:
+            if whole.src != link.peer and self._queued[whole.src, whole.tag] >= depth:  # relayed: holding the
+                raise Refused(f"more than {depth} frames {whole.tag!r} ahead", whole.src)  # link would hold all
         self._hold(link, (whole.src, whole.tag), depth)
         with self._cond:
             self._queued[whole.src, whole.tag] += 1

@@ -146,6 +146,7 @@ class Network:
         self._unannounced: list[Blame] = []  # at the active party: losses it has not announced yet
         self._notice: dict | None = None  # elsewhere: the active party's announcement, not yet handled
         self._closing = False
+        self._leaving = False
         self._hub: Hub | None = None
         self._channels: list = []
         self._stop = threading.Event()
@@ -367,7 +368,7 @@ class Network:
         sender and tag wait unread: a sender ahead of the rounds buffers in its own memory, not here."""
         with self._cond:
             link.held = self._queued[key] >= depth
-            while self._queued[key] >= depth and self._aborted is None and not self._closing:
+            while self._queued[key] >= depth and self._aborted is None and not self._leaving:
                 self._cond.wait(0.5)
             link.held, link.last_seen = False, time.monotonic()
 
@@ -385,7 +386,7 @@ class Network:
             raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")
         size, depth = self._bound(envelope, envelope.src)
         whole = self._reassembly.add(envelope, size)
-        if whole is None:
+        if whole is None or self._leaving:
             return
         with self._cond:
             if whole.src != link.peer and self._queued[whole.src, whole.tag] >= depth:  # relayed: holding the
@@ -460,6 +461,9 @@ class Network:
 
     def close(self, clean: bool) -> None:
         """Leave: after a clean run, a goodbye barrier (every role's last frames are delivered first)."""
+        with self._cond:
+            self._leaving = True  # nothing more is read: frames still arriving are dropped, held readers let go
+            self._cond.notify_all()
         if clean and self._aborted is None:
             self._goodbye()
         self._closing = True

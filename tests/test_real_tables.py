@@ -68,7 +68,8 @@ def test_every_key_is_documented_and_the_documented_example_loads(tmp_path):
 
 @pytest.mark.parametrize(("where", "old", "new", "fragments"), [
     ("federation", "rendezvous", "min_overlab = 0.1\nrendezvous", ["[federation]", "'min_overlab' (did you mean "
-                                                                   "'min_overlap'?)", "active, allow_partial_predict, allow_two_party"]),
+                                                                   "'min_overlap'?)",
+                                                                   "active, allow_partial_predict, allow_two_party"]),
     ("party", 'model = "lab/model"', 'model = "lab/model"\ncategorial = ["x"]',
      ["[[party]] #2", "'categorial' (did you mean 'categorical'?)", "categorical, identity, key, model, name"]),
     ("model", "[model]\n", "[model]\nkapa = 3\n", ["[model]", "'kapa' (did you mean 'kappa'?)", "eval_batch_size"]),

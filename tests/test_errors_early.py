@@ -6,8 +6,6 @@ it is; a TLS refusal names the pin; the two-party rule is never the symptom of a
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import re
 import subprocess
 import sys
@@ -17,21 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from align_channels import free_port
+from federation_cli import cli
 
-from falsevfl_secure.federation.__main__ import main
 from falsevfl_secure.federation.config import load_federation
 from falsevfl_secure.secure import identity
 
 PARTIES = ("clinic", "lab", "insurer")  # the tables demo's; clinic holds the labels
 SHORT = "seed = 0\n[model.pretrain]\nepochs = 1\n[model.train]\nepochs = 2\n"
 FAST = 5.0  # seconds: the most a refusal may take, process start-up included (the issue's bound)
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def command(*argv: str, timeout: float = 60.0) -> tuple[int, str, str, float]:
@@ -55,6 +46,13 @@ def demo(folder: Path, protocol: str = "mpc") -> Path:
     text = config.read_text().replace("seed = 0\n", SHORT).replace("127.0.0.1:29611", f"127.0.0.1:{free_port()}")
     config.write_text(text.replace("127.0.0.1:29612", f"127.0.0.1:{free_port()}"))
     return config
+
+
+def check_refused(config: Path, party: str = "lab") -> str:
+    """`check --party`: refused in seconds with one `error:` line; what it says."""
+    code, _, err, seconds = command("check", "--config", str(config), "--party", party)
+    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    return err
 
 
 def own_file(config: Path, name: str, edit=lambda text: text) -> Path:
@@ -125,8 +123,7 @@ def trained(tmp_path_factory) -> Path:
 def test_check_refuses_another_roles_key_file_naming_whose_it_is(tmp_path, refused):
     config = demo(tmp_path)
     key_file(config, "lab").write_bytes(key_file(config, "insurer").read_bytes())
-    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
-    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    err = check_refused(config)
     assert "lab.key holds the key" in err and "pins for party 'insurer', not for party 'lab'" in err, err
     refused("federation key")
 
@@ -134,8 +131,7 @@ def test_check_refuses_another_roles_key_file_naming_whose_it_is(tmp_path, refus
 def test_check_refuses_a_key_file_that_is_no_key(tmp_path, refused):
     config = demo(tmp_path)
     key_file(config, "lab").write_text("not a key\n")
-    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
-    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    err = check_refused(config)
     assert err.startswith("error: party 'lab': ") and "not a key written by `federation keygen`" in err, err
     refused("federation key")
 
@@ -144,13 +140,11 @@ def test_check_refuses_a_mistyped_own_pin_and_a_peer_pin_that_is_no_key(tmp_path
     config = demo(tmp_path)
     text = config.read_text()
     config.write_text(text.replace(pin_of(config, "lab"), mistyped(pin_of(config, "lab"), on_curve=True)))
-    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
-    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    err = check_refused(config)
     assert "does not pin for lab" in err and "mistyped" in err, err
     refused("federation key")
     config.write_text(text.replace(pin_of(config, "clinic"), mistyped(pin_of(config, "clinic"), on_curve=False)))
-    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
-    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    err = check_refused(config)
     assert "[party 'clinic'] key: " in err and "no Ed25519 public key" in err, err
     refused("federation key")
 
@@ -166,8 +160,7 @@ def test_check_refuses_one_key_pinned_for_two_roles(tmp_path, refused):
 def test_check_shows_a_decimal_comma_in_seconds(tmp_path, refused):
     config = demo(tmp_path)
     set_cell(tmp_path / "lab" / "train.csv", 2, 1, '"1,5"')
-    code, _, err, seconds = command("check", "--config", str(config), "--party", "lab")
-    assert code == 2 and seconds < FAST and len(error_lines(err)) == 1, (seconds, err)
+    err = check_refused(config)
     assert "'1,5' looks like a number written with a decimal comma" in err and "line 2" in err, err
     refused("federation input")
 

@@ -3,8 +3,6 @@ and a listed party that does not come is an error at `predict` unless it is decl
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import signal
@@ -15,19 +13,11 @@ from pathlib import Path
 
 import pytest
 from align_channels import free_port
+from federation_cli import cli
 from test_runtime import alive, world_pids
-
-from falsevfl_secure.federation.__main__ import main
 
 PARTIES = ("clinic", "lab", "insurer")  # the wine demo's; clinic is active
 SHORT = "seed = 0\n[model.pretrain]\nepochs = 1\n[model.train]\nepochs = 2\n"
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -4,24 +4,14 @@ absent, and one clear error for each kind of bad input."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 from pathlib import Path
 
 import pytest
-
-from falsevfl_secure.federation.__main__ import main
+from federation_cli import cli
 
 EPOCHS = "[model.pretrain]\nepochs = 3\n[model.train]\nepochs = 30\n"
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def short(path: Path, protocol: str | None = None) -> None:

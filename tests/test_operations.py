@@ -16,7 +16,7 @@ import torch
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.role import Role
 from falsevfl_secure.runtime.world import World
-from falsevfl_secure.transport.network import Network, RunAborted
+from falsevfl_secure.transport.network import RunAborted
 from falsevfl_secure.transport.protocols import protocol_named
 
 FLOOD_BYTES = 128 << 20  # each flooded frame (today's code reassembled every one whole: +384 MiB)
@@ -141,16 +141,16 @@ def _sums_then_stall(role) -> str:
     return "done"
 
 
-class QuickDeadlines(Network):
-    min_deadline_s = 4.0
-
-
 class QuickRole(Role):
-    network_class = QuickDeadlines
+    """A role whose round deadline is 4 s (its file's `round_deadline_s`; 45 s by default)."""
+
+    def __init__(self, spec, parent=None) -> None:
+        super().__init__(spec, parent)
+        self.network.min_deadline_s = 4.0
 
 
-class QuickStaller(Staller):
-    network_class = QuickDeadlines
+class QuickStaller(QuickRole, Staller):
+    pass
 
 
 @pytest.mark.parametrize("protocol", ["plain", "mpc"])

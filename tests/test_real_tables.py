@@ -6,7 +6,6 @@ starts), the alignment's overlap counts, validation hold-out and announcement, t
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import re
@@ -17,10 +16,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from federation_cli import cli
 
 from falsevfl_secure.errors import InputError
 from falsevfl_secure.federation import aligned as aligned_module
-from falsevfl_secure.federation.__main__ import main
 from falsevfl_secure.federation.config import (
     AGGREGATOR_KEYS,
     FEDERATION_KEYS,
@@ -34,13 +33,6 @@ from falsevfl_secure.federation.inputs import read_training_table
 from falsevfl_secure.federation.tables_demo import MIXED_PATTERN, Spec, write_federation
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "federation-toml.md"
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def edit(path: Path, old: str, new: str) -> None:

@@ -15,28 +15,19 @@ of diabetes' 10 columns, half of the training records labeled; seeds 0, 1, 2): f
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from align_channels import free_port
+from federation_cli import cli
 
-from falsevfl_secure.federation.__main__ import main
 from falsevfl_secure.federation.tables_demo import MIXED_PATTERN, Spec, write_federation
 
 pytestmark = pytest.mark.slow
 SHORT = 'preset = "quick"\n[model.pretrain]\nepochs = 3\n[model.train]\nepochs = 10\n'  # the schedule is not checked
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def rows(path: Path) -> list[dict]:

@@ -60,8 +60,7 @@ class Role:
         self.view = View() if spec.record else None
         self.key = read_private_key(spec.key_path)
         self.network = self.network_class(spec.name, self.key, spec.cast.pins, spec.plan, self._record_control)
-        if type(self.network).min_deadline_s == Network.min_deadline_s:  # (a test's network may set its own)
-            self.network.min_deadline_s = spec.request.round_deadline_s
+        self.network.min_deadline_s = spec.request.round_deadline_s
         self.session: Session | None = None
         self.membership: Membership | None = None
         self.backend: Backend | None = None

@@ -153,7 +153,7 @@ class QuickStaller(QuickRole, Staller):
     pass
 
 
-@pytest.mark.parametrize("protocol", ["plain", "mpc"])
+@pytest.mark.parametrize("protocol", ["mpc"])  # the deadline is the network's: the same under every protocol
 def test_a_party_that_heartbeats_but_delivers_nothing_is_named_within_its_deadline(tmp_path, protocol):
     classes = {"party0": QuickStaller, "party1": QuickRole, "party2": QuickRole}
     began = time.time()

@@ -87,7 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variant", nargs="+", default=None, choices=["I", "II"],
                    help="FALSE-VFL's variants: --variant I II is --methods false-vfl-i false-vfl-ii")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--preset", choices=["paper", "quick"], default="paper")
+    p.add_argument("--preset", choices=["paper", "paper-protocol", "quick"], default="paper",
+                   help="paper: the paper's schedules as this project reads them; paper-protocol: under the readings "
+                        "of its protocol that reproduce its rows best (config.PAPER_PROTOCOL, METHOD_SCHEDULES)")
     p.add_argument("--parties", nargs="+", type=int, default=[None], help="K (default: the preset's)")
     p.add_argument("--pretrain-epochs", type=int, default=None)
     p.add_argument("--train-epochs", type=int, default=None)
@@ -215,7 +217,7 @@ def observed_row(cells: list[dict], run: tuple) -> list[str]:
     if not any(shares.values()):
         return []
     return ["| parties observed (%) | " + " | ".join(f"{100 * np.mean(v):.0f}" if v else "-" for v in shares.values())
-            + " | | | |"]
+            + " | | | | |"]
 
 
 def markdown(cells: list[dict]) -> str:
@@ -225,9 +227,9 @@ def markdown(cells: list[dict]) -> str:
     lines = []
     for dataset in sorted({r[0] for r in runs}):
         lines += [f"**{dataset}** (accuracy %, mean ± std over seeds; n = seeds)", "",
-                  "| run | " + " | ".join(TEST_PATTERNS) + " | n | wall time per run (s) | stage 1 / stage 2 / "
-                  "evaluation (s) |",
-                  "|---|" + "---|" * (len(TEST_PATTERNS) + 3)]
+                  "| run | " + " | ".join(TEST_PATTERNS) + " | mean of 7 | n | wall time per run (s) | stage 1 / "
+                  "stage 2 / evaluation (s) |",
+                  "|---|" + "---|" * (len(TEST_PATTERNS) + 4)]
         for run in (r for r in runs if r[0] == dataset):
             values = [stats.get((*run, t)) for t in TEST_PATTERNS]
             n = max((v[2] for v in values if v), default=0)
@@ -236,18 +238,58 @@ def markdown(cells: list[dict]) -> str:
             split = " / ".join(f"{np.mean([t[k] for t in stages]):.0f}" for k in ("pretrain", "train", "evaluate")
                                ) if stages else "-"
             label = describe(run).removeprefix(f"{dataset} ")
+            mean = f"{np.mean([v[0] for v in values]):.1f}" if all(values) else "-"
             lines.append(f"| {label} | " + " | ".join(f"{v[0]:.1f} ± {v[1]:.1f}" if v else "-" for v in values)
-                         + f" | {n} | {np.mean([c['wall_time_s'] for c in firsts]):.0f} | {split} |")
+                         + f" | {mean} | {n} | {np.mean([c['wall_time_s'] for c in firsts]):.0f} | {split} |")
             lines += observed_row(cells, run)
-            paper = paper_row(run)
-            if paper:
-                lines.append("| paper (mean of 5) | " + " | ".join(f"{paper[t]:.1f}" for t in TEST_PATTERNS)
-                             + " | 5 | | |")
-                lines.append("| ours − paper | " + " | ".join(
-                    f"{values[i][0] - paper[t]:+.1f}" if values[i] else "-" for i, t in enumerate(TEST_PATTERNS))
-                             + " | | | |")
+            lines += paper_lines(run, values)
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join([*lines, *ranking(stats)])
+
+
+def paper_lines(run: tuple, values: list) -> list[str]:
+    """The paper's row under ours, and the difference per pattern and of the seven patterns' means."""
+    paper = paper_row(run)
+    if not paper:
+        return []
+    gaps = [values[i][0] - paper[t] if values[i] else None for i, t in enumerate(TEST_PATTERNS)]
+    mean_gap = f"{np.mean(gaps):+.1f}" if None not in gaps else "-"
+    return ["| paper (mean of 5) | " + " | ".join(f"{paper[t]:.1f}" for t in TEST_PATTERNS)
+            + f" | {np.mean(list(paper.values())):.1f} | 5 | | |",
+            "| ours − paper | " + " | ".join(f"{g:+.1f}" if g is not None else "-" for g in gaps)
+            + f" | {mean_gap} | | | |"]
+
+
+def ranking(stats: dict[tuple, tuple[float, float, int]]) -> list[str]:
+    """The paper's claim, recomputed from what was run: per (dataset, training mechanism, K, preset, overrides)
+    with FALSE-VFL and every baseline of the paper, the test patterns on which FALSE-VFL (its better variant)
+    is above every baseline (means over seeds), next to the same count from the paper's rows."""
+    groups: dict[tuple, dict[str, dict[str, float]]] = {}
+    for (dataset, train, method, parties, preset, overrides, test), (mean, _, _) in stats.items():
+        groups.setdefault((dataset, train, parties, preset, overrides), {}).setdefault(method, {})[test] = mean
+    lines = []
+    for (dataset, train, parties, preset, overrides), methods in sorted(groups.items(), key=str):
+        ours = _firsts(methods)
+        if ours is None:
+            continue
+        paper = _firsts({m: PAPER[(dataset, train, m)] for m in METHOD_ORDER if (dataset, train, m) in PAPER})
+        extra = f", {overrides}" if overrides != "{}" else ""
+        lines.append(f"FALSE-VFL above every baseline ({', '.join(ours[2])}; {dataset}, trained {train}, "
+                     f"K={parties}, preset {preset}{extra}): on **{ours[0]} of {ours[1]}** test patterns"
+                     + (f"; in the paper's rows on {paper[0]} of {paper[1]}" if paper and parties == PAPER_K else "")
+                     + ".")
+    return [*lines, ""] if lines else []
+
+
+def _firsts(methods: dict[str, dict[str, float]]) -> tuple[int, int, list[str]] | None:
+    """(patterns where FALSE-VFL's better variant beats every baseline, patterns compared, the baselines), or
+    None without FALSE-VFL and all four baselines on all seven patterns."""
+    ours = [m for m in ("false-vfl-i", "false-vfl-ii") if m in methods]
+    baselines = [m for m in METHOD_ORDER if m not in ("false-vfl-i", "false-vfl-ii")]
+    if not ours or any(set(methods.get(m, {})) != set(TEST_PATTERNS) for m in [*ours, *baselines]):
+        return None
+    wins = sum(max(methods[m][t] for m in ours) > max(methods[b][t] for b in baselines) for t in TEST_PATTERNS)
+    return wins, len(TEST_PATTERNS), [NAMES[b] for b in baselines]
 
 
 def plot_grid(cells: list[dict], path: Path) -> None:

@@ -14,6 +14,7 @@ from enum import IntEnum
 
 from .data.loaders import STANDARDIZE, canonical_name
 from .data.mechanisms import parse_mechanism
+from .data.split import DEFAULT_LABELED, MECHANISM_ROWS, TABULAR_DEFAULT
 from .errors import InputError
 
 
@@ -40,6 +41,9 @@ NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"}
 DISCRIMINATOR_INPUTS = ("latent", "latent+own")  # Config.discriminator_inputs: p(y | h) or p(y | h, x_active)
 CLASS_WEIGHTS = ("none", "balanced")  # Config.class_weight: stage 2's weight of each labeled row
 IMPUTE = ("embedding", "features")  # Config.impute: a missing party's stand-in in a baseline's fusion
+LASER_BATCHES = ("grouped", "grouped-full", "plain")  # Config.laser_batches: how LASER-VFL forms its batches
+PLUG_DROPS = ("row", "batch")  # Config.plug_drop: what PlugVFL's party dropout drops
+ENCODE_MISSING = ("skip", "zeros")  # Config.encode_missing: FALSE-VFL's posterior over held parties, or MIWAE's
 OPTIMIZERS = ("adam", "sgd")  # sgd: momentum 0.9, as SimSiam's pretraining uses it
 # The methods, by the names `simulate --method`, `bench/accuracy.py --methods` and `[model] method` take:
 # FALSE-VFL-I and -II are one method with a flag (`Config.variant`); the baselines of the paper's App. D.1.
@@ -65,6 +69,10 @@ class StageConfig:
     epochs: int
     weight_decay: float = 1e-4
     optimizer: str = "adam"
+    # At most this many steps per epoch, the first of the epoch's public plan (0: every batch). A method whose
+    # batches are not plain shuffles of its rows (LASER-VFL's grouped batches) then takes the step count the
+    # paper's epochs and batch size state: epochs x ceil(rows / batch_size) (the `paper-protocol` preset).
+    steps_per_epoch: int = 0
 
     def check(self, name: str) -> None:
         """Refuse a schedule that cannot run, naming the stage (`name`)."""
@@ -73,6 +81,8 @@ class StageConfig:
         _need(self.lr > 0 and self.weight_decay >= 0,
               f"{name}: lr must be > 0 and weight_decay >= 0 (got {self.lr}, {self.weight_decay})")
         _need(self.optimizer in OPTIMIZERS, f"{name} optimizer={self.optimizer!r}: choose adam or sgd")
+        _need(isinstance(self.steps_per_epoch, int) and self.steps_per_epoch >= 0,
+              f"{name} steps_per_epoch={self.steps_per_epoch}: an integer >= 0 (0: every batch of the epoch)")
 
 
 def _need(ok: bool, message: str) -> None:
@@ -121,6 +131,23 @@ class Config:
     # the record (fitted on its own columns and labels; out of fold on its training rows): stage 2 then learns
     # what the other parties add to the best model the active party has alone. A federation only.
     own_reference: bool = False
+    # Readings of the paper's protocol (README "Comparison with the paper"); the defaults are this project's.
+    # LASER-VFL's stage-2 batches: "grouped" (the rows of one observed set, every group cut into batches of at
+    # most batch_size: the paper's "mini-batches that share a single mask"), "grouped-full" (the same, only
+    # full batches: the rest of each group waits for a later epoch's shuffle), "plain" (shuffled batches,
+    # each row its own set of parties, as every other method).
+    laser_batches: str = "grouped"
+    # PlugVFL's dropout of a passive party with probability 0.5: per "row" (each row its own draw) or per
+    # "batch" (one draw per party and mini-batch, as the LASER-VFL code's PlugVFL the paper adopts does).
+    plug_drop: str = "row"
+    # Simulations: the training mechanism removes blocks from "all" training rows outside the aligned reserve,
+    # or from the "labeled" ones only (the paper: "we reserve 100 ... of the labeled samples as fully aligned
+    # and render the remainder partially aligned"); the unlabeled rows then stay fully observed.
+    mechanism_rows: str = "all"
+    # FALSE-VFL's encoder input for a party that does not hold a row: "skip" (it adds nothing: the posterior is
+    # over the parties that hold the row, the paper's Eq. (1)) or "zeros" (MIWAE's convention: the missing
+    # block encoded as zeros, every party in the posterior; the likelihood still covers held blocks only).
+    encode_missing: str = "skip"
     class_weight: str = "none"  # stage 2: "balanced" weighs each labeled row by n / (C n_class) (classification)
     # Stage 2 keeps the discriminator of its best epoch on the validation records (log loss, or RMSE for
     # regression; the active party's own choice: stage 2 trains its parameters only) where a run has them.
@@ -220,6 +247,14 @@ class Config:
               f"discriminator_inputs={self.discriminator_inputs!r}: choose latent or latent+own (FALSE-VFL only)")
         _need(not self.own_reference or self.discriminator_inputs == "latent+own",
               "own_reference = true needs discriminator_inputs = \"latent+own\" (the trees' score is an own input)")
+        for name, choices, owner in (("laser_batches", LASER_BATCHES, "laser"), ("plug_drop", PLUG_DROPS, "plugvfl"),
+                                     ("encode_missing", ENCODE_MISSING, "false-vfl")):
+            value = getattr(self, name)
+            _need(value in choices, f"{name}={value!r}: choose {' or '.join(choices)}")
+            _need(value == choices[0] or self.method == owner,
+                  f"{name}={value!r} is {owner}'s option, not {self.method}'s")
+        _need(self.mechanism_rows in MECHANISM_ROWS,
+              f"mechanism_rows={self.mechanism_rows!r}: choose {' or '.join(MECHANISM_ROWS)}")
         _need(self.class_weight in CLASS_WEIGHTS, f"class_weight={self.class_weight!r}: choose none or balanced")
         _need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
 
@@ -266,19 +301,39 @@ PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True,
                                  pretrain=StageConfig(2e-3, 256, 1), train=StageConfig(2e-3, 128, 1))
 
 # "default" is what a run gets unless it asks for another schedule: the paper's for the paper's datasets.
+# "paper-protocol": the paper's schedule under the readings of its protocol that reproduce its rows best
+# (README "Comparison with the paper"); every method's own readings are in METHOD_SCHEDULES.
+PAPER_PROTOCOL = dict(mechanism_rows="labeled")
 for _presets in PRESETS.values():
     _presets.setdefault("default", _presets["paper"])
+    _presets["paper-protocol"] = {**_presets["paper"], **PAPER_PROTOCOL}
 
 
 def _sgd(lr: float, batch: int, epochs: int, weight_decay: float = 3e-5) -> StageConfig:
     return StageConfig(lr, batch, epochs, weight_decay, "sgd")
 
 
-def _baseline(pretrain: StageConfig, train: StageConfig) -> dict:
-    """A baseline's schedule: SimSiam pretraining of the local models, then fine-tuning with labels."""
+def _baseline(pretrain: StageConfig, train: StageConfig, **protocol) -> dict:
+    """A baseline's schedule: SimSiam pretraining of the local models, then fine-tuning with labels; under
+    `paper-protocol` with the method's own readings (`protocol`)."""
     quick = dict(pretrain=replace(pretrain, epochs=max(1, pretrain.epochs // 10)),
                  train=replace(train, epochs=max(1, train.epochs // 10)))
-    return {"paper": dict(pretrain=pretrain, train=train), "quick": quick}
+    paper = dict(pretrain=pretrain, train=train)
+    return {"paper": paper, "quick": quick, "paper-protocol": {**paper, **protocol}}
+
+
+def _laser(dataset: str, pretrain: StageConfig, train: StageConfig) -> dict:
+    """LASER-VFL under `paper-protocol`: stage 2 at the step count the paper's table states, epochs x
+    ceil(labeled rows / batch size) (its grouped batches are many more and mostly tiny: README)."""
+    labeled = DEFAULT_LABELED.get(dataset, TABULAR_DEFAULT)[0]
+    schedule = _baseline(pretrain, train)
+    schedule["paper-protocol"]["train"] = replace(train, steps_per_epoch=math.ceil(labeled / train.batch_size))
+    return schedule
+
+
+def _plug(pretrain: StageConfig, train: StageConfig) -> dict:
+    """PlugVFL under `paper-protocol`: a passive party dropped per mini-batch (the LASER-VFL code's PlugVFL)."""
+    return _baseline(pretrain, train, plug_drop="batch")
 
 
 # The baselines' schedules (paper, App. D.1, Tables "Hyperparameters for ..."; the SimSiam pretraining in
@@ -290,14 +345,14 @@ METHOD_SCHEDULES: dict[str, dict[str, dict[str, dict]]] = {
                 "hapt": _baseline(_sgd(0.02, 512, 150), StageConfig(5e-3, 64, 100)),
                 "fashion-mnist": _baseline(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
                 "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 100))},
-    "laser": {"isolet": _baseline(_sgd(0.025, 512, 100), StageConfig(5e-5, 64, 200)),
-              "hapt": _baseline(_sgd(0.02, 512, 150), StageConfig(1e-3, 128, 100)),
-              "fashion-mnist": _baseline(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 100)),
-              "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
-    "plugvfl": {"isolet": _baseline(_sgd(0.025, 512, 100), StageConfig(5e-5, 32, 100)),
-                "hapt": _baseline(_sgd(0.02, 512, 150), StageConfig(5e-4, 64, 100)),
-                "fashion-mnist": _baseline(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
-                "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
+    "laser": {"isolet": _laser("isolet", _sgd(0.025, 512, 100), StageConfig(5e-5, 64, 200)),
+              "hapt": _laser("hapt", _sgd(0.02, 512, 150), StageConfig(1e-3, 128, 100)),
+              "fashion-mnist": _laser("fashion-mnist", _sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 100)),
+              "digits": _laser("digits", _sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
+    "plugvfl": {"isolet": _plug(_sgd(0.025, 512, 100), StageConfig(5e-5, 32, 100)),
+                "hapt": _plug(_sgd(0.02, 512, 150), StageConfig(5e-4, 64, 100)),
+                "fashion-mnist": _plug(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
+                "digits": _plug(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
     "fedhssl": {"isolet": _baseline(_sgd(0.025, 512, 150), StageConfig(2e-3, 64, 300)),
                 "hapt": _baseline(StageConfig(0.025, 512, 100, 1e-5), StageConfig(5e-4, 64, 500)),
                 "fashion-mnist": _baseline(_sgd(0.02, 1024, 150), StageConfig(1e-4, 128, 100)),

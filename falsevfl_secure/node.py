@@ -115,11 +115,15 @@ class Node:
         return batch.observed if self.cfg.cell_handling == "mask" else {}
 
     def posterior_contributions(self, batch: Batch) -> dict[int, Tensor]:
-        """Each hosted party's posterior contribution, computed from its own block only."""
+        """Each hosted party's posterior contribution, computed from its own block only (with `encode_missing =
+        "zeros"` also for the rows it does not hold, whose block is zeros: MIWAE's convention)."""
         cells = self.cells(batch)
+        held = batch.held
+        if self.cfg.encode_missing == "zeros":
+            held = {k: torch.ones_like(h) for k, h in held.items()}
         if self.stack is not None:
-            return self.stack.posterior_contributions(batch.x, batch.held, cells)
-        return {k: role.model.posterior_contribution(batch.x[k], batch.held[k], cells.get(k))
+            return self.stack.posterior_contributions(batch.x, held, cells)
+        return {k: role.model.posterior_contribution(batch.x[k], held[k], cells.get(k))
                 for k, role in self.parties.items()}
 
     def likelihood_contributions(self, h: Mapping[int, Tensor], batch: Batch, stage: Stage) -> dict[int, Tensor]:

@@ -19,8 +19,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cli import guarded
-from .config import CELL_HANDLING, LATENT_BROADCAST, METHOD_LABELS, Config, make_config, parse_method
+from .config import (
+    CELL_HANDLING,
+    ENCODE_MISSING,
+    LASER_BATCHES,
+    LATENT_BROADCAST,
+    METHOD_LABELS,
+    PLUG_DROPS,
+    Config,
+    make_config,
+    parse_method,
+)
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
+from .data.split import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
 from .transport.protocols import PROTOCOLS, protocol_named
@@ -38,6 +49,22 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latent-broadcast", choices=LATENT_BROADCAST, default="samples",
                         help="FALSE-VFL's latent round: samples (default) or moments (mean, scale and a sampling "
                              "key per record: fewer bytes, but every party learns the exact posterior)")
+    _add_protocol_options(parser)
+
+
+def _add_protocol_options(parser: argparse.ArgumentParser) -> None:
+    """Readings of the paper's protocol (README "Comparison with the paper"); default: the preset's."""
+    parser.add_argument("--laser-batches", choices=LASER_BATCHES, default=None,
+                        help="LASER-VFL's batches: grouped by observed set, only full such batches, or plain shuffles")
+    parser.add_argument("--plug-drop", choices=PLUG_DROPS, default=None,
+                        help="PlugVFL drops a passive party per row or per mini-batch")
+    parser.add_argument("--mechanism-rows", choices=MECHANISM_ROWS, default=None,
+                        help="the training mechanism removes blocks from all training rows or the labeled ones only")
+    parser.add_argument("--encode-missing", choices=ENCODE_MISSING, default=None,
+                        help="FALSE-VFL's posterior over the parties holding a row (skip) or all, missing blocks "
+                             "encoded as zeros (MIWAE's convention)")
+    parser.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
+                        help="stage 2: at most N steps per epoch (0: every batch)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,9 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="FALSE-VFL's variant: --variant II is --method false-vfl-ii")
     parser.add_argument("--train-mechanism", default="mcar:0.2",
                         help=f"one of {', '.join(TRAIN_MECHANISMS)} or dirichlet:ALPHA")
-    parser.add_argument("--preset", choices=("quick", "default", "paper"), default="default",
+    parser.add_argument("--preset", choices=("quick", "default", "paper", "paper-protocol"), default="default",
                         help="quick: a smoke test; default: the demo schedule (the paper's for its datasets); "
-                             "paper: the paper's schedule")
+                             "paper: the paper's schedule; paper-protocol: the paper's schedule under the readings "
+                             "of its protocol that reproduce its rows best")
     _add_model_options(parser)
     parser.add_argument("--seed", type=int, default=0, help="the public seed: batch order and the simulated split")
     parser.add_argument("--max-rows", type=int, default=None,
@@ -99,11 +127,14 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
     cfg = make_config(args.dataset, args.preset, parties=args.parties, method=method, variant=variant,
                       train_mechanism=args.train_mechanism, seed=args.seed, device=args.device,
                       max_rows=args.max_rows, cell_missing=args.cell_missing, cell_handling=args.cell_handling,
-                      latent_broadcast=args.latent_broadcast)
+                      latent_broadcast=args.latent_broadcast, laser_batches=args.laser_batches,
+                      plug_drop=args.plug_drop, mechanism_rows=args.mechanism_rows, encode_missing=args.encode_missing)
     if args.pretrain_epochs is not None:
         cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
     if args.train_epochs is not None:
         cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
+    if args.steps_per_epoch is not None:
+        cfg = replace(cfg, train=replace(cfg.train, steps_per_epoch=args.steps_per_epoch))
     protocol.check_parties(cfg.validate().parties, args.allow_two_party_disclosure)
     return cfg, runtime
 

@@ -57,6 +57,14 @@ def check_batch(node: Node, batch: Batch) -> None:
         raise InputError("empty batch: no samples to process")
 
 
+def encoded_count(node: Node, batch: Batch) -> Active[Tensor]:
+    """The number of parties in each row's posterior: those holding it, or with `encode_missing = "zeros"`
+    every party (a row no party holds any more stays at 0: `_orphans_from_prior`)."""
+    if node.cfg.encode_missing == "skip":
+        return batch.n_observed
+    return batch.n_observed.map(lambda n: torch.where(n > 0, node.cfg.parties, 0).to(n.dtype))
+
+
 def _sample(role: ActiveRole, noise, posterior: Tensor, n_observed: Tensor, n_samples: int):
     return role.model.sample_latent(*_orphans_from_prior(posterior, n_observed), n_samples, noise)
 
@@ -93,7 +101,7 @@ def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Ac
     if node.cfg.latent_broadcast == "moments":
         latent, h = _broadcast_moments(node, noise, posterior, batch, n_samples)
     else:
-        latent = apply(_sample, node.active, noise, posterior, batch.n_observed, n_samples)
+        latent = apply(_sample, node.active, noise, posterior, encoded_count(node, batch), n_samples)
         h = node.transport.broadcast(LATENT, latent.map(lambda s: s[0]), (n_samples, batch.size, node.cfg.h_dim))
     likelihood = node.transport.aggregate(LIKELIHOOD, node.likelihood_contributions(h, batch, stage))
     return apply(_weigh, node.active, noise, latent, likelihood)
@@ -145,7 +153,7 @@ def _broadcast_moments(node: Node, noise, posterior: Active[Tensor], batch: Batc
     its samples from them (the gradients of mean and scale come back as the adjoint's sum). Every copy a
     process holds is the one broadcast frame, so its noise is drawn once per process."""
     h_dim = node.cfg.h_dim
-    payload = apply(_moments_payload, node.active, noise, posterior, batch.n_observed)
+    payload = apply(_moments_payload, node.active, noise, posterior, encoded_count(node, batch))
     received = node.transport.broadcast(LATENT_MOMENTS, payload, (batch.size, 2 * h_dim + KEY_WORDS))
     copies = [*([payload.get()] if node.active.present else []), *received.values()]
     if any(not torch.equal(c[:, 2 * h_dim:], copies[0][:, 2 * h_dim:]) for c in copies[1:]):

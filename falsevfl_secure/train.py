@@ -60,9 +60,10 @@ def _step(node: Node, batch: Batch, stage: Stage, optimizers: dict) -> Active[Te
 
 
 def stage_batches(node: Node, data: HostedData, stage: Stage, epoch: int) -> list[Batch]:
-    """The batches of one epoch of `stage`, in the method's public plan."""
+    """The batches of one epoch of `stage`, in the method's public plan (its first `steps_per_epoch`, if set)."""
     method, settings = node.method, node.cfg.schedule(stage)
     plan = method.plan(stage, data, epoch, node.cfg.seed, settings.batch_size)
+    plan = plan[:settings.steps_per_epoch] if settings.steps_per_epoch else plan
     return [method.batch(data, rows, stage, epoch, i, node.cfg.seed) for i, rows in enumerate(plan)]
 
 

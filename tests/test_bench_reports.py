@@ -43,6 +43,25 @@ def test_the_accuracy_report_is_the_mean_and_std_over_seeds_next_to_the_paper(tm
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "accuracy.md").read_text() in text
 
 
+def test_the_ranking_counts_the_patterns_where_false_vfl_is_above_every_baseline(tmp_path):
+    """LASER-VFL above FALSE-VFL-I on the first three patterns only: FALSE-VFL first on the other four. The
+    paper's Isolet rows (read by hand): FALSE-VFL-I above all four baselines on all seven."""
+    runs = []
+    for method in ("false-vfl-i", "vanilla", "laser", "plugvfl", "fedhssl"):
+        for cell in cells({0: 0.0}):
+            i = TEST_PATTERNS.index(cell["test"])
+            value = {"false-vfl-i": 50.0, "laser": 60.0 if i < 3 else 40.0}.get(method, 30.0)
+            runs.append({**cell, "method": method, "accuracy": value})
+    out = tmp_path / "isolet"
+    out.mkdir()
+    (out / "accuracy.json").write_text(json.dumps(runs))
+    assert accuracy.main(["--report-only", "--out", str(out)]) == 0
+    assert "on **4 of 7** test patterns; in the paper's rows on 7 of 7." in (out / "accuracy.md").read_text()
+    (out / "accuracy.json").write_text(json.dumps([c for c in runs if c["method"] != "fedhssl"]))
+    assert accuracy.main(["--report-only", "--out", str(out)]) == 0
+    assert "above every baseline" not in (out / "accuracy.md").read_text()  # not every baseline was run
+
+
 def test_a_readme_without_the_section_is_refused(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n")

@@ -66,7 +66,8 @@ def test_every_key_is_documented_and_the_documented_example_loads(tmp_path):
      ["[[party]] #2", "'categorial' (did you mean 'categorical'?)", "categorical, identity, key, model, name"]),
     ("model", "[model]\n", "[model]\nkapa = 3\n", ["[model]", "'kapa' (did you mean 'kappa'?)", "eval_batch_size"]),
     ("stage", "[model]\n", "[model.train]\nepoch = 3\n[model]\n", ["[model.train]", "'epoch' (did you mean 'epochs'?)",
-                                                                "batch_size, epochs, lr, optimizer, weight_decay"]),
+                                                                "batch_size, epochs, lr, optimizer, steps_per_epoch, "
+                                                                "weight_decay"]),
     ("aggregator", "[aggregator]\n", "[aggregator]\nadress = '10.0.0.9:29612'\n",
      ["[aggregator]", "'adress' (did you mean 'address'?)", "are address, identity, key "]),
     ("section", "[model]\n", "[modle]\nx = 1\n[model]\n", ["unknown section 'modle' (did you mean 'model'?)"]),

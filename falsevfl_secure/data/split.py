@@ -58,6 +58,7 @@ TRAIN_MECHANISMS: tuple[str, ...] = ("mcar:0.2", "mcar:0.5", "mar1", "mar2", "mn
 DEFAULT_LABELED: dict[str, tuple[int, int]] = {
     "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (400, 80)}
 TABULAR_DEFAULT = (500, 100)
+MECHANISM_ROWS = ("all", "labeled")  # the rows a training mechanism removes blocks from (Config.mechanism_rows)
 
 @dataclass(frozen=True)
 class LabelSide:
@@ -199,8 +200,10 @@ def remove_cells(blocks: list[np.ndarray], missing: np.ndarray, aligned: np.ndar
 
 def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
                      n_labeled: int | None = None, n_aligned: int | None = None,
-                     cell_missing: float = 0.0) -> VerticalSplit:
-    """The training split: labeled draw, aligned reserve, training mechanism, missing cells, empty-row rule."""
+                     cell_missing: float = 0.0, mechanism_rows: str = "all") -> VerticalSplit:
+    """The training split: labeled draw, aligned reserve, training mechanism, missing cells, empty-row rule.
+    `mechanism_rows`: the rows the mechanism removes blocks from, "all" (every training row outside the aligned
+    reserve) or "labeled" (the labeled rows only: every unlabeled row stays fully observed)."""
     mech = parse_mechanism(mechanism)
     n = len(dataset.y_train)
     default_labeled, default_aligned = DEFAULT_LABELED.get(dataset.name, TABULAR_DEFAULT)
@@ -210,6 +213,8 @@ def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
         raise DataError(f"n_labeled={n_labeled} must lie in 0..{n} (the {dataset.name} training set size)")
     if not 0 <= n_aligned <= n_labeled:
         raise DataError(f"n_aligned={n_aligned} must lie in 0..n_labeled={n_labeled}")
+    if mechanism_rows not in MECHANISM_ROWS:
+        raise DataError(f"mechanism_rows={mechanism_rows!r}: choose {' or '.join(MECHANISM_ROWS)}")
     blocks = split_blocks(dataset.x_train, feature_blocks(dataset, parties))
     chosen = public_rng(seed, PublicStream.SPLIT_LABELED).permutation(n)[:n_labeled]
     labeled = np.zeros(n, dtype=bool)
@@ -219,6 +224,8 @@ def make_train_split(dataset: Dataset, parties: int, mechanism: str, seed: int,
     missing, rates = _draw(mech, blocks, public_rng(seed, PublicStream.SPLIT_TRAIN_MASK, _spec_stream(mech)))
     missing = np.asarray(missing, dtype=bool)
     missing[aligned] = False
+    if mechanism_rows == "labeled":
+        missing[~labeled] = False  # the same draws as "all" on the labeled rows
     cells = public_rng(seed, PublicStream.SPLIT_CELLS, 0)
     observed, missing = remove_cells(blocks, missing, aligned, cell_missing, cells)
     return _assemble(blocks, missing, np.asarray(dataset.y_train), labeled, aligned, mech.spec, rates,
@@ -248,7 +255,7 @@ def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, Ver
     if cfg.max_rows is not None:
         dataset, n_labeled, n_aligned = subsample(dataset, cfg.max_rows, cfg.seed, n_labeled, n_aligned)
     train = make_train_split(dataset, cfg.parties, cfg.train_mechanism, cfg.seed, n_labeled, n_aligned,
-                             cfg.cell_missing)
+                             cfg.cell_missing, cfg.mechanism_rows)
     tests = {p: make_test_split(dataset, cfg.parties, p, cfg.seed, cfg.cell_missing) for p in test_patterns}
     return dataset, train, tests
 

@@ -59,10 +59,10 @@ AGGREGATOR_KEYS = ("address", "key", "identity")
 DEFAULT_MAX_IDS = 1_000_000
 STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 # Not model settings of a federation: fixed by the file ([[party]] order, active, task), or used by `simulate`
-# only to draw its splits (train_mechanism, n_labeled, n_aligned, max_rows, standardize, cell_missing).
+# only to draw its splits (train_mechanism, mechanism_rows, n_labeled, n_aligned, max_rows, standardize, cell_missing).
 # `device` is one: each party's own choice for its own host (not part of the model's fingerprint).
-_NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "n_labeled", "n_aligned",
-                   "max_rows", "standardize", "cell_missing"}
+_NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "mechanism_rows", "n_labeled",
+                   "n_aligned", "max_rows", "standardize", "cell_missing"}
 MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
 # A bare schedule: the sizes tuned on digits; "auto" sizes the schedule by the table (config.sized_schedule)
 SCHEDULES = ("auto", "quick", "default", "paper")
@@ -409,7 +409,8 @@ def _aggregator(raw: dict, path: Path) -> AggregatorSpec:
 def preset_names() -> list[str]:
     """Every accepted `[model] preset`: a bare schedule, a dataset, or dataset:schedule."""
     return [*SCHEDULES, *(name for dataset in sorted(PRESETS)
-                          for name in (dataset, *(f"{dataset}:{s}" for s in sorted(PRESETS[dataset]))))]
+                          for name in (dataset, *(f"{dataset}:{s}" for s in sorted(PRESETS[dataset])
+                                                  if s != "paper-protocol")))]  # that one reads a simulated split
 
 
 def _preset(value: object, path: Path) -> tuple[str, str]:

@@ -6,7 +6,9 @@ share one observed set O (rows grouped by their public pattern); each step sampl
 m = 1..|O|, one subset of O of that size (task sampling, a public draw: it depends on nothing secret and
 every party must know which subsets it contributes to) and minimises sum_m C(|O|, m) * loss(S_m), an
 unbiased estimate of the sum of the losses of every subset of O (the objective of LASER-VFL's heads, which
-one fusion model pools). The subsets' sums travel as one `subsets` round (T, B, E). At test the
+one fusion model pools; `laser_batches` "grouped-full" keeps full batches only, "plain" shuffles the rows as
+every other method does, each row then averaging the subset's parties that hold it). The subsets' sums
+travel as one `subsets` round (T, B, E). At test the
 predictor of the row's observed subset: the mean over the parties that hold it (the active party knows
 how many do), one `embedding` sum."""
 
@@ -35,14 +37,17 @@ def draw_subsets(observed: np.ndarray, rng: PublicGenerator) -> np.ndarray:
     return subsets
 
 
-def grouped(rows: np.ndarray, patterns: np.ndarray, batch_size: int, rng: PublicGenerator) -> list[np.ndarray]:
-    """Mini-batches of `rows` (shuffled by `rng`) in which every row has the same pattern, in random order."""
+def grouped(rows: np.ndarray, patterns: np.ndarray, batch_size: int, rng: PublicGenerator,
+            full_only: bool = False) -> list[np.ndarray]:
+    """Mini-batches of `rows` (shuffled by `rng`) in which every row has the same pattern, in random order;
+    with `full_only`, only batches of exactly `batch_size` rows (each group's remainder is left out)."""
     order = rows[rng.permutation(len(rows))]
     keys = patterns[order].astype(np.int64) @ (np.int64(1) << np.arange(patterns.shape[1], dtype=np.int64))
     batches = []
     for key in dict.fromkeys(keys.tolist()):
         members = order[keys == key]
-        batches += [members[i:i + batch_size] for i in range(0, len(members), batch_size)]
+        end = len(members) - len(members) % batch_size if full_only else len(members)
+        batches += [members[i:i + batch_size] for i in range(0, end, batch_size)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -51,11 +56,19 @@ class Laser(EmbeddingFusion):
     needs_patterns = True
     rounds = RoundTable({Stage.TRAIN: (SUBSETS, SUBSETS_GRAD), Stage.PREDICT: (EMBEDDING,)})
 
+    def __init__(self, batches: str = "grouped"):
+        self.batches = batches  # Config.laser_batches
+
+    @classmethod
+    def configured(cls, cfg) -> Laser:
+        return cls(cfg.laser_batches)
+
     def plan(self, stage: Stage, data, epoch: int, seed: int, batch_size: int) -> list[np.ndarray]:
-        if stage is not Stage.TRAIN:
+        if stage is not Stage.TRAIN or self.batches == "plain":
             return super().plan(stage, data, epoch, seed, batch_size)
         rng = public_rng(seed, PublicStream.BATCH_ORDER, int(stage), epoch)
-        return grouped(self.rows(stage, data), patterns_of(data, self.name), batch_size, rng)
+        return grouped(self.rows(stage, data), patterns_of(data, self.name), batch_size, rng,
+                       full_only=self.batches == "grouped-full")
 
     def batch(self, data, rows: np.ndarray, stage: Stage, epoch: int, index: int, seed: int = 0):
         batch = super().batch(data, rows, stage, epoch, index, seed)

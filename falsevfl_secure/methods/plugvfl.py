@@ -2,7 +2,8 @@
 passive party's block is dropped with probability 0.5 (the active party's never), its label-protection
 objective off.
 
-Who drops: each passive party itself, per row, from its own secret stream. Its addend to the sum is then
+Who drops: each passive party itself, per row (or, with `plug_drop = "batch"`, per mini-batch, as the
+LASER-VFL code's PlugVFL that the paper adopts), from its own secret stream. Its addend to the sum is then
 zeros, which under a secure protocol the active party cannot tell from a row the party does not hold; the
 mean is over all K parties, so nobody needs to know which blocks were dropped."""
 
@@ -24,5 +25,6 @@ class PlugVfl(EmbeddingFusion):
         addend = super().contribution(node, batch, k, training)
         if not training or k == node.cfg.active_index:
             return addend
-        keep = node.parties[k].randomness.stream(DROP_STREAM).uniform(addend.shape[0]) >= DROP_RATE
+        draws = 1 if node.cfg.plug_drop == "batch" else addend.shape[0]  # one draw for the batch, or one per row
+        keep = node.parties[k].randomness.stream(DROP_STREAM).uniform(draws).expand(addend.shape[0]) >= DROP_RATE
         return torch.where(keep.to(addend.device).unsqueeze(-1), addend, torch.zeros_like(addend))

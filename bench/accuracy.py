@@ -105,6 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="before starting each run, wait while FILE exists (someone is timing on this machine)")
     p.add_argument("--readme", default=None, help="rewrite this file's generated results section")
     p.add_argument("--report-only", action="store_true", help="no training: tables and plots from the JSON")
+    p.add_argument("--steps", action="store_true",
+                   help="the report also counts each run's optimiser steps per stage (seed 0's public plan)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -181,6 +183,50 @@ def run_cell(cfg: Config, threads: int | None, progress: bool, checkpoints: str 
     return {"accuracy": result.accuracy, "observed": result.observed_fraction, "wall_time_s": result.wall_time_s,
             "stage_time_s": result.stage_time_s, "final_loss": final, "device": result.device,
             "threads": torch.get_num_threads()}
+
+
+def run_config(run: tuple, seed: int = 0) -> Config:
+    """The configuration of a table row's runs (their seed aside)."""
+    dataset, train, label, parties, preset, overrides = run
+    extra = json.loads(overrides)
+    method, variant = parse_method(label)
+    cfg = make_config(dataset, preset, parties=parties, method=method, variant=variant, train_mechanism=train,
+                      seed=seed, device="cpu")
+    for stage in ("pretrain", "train"):
+        if f"{stage}_epochs" in extra:
+            cfg = replace(cfg, **{stage: replace(getattr(cfg, stage), epochs=extra.pop(f"{stage}_epochs"))})
+    return replace(cfg, **extra).validate()
+
+
+def step_budget(cfg: Config) -> dict[str, int]:
+    """The optimiser steps of each stage: the method's public plan of every epoch after the step cap (no
+    training: the plan follows from the public seed and the split)."""
+    import torch
+
+    from falsevfl_secure.config import Stage
+    from falsevfl_secure.data import make_splits
+    from falsevfl_secure.methods import method_for
+    from falsevfl_secure.node import host_split
+
+    dataset, train, _ = make_splits(cfg, ())
+    data = host_split(train.view(range(cfg.parties), True), torch.device("cpu"), dataset.n_classes)
+    method, steps = method_for(cfg), {}
+    for stage in (Stage.PRETRAIN, Stage.TRAIN):
+        schedule = cfg.schedule(stage)
+        plans = (method.plan(stage, data, epoch, cfg.seed, schedule.batch_size) for epoch in range(schedule.epochs))
+        steps[stage.key] = sum(min(len(plan), schedule.steps_per_epoch or len(plan)) for plan in plans)
+    return steps
+
+
+def steps_table(cells: list[dict]) -> list[str]:
+    """Per run, its stages' optimiser steps (seed 0) and its stage-2 batch size: the step budgets compared."""
+    runs = sorted({run_key(c) for c in cells}, key=run_order)
+    lines = ["| run (seed 0) | stage-1 steps | stage-2 steps | stage-2 batch size |", "|---|---|---|---|"]
+    for run in runs:
+        cfg = run_config(run)
+        steps = step_budget(cfg)
+        lines.append(f"| {describe(run)} | {steps['pretrain']:,} | {steps['train']:,} | {cfg.train.batch_size} |")
+    return [*lines, ""]
 
 
 def summarise(cells: list[dict]) -> dict[tuple, tuple[float, float, int]]:
@@ -402,8 +448,8 @@ def plot_methods(cells: list[dict], path: Path) -> bool:
     return True
 
 
-def report(cells: list[dict], out: Path, readme: str | None) -> None:
-    table = markdown(cells)
+def report(cells: list[dict], out: Path, readme: str | None, steps: bool = False) -> None:
+    table = markdown(cells) + ("\n" + "\n".join(steps_table(cells)) if steps else "")
     (out / "accuracy.md").write_text(table + "\n")
     plot_grid(cells, out / "accuracy.png")
     has_methods = plot_methods(cells, out / "methods.png")
@@ -496,7 +542,7 @@ def main(argv=None) -> int:
         print(f"error: no results in {path}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    report(cells, out, args.readme)
+    report(cells, out, args.readme, args.steps)
     return 1 if not args.report_only and failures else 0
 
 

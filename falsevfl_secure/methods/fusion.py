@@ -63,7 +63,7 @@ class EmbeddingFusion(Method):
     def ssl_loss(self, role, batch, k: int) -> Tensor:
         """Party k's SimSiam loss on the rows of the batch it holds (two augmented views each)."""
         x = batch.x[k][batch.held[k]]
-        if x.shape[0] < 2:  # batch norm needs two rows; a party holding fewer has nothing to learn here
+        if x.shape[0] < 2:  # nothing to augment; simsiam_loss takes no step on fewer than ssl.MIN_ROWS rows
             return x.new_zeros(())
         stream, model = role.randomness.stream(AUGMENT_STREAM), role.model
         return model.ssl_loss(augment(x, model.low, model.high, stream), augment(x, model.low, model.high, stream))

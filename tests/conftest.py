@@ -9,9 +9,28 @@ so the numbers behind each privacy claim are printed by the run that checks them
 from __future__ import annotations
 
 import collections
+import os
+import shutil
 import signal
+import tempfile
 
 import pytest
+
+from falsevfl_secure.data import cache
+
+_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    """One dataset cache for the session (its processes share it), never the user's own."""
+    if cache.ENV not in os.environ:
+        _CACHE.append(tempfile.mkdtemp(prefix="falsevfl-cache-"))
+        os.environ[cache.ENV] = _CACHE[0]
+
+
+def pytest_unconfigure(config):
+    for folder in _CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 REFUSED = pytest.StashKey[collections.Counter]()
 ATTACKS = pytest.StashKey[list]()

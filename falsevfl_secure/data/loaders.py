@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cache
 from .errors import DataError
 from .standardize import DEFAULT_CLIP, Standardizer
 
@@ -136,7 +137,30 @@ def load_dataset(name: str, root: Path | None = None, seed: int = 0, *, strict_c
 @functools.lru_cache(maxsize=16)
 def _load_cached(name: str, root: str | None, seed: int, strict_counts: bool, verify: bool,
                  standardize: str = "robust") -> Dataset:
-    return _standardized(_load_raw(name, root, seed, strict_counts, verify), standardize)
+    """The dataset, once per process; the files' datasets also once per machine (`data.cache`)."""
+    if root is None:
+        return _standardized(_load_raw(name, root, seed, strict_counts, verify), standardize)
+    sources = Path(root) / name if (Path(root) / name).is_dir() else Path(root)
+    def build() -> dict[str, np.ndarray]:
+        return _arrays(_standardized(_load_raw(name, root, seed, strict_counts, verify), standardize))
+
+    values = cache.arrays(name, (strict_counts, verify, standardize), sources, build)
+    return _from_arrays(name, values)
+
+
+def _arrays(data: Dataset) -> dict[str, np.ndarray]:
+    """What the disk cache stores of a dataset."""
+    return {"x_train": data.x_train, "y_train": data.y_train, "x_test": data.x_test, "y_test": data.y_test,
+            "n_classes": np.asarray(data.n_classes), "image_shape": np.asarray(data.image_shape or (), dtype=np.int64)}
+
+
+def _from_arrays(name: str, values: dict[str, np.ndarray]) -> Dataset:
+    """The dataset from its stored arrays, read-only like a freshly loaded one."""
+    for array in values.values():
+        array.flags.writeable = False
+    shape = tuple(int(v) for v in values["image_shape"]) or None
+    return Dataset(name, values["x_train"], values["y_train"], values["x_test"], values["y_test"],
+                   int(values["n_classes"]), shape)
 
 
 def _standardized(raw: Dataset, standardize: str) -> Dataset:

@@ -18,6 +18,7 @@ from falsevfl_secure.bounds import latent_posterior
 from falsevfl_secure.config import METHODS, PRESETS, Config, Stage, make_config
 from falsevfl_secure.data import load_dataset, make_train_split
 from falsevfl_secure.errors import InputError
+from falsevfl_secure.methods import method_for
 from falsevfl_secure.methods.base import epoch_batches
 from falsevfl_secure.methods.laser import grouped
 from falsevfl_secure.randomness import PublicStream, public_rng
@@ -152,3 +153,6 @@ def test_encode_missing_zeros_is_the_posterior_of_every_party_with_missing_block
     partial = torch.as_tensor(split.missing.any(axis=1))
     assert partial.any() and not torch.allclose(results["skip"].loc[partial], results["zeros"].loc[partial])
     assert torch.allclose(results["skip"].loc[~partial], results["zeros"].loc[~partial], atol=1e-6)
+    # a party that left would still be counted in every posterior: such a run stops rather than go on
+    assert method_for(cfg).survives_party_loss
+    assert not method_for(replace(cfg, encode_missing="zeros")).survives_party_loss

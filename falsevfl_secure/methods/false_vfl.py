@@ -43,7 +43,10 @@ class FalseVfl(Method):
 
     @classmethod
     def configured(cls, cfg: Config) -> FalseVfl:
-        return FalseVflMoments() if cfg.latent_broadcast == "moments" else cls()
+        method = FalseVflMoments() if cfg.latent_broadcast == "moments" else cls()
+        # MIWAE's convention counts every party in each posterior, a party that left too: such a run stops
+        method.survives_party_loss = cfg.encode_missing == "skip"
+        return method
 
     def build_party(self, cfg: Config, width: int, randomness: RoleRandomness, layout=None) -> nn.Module:
         model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden,

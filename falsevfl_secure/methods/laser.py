@@ -8,9 +8,8 @@ every party must know which subsets it contributes to) and minimises sum_m C(|O|
 unbiased estimate of the sum of the losses of every subset of O (the objective of LASER-VFL's heads, which
 one fusion model pools; `laser_batches` "grouped-full" keeps full batches only, "plain" shuffles the rows as
 every other method does, each row then averaging the subset's parties that hold it). The subsets' sums
-travel as one `subsets` round (T, B, E). At test the
-predictor of the row's observed subset: the mean over the parties that hold it (the active party knows
-how many do), one `embedding` sum."""
+travel as one `subsets` round (T, B, E). At test the predictor of the row's observed subset: the mean over
+the parties that hold it (the active party knows how many do), one `embedding` sum."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import Stage
+from ..config import Config, Stage
 from ..placement import Active, apply
 from ..randomness import PublicGenerator, PublicStream, public_rng
 from ..transport.rounds import EMBEDDING, SUBSETS, SUBSETS_GRAD, RoundTable
@@ -60,7 +59,7 @@ class Laser(EmbeddingFusion):
         self.batches = batches  # Config.laser_batches
 
     @classmethod
-    def configured(cls, cfg) -> Laser:
+    def configured(cls, cfg: Config) -> Laser:
         return cls(cfg.laser_batches)
 
     def plan(self, stage: Stage, data, epoch: int, seed: int, batch_size: int) -> list[np.ndarray]:

@@ -16,16 +16,15 @@ import tempfile
 
 import pytest
 
-from falsevfl_secure.data import cache
-
+CACHE_ENV = "FALSEVFL_CACHE"  # data/cache.py's (not imported here: the test process stays as lean as before)
 _CACHE: list[str] = []
 
 
 def pytest_configure(config):
     """One dataset cache for the session (its processes share it), never the user's own."""
-    if cache.ENV not in os.environ:
+    if CACHE_ENV not in os.environ:
         _CACHE.append(tempfile.mkdtemp(prefix="falsevfl-cache-"))
-        os.environ[cache.ENV] = _CACHE[0]
+        os.environ[CACHE_ENV] = _CACHE[0]
 
 
 def pytest_unconfigure(config):

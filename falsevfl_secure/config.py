@@ -12,9 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import IntEnum
 
-from .data.loaders import STANDARDIZE, canonical_name
-from .data.mechanisms import parse_mechanism
-from .data.split import DEFAULT_LABELED, MECHANISM_ROWS, TABULAR_DEFAULT
+from .data.loaders import DEFAULT_LABELED, STANDARDIZE, TABULAR_DEFAULT, canonical_name
+from .data.mechanisms import MECHANISM_ROWS, parse_mechanism
 from .errors import InputError
 
 

@@ -31,7 +31,7 @@ from .config import (
     parse_method,
 )
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
-from .data.split import MECHANISM_ROWS
+from .data.mechanisms import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
 from .transport.protocols import PROTOCOLS, protocol_named

@@ -110,6 +110,11 @@ def canonical_name(name: str) -> str:
     return key
 
 
+#: (n_labeled, n_aligned) per dataset; anything else gets the tabular default.
+DEFAULT_LABELED: dict[str, tuple[int, int]] = {
+    "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (400, 80)}
+TABULAR_DEFAULT = (500, 100)
+
 STANDARDIZE = ("robust", "zscore", "none")  # the feature treatments `load_dataset(standardize=...)` applies
 
 

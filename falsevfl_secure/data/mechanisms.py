@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import DataError
 
+MECHANISM_ROWS = ("all", "labeled")  # the rows a training mechanism removes blocks from (Config.mechanism_rows)
 MAR1_THRESHOLD = 1.1
 MAR2_THRESHOLD = 0.5
 MAR2_BUDGET = 0.7

@@ -42,8 +42,8 @@ import numpy as np
 
 from ..randomness import PublicStream, public_rng
 from .errors import DataError
-from .loaders import Dataset, load_dataset
-from .mechanisms import Dirichlet, Mechanism, parse_mechanism
+from .loaders import DEFAULT_LABELED, TABULAR_DEFAULT, Dataset, load_dataset
+from .mechanisms import MECHANISM_ROWS, Dirichlet, Mechanism, parse_mechanism
 from .partition import feature_blocks, split_blocks
 
 if TYPE_CHECKING:
@@ -54,11 +54,6 @@ log = logging.getLogger(__name__)
 TEST_PATTERNS: tuple[str, ...] = ("mcar:0", "mcar:0.2", "mcar:0.5", "mar1", "mar2", "mnar:0.7", "mnar:0.9")
 TRAIN_MECHANISMS: tuple[str, ...] = ("mcar:0.2", "mcar:0.5", "mar1", "mar2", "mnar:0.7", "mnar:0.9")
 
-#: (n_labeled, n_aligned) per dataset; anything else gets the tabular default.
-DEFAULT_LABELED: dict[str, tuple[int, int]] = {
-    "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (400, 80)}
-TABULAR_DEFAULT = (500, 100)
-MECHANISM_ROWS = ("all", "labeled")  # the rows a training mechanism removes blocks from (Config.mechanism_rows)
 
 @dataclass(frozen=True)
 class LabelSide:

@@ -86,7 +86,7 @@ def _mpc_rank(role, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
         "plain: gather float32 payload": lambda: gather(value.numpy().tobytes()),
         "mpc: gather int64 payload": lambda: gather(bytes(8 * numel)),
         "mpc: secure_sum, all of it (shares drawn ahead while waiting)":
-            lambda: secure_sum(value, dst, role.backend.shares, peers),
+            lambda: secure_sum(value, dst, role.backend.cipher.shares, peers),
     }
     out = {}
     for name, piece in pieces.items():

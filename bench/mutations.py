@@ -69,7 +69,7 @@ MUTATIONS = (
     M("protocol-from-roster", "a role runs the protocol the roster announces, not its own file's", HS,
       'if roster["protocol"] != self.agreement.get("protocol") and len(present) > 1:', "if False:", (PROPS, ADV)),
     M("two-party-rule-skipped", "a role joins a two-party roster under mpc without its own consent", HS,
-      "check_two_parties(len(present), self.agreement, request.source)\n        return tuple(present)",
+      "check_two_parties(len(present), self.agreement, request.source, self.hides)\n        return tuple(present)",
       "return tuple(present)", (PROPS, ADV)),
     M("pair-keys-from-transcript", "pair keys derive from the public session transcript, not the X25519 secret",
       "falsevfl_secure/secure/masks.py", "keys[peer] = derive_pair_key(shared, transcript, rank, peer, purpose)",
@@ -81,8 +81,8 @@ MUTATIONS = (
     M("pair-frames-unsealed", "frames between passive parties cross the relay unsealed", CH,
       "return self.peers.active_index not in (self.rank, peer)", "return False", (PROPS, LINKS)),
     M("plain-accepts-non-finite", "under plain the active party sums non-finite contributions it receives",
-      "falsevfl_secure/transport/plain.py",
-      "check_contributions(round, list(gathered), list(gathered.values()), self.peers.n_parties)", "pass", (PROPS,)),
+      "falsevfl_secure/transport/ciphers/plain.py",
+      "check_contributions(round, list(values), list(values.values()), self.n_parties)", "pass", (PROPS,)),
 )
 
 

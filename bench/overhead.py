@@ -13,6 +13,12 @@ start-up, key agreement and CKKS key generation are not counted. Bytes are what 
 sent plus received in the step. On one machine all K (K + 1) processes share its cores, so a step
 also pays for every party's work one after the other; with one host per party it would not.
 
+`--ciphers` instead times the sum alone, every registered sum cipher side by side (the Paillier plug-in of
+`bench/paillier.py` registered by one line below): every party's cipher in one process with fresh keys
+(`Protocol.in_process`); per cell the time one passive party takes to protect its contribution, the
+combiner's time to combine K messages, the active party's time to reveal, and the bytes of one message.
+Writes DIR/ciphers.json and DIR/ciphers.md.
+
 Writes DIR/overhead.json (a list of {"protocol", "parties", "batch", "stage", "step_ms_median",
 "step_ms_min", "step_ms_max", "bytes_per_party", "rounds"}), DIR/overhead_summary.json (the ratios
 mpc/plain and he/plain per cell, the ratio of the plain distributed step to the local
@@ -34,6 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from paillier import Paillier  # noqa: E402
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.audit import ADDEND_ATOL, audit_active_view, contributions  # noqa: E402
@@ -41,6 +50,8 @@ from falsevfl_secure.cli import guarded  # noqa: E402
 from falsevfl_secure.config import Config, Stage, StageConfig  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
 from falsevfl_secure.runtime.session import StepJob, StepSession, local_reference  # noqa: E402
+from falsevfl_secure.transport import PROTOCOLS, register  # noqa: E402
+from falsevfl_secure.transport.rounds import POSTERIOR  # noqa: E402
 from falsevfl_secure.transport.views import Entry, View  # noqa: E402
 
 STAGES = ("pretrain", "train", "predict")
@@ -159,7 +170,7 @@ def markdown(cells: list[dict], summary: dict) -> str:
     """Per stage: step time (median ms) per protocol and K x batch, the ratios to plain, the bytes one
     passive party moves per step; then plain distributed / local, and the audits."""
     by = {(c["protocol"], c["parties"], c["batch"], c["stage"]): c for c in cells}
-    protocols = [p for p in ("plain", "mpc", "he") if any(c["protocol"] == p for c in cells)]
+    protocols = [p for p in PROTOCOLS if any(c["protocol"] == p for c in cells)]
     lines = []
     for stage in STAGES:
         keys = sorted({(c["parties"], c["batch"]) for c in cells if c["stage"] == stage})
@@ -202,9 +213,74 @@ def markdown(cells: list[dict], summary: dict) -> str:
     return "\n".join(lines)
 
 
+def time_cipher(name: str, parties: int, numel: int, repeats: int) -> dict:
+    """One sum of `numel` values at K = `parties` with every party's cipher in this process: the median of
+    `repeats` of each step (ms), and the bytes of one passive party's message."""
+    ciphers, helper = PROTOCOLS[name].in_process(parties, 0)
+    combiner, rows = helper or ciphers[0], max(1, numel // 256)
+    values = [torch.from_numpy(np.random.default_rng(k).standard_normal((rows, numel // rows)).astype(np.float32))
+              for k in range(parties)]
+    times: dict[str, list[float]] = {"protect_ms": [], "combine_ms": [], "reveal_ms": []}
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            messages = {k: ciphers[k].protect(POSTERIOR, values[k], parties)[0] for k in range(parties)}
+            times["protect_ms"].append((time.perf_counter() - start) * 1e3 / parties)
+            if helper is not None:
+                messages.pop(0)
+            start = time.perf_counter()
+            combined = combiner.combine(POSTERIOR, messages, tuple(values[0].shape))
+            times["combine_ms"].append((time.perf_counter() - start) * 1e3)
+            start = time.perf_counter()
+            total = ciphers[0].reveal(POSTERIOR, combined, tuple(values[0].shape), values[0] if helper else None)
+            times["reveal_ms"].append((time.perf_counter() - start) * 1e3)
+        error = float((total.double() - sum(v.double() for v in values)).abs().max())
+    finally:
+        for cipher in [*ciphers, *([helper] if helper else [])]:
+            cipher.close()
+    return {"protocol": name, "parties": parties, "values": rows * (numel // rows),
+            **{k: round(statistics.median(v), 3) for k, v in times.items()},
+            "message_bytes": len(messages[1]), "max_error": error}
+
+
+def cipher_table(args) -> int:
+    """`--ciphers`: the sum alone, per registered cipher; resumes like the step cells."""
+    register(Paillier())  # the plug-in outside the package: one line
+    out = Path(args.out)
+    path = out / "ciphers.json"
+    cells: list[dict] = json.loads(path.read_text()) if path.exists() else []
+    done = {(c["protocol"], c["parties"], c["values"]) for c in cells}
+    for numel in args.values:
+        for parties in args.parties:
+            for name in PROTOCOLS:
+                if (name, parties, numel) in done or args.report_only:
+                    continue
+                cells.append(time_cipher(name, parties, numel, args.repeats))
+                c = cells[-1]
+                print(f"{name:>9} K={parties:<3} {numel:>7} values: protect {c['protect_ms']:9.1f} ms/party, combine "
+                      f"{c['combine_ms']:9.1f} ms, reveal {c['reveal_ms']:9.1f} ms, {c['message_bytes'] / 2**20:.2f} "
+                      f"MiB/message", flush=True)
+                write_json(path, cells)
+    lines = ["| cipher | K | values | protect ms (one party) | combine ms | reveal ms | MiB per message | "
+             "values/s per party | max error |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['protocol']} | {c['parties']} | {c['values']:,} | {c['protect_ms']:.1f} | {c['combine_ms']:.1f} | "
+              f"{c['reveal_ms']:.1f} | {c['message_bytes'] / 2**20:.3f} | "
+              f"{c['values'] / max(c['protect_ms'], 1e-3) * 1e3:,.0f} | {c['max_error']:.1e} |"
+              for c in sorted(cells, key=lambda c: (c["values"], c["parties"], list(PROTOCOLS).index(c["protocol"])))]
+    table = "\n".join(lines)
+    (out / "ciphers.md").write_text(table + "\n")
+    print(f"results: {path}, {out / 'ciphers.md'}")
+    if args.readme:
+        update_readme(Path(args.readme), out.resolve().name, table + "\n")
+    return 0
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--protocols", nargs="+", default=["plain", "mpc", "he"], choices=["plain", "mpc", "he"])
+    p.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
+    p.add_argument("--ciphers", action="store_true", help="time the sum alone for every registered cipher and "
+                   "the Paillier plug-in (see above), not the steps")
+    p.add_argument("--values", nargs="+", type=int, default=[4096, 32768], help="--ciphers: values per sum")
     p.add_argument("--parties", nargs="+", type=int, default=[2, 4, 8, 12])
     p.add_argument("--batch", nargs="+", type=int, default=[128, 512])
     p.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
@@ -222,6 +298,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.ciphers:
+        return cipher_table(args)
     if min(args.parties) < 2 or min(args.batch) < 1 or args.repeats < 1 or args.warmup < 0:
         print("error: --parties must be >= 2, --batch >= 1, --repeats >= 1, --warmup >= 0", file=sys.stderr)
         return 2

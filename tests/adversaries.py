@@ -141,7 +141,7 @@ def unmask_with_substituted_keys(role) -> dict:
     value = party_input(role.rank)
     shares: list = []
     try:
-        secure_sum(value, role.peers.active_index, role.backend.shares, role.peers, view=shares)
+        secure_sum(value, role.peers.active_index, role.backend.cipher.shares, role.peers, view=shares)
     except SecureMessageError:
         pass  # the masks no longer cancel: the man in the middle does not need the sum, it has every input
     if not role.is_active:
@@ -187,7 +187,7 @@ def public_pair_key(a: int, b: int) -> bytes:
 def one_sum(role) -> dict:
     """One secure sum of every party's known input; the active party reports the shares it received."""
     shares: list = []
-    secure_sum(party_input(role.rank), role.peers.active_index, role.backend.shares, role.peers, view=shares)
+    secure_sum(party_input(role.rank), role.peers.active_index, role.backend.cipher.shares, role.peers, view=shares)
     return {"shares": {str(s.src): s.raw.numpy() for s in shares}}
 
 

@@ -121,7 +121,7 @@ def he_collusion(role) -> dict:
         return {"frames": {str(e.peer): e.value for e in role.view if e.kind == "received" and e.round == "posterior"}}
     out = contribute(role)
     if role.is_active:
-        out["secret"] = np.frombuffer(role.backend.secret.serialize(save_secret_key=True), dtype=np.uint8)
+        out["secret"] = np.frombuffer(role.backend.cipher.secret.serialize(save_secret_key=True), dtype=np.uint8)
     return out
 
 

@@ -56,7 +56,7 @@ def _input(rank: int) -> torch.Tensor:
 
 def _sum_once(role) -> dict:
     view: list = []
-    secure_sum(_input(role.rank), 2, role.backend.shares, role.peers, view=view)
+    secure_sum(_input(role.rank), 2, role.backend.cipher.shares, role.peers, view=view)
     keys = {str(k): v.hex() for k, v in PAIR_KEYS.items()}
     return {"shares": {str(s.src): s.raw.numpy() for s in view}, "keys": keys}
 

@@ -37,7 +37,7 @@ def _rank_input(rank: int) -> torch.Tensor:
 def _masked_share(role) -> dict:
     """Each party's masked share of its input (what it would send in a secure sum)."""
     x = _rank_input(role.rank)
-    share = encode_fixed_point(x) + role.backend.shares.take(x.numel()).reshape(SHAPE)
+    share = encode_fixed_point(x) + role.backend.cipher.shares.take(x.numel()).reshape(SHAPE)
     return {"share": share.numpy()}
 
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from falsevfl_secure.config import Config, Stage, StageConfig
 from falsevfl_secure.methods import METHODS, method_for
 from falsevfl_secure.runtime.session import StepJob, local_reference
+from falsevfl_secure.transport import PROTOCOLS
 
 TOLERANCE = {"plain": dict(rtol=1e-4, atol=1e-5), "mpc": dict(rtol=2e-2, atol=2e-3),
              "he": dict(rtol=2e-2, atol=2e-3)}
@@ -86,7 +87,7 @@ def test_he_distributed_equals_local_within_ckks_tolerance(sessions, parties):
     equivalence_test(sessions, "he", parties, 3)()
 
 
-@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_the_moments_broadcast_distributed_equals_local(sessions, protocol):
     # Every party draws the samples from the broadcast keys; the gradients of mean and scale are one sum.
     @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
@@ -119,9 +120,9 @@ def baseline_test(sessions, protocol: str, method: str, max_examples: int):
 
 
 @pytest.mark.parametrize("method", BASELINES)
-@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_baselines_distributed_equal_local(sessions, protocol, method):
-    baseline_test(sessions, protocol, method, {"plain": 4, "mpc": 4, "he": 3}[protocol])()
+    baseline_test(sessions, protocol, method, 3 if PROTOCOLS[protocol].helpers else 4)()
 
 
 def test_short_mpc_training_on_digits_reaches_the_plain_accuracy(tmp_path):

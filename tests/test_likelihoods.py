@@ -19,6 +19,7 @@ from falsevfl_secure.data.encoding import encode, fit_encoding
 from falsevfl_secure.data.tables import read_party_table
 from falsevfl_secure.model.active import ActiveModel, balanced_weights, own_features
 from falsevfl_secure.model.likelihood import CellLayout, cell_log_likelihood
+from falsevfl_secure.transport import PROTOCOLS
 
 # A column list: ("numeric" | "binary", 1) or ("categorical", categories)
 columns = st.lists(st.one_of(st.tuples(st.sampled_from(["numeric", "binary"]), st.just(1)),
@@ -146,7 +147,7 @@ def test_the_discriminator_reads_the_active_partys_own_block_only_where_it_holds
 KINDS = (("numeric", 0, 1), ("binary", 1, 2), ("categorical", 2, 5))  # every kind in a 5-cell block
 
 
-@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_typed_likelihoods_and_own_columns_give_the_plain_result_under_every_protocol(sessions, protocol):
     @settings(max_examples=4 if protocol == "he" else 6, deadline=None, suppress_health_check=list(HealthCheck))
     @given(variant=st.sampled_from(["I", "II"]), batch=st.integers(1, 16), seed=st.integers(0, 10_000),

@@ -103,7 +103,7 @@ def _sums(role, rounds: int, pause_s: float) -> list:
     totals = []
     for i in range(rounds):
         value = torch.full((3, 4), float(role.rank + 1) + i)
-        total = secure_sum(value, role.peers.active_index, role.backend.shares, role.peers)
+        total = secure_sum(value, role.peers.active_index, role.backend.cipher.shares, role.peers)
         totals.append(None if total is None else total.numpy())
         time.sleep(pause_s)
     return totals

@@ -276,8 +276,9 @@ def test_a_baseline_resumed_from_its_checkpoints_ends_as_an_uninterrupted_run(tm
 
 def test_simulate_runs_every_method_under_every_protocol(tmp_path):
     from falsevfl_secure.simulate import main
+    from falsevfl_secure.transport import PROTOCOLS
 
-    for protocol in ("plain", "mpc", "he"):
+    for protocol in PROTOCOLS:
         for label in METHOD_LABELS:
             out = tmp_path / f"{label}-{protocol}"
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -12,6 +12,7 @@ import pytest
 from party_loss_runs import Crash, distributed_run, local_run, scheduled
 
 from falsevfl_secure.config import Stage, make_config
+from falsevfl_secure.transport import PROTOCOLS
 
 CONFIG = scheduled(make_config("digits", "quick", parties=4), pretrain=6, train=8)
 CRASH = Crash(party=1, epoch=2, step=4, steps_per_epoch=11)  # 1,345 training records in batches of 128
@@ -27,7 +28,7 @@ def reference() -> tuple[float, dict]:
     return local_run(CONFIG, CRASH)
 
 
-@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_a_run_goes_on_without_a_party_that_crashed_mid_epoch(tmp_path, protocol, reference):
     ended = distributed_run(tmp_path, protocol, CONFIG, CRASH)
     active = ended[CONFIG.active_index]

@@ -51,7 +51,7 @@ def test_a_baseline_fuses_by_one_sum_whose_adjoint_is_its_only_backward_round(na
     assert len(table.step(Stage.PREDICT)) == 1  # prediction: the fused embedding only
 
 
-@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_executed_rounds_equal_the_table(sessions, protocol):
     for name, broadcast, table in TABLES:
         for stage in STAGES:
@@ -60,7 +60,7 @@ def test_executed_rounds_equal_the_table(sessions, protocol):
                 assert report["trace"] == [r.name for r in table.step(stage)], (protocol, name, stage, rank)
 
 
-@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_spec_names_the_vocabulary_with_the_protocol_protection_and_the_methods(protocol):
     spec = load_spec(protocol)
     assert spec["protocol"] == protocol and set(spec["runtimes"]) == set(PROTOCOLS[protocol].runtimes)

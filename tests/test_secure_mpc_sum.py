@@ -47,7 +47,7 @@ def _value(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _run_sums(role) -> dict:
     """One party: sums for both shapes to different dsts, then a refused sum, then one more sum."""
-    rank, size, shares, peers = role.rank, role.peers.n_parties, role.backend.shares, role.peers
+    rank, size, shares, peers = role.rank, role.peers.n_parties, role.backend.cipher.shares, role.peers
     out: dict = {"sums": [], "views": [], "keys": {str(k): v.hex() for k, v in PAIR_KEYS.items()}}
     for i, shape in enumerate(SHAPES):
         dst = (size - 1) if i == 0 else 0
@@ -138,7 +138,7 @@ def test_unmasking_a_party_takes_every_other_party_together(attacked) -> None:
 def _rank1_fails(role) -> None:
     if role.rank == 1:
         raise KeyError("party 1 crashed")
-    secure_sum(torch.zeros(3), 0, role.backend.shares, role.peers)  # rank 0 would wait for rank 1 here
+    secure_sum(torch.zeros(3), 0, role.backend.cipher.shares, role.peers)  # rank 0 would wait for rank 1 here
 
 
 def _stalls(role) -> None:
@@ -160,7 +160,7 @@ def test_failing_or_stalled_party_is_named_and_every_child_reaped(fn, timeout_s:
 
 
 def _shares_of(role) -> dict:
-    shares = role.backend.shares
+    shares = role.backend.cipher.shares
     sizes = [5, 17, 3, 40, 40, 1]
     ahead = [shares.take(n).numpy() for n in sizes]  # the first takes of fresh streams (position 0)
     replay = {k: KeyStream(s._key) for k, s in shares._streams.items()}

@@ -36,13 +36,14 @@ from falsevfl_secure.secure.masks import X25519Agreement, derive_pair_key
 from falsevfl_secure.transport import channel as channel_module
 from falsevfl_secure.transport.agreement import Agreement
 from falsevfl_secure.transport.channel import PairChannel
+from falsevfl_secure.transport.ciphers.mpc import MaskCipher
+from falsevfl_secure.transport.ciphers.plain import ClearCipher
 from falsevfl_secure.transport.distributed import Peers
 from falsevfl_secure.transport.handshake import Handshake, Session, pair_keys
-from falsevfl_secure.transport.mpc import MpcBackend
 from falsevfl_secure.transport.network import Network
-from falsevfl_secure.transport.plain import PlainBackend
 from falsevfl_secure.transport.protocols import Mpc, protocol_named
 from falsevfl_secure.transport.rounds import POSTERIOR
+from falsevfl_secure.transport.sums import SumBackend
 
 PURPOSES = ("pair-channel", "secure-sum")  # every purpose the shipped build derives pair keys for
 RELAYED = ("party0", "party1")  # two passive parties; party2 is the active party (the relay)
@@ -544,8 +545,8 @@ def test_a_hello_forged_by_the_active_party_is_refused_by_every_passive_party(tm
 
 def _backend(protocol: str, role: Joined):
     if protocol == "mpc":
-        return MpcBackend(role.peers, role.keys("secure-sum"))
-    return PlainBackend(role.peers)
+        return SumBackend(role.peers, MaskCipher(role.peers.rank, role.keys("secure-sum")))
+    return SumBackend(role.peers, ClearCipher(role.peers.n_parties))
 
 
 def _sum_with(tmp_path, protocol: str, bad: float) -> tuple[Star, dict]:
@@ -587,7 +588,7 @@ def test_under_plain_the_active_party_refuses_a_non_finite_contribution_it_recei
     _, joined = join_all(tmp_path, "plain")
     value = torch.full((3, 4), 0.5)
     joined["party0"].peers.send_tensor(2, POSTERIOR.name, torch.where(value > 0, bad, value))
-    PlainBackend(joined["party1"].peers).sum_to_active(POSTERIOR, value)
+    _backend("plain", joined["party1"]).sum_to_active(POSTERIOR, value)
     with pytest.raises(FalseVflError, match="round 'posterior': field 'payload': party 0 sent non-finite"):
-        PlainBackend(joined["party2"].peers).sum_to_active(POSTERIOR, value)
+        _backend("plain", joined["party2"]).sum_to_active(POSTERIOR, value)
     refused("non-finite contribution")

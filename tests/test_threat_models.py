@@ -25,6 +25,7 @@ from falsevfl_secure.config import Stage
 from falsevfl_secure.methods import METHODS
 from falsevfl_secure.runtime.session import local_reference
 from falsevfl_secure.secure.fixed_point import encode_fixed_point
+from falsevfl_secure.transport import PROTOCOLS
 from falsevfl_secure.transport.views import Entry, View
 
 PARTIES, ACTIVE = 4, 3
@@ -119,7 +120,7 @@ def test_mpc_shares_are_uniform_and_too_few_to_test_is_a_failure(sessions):
     assert share_bits_uniform([shares[0][:MIN_SHARE_VALUES - 1]]) == (False, float("inf"))
 
 
-@pytest.mark.parametrize("protocol", ["plain", "mpc", "he"])
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_passive_party_receives_only_broadcasts(sessions, protocol):
     views = recorded(sessions, protocol, stage1_job())
     truth = contributions(views)
@@ -274,11 +275,11 @@ def test_a_recorded_training_run_is_audited_and_the_audit_is_not_vacuous(tmp_pat
     secure protocols pass the audit, plain fails it, and two runs with the same public seed record
     different active-party views (every secret is drawn afresh)."""
     audits = {}
-    for protocol in ("plain", "mpc", "he"):
+    for protocol in PROTOCOLS:
         audits[protocol], out = _simulate(tmp_path, protocol, protocol)
         assert sorted(p.name for p in (out / "views").glob("rank*.npz")) == [
-            f"rank{r}.npz" for r in range(5 if protocol == "he" else 4)]
-    for protocol in ("mpc", "he"):
+            f"rank{r}.npz" for r in range(4 + len(PROTOCOLS[protocol].helpers))]
+    for protocol in (p for p in PROTOCOLS if PROTOCOLS[p].hides_contributions):
         assert audits[protocol]["passed"], audits[protocol]["leaks"]
         assert audits[protocol]["entries_checked"] >= 3 + 3 * 3  # active: 3 sums; passive: 3 broadcasts each
     assert audits["he"]["views_audited"] == 5  # four parties and the aggregator

@@ -84,7 +84,8 @@ def run_all(fed: Federation, command: str, protocol: str, present: list[str], op
     proto = protocol_named(protocol)
     loopback = {fed.active: LOOPBACK, **({AGGREGATOR: LOOPBACK} if proto.helpers else {})}
     specs = [spec_of(fed, name, command, proto, present, loopback) for name in role_names(fed, present, proto)]
-    check_two_parties(len(present), specs[0].agreement, str(fed.path))  # every role would refuse: say it now
+    # every role would refuse: say it now
+    check_two_parties(len(present), specs[0].agreement, str(fed.path), proto.hides_contributions)
     logs = Path(fed.path).parent / "logs" / command
     show = fed.active if options.get("progress") else None
     world = World(specs, federation_program, (str(fed.path), command, options), logs, show=show)

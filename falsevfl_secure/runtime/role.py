@@ -79,7 +79,7 @@ class Role:
         spec = self.spec
         self.network.connect(time.monotonic() + spec.request.join_timeout_s, addresses)
         self.handshake = self.handshake_class(self.network, spec.name, self.key, spec.agreement, spec.cast,
-                                              spec.request)
+                                              spec.request, spec.protocol.hides_contributions)
         session, exchange = self.handshake.run(spec.protocol.key_agreement)
         names = (*session.present, *([session.aggregator] if session.aggregator else []))
         peers = Peers(self.network, names, names.index(spec.name), len(session.present), session.active_index)

@@ -21,7 +21,7 @@ from .errors import SecureMessageError, SecureRangeError
 from .fixed_point import decode_fixed_point, encode_fixed_point
 from .masks import ZeroShares
 
-__all__ = ["Peers", "ReceivedShare", "secure_sum"]
+__all__ = ["Peers", "ReceivedShare", "masked_message", "open_total", "secure_sum", "share_of"]
 
 
 class Peers(Protocol):
@@ -43,7 +43,7 @@ class ReceivedShare(NamedTuple):
     raw: torch.Tensor
 
 
-def _masked_message(value: torch.Tensor, shares: ZeroShares, n_addends: int, limit: float | None):
+def masked_message(value: torch.Tensor, shares: ZeroShares, n_addends: int, limit: float | None):
     """This party's message and its own range error (None when the value was encoded)."""
     numel = value.numel()
     message = shares.take(numel + 1)
@@ -55,7 +55,7 @@ def _masked_message(value: torch.Tensor, shares: ZeroShares, n_addends: int, lim
     return message, None
 
 
-def _share_of(payload: bytes, numel: int, src: int) -> torch.Tensor:
+def share_of(payload: bytes, numel: int, src: int) -> torch.Tensor:
     """A received share: exactly numel + 1 little-endian int64 ring elements."""
     if len(payload) != 8 * (numel + 1):
         raise SecureMessageError(f"the share from rank {src} has {len(payload)} bytes, expected {8 * (numel + 1)}")
@@ -75,7 +75,7 @@ def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: Peers, 
     if not torch.is_tensor(value) or not value.is_floating_point():
         raise TypeError(f"value must be a floating-point tensor, got {getattr(value, 'dtype', type(value))}")
     alive = getattr(peers, "alive", range(peers.size))  # a run that lost a party sums over the others
-    message, own_error = _masked_message(value, shares, len(alive), limit)
+    message, own_error = masked_message(value, shares, len(alive), limit)
     if peers.rank != dst:
         peers.send(dst, tag, message.numpy().astype("<i8", copy=False).tobytes())
         if own_error is not None:
@@ -84,17 +84,22 @@ def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: Peers, 
     total = message.clone()
     for src in alive:
         if src != peers.rank:
-            raw = _share_of(peers.recv(src, tag), value.numel(), src)
+            raw = share_of(peers.recv(src, tag), value.numel(), src)
             total += raw
             if view is not None:
                 view.append(ReceivedShare(src, raw))
     if own_error is not None:
         raise own_error
+    return open_total(total, peers.size).reshape(value.shape)
+
+
+def open_total(total: torch.Tensor, parties: int) -> torch.Tensor:
+    """The decoded sum (float64, flat) from the sum of every party's message; refused when an input was."""
     refused = int(total[-1])
-    if not 0 <= refused <= peers.size:
+    if not 0 <= refused <= parties:
         raise SecureMessageError(f"the secure sum's check element came out as {refused}: the masks do not cancel "
                                  "(the parties did not agree the same pair keys)")
     if refused:
         raise SecureRangeError(f"the input of {refused} part{'y' if refused == 1 else 'ies'} was non-finite or "
                                "outside the secure sum's range (see those parties' own errors)")
-    return decode_fixed_point(total[:-1]).reshape(value.shape)
+    return decode_fixed_point(total[:-1])

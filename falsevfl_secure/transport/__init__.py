@@ -3,8 +3,8 @@
 from .accounting import CommLog
 from .base import Transport
 from .local import LocalTransport
-from .protocols import PROTOCOLS, Protocol, protocol_named
+from .protocols import PROTOCOLS, Protocol, protocol_named, register
 from .rounds import AGGREGATES, VOCABULARY, Round, RoundTable
 
 __all__ = ["AGGREGATES", "PROTOCOLS", "VOCABULARY", "CommLog", "LocalTransport", "Protocol", "Round", "RoundTable",
-           "Transport", "protocol_named"]
+           "Transport", "protocol_named", "register"]

@@ -125,11 +125,9 @@ def session_id(hellos: list[dict]) -> bytes:
     return digest.digest()
 
 
-def check_two_parties(n_present: int, agreement: Agreement, source: str) -> None:
-    """Two parties under a protocol that hides contributions: only with consent in this role's own file."""
-    from .protocols import protocol_named
-
-    hides = protocol_named(str(agreement.get("protocol"))).hides_contributions
+def check_two_parties(n_present: int, agreement: Agreement, source: str, hides: bool) -> None:
+    """Two parties under a protocol that hides contributions (`hides`, the policy of the protocol this
+    role's own file names): only with consent in this role's own file."""
     if n_present == 2 and hides and not agreement.get("allow_two_party_disclosure"):
         raise InputError(f"only two parties take part: under {agreement.get('protocol')} the sum minus the active "
                          "party's own contribution is the other party's, so it hides nothing. Use 3 or more "
@@ -141,8 +139,9 @@ class Handshake:
     can build a deliberately weakened or malicious role by overriding one step; the shipped build runs them all."""
 
     def __init__(self, net: Network, me: str, key: PrivateKey, agreement: Agreement, cast: Cast,
-                 request: Request) -> None:
+                 request: Request, hides_contributions: bool = True) -> None:
         self.net, self.me, self.key, self.agreement, self.cast, self.request = net, me, key, agreement, cast, request
+        self.hides = hides_contributions  # the two-party rule's policy: the protocol's, passed in
 
     def run(self, key_agreement: Callable[[], object]) -> tuple[Session, object | None]:
         """The session, and this party's X25519 agreement object (None for a helper or a party alone)."""
@@ -205,7 +204,7 @@ class Handshake:
                              f"(join_timeout_s in {request.source}); {need}")
         present = [p for p in cast.parties if p == cast.active or p in linked]
         try:
-            check_two_parties(len(present), self.agreement, request.source)
+            check_two_parties(len(present), self.agreement, request.source, self.hides)
         except InputError:
             if not missing:
                 raise
@@ -265,7 +264,7 @@ class Handshake:
         if request.needs_all and set(present) != set(cast.parties):
             raise InputError(f"training needs every listed party; the roster of {cast.active} leaves out "
                              f"{', '.join(sorted(set(cast.parties) - set(present)))}")
-        check_two_parties(len(present), self.agreement, request.source)
+        check_two_parties(len(present), self.agreement, request.source, self.hides)
         return tuple(present)
 
     # -- signed ephemeral keys ------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""The `he` protocol: TenSEAL CKKS under the active party's key, added by a non-colluding aggregator.
+
+Ranks 0..K-1 are the parties, rank K the aggregator (its identity pinned in every participant's file, so
+nobody else can act as it). At start-up the active party makes the secret context and sends the public
+context (no secret key, no Galois keys), signed over the session id, to every other role
+(`handshake.send_context`). For each sum, every passive party encrypts its contribution and sends the
+ciphertexts to the aggregator (one densely packed message per round, `secure.ckks.encrypt_tensors`, each
+ciphertext an encryption of zero that the party's helper process made ahead on idle CPU plus the encoded
+values: `secure.ckks.ZeroPool`, each zero used once); the aggregator adds them (`transport.sums.
+serve_combiner`) and forwards the encrypted sum to the active party, which decrypts it onto the fixed-point
+grid (no decryption noise survives, `secure.ckks`) and adds its own contribution. Every message is a byte
+frame (`secure.frames`); a party that refuses its own input sends an ERROR frame that says only that it
+refused (never a value), so nobody is left waiting. Broadcasts go in clear (inside the links' TLS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor
+
+from ...errors import ProtocolError
+from ...secure import frames
+from ...secure.ckks import (
+    SUM_RANGE,
+    ZeroPool,
+    decrypt_tensors,
+    encrypt_tensors,
+    load_public_context,
+    make_secret_context,
+    max_safe_abs,
+    message_bound,
+    public_context_bytes,
+    sum_encrypted,
+)
+from ...secure.errors import SecureRangeError
+from ...secure.fixed_point import PRECISION_BITS, round_to_grid
+from ..handshake import receive_context, send_context
+from ..rounds import Round
+from .base import Membership, Protocol, SumCipher
+
+Kind = frames.Kind
+FRAME_SLACK = 4096  # a byte frame's header and lengths, or a refusal's text
+
+
+class CkksCipher(SumCipher):
+    """CKKS ciphertexts under the active party's key: a passive party holds the public context (and a pool
+    of fresh encryptions of zero), the aggregator the public context only, the active party the secret."""
+
+    protection = "ckks"
+    combined_by = "aggregator"
+
+    def __init__(self, public, secret=None, me: str = "", zeros: ZeroPool | None = None) -> None:
+        self.public, self.secret, self.me, self.zeros = public, secret, me, zeros
+
+    def protect(self, round: Round, value: Tensor, n_addends: int) -> tuple[bytes, SecureRangeError | None]:
+        try:
+            message = encrypt_tensors(self.public, [value], n_addends=n_addends, zeros=self.zeros)
+        except SecureRangeError as refusal:
+            notice = f"{self.me} refused its own input of round {round.name!r} (outside he's range)"
+            return frames.encode(Kind.ERROR, [notice.encode()], round.index), refusal
+        return frames.encode(Kind.DATA, [message], round.index), None
+
+    def wire_bytes(self, round: Round, numel: int) -> int:
+        """A sum travels as one CKKS message in a byte frame (`secure.ckks.message_bound`)."""
+        return FRAME_SLACK + message_bound(self.public, numel)
+
+    def combine(self, round: Round, messages: Mapping[int, bytes], shape: tuple[int, ...] | None) -> bytes:
+        """The frame the active party gets for one round: the encrypted sum, or the first refusal."""
+        batch = [frames.decode(m) for m in messages.values()]
+        refusals = [f for f in batch if f.kind is Kind.ERROR]
+        if refusals:
+            return frames.encode(Kind.ERROR, refusals[0].blobs, refusals[0].round)
+        rounds, kinds = {f.round for f in batch}, {f.kind for f in batch}
+        if kinds != {Kind.DATA} or len(rounds) != 1 or any(len(f.blobs) != 1 for f in batch):
+            raise ProtocolError(f"aggregator: the parties disagree on the round: kinds "
+                                f"{sorted(k.name for k in kinds)}, rounds {sorted(rounds)} (or a frame holds more "
+                                "than one message)")
+        return frames.encode(Kind.DATA, [sum_encrypted(self.public, [f.blobs[0] for f in batch])], rounds.pop())
+
+    def reveal(self, round: Round, combined: bytes, shape: tuple[int, ...], own: Tensor | None) -> Tensor:
+        frame = frames.decode(combined, expect=(Kind.DATA, Kind.ERROR))
+        if frame.kind is Kind.ERROR:
+            raise SecureRangeError(frame.text())
+        if frame.round != round.index:
+            raise ProtocolError(f"round {round.name!r}: field 'round': the aggregator forwarded round "
+                                f"{frame.round} instead")
+        if len(frame.blobs) != 1:
+            raise ProtocolError(f"round {round.name!r}: field 'payload': the aggregator's frame holds "
+                                f"{len(frame.blobs)} messages, not one")
+        total = decrypt_tensors(self.secret, frame.blobs[0], [shape])[0]
+        return total if own is None else total + round_to_grid(own)
+
+    def explain(self, round: Round, refusal: SecureRangeError, me: str, n_addends: int) -> str:
+        return (f"round {round.name!r}: {me}: {refusal}; he carries |x| < {self.addend_range(n_addends):.3g} per "
+                f"party at K = {n_addends} (mpc carries far more: run with --protocol mpc, or check the features "
+                "are standardised)")
+
+    def addend_range(self, n_addends: int) -> float:
+        return max_safe_abs(self.public, n_addends)
+
+    def reveal_error(self, n_addends: int, magnitude: float) -> float:
+        return n_addends * (2.0 ** -(PRECISION_BITS + 1) + magnitude * 2.0**-52)  # the grid, then float64
+
+    def close(self) -> None:
+        if self.zeros is not None:
+            self.zeros.close()  # kills its helper process, also when the run failed
+
+
+@dataclass(frozen=True)
+class He(Protocol):
+    name: ClassVar[str] = "he"
+    protection: ClassVar[str] = CkksCipher.protection
+    helpers: ClassVar[tuple[str, ...]] = ("aggregator",)
+
+    def addend_range(self, parties: int) -> float:
+        return SUM_RANGE / parties
+
+    def cipher(self, m: Membership) -> SumCipher:
+        me = m.peers.names[m.rank]
+        if m.rank != m.active_index:
+            public = load_public_context(receive_context(m.peers.network, m.session, m.cast))
+            # A passive party encrypts online on zeros its helper process made ahead on idle CPU (secure.ckks).
+            return CkksCipher(public, None, me, ZeroPool(public))
+        secret = make_secret_context()
+        public = public_context_bytes(secret)
+        send_context(m.peers.network, m.key, m.session, public)
+        return CkksCipher(load_public_context(public), secret, me)
+
+    def helper_cipher(self, m: Membership) -> SumCipher:
+        return CkksCipher(load_public_context(receive_context(m.peers.network, m.session, m.cast)), None, "aggregator")
+
+    def in_process(self, parties: int, active: int = 0) -> tuple[list[SumCipher], SumCipher | None]:
+        secret = make_secret_context()
+        public = load_public_context(public_context_bytes(secret))
+        ciphers = [CkksCipher(public, secret if k == active else None, f"party{k}") for k in range(parties)]
+        return ciphers, CkksCipher(public, None, "aggregator")

@@ -1,0 +1,184 @@
+"""The one backend of every protocol: each sum through the protocol's cipher, each broadcast in clear.
+
+A sum (`SumBackend.sum_to_active`): every passive party protects its contribution and sends the message to
+the combiner; where the active party combines (`plain`, `mpc`), it protects its own contribution too,
+combines every message and reveals the sum; where a helper combines (`he`'s aggregator, which holds no
+key), the helper's loop (`serve_combiner`) combines the passive parties' messages and forwards one message
+to the active party, which reveals the sum and adds its own contribution. The cipher
+(`transport.ciphers.base.SumCipher`) says how each step is done; this module says who does it and when.
+A party whose input the cipher refuses still sends its message (a refusal that carries none of its
+values), so nobody is left waiting, and then raises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..errors import ProtocolError
+from ..secure import frames
+from ..secure.errors import SecureRangeError
+from .distributed import Peers
+from .network import PartyLost
+from .rounds import AGGREGATES, Round, by_name
+from .views import View
+
+STOP = "stop"
+AGGREGATED_VALUES = 1 << 22  # the most values of one sum a helper takes (FedHSSL's model average: ~10^5)
+
+
+class SumBackend:
+    """One party's side of a protocol: sums through `cipher`, broadcasts in clear (inside the links' TLS)."""
+
+    def __init__(self, peers: Peers, cipher, view: View | None = None) -> None:
+        self.peers, self.cipher, self.view = peers, cipher, view
+        self.protection = cipher.protection
+        # Where the protected messages go: the active party, or the helper (ranks K, K + 1, ...) that combines.
+        self.combiner = peers.active_index if cipher.combined_by is None else peers.n_parties
+
+    @property
+    def is_active(self) -> bool:
+        return self.peers.is_active
+
+    def _record(self, round: Round, kind: str, peer: int, value, protection: str | None = None) -> None:
+        if self.view is not None:
+            self.view.add(round.name, kind, peer, protection or self.protection, value)
+
+    def _passive(self) -> list[int]:
+        return [k for k in self.peers.alive if k != self.peers.active_index]
+
+    def sum_to_active(self, round: Round, value: Tensor) -> Tensor | None:
+        """Every party calls this with its contribution; the active party gets the sum (float32), the others None."""
+        value = value.detach().to("cpu", torch.float32).contiguous()
+        self._record(round, "sent", self.peers.rank, value)
+        n_addends = len(self.peers.alive)
+        if not self.is_active:
+            message, refusal = self.cipher.protect(round, value, n_addends)
+            self.peers.send(self.combiner, round.name, message)
+            if refusal is not None:
+                me = self.peers.names[self.peers.rank]
+                raise SecureRangeError(self.cipher.explain(round, refusal, me, n_addends)) from None
+            return None
+        total = self._reveal(round, value, n_addends).to(torch.float32)
+        self._record(round, "revealed", -1, total)
+        return total
+
+    def _reveal(self, round: Round, value: Tensor, n_addends: int) -> Tensor:
+        shape = tuple(value.shape)
+        if self.combiner != self.peers.rank:  # a helper combined the passive parties' messages
+            combined = self._receive(round, self.combiner, shape)
+            return self.cipher.reveal(round, combined, shape, own=value)
+        own, refusal = self.cipher.protect(round, value, n_addends)
+        messages = {self.peers.rank: own}
+        for sender in self._passive():
+            messages[sender] = self._receive(round, sender, shape)
+        combined = self.cipher.combine(round, dict(sorted(messages.items())), shape)
+        if refusal is not None:
+            me = self.peers.names[self.peers.rank]
+            raise SecureRangeError(self.cipher.explain(round, refusal, me, n_addends)) from None
+        return self.cipher.reveal(round, combined, shape, own=None)
+
+    def _receive(self, round: Round, sender: int, shape: tuple[int, ...]) -> bytes:
+        """One message of `round` from `sender`, of the cipher's exact size where it has one; recorded."""
+        message, numel = self.peers.recv(sender, round.name), math.prod(shape)
+        expected = self.cipher.message_bytes(round, numel) if sender < self.peers.n_parties else None
+        if expected is not None and len(message) != expected:
+            raise ProtocolError(f"round {round.name!r}: field 'shape': {self.peers.names[sender]} sent "
+                                f"{len(message)} bytes, a message of {numel} values under {self.protection} "
+                                f"holds {expected}")
+        self._record(round, "received", sender, self.cipher.seen(message, shape))
+        return message
+
+    def broadcast(self, round: Round, value: Tensor | None, shape: tuple[int, ...]) -> Tensor:
+        if self.is_active:
+            buffer = value.detach().to("cpu", torch.float32).contiguous()
+            payload = buffer.numpy().tobytes()
+            for party in self._passive():
+                self.peers.send(party, round.name, payload)
+            return buffer
+        buffer = self.peers.recv_tensor(self.peers.active_index, round.name, shape)
+        self._record(round, "received", self.peers.active_index, buffer, "clear")
+        return buffer
+
+    def wire_bytes(self, round: Round, numel: int) -> int:
+        """The most bytes one frame of `round` with `numel` values takes: the cipher's for a sum, float32 else."""
+        return self.cipher.wire_bytes(round, numel) if round.is_aggregate else 4 * numel
+
+    def rekey(self, pair_keys: dict[int, bytes]) -> None:
+        """Keys among the parties still in the run, from fresh pair keys (a party left)."""
+        self.cipher.rekey(pair_keys, self.peers.alive)
+
+    def close(self, clean: bool = True) -> None:
+        self.cipher.close()  # e.g. kills a helper process, also when the run failed
+        if clean and not self.is_active and self.combiner != self.peers.active_index:
+            self.peers.send(self.combiner, STOP, frames.encode(frames.Kind.STOP))
+
+
+def sum_in_process(round: Round, values: list[Tensor], ciphers: list, helper=None, active: int = 0) -> Tensor:
+    """The sum `SumBackend` reveals, with every party's cipher (`Protocol.in_process`) in one process: each
+    party protects its value, the combiner combines, the active party reveals. For tests and benchmarks."""
+    shape, k = tuple(values[active].shape), len(values)
+    messages = {}
+    for rank, (cipher, value) in enumerate(zip(ciphers, values, strict=True)):
+        if rank != active or helper is None:
+            message, refusal = cipher.protect(round, value.to(torch.float32).contiguous(), k)
+            if refusal is not None:
+                raise refusal
+            messages[rank] = message
+    if helper is None:
+        return ciphers[active].reveal(round, ciphers[active].combine(round, messages, shape), shape, own=None)
+    combined = helper.combine(round, messages, None)
+    return ciphers[active].reveal(round, combined, shape, own=values[active].to(torch.float32))
+
+
+def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=None, recorded_rounds: int = 0
+                   ) -> None:
+    """A helper's loop: for every round, combine the passive parties' messages and forward the result to
+    the active party, until every passive party has said stop. The helper's cipher holds no key that
+    reveals anything. With `view`, the first `recorded_rounds` sums (those of the method's probe step) are
+    recorded and then handed to `on_recorded`."""
+    passive = [k for k in range(peers.n_parties) if k != peers.active_index]
+    # It holds no model configuration: every sum of the vocabulary, each at most AGGREGATED_VALUES values.
+    peers.network.allow({r.name: cipher.wire_bytes(r, AGGREGATED_VALUES) for r in AGGREGATES})
+    while True:
+        try:
+            received = {k: peers.network.recv_any(peers.names[k], "a round's messages") for k in passive}
+        except PartyLost:
+            passive = _after_loss(peers, passive)
+            continue
+        tags = {tag for tag, _ in received.values()}
+        if tags == {STOP}:
+            return
+        if len(tags) != 1:
+            raise ProtocolError(f"{peers.names[peers.rank]}: the parties disagree on the round: {sorted(tags)}")
+        tag = tags.pop()
+        messages = {k: data for k, (_, data) in sorted(received.items())}
+        if view is not None:
+            view = _record(view, tag, cipher, messages, on_recorded, recorded_rounds)
+        peers.send(peers.active_index, tag, cipher.combine(by_name(tag), messages, None))
+        peers.network.enter(tag)  # its heartbeat shows progress, and its own waits get round deadlines
+
+
+def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
+    """The active party announced a lost party: every frame this role sent it before is stale (it says so),
+    and each other party's frames of the abandoned step are dropped; the parties it combines from now on."""
+    notice = peers.network.take_notice()
+    peers.lost |= {peers.names.index(name) for name in notice["lost"]}
+    peers.send(peers.active_index, "lost-ack", b"")
+    survivors = [k for k in passive if k not in peers.lost]
+    for k in survivors:
+        peers.network.drain(peers.names[k], "lost-ack")
+    return survivors
+
+
+def _record(view: View, tag: str, cipher, messages: dict[int, bytes], on_recorded, rounds: int) -> View | None:
+    """Add one round's messages; after the probe step's `rounds` sums, hand the view over and stop recording."""
+    for k, data in messages.items():
+        view.add(tag, "received", k, cipher.protection, cipher.seen(data, None))
+    if len(view) < rounds * len(messages):
+        return view
+    if on_recorded is not None:
+        on_recorded(view)
+    return None

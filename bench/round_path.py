@@ -5,9 +5,10 @@
 Real role processes over the real network (as `bench/overhead.py`): K parties (the last one active) run one
 FALSE-VFL stage-1 step of a small synthetic job; party 1 traces, with `sys.setprofile` on its own thread,
 the first `posterior` sum of the step, from the transport's `aggregate` to its return. A hop is one call
-of a Python function of `falsevfl_secure` (the network's, the transport's, the cipher's and the secure
-primitives'; background threads, torch and the standard library not counted). Writes DIR/round_path.json
-({"hops", "files", "calls": [[file, function], ...]}) and prints the path.
+of a named Python function of `falsevfl_secure` (properties included; comprehensions, lambdas, background
+threads, torch and the standard library not counted), split by layer: the round's bookkeeping (the
+transport, placement), the cipher and secure primitives, and the network below `Network.send`. Writes
+DIR/round_path.json ({"hops", "by_layer", "files", "calls": [[file, function], ...]}) and prints the path.
 """
 
 from __future__ import annotations
@@ -63,6 +64,17 @@ def traced_step(role, traced: int, round_name: str) -> dict:
     return {"calls": tracer.calls if tracer else None}
 
 
+NETWORK = ("transport/network.py", "transport/wire.py", "transport/link.py", "network/")
+
+
+def by_layer(calls: list) -> dict[str, int]:
+    """Hops per layer: the network (its entry point `Network.send` and everything below it), the cipher and
+    secure primitives, and the round's bookkeeping (everything else)."""
+    network = sum(f.startswith(NETWORK) for f, _ in calls)
+    crypto = sum(f.startswith(("secure/", "transport/ciphers/")) for f, _ in calls)
+    return {"bookkeeping": len(calls) - network - crypto, "cipher": crypto, "network": network}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--protocol", default="mpc", choices=list(PROTOCOLS))
@@ -75,13 +87,13 @@ def main(argv=None) -> int:
         specs = local_specs(PROTOCOLS[args.protocol], names, names[-1], Path(keys), {"command": "trace"},
                             consent=True)
         reports = World(specs, traced_step, (1, args.round)).start().wait()
-    calls = reports[1]["calls"]
+    calls = [c for c in reports[1]["calls"] if "<" not in c[1].split(".")[-1]]  # named functions only
     record = {"protocol": args.protocol, "parties": args.parties, "round": args.round, "hops": len(calls),
-              "files": len({f for f, _ in calls}), "calls": calls}
+              "by_layer": by_layer(calls), "files": len({f for f, _ in calls}), "calls": calls}
     for number, (file, function) in enumerate(calls, 1):
         print(f"{number:3d}  {file:<32} {function}")
     print(f"{record['hops']} hops through {record['files']} files ({args.protocol}, K = {args.parties}, "
-          f"one {args.round!r} sum at party 1)")
+          f"one {args.round!r} sum at party 1): {record['by_layer']}")
     write_json(Path(args.out) / "round_path.json", record)
     return 0
 

@@ -30,7 +30,7 @@ class Active(Generic[T]):
 
     @classmethod
     def absent(cls) -> Active[Any]:
-        return cls(_ABSENT)
+        return _NOWHERE  # immutable: one instance serves every absent value
 
     @property
     def present(self) -> bool:
@@ -47,6 +47,9 @@ class Active(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Active({self._value!r})" if self.present else "Active(<absent>)"
+
+
+_NOWHERE: Active[Any] = Active(_ABSENT)
 
 
 def apply(fn: Callable[..., U], *args: Any) -> Active[U]:

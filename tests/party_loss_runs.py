@@ -82,16 +82,18 @@ def party_program(role, cfg_json: str, crash: list | None) -> dict:
 
 
 def _crash_in(transport, crash: Crash) -> None:
-    """The process exits as it starts the crash step (three forward rounds a step)."""
-    count, forward = [0], transport.forward
+    """The process exits as it starts the crash step (three forward rounds a step: two sums, one broadcast)."""
+    count = [0]
 
-    def counted(round, value):
-        count[0] += 1
-        if count[0] == 3 * crash.step_index + 1:
-            os._exit(3)
-        return forward(round, value)
+    def counted(forward):
+        def run(round, value):
+            count[0] += 1
+            if count[0] == 3 * crash.step_index + 1:
+                os._exit(3)
+            return forward(round, value)
+        return run
 
-    transport.forward = counted
+    transport.sum, transport.deliver = counted(transport.sum), counted(transport.deliver)
 
 
 def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | None) -> list[dict]:

@@ -1,7 +1,8 @@
-"""Every registered sum cipher against the exact sum: protect -> combine -> reveal, every party's cipher in
-one process (`Protocol.in_process`, fresh keys from the OS), the Paillier plug-in of `bench/` included, over shapes, party counts and magnitudes up to
-each cipher's documented range; and the refusals: an input the cipher cannot carry is refused by its party,
-whose message carries none of its values, and the active party gets no sum."""
+"""Every registered sum cipher (and the Paillier plug-in of `bench/`) against the exact sum: protect ->
+combine -> reveal, every party's cipher in one process (`Protocol.in_process`, fresh keys from the OS), over
+shapes, party counts and magnitudes up to each cipher's documented range; and the refusals: an input the
+cipher cannot carry is refused by its party, whose message carries none of its values, and the active party
+gets no sum."""
 
 from __future__ import annotations
 

@@ -25,6 +25,18 @@ class CommLog:
     def round(self, name: str) -> None:
         self.trace.append(name)
 
+    def ran(self, name: str, party: int, sent: int, received: int, seconds: float, waiting: float,
+            peak: float = 0.0) -> None:
+        """One executed round, traced and counted in one call (the distributed transport's path)."""
+        self.trace.append(name)
+        counter = self._counters[(name, party)]
+        counter[0] += 1
+        counter[1] += sent
+        counter[2] += received
+        counter[3] += seconds
+        counter[4] = max(counter[4], peak)
+        counter[5] += waiting
+
     def add(self, name: str, party: int, sent: int = 0, received: int = 0, seconds: float = 0.0,
             messages: int = 1, peak: float = 0.0, waiting: float = 0.0) -> None:
         counter = self._counters[(name, party)]

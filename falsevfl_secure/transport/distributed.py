@@ -27,7 +27,7 @@ from ..placement import Active
 from .accounting import CommLog
 from .moments import gradient_from_moments, sample_moments
 from .network import Network
-from .rounds import Message, MessageValidator, Round, RoundTable, check_contributions, largest
+from .rounds import MessageValidator, Round, RoundTable, largest
 from .views import View
 
 
@@ -95,14 +95,29 @@ class Backend(Protocol):
         """Release this role's own resources; when `clean`, also tell its helpers that it is done."""
 
 
-class _Round(Function):
-    """One round at any role: forward runs it, backward runs its adjoint; `token` orders the rounds."""
+class _Sum(Function):
+    """A sum at any role: forward sums the parties' contributions to the active party; backward broadcasts
+    the gradient of the sum back to every party (its adjoint). `token` orders the rounds."""
 
     @staticmethod
     def forward(ctx, transport: DistributedTransport, round: Round, token: Tensor, value: Tensor):
-        ctx.transport, ctx.round = transport, round
-        ctx.shape = tuple(value.shape) if round.is_aggregate else transport.declared(round)
-        out = transport.forward(round, value)
+        ctx.transport, ctx.round, ctx.shape = transport, round, tuple(value.shape)
+        return transport.sum(round, value), token.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None, grad_token: Tensor | None):
+        return None, None, grad_token, ctx.transport.sum_adjoint(ctx.round, grad, ctx.shape)
+
+
+class _Broadcast(Function):
+    """A broadcast at any role: forward delivers the active party's value to every party; backward sums the
+    parties' gradients back to the active party (its adjoint), or their two sample moments for a broadcast
+    of reparameterised samples (`transport.moments`). `token` orders the rounds."""
+
+    @staticmethod
+    def forward(ctx, transport: DistributedTransport, round: Round, token: Tensor, value: Tensor):
+        ctx.transport, ctx.round, ctx.shape = transport, round, transport.declared(round)
+        out = transport.deliver(round, value)
         ctx.samples = (value if transport.is_active else out).detach() if round.moments_adjoint else None
         return out, token.clone()
 
@@ -110,7 +125,7 @@ class _Round(Function):
     def backward(ctx, grad: Tensor | None, grad_token: Tensor | None):
         if ctx.samples is not None:
             return None, None, grad_token, ctx.transport.moments_adjoint(ctx.round, grad, ctx.samples)
-        return None, None, grad_token, ctx.transport.adjoint(ctx.round, grad, ctx.shape)
+        return None, None, grad_token, ctx.transport.broadcast_adjoint(ctx.round, grad, ctx.shape)
 
 
 class DistributedTransport:
@@ -129,10 +144,7 @@ class DistributedTransport:
         self._token: Tensor | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}  # the forward shape of each round of this pass
         self._pass_ends: set[str] = set()  # rounds after which a pass without adjoints is over
-
-    @property
-    def is_active(self) -> bool:
-        return self.party == self.active_index
+        self.is_active = party == active_index
 
     def use(self, table: RoundTable, sizes: Mapping[str, int] | None = None) -> None:
         """Run the rounds of this method's table (the validator checks every message against it); `sizes`
@@ -150,19 +162,17 @@ class DistributedTransport:
         """Each round's largest frame in bytes under this protocol (`wire_bytes`), for the network."""
         return {r.name: self.backend.wire_bytes(r, largest(r, sizes)) for r in table.rounds}
 
-    def _apply(self, round: Round, value: Tensor) -> Tensor:
-        if self.table is None or round in self.table.firsts or self._token is None:  # a new pass
+    def _apply(self, function: type[Function], round: Round, value: Tensor) -> Tensor:
+        if round in self.validator.firsts or self._token is None:  # a new pass
             self._token = torch.zeros((), requires_grad=torch.is_grad_enabled())
-        out, self._token = _Round.apply(self, round, self._token, value)
+        out, self._token = function.apply(self, round, self._token, value)
         return out
 
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         if set(contributions) != {self.party}:
             raise ProtocolError(f"round {round.name!r}: field 'sender': this process hosts party {self.party} "
                                 f"only, got contributions from {sorted(contributions)}")
-        own = contributions[self.party]
-        check_contributions(round, [self.party], [own], self.n_parties)
-        out = self._apply(round, own)
+        out = self._apply(_Sum, round, contributions[self.party])  # its cipher refuses a value it cannot carry
         return Active(out) if self.is_active else Active.absent()
 
     def broadcast(self, round: Round, value: Active[Tensor], shape: tuple[int, ...]) -> dict[int, Tensor]:
@@ -170,7 +180,7 @@ class DistributedTransport:
             raise ProtocolError(f"round {round.name!r}: field 'shape': {tuple(value.get().shape)} "
                                 f"!= declared {tuple(shape)}")
         self._shapes[round.name] = tuple(shape)
-        return {self.party: self._apply(round, value.get() if self.is_active else torch.zeros(0))}
+        return {self.party: self._apply(_Broadcast, round, value.get() if self.is_active else torch.zeros(0))}
 
     def abandon(self) -> None:
         """Forget the pass in flight (a party left during it): the next round opens a new pass."""
@@ -192,36 +202,42 @@ class DistributedTransport:
 
     # -- one round: validated, run, counted ------------------------------------------------------------
 
-    def forward(self, round: Round, value: Tensor) -> Tensor:
-        if round.is_aggregate:
-            total = self._run(round, tuple(value.shape), self.backend.sum_to_active, round, value)
-            out = total.to(device=value.device, dtype=value.dtype) if self.is_active else value.new_zeros(0)
-        else:
-            shape = self.declared(round)
-            total = self._run(round, shape, self.backend.broadcast, round, value if self.is_active else None, shape)
-            out = value.view_as(value) if self.is_active else self._received(round, total, shape)
+    def sum(self, round: Round, value: Tensor) -> Tensor:
+        """A sum round: the active party gets the sum of every party's `value`, the others an empty tensor."""
+        total = self._run(round, value, self.backend.sum_to_active, round, value)
+        out = total.to(device=value.device, dtype=value.dtype) if self.is_active else value.new_zeros(0)
         if not torch.is_grad_enabled() and round.name in self._pass_ends:
             self.network.between_passes()  # a pass without adjoints (stage 2, predictions) ends here
         return out
 
-    def adjoint(self, round: Round, grad: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
-        """The adjoint of a forward round: the gradient of a sum is broadcast back, the gradients of a
-        broadcast are summed back to the active party."""
+    def deliver(self, round: Round, value: Tensor) -> Tensor:
+        """A broadcast round: every party gets the active party's `value` (of the declared shape)."""
+        shape = self.declared(round)
+        out = self._run(round, shape, self.backend.broadcast, round, value if self.is_active else None, shape)
+        out = value.view_as(value) if self.is_active else self._received(round, out, shape)
+        if not torch.is_grad_enabled() and round.name in self._pass_ends:
+            self.network.between_passes()
+        return out
+
+    def sum_adjoint(self, round: Round, grad: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+        """The adjoint of a sum: the gradient of the sum, broadcast back to every party."""
         adjoint = round.adjoint
-        if round.is_aggregate:
-            out_shape = shape if not self.is_active else tuple(grad.shape)
-            sent = grad.contiguous() if self.is_active else None
-            out = self._run(adjoint, out_shape, self.backend.broadcast, adjoint, sent, out_shape)
-            return grad if self.is_active else self._received(adjoint, out, out_shape)
-        own = grad if grad is not None else torch.zeros(shape, device=self.device)
-        total = self._run(adjoint, tuple(own.shape), self.backend.sum_to_active, adjoint, own.contiguous())
+        out_shape = shape if not self.is_active else tuple(grad.shape)
+        sent = grad.contiguous() if self.is_active else None
+        out = self._run(adjoint, out_shape, self.backend.broadcast, adjoint, sent, out_shape)
+        return grad if self.is_active else self._received(adjoint, out, out_shape)
+
+    def broadcast_adjoint(self, round: Round, grad: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+        """The adjoint of a broadcast: the parties' gradients, summed back to the active party."""
+        own = (grad if grad is not None else torch.zeros(shape, device=self.device)).contiguous()
+        total = self._run(round.adjoint, own, self.backend.sum_to_active, round.adjoint, own)
         return total.to(device=own.device, dtype=own.dtype) if self.is_active else None
 
     def moments_adjoint(self, round: Round, grad: Tensor | None, samples: Tensor) -> Tensor | None:
         """The adjoint of a broadcast of samples h: every party sends its gradient's two sample moments
         (`transport.moments`) into the sum; the active party turns the summed moments into a gradient."""
         own = sample_moments(grad if grad is not None else torch.zeros_like(samples), samples).contiguous()
-        total = self._run(round.adjoint, tuple(own.shape), self.backend.sum_to_active, round.adjoint, own)
+        total = self._run(round.adjoint, own, self.backend.sum_to_active, round.adjoint, own)
         if not self.is_active:
             return None
         return gradient_from_moments(total.to(device=samples.device, dtype=samples.dtype), samples)
@@ -237,19 +253,18 @@ class DistributedTransport:
             raise ProtocolError(f"round {round.name!r}: field 'payload': received non-finite values")
         return out.to(self.device)
 
-    def _run(self, round: Round, shape: tuple[int, ...], call, *args):
-        """Validate the round's message, run it through the backend, and count what the network carried."""
-        sender = self.party if round.is_aggregate else self.active_index
-        protection = self.backend.protection if round.is_aggregate else "clear"
-        self.validator.check(Message(round.name, sender, round.receivers(self.n_parties, self.active_index),
-                                     shape, "float32", protection))
-        self.log.round(round.name)
-        self.network.enter(round.name)
-        before, waited, start = list(self.network.traffic[round.name]), self.network.waited, time.perf_counter()
-        if round.is_aggregate and args[-1] is not None and args[-1].numel():
-            self.log.add(round.name, self.party, messages=0, peak=float(args[-1].detach().abs().max()))
+    def _run(self, round: Round, payload: Tensor | tuple[int, ...], call, *args):
+        """The one path of every round: validated once, run through the backend, counted and traced once.
+        `payload` is a sum's own contribution (its shape and its peak are taken from it) or a broadcast's shape."""
+        contribution = payload if round.is_aggregate else None
+        shape = tuple(payload.shape) if contribution is not None else payload
+        self.validator.check_own(round, shape)
+        network = self.network
+        network.enter(round.name)
+        traffic, waited, start = network.traffic[round.name], network.waited, time.perf_counter()
+        sent, received = traffic
         out = call(*args)
-        after = self.network.traffic[round.name]
-        self.log.add(round.name, self.party, sent=after[0] - before[0], received=after[1] - before[1],
-                     seconds=time.perf_counter() - start, waiting=self.network.waited - waited)
+        peak = float(contribution.detach().abs().max()) if contribution is not None and contribution.numel() else 0.0
+        self.log.ran(round.name, self.party, traffic[0] - sent, traffic[1] - received, time.perf_counter() - start,
+                     network.waited - waited, peak)
         return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -50,18 +51,17 @@ class Round:
     adjoint_name: str
     moments_adjoint: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_aggregate", self.primitive is Primitive.AGGREGATE)  # asked on every message
+
     @property
     def adjoint(self) -> Round:
         return by_name(self.adjoint_name)
 
-    @property
+    @cached_property
     def index(self) -> int:
         """The round's id on the wire: its position in `VOCABULARY`."""
         return VOCABULARY.index(self)
-
-    @property
-    def is_aggregate(self) -> bool:
-        return self.primitive is Primitive.AGGREGATE
 
     def receivers(self, n_parties: int, active_index: int) -> tuple[int, ...]:
         """Who receives this round: the active party for a sum, every other party for a broadcast."""
@@ -125,17 +125,22 @@ class RoundTable:
             if unknown:
                 raise ValueError(f"rounds {unknown} are not in the vocabulary")
 
-    @property
+    # The table's properties are computed once per table (once per run), not on every message.
+    @cached_property
     def passes(self) -> tuple[Pass, ...]:
         return tuple(p for p in (*self.steps.values(), *self.epoch_end.values()) if p)
 
-    @property
+    @cached_property
     def rounds(self) -> tuple[Round, ...]:
         """Every round the method runs, in vocabulary order."""
         used = {r for p in self.passes for r in p}
         return tuple(r for r in VOCABULARY if r in used)
 
-    @property
+    @cached_property
+    def names(self) -> dict[str, Round]:
+        return {r.name: r for r in self.rounds}
+
+    @cached_property
     def firsts(self) -> frozenset[Round]:
         """The rounds that open a pass."""
         return frozenset(p[0] for p in self.passes)
@@ -157,8 +162,8 @@ class RoundTable:
 
     def of(self, name: str) -> Round:
         """The round `name` of this table; any other name is refused."""
-        round = by_name(name)
-        if round not in self.rounds:
+        round = self.names.get(name) or by_name(name)
+        if round.name not in self.names:
             raise ProtocolError(f"round {name!r}: field 'round': not a round of this method; its rounds are "
                                 f"{tuple(r.name for r in self.rounds)}")
         return round
@@ -209,7 +214,8 @@ class Message:
 class MessageValidator:
     """Checks every message against its round in the method's table: a round of the method, in order, the
     right sender and receivers, the declared shape (consistent B, S, d_h, ... within a pass), float32, the
-    protection the protocol gives the round. Refusals name the round and the field."""
+    protection the protocol gives the round. Refusals name the round and the field. What each round
+    expects is worked out once per table (`use`), so a message costs one lookup and its comparisons."""
 
     def __init__(self, n_parties: int, active_index: int, protection: str, table: RoundTable | None = None) -> None:
         self.n_parties, self.active_index, self.protection = n_parties, active_index, protection
@@ -220,51 +226,56 @@ class MessageValidator:
         """Check against `table` (a method's rounds) from now on, starting afresh."""
         self.table = table
         self.next = table.successors() if table is not None else {}
+        self.firsts = table.firsts if table is not None else frozenset()
+        self.expect = {r.name: (r, r.receivers(self.n_parties, self.active_index),
+                                self.protection if r.is_aggregate else "clear", tuple(map(_symbol, r.payload)))
+                       for r in (table.rounds if table is not None else ())}
         self.reset()
 
     def check(self, message: Message) -> None:
         if self.table is None:
             raise ProtocolError(f"round {message.round!r}: no method's round table to check it against")
-        round = self.table.of(message.round)
-        fail = _failure(round)
-        if not isinstance(message.sender, int) or not 0 <= message.sender < self.n_parties:
-            fail("sender", f"{message.sender!r} is not a party (0..{self.n_parties - 1})")
-        if not round.is_aggregate and message.sender != self.active_index:
-            fail("sender", f"only the active party ({self.active_index}) sends this round, not {message.sender}")
-        expected = round.receivers(self.n_parties, self.active_index)
-        if tuple(message.receivers) != expected:
-            fail("receivers", f"{tuple(message.receivers)} != {expected}")
+        if message.round not in self.expect:
+            self.table.of(message.round)  # raises: unknown, or not a round of this method
+        round, receivers, protection, _ = self.expect[message.round]
+        sender = message.sender
+        if not isinstance(sender, int) or not 0 <= sender < self.n_parties:
+            _fail(round, "sender", f"{sender!r} is not a party (0..{self.n_parties - 1})")
+        if not round.is_aggregate and sender != self.active_index:
+            _fail(round, "sender", f"only the active party ({self.active_index}) sends this round, not {sender}")
+        if tuple(message.receivers) != receivers:
+            _fail(round, "receivers", f"{tuple(message.receivers)} != {receivers}")
         if message.dtype != "float32":
-            fail("dtype", f"{message.dtype} is not float32")
-        allowed = self.protection if round.is_aggregate else "clear"
-        if message.protection != allowed:
-            fail("protection", f"{message.protection!r}, the protocol requires {allowed!r}")
-        self._check_shape(round, tuple(message.shape))
-        self._advance(round)
+            _fail(round, "dtype", f"{message.dtype} is not float32")
+        if message.protection != protection:
+            _fail(round, "protection", f"{message.protection!r}, the protocol requires {protection!r}")
+        self.check_own(round, tuple(message.shape))
 
-    def _advance(self, round: Round) -> None:
-        allowed = self.next[self.last]
-        if round.name not in allowed:
-            _failure(round)("round", f"out of order after {self.last!r} (expected {' or '.join(allowed)})")
-        self.last = round.name
-
-    def _check_shape(self, round: Round, shape: tuple[int, ...]) -> None:
-        if round in self.table.firsts:  # a new pass: B, S, H, ... are set by its first round
+    def check_own(self, round: Round, shape: tuple[int, ...]) -> None:
+        """A round this process runs itself (its sender, receivers, dtype and protection follow from the
+        primitive and the backend): its shape (consistent sizes within a pass) and its place in the table."""
+        if self.table is None or round.name not in self.expect:
+            self.check(Message(round.name, -1, (), shape, "float32", ""))  # raises, naming what is wrong
+        symbols = self.expect[round.name][3]
+        if round in self.firsts:  # a new pass: B, S, H, ... are set by its first round
             self.sizes = {}
         mismatch = f"{shape} does not match ({', '.join(round.payload)})"
-        if len(shape) != len(round.payload) or any(not isinstance(d, int) or d < 1 for d in shape):
-            _failure(round)("shape", mismatch)
-        for symbol, size in zip(round.payload, shape, strict=True):
-            key, factor, offset = _symbol(symbol)
+        if len(shape) != len(symbols) or any(not isinstance(d, int) or d < 1 for d in shape):
+            _fail(round, "shape", mismatch)
+        for (key, factor, offset), size in zip(symbols, shape, strict=True):
             if key is None:
                 if size != offset:
-                    _failure(round)("shape", mismatch)
+                    _fail(round, "shape", mismatch)
                 continue
             if size <= offset or (size - offset) % factor:
-                _failure(round)("shape", mismatch)
+                _fail(round, "shape", mismatch)
             value = (size - offset) // factor
             if self.sizes.setdefault(key, value) != value:
-                _failure(round)("shape", f"{key} = {value} here but {self.sizes[key]} earlier in this pass")
+                _fail(round, "shape", f"{key} = {value} here but {self.sizes[key]} earlier in this pass")
+        allowed = self.next[self.last]
+        if round.name not in allowed:
+            _fail(round, "round", f"out of order after {self.last!r} (expected {' or '.join(allowed)})")
+        self.last = round.name
 
     def reset(self) -> None:
         self.last, self.sizes = None, {}
@@ -280,7 +291,5 @@ def _symbol(symbol: str) -> tuple[str | None, int, int]:
     return head[-1], factor, int(tail) if tail else 0
 
 
-def _failure(round: Round):
-    def fail(field: str, detail: str) -> None:
-        raise ProtocolError(f"round {round.name!r}: field {field!r}: {detail}")
-    return fail
+def _fail(round: Round, field: str, detail: str) -> None:
+    raise ProtocolError(f"round {round.name!r}: field {field!r}: {detail}")

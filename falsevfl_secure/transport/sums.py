@@ -34,13 +34,9 @@ class SumBackend:
 
     def __init__(self, peers: Peers, cipher, view: View | None = None) -> None:
         self.peers, self.cipher, self.view = peers, cipher, view
-        self.protection = cipher.protection
+        self.protection, self.is_active = cipher.protection, peers.is_active
         # Where the protected messages go: the active party, or the helper (ranks K, K + 1, ...) that combines.
         self.combiner = peers.active_index if cipher.combined_by is None else peers.n_parties
-
-    @property
-    def is_active(self) -> bool:
-        return self.peers.is_active
 
     def _record(self, round: Round, kind: str, peer: int, value, protection: str | None = None) -> None:
         if self.view is not None:
@@ -52,7 +48,8 @@ class SumBackend:
     def sum_to_active(self, round: Round, value: Tensor) -> Tensor | None:
         """Every party calls this with its contribution; the active party gets the sum (float32), the others None."""
         value = value.detach().to("cpu", torch.float32).contiguous()
-        self._record(round, "sent", self.peers.rank, value)
+        if self.view is not None:
+            self._record(round, "sent", self.peers.rank, value)
         n_addends = len(self.peers.alive)
         if not self.is_active:
             message, refusal = self.cipher.protect(round, value, n_addends)

@@ -44,8 +44,9 @@ from falsevfl_secure.config import (  # noqa: E402
 )
 from falsevfl_secure.data.synthetic import synthetic_split  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.methods import build_node  # noqa: E402
 from falsevfl_secure.model.party import likelihood_terms, posterior_terms  # noqa: E402
-from falsevfl_secure.node import build_node, resolve_device  # noqa: E402
+from falsevfl_secure.node import resolve_device  # noqa: E402
 from falsevfl_secure.randomness import RoleSecret  # noqa: E402
 from falsevfl_secure.steps import stage1_loss  # noqa: E402
 from falsevfl_secure.train import host_split, optimizers_for  # noqa: E402

@@ -47,7 +47,7 @@ class Mutation:
 
 
 M = Mutation
-HS, CH = "falsevfl_secure/transport/handshake.py", "falsevfl_secure/transport/channel.py"
+HS, CH = "falsevfl_secure/network/handshake.py", "falsevfl_secure/network/channel.py"
 MUTATIONS = (
     M("roster-signature-unchecked", "a role takes the active party's roster without checking its signature", HS,
       'verify(cast.pins[cast.active], "roster", body,', NOOP + 'cast.pins[cast.active], "roster", body,',
@@ -59,7 +59,7 @@ MUTATIONS = (
     M("x25519-signature-unchecked", "relayed X25519 keys are taken without checking their owners' signatures", HS,
       'verify(self.cast.pins[name], "x25519",', NOOP + 'self.cast.pins[name], "x25519",', (PROPS, ADV)),
     M("tls-client-auth-off", "a hub accepts TLS clients without a certificate",
-      "falsevfl_secure/transport/link.py", "require_client_auth=True", "require_client_auth=False", (LINKS, ADV)),
+      "falsevfl_secure/network/link.py", "require_client_auth=True", "require_client_auth=False", (LINKS, ADV)),
     M("he-zero-reused", "the he helper's queue hands the same encryption of zero out again",
       "falsevfl_secure/secure/zero_maker.py", "return self._ready.popleft()", "return self._ready[0]",
       ("tests/test_secure_ckks.py",)),

@@ -33,11 +33,11 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from falsevfl_secure.errors import ProtocolError  # noqa: E402
+from falsevfl_secure.network.handshake import receive_context, send_context  # noqa: E402
 from falsevfl_secure.secure import frames  # noqa: E402
 from falsevfl_secure.secure.errors import SecureRangeError  # noqa: E402
 from falsevfl_secure.secure.fixed_point import encode_fixed_point  # noqa: E402
 from falsevfl_secure.transport.ciphers.base import Membership, Protocol, SumCipher  # noqa: E402
-from falsevfl_secure.transport.handshake import receive_context, send_context  # noqa: E402
 from falsevfl_secure.transport.rounds import Round  # noqa: E402
 
 KEY_BITS = 2048

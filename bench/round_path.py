@@ -64,7 +64,7 @@ def traced_step(role, traced: int, round_name: str) -> dict:
     return {"calls": tracer.calls if tracer else None}
 
 
-NETWORK = ("transport/network.py", "transport/wire.py", "transport/link.py", "network/")
+NETWORK = ("network/network.py", "network/wire.py", "network/link.py", "network/")
 
 
 def by_layer(calls: list) -> dict[str, int]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .secure.fixed_point import PRECISION_BITS
+from .transport.protocols import protocol_named
 from .transport.rounds import AGGREGATES, CONTROL_STEPS, by_name
 from .transport.views import Entry, View
 
@@ -226,7 +227,8 @@ def audit_recorded_views(views: dict[int, View], n_parties: int, active: int, pr
         if not uniform:
             report.leaks.append(f"the mpc shares the active party received are not uniform or too few to test "
                                 f"({out['shares_tested']} values, z = {worst:.1f})")
-    expected = "leaks: plain sends every contribution in clear" if protocol_name == "plain" else "no leaks"
+    hides = protocol_named(protocol_name).hides_contributions
+    expected = "no leaks" if hides else f"leaks: {protocol_name} sends every contribution in clear"
     return {**out, "leaks_found": len(report.leaks), "leaks": report.leaks[:20], "expected": expected,
             "passed": report.passed}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,14 +21,10 @@ from .config import Config, Stage
 from .data import PartyView
 from .errors import InputError
 from .model import PartyStack
-from .model.likelihood import CellLayout
 from .model.party import Noise
 from .placement import Active
-from .randomness import RecordNoise, RoleRandomness, RoleSecret, SharedNoise
+from .randomness import RecordNoise, RoleRandomness, SharedNoise
 from .transport.base import Transport
-
-if TYPE_CHECKING:
-    from .methods import Method
 
 
 def resolve_device(name: str) -> torch.device:
@@ -107,7 +103,7 @@ class Node:
     transport: Transport
     device: torch.device
     stack: PartyStack | None = None  # the hosted parties as batched products (local runtime, CUDA)
-    method: Method | None = None  # what trains and predicts (methods.method_for(cfg))
+    method: Any = None  # the methods.Method that trains and predicts (set by methods.build_node)
 
     def cells(self, batch: Batch) -> dict[int, Tensor]:
         """The observed-cell masks the party models see: the batch's under cell_handling "mask"; none
@@ -147,33 +143,6 @@ class Node:
         for rand in self.randomness():
             rand.restart(f"party/noise/{stage.key}")
             rand.restart(f"active/noise/{stage.key}")
-
-
-def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, transport: Transport,
-               device: torch.device, secrets: Mapping[int, RoleSecret] | None = None,
-               layouts: Mapping[int, CellLayout] | None = None, own_extra: int = 0) -> Node:
-    """A node hosting the parties in `widths` (party -> block width) and, when `n_classes` is given, the
-    active party's label side, for the configuration's method (whose round table the transport then
-    checks every message against). `secrets` (party -> RoleSecret) is for tests and resumed runs; a party
-    without one draws a fresh secret from the operating system. `layouts`: a party's cell kinds (its own
-    encoding's; a party without one has numeric cells only). `own_extra`: the width of the active party's
-    extra discriminator inputs (`HostedData.own_extra`)."""
-    from .methods import method_for
-
-    method, secrets, layouts = method_for(cfg), secrets or {}, layouts or {}
-    transport.use(method.rounds, method.wire_sizes(cfg))
-    randomness = {k: RoleRandomness(secrets.get(k) or RoleSecret.fresh()) for k in widths}
-    parties = {k: PartyRole(k, method.build_party(cfg, d, randomness[k], layouts.get(k)).to(device), randomness[k])
-               for k, d in sorted(widths.items())}
-    active: Active[ActiveRole] = Active.absent()
-    if n_classes is not None:
-        rand = randomness[cfg.active_index]
-        own = widths.get(cfg.active_index, 0)
-        active = Active(ActiveRole(method.build_active(cfg, n_classes, rand, own, own_extra).to(device), rand))
-    batched = cfg.stack_parties == "always" or (cfg.stack_parties == "auto" and device.type == "cuda")
-    models = {k: role.model for k, role in parties.items()}
-    stack = PartyStack(models) if method.stackable and batched and PartyStack.can_stack(models) else None
-    return Node(cfg, parties, active, transport, device, stack, method)
 
 
 @dataclass

@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 from .config import Stage
 from .errors import InputError
+from .network.network import PartyLost
 from .node import Batch, HostedData, Node, host_split
 from .placement import Active, apply
-from .transport.network import PartyLost
 
 EpochHook = Callable[[Stage, int, dict], None]
 __all__ = ["EpochHook", "Fit", "HostedData", "evaluate", "fit", "host_split", "optimizers_for", "predict_split",

@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from falsevfl_secure.network.handshake import Handshake, _dumps, _loads
 from falsevfl_secure.randomness import KeyStream
 from falsevfl_secure.runtime.role import Role
 from falsevfl_secure.secure.fixed_point import decode_fixed_point
 from falsevfl_secure.secure.masks import X25519Agreement, derive_pair_key, zero_share
 from falsevfl_secure.secure.mpc_sum import secure_sum
-from falsevfl_secure.transport.handshake import Handshake, _dumps, _loads
 from falsevfl_secure.transport.rounds import POSTERIOR
 from falsevfl_secure.transport.views import save_view
 

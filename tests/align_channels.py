@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 
 class MemoryChannel:
-    """One rank's end of a `MemoryWorld` (implements `falsevfl_secure.transport.channel.Channel`)."""
+    """One rank's end of a `MemoryWorld` (implements `falsevfl_secure.network.channel.Channel`)."""
 
     def __init__(self, world: MemoryWorld, rank: int) -> None:
         self.world, self.rank, self.world_size = world, rank, world.size

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from falsevfl_secure.config import Config, Stage, StageConfig
+from falsevfl_secure.network.network import Blame, PartyLost
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.world import World
-from falsevfl_secure.transport.local import LocalTransport
-from falsevfl_secure.transport.network import Blame, PartyLost
+from falsevfl_secure.transport.in_process import LocalTransport
 from falsevfl_secure.transport.protocols import protocol_named
 from falsevfl_secure.transport.rounds import POSTERIOR
 
@@ -60,7 +60,7 @@ def steps_per_epoch(cfg: Config) -> int:
 
 def party_program(role, cfg_json: str, crash: list | None) -> dict:
     """One role of the run: train both stages, predict the test records (without a party that left)."""
-    from falsevfl_secure.node import build_node
+    from falsevfl_secure.methods import build_node
     from falsevfl_secure.randomness import RoleSecret
     from falsevfl_secure.train import evaluate, fit
 
@@ -143,7 +143,7 @@ def _drop(splits: list, party: int) -> None:
 def local_run(cfg: Config, crash: Crash, absent_from_epoch: bool = False) -> tuple[float, dict]:
     """All parties in one process, plain sums, the same per-party secrets: the party's step abandoned where the
     distributed run notices the crash, or (`absent_from_epoch`) the party absent from the crash's epoch on."""
-    from falsevfl_secure.node import build_node
+    from falsevfl_secure.methods import build_node
     from falsevfl_secure.randomness import RoleSecret
     from falsevfl_secure.train import evaluate, fit
 

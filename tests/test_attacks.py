@@ -203,7 +203,7 @@ class HostileContext(He):
     (so that it passes the signature check and reaches the parser)."""
 
     def open(self, m):
-        from falsevfl_secure.transport.handshake import send_context
+        from falsevfl_secure.network.handshake import send_context
 
         if m.rank == m.active_index:
             send_context(m.peers.network, m.key, m.session, self.payload)

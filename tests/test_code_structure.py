@@ -14,12 +14,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "falsevfl_secure"
 LAYERS: dict[str, int] = {
     "errors": 0, "fsio": 0, "randomness": 0, "placement": 0, "bounds": 0,
     "config": 1, "data": 1, "model": 1, "secure": 1, "metrics": 1,
-    "transport": 2,
-    "node": 3, "steps": 3, "methods": 3,
-    "train": 4, "checkpoint": 4, "selection": 4,
-    "audit": 5,
-    "runtime": 6,
-    "simulate": 7, "report": 7, "federation": 7, "cli": 7,
+    "network": 2,
+    "transport": 3,
+    "node": 4, "steps": 4, "methods": 4,
+    "train": 5, "checkpoint": 5, "selection": 5,
+    "audit": 6,
+    "runtime": 7,
+    "simulate": 8, "report": 8, "federation": 8, "cli": 8,
 }
 
 
@@ -53,6 +54,63 @@ def test_every_module_has_a_layer_and_no_module_imports_a_higher_layer():
             if layer_of(module) > own:
                 upward.append(f"{path.relative_to(PACKAGE)}:{line} imports {module} (layer {layer_of(module)} > {own})")
     assert not upward, "\n".join(upward)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (deferred imports included; a package is its __init__)."""
+    names = {".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__") for p in modules()}
+    graph: dict[str, set[str]] = {}
+    for path in modules():
+        me = ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+        targets = set()
+        for _, module in imported(path):
+            while module and module not in names:  # `from .x import name`: name is not a module
+                module = module.rpartition(".")[0]
+            if module and module != me:
+                targets.add(module)
+        graph[me] = targets
+    return graph
+
+
+def import_cycles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    graph, index, low, stack, on, found = import_graph(), {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_among_the_packages_modules():
+    assert not import_cycles(), import_cycles()
+
+
+def test_the_network_package_knows_nothing_of_rounds_tensors_or_methods():
+    for path in (PACKAGE / "network").rglob("*.py"):
+        assert not {n for n in dotted_names(path) if n.split(".")[0] in ("torch", "numpy")}, path
+        assert not [m for _, m in imported(path) if m.split(".")[0] in ("transport", "methods", "node", "steps")]
 
 
 def long_functions(limit: int = 40) -> list[str]:

@@ -24,7 +24,7 @@ from falsevfl_secure.placement import Active
 from falsevfl_secure.runtime.session import StepJob, build_step
 from falsevfl_secure.steps import samples_from_moments, stage1_loss
 from falsevfl_secure.transport.accounting import CommLog
-from falsevfl_secure.transport.local import LocalTransport
+from falsevfl_secure.transport.in_process import LocalTransport
 from falsevfl_secure.transport.moments import gradient_from_moments, sample_moments
 
 RTOL = 1e-6

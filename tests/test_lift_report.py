@@ -85,10 +85,11 @@ def test_the_sized_schedule_stays_within_its_bounds_and_grows_batches_with_the_t
 
 def test_stage_two_keeps_its_best_epoch_on_the_validation_records():
     from falsevfl_secure.data.synthetic import synthetic_split
-    from falsevfl_secure.node import build_node, host_split
+    from falsevfl_secure.methods import build_node
+    from falsevfl_secure.node import host_split
     from falsevfl_secure.randomness import RoleSecret
     from falsevfl_secure.train import fit, predict_split
-    from falsevfl_secure.transport.local import LocalTransport
+    from falsevfl_secure.transport.in_process import LocalTransport
 
     torch.set_num_threads(1)
     cfg = Config(dataset="synthetic", parties=3, h_dim=8, z_dim=4, party_hidden=16, global_hidden=16,

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+from falsevfl_secure.network.channel import PairChannel
+from falsevfl_secure.network.link import Hub
+from falsevfl_secure.network.network import Network
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.role import Role
 from falsevfl_secure.runtime.world import World
 from falsevfl_secure.secure.errors import SecureMessageError
-from falsevfl_secure.transport.channel import PairChannel
-from falsevfl_secure.transport.link import Hub
-from falsevfl_secure.transport.network import Network
 from falsevfl_secure.transport.protocols import protocol_named
 
 # -- weakened and malicious builds (module-level: role processes import them by name) -----------------
@@ -42,7 +42,7 @@ class ClearHub(Hub):
 def _clear_channel(address, material):
     import grpc
 
-    from falsevfl_secure.transport.link import _DIAL_OPTIONS
+    from falsevfl_secure.network.link import _DIAL_OPTIONS
 
     return grpc.insecure_channel(address, options=_DIAL_OPTIONS)
 
@@ -87,7 +87,7 @@ class UnsealedChannel(PairChannel):
 
 class UnsealedRole(Role):
     def channel(self, tag="align"):
-        from falsevfl_secure.transport.handshake import pair_keys
+        from falsevfl_secure.network.handshake import pair_keys
 
         keys = pair_keys(self.session, self.spec.name, self.membership.exchange, "pair-channel")
         return UnsealedChannel(self.peers, keys, tag)
@@ -212,8 +212,8 @@ def _try_everything(address: str, pin_of_active: bytes, tried: dict) -> None:
     import grpc
 
     from falsevfl_secure.errors import PartyFailure
+    from falsevfl_secure.network.link import METHOD, dial
     from falsevfl_secure.secure import identity
-    from falsevfl_secure.transport.link import METHOD, dial
 
     material = identity.tls_material(identity.generate(), "party0", {"party2": pin_of_active})
     try:

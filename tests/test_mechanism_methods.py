@@ -17,9 +17,9 @@ from torch.nn.utils import parameters_to_vector
 
 from falsevfl_secure.config import METHOD_LABELS, Stage, make_config, parse_method
 from falsevfl_secure.data import TRAIN_MECHANISMS
+from falsevfl_secure.methods import build_node
 from falsevfl_secure.methods.base import epoch_batches
 from falsevfl_secure.model.ssl import MIN_ROWS
-from falsevfl_secure.node import build_node
 from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.runtime.local import run_local
 from falsevfl_secure.runtime.simulated import simulated_role

@@ -22,8 +22,8 @@ from falsevfl_secure.audit import audit_active_view, contributions, share_bits_u
 from falsevfl_secure.config import METHOD_LABELS, Config, Stage, StageConfig, make_config
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError
+from falsevfl_secure.methods import build_node
 from falsevfl_secure.model.ssl import augment
-from falsevfl_secure.node import build_node
 from falsevfl_secure.placement import Active
 from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.runtime.local import run_local

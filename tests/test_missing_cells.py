@@ -20,9 +20,9 @@ from falsevfl_secure.config import Config, StageConfig, make_config
 from falsevfl_secure.data import DataError, load_dataset, make_test_split, make_train_split
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError
+from falsevfl_secure.methods import build_node
 from falsevfl_secure.model import PartyModel, initialise
 from falsevfl_secure.model.party import likelihood_terms
-from falsevfl_secure.node import build_node
 from falsevfl_secure.randomness import KeyStream, RoleSecret
 from falsevfl_secure.steps import stage1_loss
 from falsevfl_secure.train import host_split

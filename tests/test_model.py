@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from falsevfl_secure.config import Config, Stage, StageConfig
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError, ProtocolError
-from falsevfl_secure.node import build_node
+from falsevfl_secure.methods import build_node
 from falsevfl_secure.placement import Active
 from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.steps import forward_rounds, predict, stage1_loss

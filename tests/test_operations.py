@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from falsevfl_secure.network.network import RunAborted
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.role import Role
 from falsevfl_secure.runtime.world import World
-from falsevfl_secure.transport.network import RunAborted
 from falsevfl_secure.transport.protocols import protocol_named
 
 FLOOD_BYTES = 128 << 20  # each flooded frame (today's code reassembled every one whole: +384 MiB)
@@ -168,7 +168,7 @@ class Accuser(Role):
 
 
 def _accuse(role) -> str:
-    from falsevfl_secure.transport.network import Blame
+    from falsevfl_secure.network.network import Blame
 
     if isinstance(role, Accuser):
         time.sleep(1)

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from falsevfl_secure.config import Config, StageConfig
 from falsevfl_secure.data.synthetic import synthetic_split
+from falsevfl_secure.methods import build_node
 from falsevfl_secure.model import PartyModel, PartyStack
 from falsevfl_secure.model.party_stack import stacked_mlp
-from falsevfl_secure.node import build_node
 from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.steps import predict, stage1_loss
 from falsevfl_secure.train import host_split

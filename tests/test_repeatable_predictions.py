@@ -19,7 +19,7 @@ from falsevfl_secure.config import Config, Stage, StageConfig
 from falsevfl_secure.data import LabelSide, PartyView
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError
-from falsevfl_secure.node import build_node
+from falsevfl_secure.methods import build_node
 from falsevfl_secure.randomness import KeyStream, RecordNoise, RoleSecret, SharedNoise, record_keys
 from falsevfl_secure.steps import forward_rounds
 from falsevfl_secure.train import host_split, predict_split

@@ -27,20 +27,20 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from falsevfl_secure.errors import FalseVflError, InputError, PartyFailure
+from falsevfl_secure.network import channel as channel_module
+from falsevfl_secure.network.agreement import Agreement
+from falsevfl_secure.network.channel import PairChannel
+from falsevfl_secure.network.handshake import Handshake, Session, pair_keys
+from falsevfl_secure.network.network import Network
+from falsevfl_secure.network.peers import Peers
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.role import Role
 from falsevfl_secure.runtime.world import World
 from falsevfl_secure.secure.errors import SecureMessageError
 from falsevfl_secure.secure.identity import read_private_key
 from falsevfl_secure.secure.masks import X25519Agreement, derive_pair_key
-from falsevfl_secure.transport import channel as channel_module
-from falsevfl_secure.transport.agreement import Agreement
-from falsevfl_secure.transport.channel import PairChannel
 from falsevfl_secure.transport.ciphers.mpc import MaskCipher
 from falsevfl_secure.transport.ciphers.plain import ClearCipher
-from falsevfl_secure.transport.distributed import Peers
-from falsevfl_secure.transport.handshake import Handshake, Session, pair_keys
-from falsevfl_secure.transport.network import Network
 from falsevfl_secure.transport.protocols import Mpc, protocol_named
 from falsevfl_secure.transport.rounds import POSTERIOR
 from falsevfl_secure.transport.sums import SumBackend
@@ -587,7 +587,7 @@ def test_under_plain_the_active_party_refuses_a_non_finite_contribution_it_recei
     them before it sums anything, naming the round, the field and the sender."""
     _, joined = join_all(tmp_path, "plain")
     value = torch.full((3, 4), 0.5)
-    joined["party0"].peers.send_tensor(2, POSTERIOR.name, torch.where(value > 0, bad, value))
+    joined["party0"].peers.send(2, POSTERIOR.name, torch.where(value > 0, bad, value).numpy().tobytes())
     _backend("plain", joined["party1"]).sum_to_active(POSTERIOR, value)
     with pytest.raises(FalseVflError, match="round 'posterior': field 'payload': party 0 sent non-finite"):
         _backend("plain", joined["party2"]).sum_to_active(POSTERIOR, value)

@@ -313,7 +313,7 @@ def test_the_probe_step_leaves_parameters_and_random_streams_as_they_were():
 
     from falsevfl_secure.config import make_config
     from falsevfl_secure.data import make_splits
-    from falsevfl_secure.node import build_node
+    from falsevfl_secure.methods import build_node
     from falsevfl_secure.train import host_split, probe_step
     from falsevfl_secure.transport import LocalTransport
 

@@ -37,7 +37,7 @@ from ..errors import InputError, PartyFailure
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
 from .config import AGGREGATOR, load_federation
-from .tables_demo import DATASETS as TABLES
+from .tables_demo import DEMO_TABLES as TABLES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

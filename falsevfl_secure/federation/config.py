@@ -45,10 +45,10 @@ from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
 from ..errors import InputError
+from ..runtime.cast import AGGREGATOR
 from ..secure.identity import IdentityError, parse_pin
 from ..transport.protocols import PROTOCOLS
 
-AGGREGATOR = "aggregator"
 SECTIONS = ("federation", "model", "party", "aggregator")
 FEDERATION_KEYS = ("active", "protocol", "id_column", "label_column", "task", "rendezvous",
                    "allow_two_party_disclosure", "join_timeout_s", "missing_values", "id_fold_case",

@@ -2,7 +2,7 @@
 listed role as its own local process (a `runtime.world.World`), each reading only its own files.
 
 Every role builds its spec from its own federation.toml: the cast with the pinned keys, the agreement
-(`transport.agreement`: what every participant must share), what it was asked to do, and its links.
+(`network.agreement`: what every participant must share), what it was asked to do, and its links.
 One host per party, the active party listens at `[federation] rendezvous`, the he aggregator at
 `[aggregator] address`, and every other party only dials out. Launched locally, the hubs listen on
 loopback ports chosen at start-up.
@@ -19,11 +19,11 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fsio import commit, discard
+from ..network.handshake import Cast, Request, check_two_parties
 from ..runtime.cast import LOOPBACK, base_agreement, plan_for
 from ..runtime.role import RoleSpec
 from ..runtime.worker import run_role
 from ..runtime.world import World
-from ..transport.handshake import Cast, Request, check_two_parties
 from ..transport.protocols import Protocol, protocol_named
 from .config import AGGREGATOR, Federation
 from .party import federation_program
@@ -39,7 +39,7 @@ def role_names(fed: Federation, present: list[str], protocol: Protocol) -> list[
 
 
 def agreement_settings(fed: Federation, command: str) -> dict:
-    """The run settings every participant must share besides the cast (see `transport.agreement`)."""
+    """The run settings every participant must share besides the cast (see `network.agreement`)."""
     return {"command": command, "method": fed.model.label, "model": fed.model.fingerprint(), "task": fed.task,
             "max_ids": fed.max_ids, "on_party_loss": fed.on_party_loss, "min_parties": fed.min_parties}
 

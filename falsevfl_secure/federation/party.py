@@ -28,8 +28,9 @@ from ..config import sized_schedule
 from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write, staged, write_json
+from ..methods import build_node
 from ..model.likelihood import CellLayout
-from ..node import build_node, resolve_device
+from ..node import resolve_device
 from ..placement import Active
 from ..randomness import record_keys
 from ..runtime.distributed import agree_resume

@@ -60,7 +60,7 @@ class Written:
     task: str
 
 
-DATASETS = ("breast-cancer", "wine", "diabetes")
+DEMO_TABLES = ("breast-cancer", "wine", "diabetes")
 
 
 def load(dataset: str) -> tuple[np.ndarray, np.ndarray, list[str], str]:

@@ -1,10 +1,21 @@
 """The learning methods, each a `Method` (methods/base.py states the contract): FALSE-VFL-I and -II, and
 the paper's baselines (App. D.1) Vanilla VFL, LASER-VFL, PlugVFL and FedHSSL. Adding a method is a module
-here with one subclass, its line in `METHODS` below, and its schedules in `config.METHOD_SCHEDULES`."""
+here with one subclass, its line in `METHODS` below, and its schedules in `config.METHOD_SCHEDULES`.
+`build_node` assembles what one process hosts for a configuration's method (node.py imports no method)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import torch
+
 from ..config import Config
+from ..model import PartyStack
+from ..model.likelihood import CellLayout
+from ..node import ActiveRole, Node, PartyRole
+from ..placement import Active
+from ..randomness import RoleRandomness, RoleSecret
+from ..transport.base import Transport
 from .base import Method, Objective
 from .false_vfl import FalseVfl, FalseVflMoments
 from .fedhssl import FedHssl
@@ -21,5 +32,31 @@ def method_for(cfg: Config) -> Method:
     return METHODS[cfg.method].configured(cfg)
 
 
+def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, transport: Transport,
+               device: torch.device, secrets: Mapping[int, RoleSecret] | None = None,
+               layouts: Mapping[int, CellLayout] | None = None, own_extra: int = 0,
+               method: Method | None = None) -> Node:
+    """A node hosting the parties in `widths` (party -> block width) and, when `n_classes` is given, the
+    active party's label side, for the configuration's method (whose round table the transport then
+    checks every message against). `secrets` (party -> RoleSecret) is for tests and resumed runs; a party
+    without one draws a fresh secret from the operating system. `layouts`: a party's cell kinds (its own
+    encoding's; a party without one has numeric cells only). `own_extra`: the width of the active party's
+    extra discriminator inputs (`HostedData.own_extra`). `method`: the configuration's unless given."""
+    method, secrets, layouts = method or method_for(cfg), secrets or {}, layouts or {}
+    transport.use(method.rounds, method.wire_sizes(cfg))
+    randomness = {k: RoleRandomness(secrets.get(k) or RoleSecret.fresh()) for k in widths}
+    parties = {k: PartyRole(k, method.build_party(cfg, d, randomness[k], layouts.get(k)).to(device), randomness[k])
+               for k, d in sorted(widths.items())}
+    active: Active[ActiveRole] = Active.absent()
+    if n_classes is not None:
+        rand = randomness[cfg.active_index]
+        own = widths.get(cfg.active_index, 0)
+        active = Active(ActiveRole(method.build_active(cfg, n_classes, rand, own, own_extra).to(device), rand))
+    batched = cfg.stack_parties == "always" or (cfg.stack_parties == "auto" and device.type == "cuda")
+    models = {k: role.model for k, role in parties.items()}
+    stack = PartyStack(models) if method.stackable and batched and PartyStack.can_stack(models) else None
+    return Node(cfg, parties, active, transport, device, stack, method)
+
+
 __all__ = ["METHODS", "EmbeddingFusion", "FalseVfl", "FalseVflMoments", "FedHssl", "Laser", "Method", "Objective",
-           "PlugVfl", "Vanilla", "method_for"]
+           "PlugVfl", "Vanilla", "build_node", "method_for"]

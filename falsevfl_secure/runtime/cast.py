@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..network.agreement import Agreement
+from ..network.handshake import Cast, Request
+from ..network.network import Plan
 from ..secure import identity
-from ..transport.agreement import Agreement
-from ..transport.handshake import Cast, Request
-from ..transport.network import Plan
 from ..transport.protocols import Protocol
 from .role import RoleSpec
 

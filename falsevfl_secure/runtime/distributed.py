@@ -20,8 +20,8 @@ import numpy as np
 from ..checkpoint import KEEP, progress_key
 from ..config import Config, Stage
 from ..fsio import atomic_write
-from ..methods import method_for
-from ..node import Node, build_node, resolve_device
+from ..methods import build_node, method_for
+from ..node import Node, resolve_device
 from ..randomness import RoleSecret
 from ..train import HostedData, evaluate, fit, host_split, probe_step
 from ..transport.accounting import merge_tables

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from ..config import Config
 from ..data import TEST_PATTERNS
-from ..node import build_node, resolve_device
+from ..methods import build_node
+from ..node import resolve_device
 from ..randomness import RoleSecret
 from ..train import EpochHook, evaluate, fit, host_split
 from ..transport import LocalTransport

@@ -17,8 +17,8 @@ import json
 import sys
 
 from ..errors import PartyFailure
-from ..transport.handshake import pair_keys
-from ..transport.network import Blame, PartyLost
+from ..network.handshake import pair_keys
+from ..network.network import Blame, PartyLost
 
 POLICY_FIELDS = ("on_party_loss", "min_parties")
 

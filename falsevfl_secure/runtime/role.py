@@ -4,7 +4,7 @@ test sessions, benchmarks and one host per party.
 A `RoleSpec` says who this process is (its name, the cast of the run with their pinned keys, its own
 identity key file, the agreement derived from its own configuration, what it was asked to do, and how it
 is linked). `Role.serve()` opens its hub (if it has one) and returns the port; `Role.join()` dials the
-hubs it needs, runs the session set-up (`transport.handshake`: roster, signed keys) and the protocol's
+hubs it needs, runs the session set-up (`network.handshake`: roster, signed keys) and the protocol's
 own set-up; `Role.leave()` undoes everything (after a clean run, through the goodbye barrier).
 """
 
@@ -16,13 +16,14 @@ from pathlib import Path
 
 import torch
 
+from ..network.agreement import Agreement
+from ..network.channel import PairChannel
+from ..network.handshake import Cast, Handshake, Request, Session, pair_keys
+from ..network.network import Blame, Network, Plan
+from ..network.peers import Peers
 from ..secure.identity import read_private_key
 from ..transport.accounting import CommLog
-from ..transport.agreement import Agreement
-from ..transport.channel import PairChannel
-from ..transport.distributed import Backend, DistributedTransport, Peers
-from ..transport.handshake import Cast, Handshake, Request, Session, pair_keys
-from ..transport.network import Blame, Network, Plan
+from ..transport.cross_process import Backend, DistributedTransport
 from ..transport.protocols import Membership, Protocol, protocol_named
 from ..transport.rounds import VOCABULARY
 from ..transport.views import View

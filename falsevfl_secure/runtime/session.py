@@ -24,8 +24,9 @@ import torch
 from ..config import Config, Stage
 from ..data.synthetic import synthetic_split
 from ..errors import PartyFailure
+from ..methods import build_node
 from ..model.likelihood import CellLayout
-from ..node import Node, build_node
+from ..node import Node
 from ..randomness import PublicStream, RoleSecret, public_rng
 from ..train import HostedData, host_split
 from ..transport.protocols import Protocol, protocol_named
@@ -204,7 +205,7 @@ class StepSession:
 
 def local_reference(job: StepJob, record: View | None = None) -> dict:
     """The same step in one process (the plaintext reference); `record` receives every contribution."""
-    from ..transport.local import LocalTransport
+    from ..transport.in_process import LocalTransport
 
     cfg = job.config
     node, data = build_step(job, list(range(cfg.parties)), True, LocalTransport(cfg.parties, cfg.active_index,

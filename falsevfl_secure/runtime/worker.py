@@ -39,7 +39,7 @@ class Parent:
 def outcome_of(error: BaseException) -> dict:
     """The report of a role that ended with `error`."""
     from ..errors import FalseVflError, PartyFailure
-    from ..transport.network import RunAborted
+    from ..network.network import RunAborted
 
     record = {"error": f"{error}", "outcome": "crash", "blame": None, "at": time.time()}
     if isinstance(error, RunAborted):
@@ -61,7 +61,7 @@ def run_role(spec, program: Callable, args: tuple = (), parent: Parent | None = 
     """Join as `spec`, run `program(role, *args)`, leave; returns its value or raises what ended it (after
     telling the peers). `on_port` receives the hub's port and may return the address book; `where`, when
     given, receives the round the role was in when it failed; `role_class` (tests) replaces `Role`."""
-    from ..transport.network import RunAborted
+    from ..network.network import RunAborted
     from .role import Role
 
     role = (role_class or Role)(spec, parent)

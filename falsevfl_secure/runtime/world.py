@@ -209,7 +209,7 @@ def _where(round_name: str | None) -> str:
 
 
 def _stall_s() -> float:
-    from ..transport.network import STALL_S
+    from ..network.network import STALL_S
 
     return STALL_S
 

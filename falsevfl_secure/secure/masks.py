@@ -11,7 +11,7 @@ the sum anyway). PRG(k) is AES-256-CTR (`randomness.KeyStream`); every sum consu
 never-reused range of each pair's keystream. Keys are ephemeral: a new agreement per session.
 
 Key derivation: HKDF-SHA256 over the X25519 shared secret, salted with the session's transcript (the
-session id, the agreement and every party's signed public key, `transport.handshake`), so a key belongs
+session id, the agreement and every party's signed public key, `network.handshake`), so a key belongs
 to this session only, and labelled with the purpose and the pair. The public keys are signed by each
 party's pinned identity: a relay that substitutes one is detected before any key is used.
 """

@@ -21,12 +21,12 @@ from .errors import SecureMessageError, SecureRangeError
 from .fixed_point import decode_fixed_point, encode_fixed_point
 from .masks import ZeroShares
 
-__all__ = ["Peers", "ReceivedShare", "masked_message", "open_total", "secure_sum", "share_of"]
+__all__ = ["RankedLinks", "ReceivedShare", "masked_message", "open_total", "secure_sum", "share_of"]
 
 
-class Peers(Protocol):
+class RankedLinks(Protocol):
     """What a secure sum needs of its transport: this party's rank among `size`, and byte frames to and
-    from a rank (`transport.distributed.Peers` realises it over the authenticated links)."""
+    from a rank (`network.peers.Peers` realises it over the authenticated links)."""
 
     rank: int
     size: int
@@ -62,7 +62,7 @@ def share_of(payload: bytes, numel: int, src: int) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(payload, dtype="<i8").astype(np.int64))
 
 
-def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: Peers, *, tag: str = "sum",
+def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: RankedLinks, *, tag: str = "sum",
                limit: float | None = None, view: list[ReceivedShare] | None = None) -> torch.Tensor | None:
     """Sum `value` over every rank of `peers`; the sum (float64) on `dst`, None elsewhere.
 

@@ -2,7 +2,7 @@
 
 from .accounting import CommLog
 from .base import Transport
-from .local import LocalTransport
+from .in_process import LocalTransport
 from .protocols import PROTOCOLS, Protocol, protocol_named, register
 from .rounds import AGGREGATES, VOCABULARY, Round, RoundTable
 

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import ProtocolError
+from ..network.network import PartyLost
+from ..network.peers import Peers
 from ..secure import frames
 from ..secure.errors import SecureRangeError
-from .distributed import Peers
-from .network import PartyLost
 from .rounds import AGGREGATES, Round, by_name
 from .views import View
 
@@ -95,7 +96,7 @@ class SumBackend:
             for party in self._passive():
                 self.peers.send(party, round.name, payload)
             return buffer
-        buffer = self.peers.recv_tensor(self.peers.active_index, round.name, shape)
+        buffer = recv_float32(self.peers, self.peers.active_index, round.name, shape)
         self._record(round, "received", self.peers.active_index, buffer, "clear")
         return buffer
 
@@ -111,6 +112,15 @@ class SumBackend:
         self.cipher.close()  # e.g. kills a helper process, also when the run failed
         if clean and not self.is_active and self.combiner != self.peers.active_index:
             self.peers.send(self.combiner, STOP, frames.encode(frames.Kind.STOP))
+
+
+def recv_float32(peers: Peers, src: int, tag: str, shape: tuple[int, ...]) -> Tensor:
+    """A float32 tensor of the declared `shape` from rank `src`; anything else is refused."""
+    payload = peers.recv(src, tag)
+    if len(payload) != 4 * math.prod(shape):
+        raise ProtocolError(f"round {tag!r}: field 'shape': {peers.names[src]} sent {len(payload)} bytes, the "
+                            f"declared shape {tuple(shape)} holds {4 * math.prod(shape)}")
+    return torch.from_numpy(np.frombuffer(payload, dtype="<f4").copy()).reshape(shape)
 
 
 def sum_in_process(round: Round, values: list[Tensor], ciphers: list, helper=None, active: int = 0) -> Tensor:

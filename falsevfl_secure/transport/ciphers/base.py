@@ -22,11 +22,12 @@ import numpy as np
 from torch import Tensor
 
 from ...errors import InputError
+from ...network.handshake import Cast, Session
+from ...network.peers import Peers
 from ...secure.errors import SecureRangeError
 from ...secure.identity import PrivateKey
 from ...secure.masks import X25519Agreement
-from ..distributed import Backend, Peers
-from ..handshake import Cast, Session
+from ..cross_process import Backend
 from ..rounds import Round
 from ..sums import SumBackend, serve_combiner
 from ..views import View

@@ -22,6 +22,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from ...errors import ProtocolError
+from ...network.handshake import receive_context, send_context
 from ...secure import frames
 from ...secure.ckks import (
     SUM_RANGE,
@@ -37,7 +38,6 @@ from ...secure.ckks import (
 )
 from ...secure.errors import SecureRangeError
 from ...secure.fixed_point import PRECISION_BITS, round_to_grid
-from ..handshake import receive_context, send_context
 from ..rounds import Round
 from .base import Membership, Protocol, SumCipher
 

@@ -1,7 +1,7 @@
 """The `mpc` protocol: every sum is a pairwise-masked secret-shared sum revealed to the active party
 only (`secure.mpc_sum`); broadcasts travel in clear (inside the links' TLS), as in `plain`.
 
-The pair keys come from the session's signed X25519 exchange (`transport.handshake`); nothing secret
+The pair keys come from the session's signed X25519 exchange (`network.handshake`); nothing secret
 comes from CrypTen's generators or from any seed.
 """
 
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...network.handshake import pair_keys
 from ...secure.errors import SecureRangeError
 from ...secure.fixed_point import PRECISION_BITS, max_safe_abs
 from ...secure.masks import ZeroShares
 from ...secure.mpc_sum import masked_message, open_total
-from ..handshake import pair_keys
 from ..rounds import Round
 from .base import Membership, Protocol, SumCipher
 

@@ -1,6 +1,6 @@
 """One role's view of the federation's links: who it can reach, what arrived from whom, who is alive.
 
-A `Network` owns the role's links (`transport.link`): the hub it serves, if any, and the hubs it dials.
+A `Network` owns the role's links (`network.link`): the hub it serves, if any, and the hubs it dials.
 `send(dst, tag, payload)` goes over the direct link to `dst`, or through the relay hub (the active party)
 when there is none; a hub forwards an envelope only after checking that its sender is the authenticated
 peer of the stream it came on, so nobody can speak for another role. `recv(src, tag)` returns the next

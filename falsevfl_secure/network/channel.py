@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..secure.channel import Channel
 from ..secure.errors import SecureMessageError
-from .distributed import Peers
+from .peers import Peers
 from .wire import MAX_FRAME_BYTES
 
 __all__ = ["MAX_FRAME_BYTES", "Channel", "FrameTooLargeError", "PairChannel", "frame_key"]

@@ -1,9 +1,9 @@
 """The start of every run, before any data moves: who takes part, under which protocol, with which keys.
 
-Set-up steps (`protocols/session.toml`), all over the authenticated links of `transport.network`:
+Set-up steps (`protocols/session.toml`), all over the authenticated links of `network.network`:
 
 1. `hello` (every role -> the active party): a fresh 32-byte nonce and the role's agreement record
-   (`transport.agreement`, built from its OWN configuration), signed by its pinned identity.
+   (`network.agreement`, built from its OWN configuration), signed by its pinned identity.
 2. `roster` (the active party -> every role that joined): the parties present, the protocol, and every
    present role's signed hello, signed by the active party. Each role checks every signature against its
    own pins, every agreement record against its own (a difference ends the run naming the field and the

@@ -14,65 +14,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.autograd import Function
 
 from ..errors import ProtocolError
+from ..network.network import Network
 from ..placement import Active
 from .accounting import CommLog
 from .moments import gradient_from_moments, sample_moments
-from .network import Network
 from .rounds import MessageValidator, Round, RoundTable, largest
 from .views import View
-
-
-@dataclass
-class Peers:
-    """The roles of a run by rank (parties 0..K-1, then helpers such as the he aggregator) over one
-    role's network: tensors and byte frames to and from a rank. `size` is the number of parties."""
-
-    network: Network
-    names: tuple[str, ...]
-    rank: int
-    n_parties: int
-    active_index: int
-    lost: set[int] = field(default_factory=set)  # parties that left a run that goes on without them
-
-    @property
-    def size(self) -> int:
-        return self.n_parties
-
-    @property
-    def alive(self) -> list[int]:
-        """The parties still in the run, in rank order (every sum is over them)."""
-        return [k for k in range(self.n_parties) if k not in self.lost]
-
-    @property
-    def is_active(self) -> bool:
-        return self.rank == self.active_index
-
-    def send(self, dst: int, tag: str, payload: bytes) -> None:
-        self.network.send(self.names[dst], tag, payload)
-
-    def recv(self, src: int, tag: str) -> bytes:
-        return self.network.recv(self.names[src], tag)
-
-    def send_tensor(self, dst: int, tag: str, value: Tensor) -> None:
-        self.send(dst, tag, value.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-
-    def recv_tensor(self, src: int, tag: str, shape: tuple[int, ...]) -> Tensor:
-        """A float32 tensor of the declared `shape` from rank `src`; anything else is refused."""
-        payload = self.recv(src, tag)
-        expected = 4 * int(np.prod(shape, dtype=np.int64))
-        if len(payload) != expected:
-            raise ProtocolError(f"round {tag!r}: field 'shape': {self.names[src]} sent {len(payload)} bytes, the "
-                                f"declared shape {tuple(shape)} holds {expected}")
-        return torch.from_numpy(np.frombuffer(payload, dtype="<f4").copy()).reshape(shape)
 
 
 class Backend(Protocol):

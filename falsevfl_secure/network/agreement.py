@@ -3,7 +3,7 @@
 An `Agreement` is a flat record of named fields (the protocol, the parties and their pinned keys, the
 active party, the aggregator's key, the two-party consent, the model's fingerprint, the alignment bound,
 the ID normalisation, the command). Each role builds it from its own file; at start-up every role's
-record is signed and compared with every other's (`transport.handshake`), and a difference ends the run
+record is signed and compared with every other's (`network.handshake`), and a difference ends the run
 at every role with one line naming the field, before anything else is sent. The record holds only what
 the participants share anyway: names, public keys, settings; never data.
 """

@@ -127,6 +127,7 @@ def _ciphertexts(blob: bytes, square: int) -> list[int]:
 class Paillier(Protocol):
     name: ClassVar[str] = "paillier"
     protection: ClassVar[str] = PaillierCipher.protection
+    cipher_class: ClassVar[type[SumCipher]] = PaillierCipher
     helpers: ClassVar[tuple[str, ...]] = ("aggregator",)
 
     def addend_range(self, parties: int) -> float:

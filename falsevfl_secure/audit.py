@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .secure.fixed_point import PRECISION_BITS
-from .transport.protocols import protocol_named
+from .transport.protocols import cipher_protecting, protocol_named
 from .transport.rounds import AGGREGATES, CONTROL_STEPS, by_name
 from .transport.views import Entry, View
 
@@ -77,14 +77,13 @@ def contributions(views: dict[int, View]) -> dict[str, dict[int, np.ndarray]]:
 
 
 def derivable(entry: Entry, own: np.ndarray) -> list[np.ndarray]:
-    """What the active party can compute from one entry of its view, in the shape of the contributions."""
-    if entry.value.dtype == np.int64 and entry.value.size == own.size + 1:  # a ring share plus its flag
-        return [(entry.value[:-1].astype(np.float64) / 2**PRECISION_BITS).reshape(own.shape)]
-    if entry.value.dtype.kind != "f" or entry.value.shape != own.shape:
-        return []  # ciphertext bytes: what they decrypt to is in the revealed sum
+    """What the active party can compute from one entry of its view, in the shape of the contributions: a
+    revealed sum as it is and minus its own contribution; a received message, what its protocol's cipher
+    says it may reveal (a clear value as it is, an mpc share decoded as fixed point, a ciphertext nothing)."""
     if entry.kind == "revealed":
-        return [entry.value, entry.value - own]
-    return [entry.value]
+        return [entry.value, entry.value - own] if entry.value.shape == own.shape else []
+    cipher = cipher_protecting(entry.protection)
+    return cipher.derivable(entry.value, own.shape) if cipher is not None else []
 
 
 def audit_active_view(view: View, truth: dict[str, dict[int, np.ndarray]], active: int, atol: float,

@@ -369,13 +369,26 @@ def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> 
     if preset not in PRESETS[key]:
         raise InputError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
     given = {k: v for k, v in overrides.items() if v is not None}
-    schedules = METHOD_SCHEDULES.get(given.get("method", "false-vfl"), {}).get(key, {})
-    schedule = schedules.get(preset, schedules.get("default", {}) if preset == "auto" else {})  # auto: sized later
+    schedule = _method_schedule(given.get("method", "false-vfl"), key, preset)
     values = {**PRESETS[key][preset], **schedule, **given}
     if values.get("method", "false-vfl") != "false-vfl" and "discriminator_inputs" not in given:
         values["discriminator_inputs"] = "latent"  # the preset's choice is FALSE-VFL's; a baseline has its own head
         values["own_reference"] = False
     return replace(Config(dataset=key), **values).validate()
+
+
+def _method_schedule(method: str, dataset: str, preset: str) -> dict:
+    """A baseline's own schedule for the preset (FALSE-VFL's are the presets themselves); a method without
+    one is an input error, never FALSE-VFL's schedule in its place. `auto` takes its default (sized later)."""
+    if method == "false-vfl" or method not in METHOD_SCHEDULES:
+        return {}  # an unknown method is refused by Config.validate, naming the choices
+    schedules = METHOD_SCHEDULES[method].get(dataset)
+    wanted = "default" if preset == "auto" else preset
+    if schedules is None or wanted not in schedules:
+        have = sorted(METHOD_SCHEDULES[method].get(dataset, {})) or "none"
+        raise InputError(f"method {method!r} has no {preset!r} schedule for {dataset} (it has: {have}); give its "
+                         "schedule explicitly or choose another preset")
+    return schedules[wanted]
 
 
 # `sized_schedule`: optimiser steps each stage aims at, and the bounds of its batch size and epochs.

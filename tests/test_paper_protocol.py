@@ -156,3 +156,17 @@ def test_encode_missing_zeros_is_the_posterior_of_every_party_with_missing_block
     # a party that left would still be counted in every posterior: such a run stops rather than go on
     assert method_for(cfg).survives_party_loss
     assert not method_for(replace(cfg, encode_missing="zeros")).survives_party_loss
+
+
+def test_a_method_without_a_schedule_for_the_preset_is_an_input_error_not_false_vfls(refused, monkeypatch):
+    """A baseline given a preset it has no schedule for was trained on FALSE-VFL's schedule, silently."""
+    from falsevfl_secure import config
+
+    monkeypatch.setitem(config.METHOD_SCHEDULES, "vanilla", {"digits": {"paper": {}, "default": {}}})
+    with pytest.raises(InputError, match="method 'vanilla' has no 'quick' schedule for digits"):
+        make_config("digits", "quick", method="vanilla")
+    refused("method schedule")
+    monkeypatch.setitem(config.METHOD_SCHEDULES, "vanilla", {})
+    with pytest.raises(InputError, match="has no 'paper' schedule for digits .it has: none"):
+        make_config("digits", "paper", method="vanilla")
+    refused("method schedule")

@@ -96,3 +96,25 @@ def test_every_cipher_refuses_what_it_cannot_carry_without_sending_it(name, bad)
         assert "0.25" not in str(ended.value) and "0.5" not in str(ended.value)
     finally:
         closing(ciphers, helper)
+
+
+@pytest.mark.parametrize("name", list(CIPHERS))
+def test_what_the_audit_reads_in_a_message_is_the_contribution_only_when_nothing_hides_it(name):
+    """The audits ask the cipher what a recorded message may reveal. A weakened mpc party without pair keys
+    (its zero share is zero) sends its contribution readably; the shipped one, masked, does not."""
+    ciphers, helper = ciphers_of(name, 3, 0)
+    value = torch.linspace(-3, 3, 24).reshape(4, 6)
+    try:
+        message, _ = ciphers[1].protect(POSTERIOR, value, 3)
+        read = type(ciphers[1]).derivable(ciphers[1].seen(message, (4, 6)), (4, 6))
+        if not PROTOCOLS.get(name, CIPHERS[name]).hides_contributions:
+            np.testing.assert_allclose(read[0], value.numpy())
+        elif read:  # the mpc share: uniform on the ring, so nothing near the value
+            assert float(np.abs(read[0] - value.numpy()).min()) > 1e3
+        if name == "mpc":
+            weakened = type(ciphers[1])(1, {})
+            readable = type(weakened).derivable(weakened.seen(weakened.protect(POSTERIOR, value, 3)[0]), (4, 6))
+            np.testing.assert_allclose(readable[0], value.numpy(), atol=2.0**-16)
+            weakened.close()
+    finally:
+        closing(ciphers, helper)

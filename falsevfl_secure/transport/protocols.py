@@ -11,7 +11,8 @@ from .ciphers.he import He
 from .ciphers.mpc import Mpc
 from .ciphers.plain import Plain
 
-__all__ = ["PROTOCOLS", "He", "Membership", "Mpc", "Plain", "Protocol", "SumCipher", "protocol_named", "register"]
+__all__ = ["PROTOCOLS", "He", "Membership", "Mpc", "Plain", "Protocol", "SumCipher", "cipher_protecting",
+           "protocol_named", "register"]
 
 PROTOCOLS: dict[str, Protocol] = {}
 
@@ -26,6 +27,11 @@ def register(protocol: Protocol) -> Protocol:
 
 for _protocol in (Plain(), Mpc(), He()):
     register(_protocol)
+
+
+def cipher_protecting(protection: str) -> type[SumCipher] | None:
+    """The cipher class of the registered protocol whose sums travel under `protection` (the audits ask it)."""
+    return next((p.cipher_class for p in PROTOCOLS.values() if p.protection == protection), None)
 
 
 def protocol_named(name: str | Protocol) -> Protocol:

@@ -68,6 +68,13 @@ class SumCipher:
         helper, which holds no model configuration)."""
         return np.frombuffer(message, dtype=np.uint8).copy()
 
+    @staticmethod
+    def derivable(seen: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
+        """What the receiver can compute from a message it recorded (`seen`), in the shape of a contribution
+        (the audits check each candidate against every party's contribution). A ciphertext: nothing (what it
+        decrypts to is in the revealed sum)."""
+        return []
+
     def combine(self, round: Round, messages: Mapping[int, bytes], shape: tuple[int, ...]) -> bytes:
         """The combiner's one message from every party's (by rank, in rank order)."""
         raise NotImplementedError
@@ -130,6 +137,7 @@ class Protocol:
     travel in clear.
 
     Class attributes: `name`; `protection` (how a contribution to a sum travels: the cipher's);
+    `cipher_class` (the audits ask it what a recorded message may reveal);
     `runtimes` (where it runs: the in-process `local` runtime hosts every party, so only a protocol whose
     cipher is clear can run there); `hides_contributions` (whether the active party sees only sums);
     `helpers` (extra roles after the K parties, ranks K, K + 1, ...). A secure protocol at K = 2 hides
@@ -138,6 +146,7 @@ class Protocol:
 
     name: ClassVar[str]
     protection: ClassVar[str]
+    cipher_class: ClassVar[type[SumCipher]]
     runtimes: ClassVar[tuple[str, ...]] = ("distributed",)
     hides_contributions: ClassVar[bool] = True
     helpers: ClassVar[tuple[str, ...]] = ()

@@ -113,6 +113,7 @@ class CkksCipher(SumCipher):
 class He(Protocol):
     name: ClassVar[str] = "he"
     protection: ClassVar[str] = CkksCipher.protection
+    cipher_class: ClassVar[type[SumCipher]] = CkksCipher
     helpers: ClassVar[tuple[str, ...]] = ("aggregator",)
 
     def addend_range(self, parties: int) -> float:

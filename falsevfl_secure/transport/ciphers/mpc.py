@@ -7,6 +7,7 @@ comes from CrypTen's generators or from any seed.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,13 @@ class MaskCipher(SumCipher):
 
     def seen(self, message: bytes, shape: tuple[int, ...] | None = None) -> np.ndarray:
         return np.frombuffer(message, dtype="<i8").astype(np.int64)
+
+    @staticmethod
+    def derivable(seen: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
+        """A share decoded as fixed point (an unmasked share decodes to the contribution)."""
+        if seen.dtype != np.int64 or seen.size != math.prod(shape) + 1:  # the values and the flag
+            return []
+        return [(seen[:-1].astype(np.float64) / 2**PRECISION_BITS).reshape(shape)]
 
     def combine(self, round: Round, messages: Mapping[int, bytes], shape: tuple[int, ...]) -> bytes:
         total = torch.zeros(len(next(iter(messages.values()))) // 8, dtype=torch.int64)
@@ -88,6 +96,7 @@ class Mpc(Protocol):
 
     name: ClassVar[str] = "mpc"
     protection: ClassVar[str] = MaskCipher.protection
+    cipher_class: ClassVar[type[SumCipher]] = MaskCipher
     agreement: object = field(default=None, compare=False)
 
     def addend_range(self, parties: int) -> float:

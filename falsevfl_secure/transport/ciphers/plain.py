@@ -44,6 +44,10 @@ class ClearCipher(SumCipher):
         values = np.frombuffer(message, dtype="<f4").copy()
         return values.reshape(shape) if shape is not None else values
 
+    @staticmethod
+    def derivable(seen: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
+        return [seen] if seen.dtype.kind == "f" and seen.shape == tuple(shape) else []  # a contribution as it is
+
     def combine(self, round: Round, messages: Mapping[int, bytes], shape: tuple[int, ...]) -> bytes:
         values = {k: torch.from_numpy(self.seen(m, shape)) for k, m in messages.items()}
         check_contributions(round, list(values), list(values.values()), self.n_parties)
@@ -65,6 +69,7 @@ class ClearCipher(SumCipher):
 class Plain(Protocol):
     name: ClassVar[str] = "plain"
     protection: ClassVar[str] = ClearCipher.protection
+    cipher_class: ClassVar[type[SumCipher]] = ClearCipher
     runtimes: ClassVar[tuple[str, ...]] = ("local", "distributed")
     hides_contributions: ClassVar[bool] = False
 

@@ -33,6 +33,7 @@ from falsevfl_secure.cli import guarded  # noqa: E402
 from falsevfl_secure.config import make_config  # noqa: E402
 from falsevfl_secure.errors import InputError  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.transport import PROTOCOLS  # noqa: E402
 
 
 def simulated(args, seed: int) -> dict:
@@ -84,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--parties", type=int, default=4)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--preset", default="default")
-    p.add_argument("--protocol", choices=("plain", "mpc", "he"), default="mpc")
+    p.add_argument("--protocol", choices=list(PROTOCOLS), default="mpc")
     p.add_argument("--test-pattern", default="mcar:0.2")
     p.add_argument("--out", default="runs/federation-equivalence")
     p.add_argument("--readme", default=None)

@@ -27,6 +27,7 @@ from readme_section import update_readme  # noqa: E402
 from falsevfl_secure.cli import guarded  # noqa: E402
 from falsevfl_secure.config import make_config  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.transport import PROTOCOLS  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "party_loss"
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain-epochs", type=int, default=40)
     parser.add_argument("--train-epochs", type=int, default=60)
     parser.add_argument("--crash-epoch", type=int, default=10)
-    parser.add_argument("--protocols", nargs="+", default=["plain", "mpc", "he"])
+    parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS))
     parser.add_argument("--readme", default=None)
     args = parser.parse_args(argv)
     cfg = scheduled(make_config("digits", "quick", parties=4), args.pretrain_epochs, args.train_epochs)

@@ -51,8 +51,8 @@ import wanlink  # noqa: E402
 from netns import available, hosts  # noqa: E402
 
 from falsevfl_secure.fsio import atomic_write, write_json  # noqa: E402
+from falsevfl_secure.transport import PROTOCOLS  # noqa: E402
 
-PROTOCOLS = ("plain", "mpc", "he")
 RENDEZVOUS_PORT, AGGREGATOR_PORT, PROBE_PORT = 29611, 29612, 29613
 AGGREGATOR = "aggregator"
 JOIN_TIMEOUT_S = 180

@@ -13,6 +13,7 @@ from pathlib import Path
 from readme_section import relative_link, update_readme
 
 from falsevfl_secure.fsio import atomic_write
+from falsevfl_secure.transport import PROTOCOLS  # noqa: E402
 
 STAGES = ("pretrain", "train")
 PARTS = ("compute_s", "protocol_s", "network_s")
@@ -130,7 +131,7 @@ def summary(cells: list[dict]) -> str:
     """One sentence per protocol: what one epoch of each stage costs on every link measured, with the share
     of it the parties spent waiting on the network; the links not measured are named."""
     lines = []
-    for protocol in sorted({c["protocol"] for c in cells}, key=("plain", "mpc", "he").index):
+    for protocol in sorted({c["protocol"] for c in cells}, key=list(PROTOCOLS).index):
         mine = [c for c in ordered(cells) if c["protocol"] == protocol and "error" not in c]
         parts = []
         for c in mine:

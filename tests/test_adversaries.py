@@ -28,8 +28,11 @@ from adversaries import (
 
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.world import World, run_world
+from falsevfl_secure.transport import PROTOCOLS as _REGISTRY
 from falsevfl_secure.transport.protocols import Mpc, protocol_named
 from falsevfl_secure.transport.views import load_view
+
+SECURE = [name for name, p in _REGISTRY.items() if p.hides_contributions]
 
 
 def outcomes(tmp_path: Path, protocol, parties: int, program, args=(), classes=None, consent=False,
@@ -193,7 +196,7 @@ def _refusing_program(role) -> None:
     role.backend.sum_to_active(POSTERIOR, value)
 
 
-@pytest.mark.parametrize("protocol", ["mpc", "he"])
+@pytest.mark.parametrize("protocol", SECURE)
 def test_a_refused_input_is_reported_to_others_without_its_value(tmp_path, protocol):
     """Error texts that cross a boundary carry no values: the others learn that party 0 refused its own
     input, not how large it was (its own error, which stays with it, says)."""

@@ -366,6 +366,8 @@ def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> 
     """The preset for `dataset` (a baseline's schedule on top of the dataset's widths when `method` names
     one), with explicit overrides (None values are ignored)."""
     key = canonical_name(dataset)
+    if key not in PRESETS:
+        raise InputError(f"dataset {key!r} has no presets (config.PRESETS); give its settings explicitly")
     if preset not in PRESETS[key]:
         raise InputError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
     given = {k: v for k, v in overrides.items() if v is not None}

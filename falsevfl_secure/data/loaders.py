@@ -23,6 +23,7 @@ import gzip
 import hashlib
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,6 @@ CHECKSUMS: dict[str, str] = {
     "isolet/isolet5.data.gz": "3bf63a31fe454d3d28cf491823b32e36dad9b0b0fe78548555c6c2b6077a0f5a",
 }
 
-DATASETS: tuple[str, ...] = ("digits", "isolet", "hapt", "fashion-mnist")
 ALIASES: dict[str, str] = {"fashion_mnist": "fashion-mnist", "fmnist": "fashion-mnist"}
 
 ISOLET_FEATURES = 617
@@ -110,10 +110,7 @@ def canonical_name(name: str) -> str:
     return key
 
 
-#: (n_labeled, n_aligned) per dataset; anything else gets the tabular default.
-DEFAULT_LABELED: dict[str, tuple[int, int]] = {
-    "isolet": (500, 100), "hapt": (500, 100), "fashion-mnist": (1000, 200), "digits": (400, 80)}
-TABULAR_DEFAULT = (500, 100)
+TABULAR_DEFAULT = (500, 100)  # (n_labeled, n_aligned) of a table without a spec of its own
 
 STANDARDIZE = ("robust", "zscore", "none")  # the feature treatments `load_dataset(standardize=...)` applies
 
@@ -128,15 +125,16 @@ def load_dataset(name: str, root: Path | None = None, seed: int = 0, *, strict_c
     UCI's own Isolet train file, whose row order differs from the stored copy). `standardize`: "robust"
     (the default, `data.standardize`), "zscore" (mean and std, no floor, no clip) or "none".
     """
-    key = canonical_name(name)
+    spec = DATASET_SPECS[canonical_name(name)]
     if standardize not in STANDARDIZE:
         raise DataError(f"standardize={standardize!r}: choose one of {', '.join(STANDARDIZE)}")
-    if key == "digits":
-        return _load_cached(key, None, int(seed), False, False, standardize)
+    if not spec.files:
+        return _load_cached(spec.name, None, int(seed), False, False, standardize)
     base = data_root() if root is None else Path(root).expanduser().resolve()
     if not base.is_dir():
         raise DataError(f"data root {base} does not exist; pass an existing folder or set FALSEVFL_DATA")
-    return _load_cached(key, str(base), 0, bool(strict_counts and key == "hapt"), bool(verify_checksums), standardize)
+    return _load_cached(spec.name, str(base), 0, bool(strict_counts and spec.official_counts), bool(verify_checksums),
+                        standardize)
 
 
 @functools.lru_cache(maxsize=16)
@@ -182,14 +180,9 @@ def _standardized(raw: Dataset, standardize: str) -> Dataset:
 
 
 def _load_raw(name: str, root: str | None, seed: int, strict_counts: bool, verify: bool) -> Dataset:
-    if name == "digits":
-        return _load_digits(seed)
-    base = Path(root) if root is not None else data_root()
-    if name == "isolet":
-        return _load_isolet(base, verify)
-    if name == "hapt":
-        return _load_hapt(base, strict_counts)
-    return _load_fashion_mnist(base, verify)
+    spec = DATASET_SPECS[name]
+    base = Path(root) if root is not None else (data_root() if spec.files else None)
+    return spec.load(base, seed, strict_counts, verify)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -339,3 +332,35 @@ def _load_fashion_mnist(base: Path, verify: bool) -> Dataset:
         parts.append((images, labels))
     (x_train, y_train), (x_test, y_test) = parts
     return _make("fashion-mnist", x_train, y_train, x_test, y_test, 10, (28, 28))
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset, declared once: how it loads (`load(base, seed, strict_counts, verify)`; `files`: read
+    from the data root, or embedded), its (n_labeled, n_aligned) training rows, whether it has official
+    row counts to enforce, how its features are split among parties (`whole_rows`: by pixel rows, so the
+    number of parties must divide the image's rows; `tiles`: a party count -> an image tile), and how its
+    labels read (`label_names`: one character per class)."""
+
+    name: str
+    load: Callable[[Path | None, int, bool, bool], Dataset]
+    files: bool = True
+    labeled: tuple[int, int] = TABULAR_DEFAULT
+    official_counts: bool = False
+    whole_rows: bool = False
+    tiles: tuple[tuple[int, tuple[int, int]], ...] = ()
+    label_names: str | None = None
+
+
+DATASET_SPECS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
+    DatasetSpec("digits", lambda base, seed, strict, verify: _load_digits(seed), files=False, labeled=(400, 80),
+                whole_rows=True),
+    DatasetSpec("isolet", lambda base, seed, strict, verify: _load_isolet(base, verify), labeled=(500, 100),
+                label_names="abcdefghijklmnopqrstuvwxyz"),
+    DatasetSpec("hapt", lambda base, seed, strict, verify: _load_hapt(base, strict), labeled=(500, 100),
+                official_counts=True),
+    DatasetSpec("fashion-mnist", lambda base, seed, strict, verify: _load_fashion_mnist(base, verify),
+                labeled=(1000, 200), tiles=((8, (14, 7)),)),
+)}
+DATASETS: tuple[str, ...] = tuple(DATASET_SPECS)
+DEFAULT_LABELED: dict[str, tuple[int, int]] = {name: spec.labeled for name, spec in DATASET_SPECS.items()}

@@ -14,9 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import DataError
-from .loaders import Dataset
-
-FMNIST_TILE = (14, 7)
+from .loaders import DATASET_SPECS, Dataset
 
 
 def _check_parties(parties: int, n_features: int) -> int:
@@ -34,13 +32,16 @@ def feature_blocks(dataset: Dataset, parties: int) -> list[np.ndarray]:
     """One int64 index array per party into the flattened feature axis (disjoint, in party order)."""
     d = dataset.n_features
     k = _check_parties(parties, d)
-    if dataset.name == "digits":
-        rows = (dataset.image_shape or (8, 8))[0]
-        if rows % k:
-            raise DataError(f"parties={k}: digits is split by pixel rows, so the number of parties must "
-                            f"divide {rows} (2, 4 or 8)")
-    if dataset.name == "fashion-mnist" and k == 8 and dataset.image_shape == (28, 28):
-        return _tiles(dataset.image_shape, FMNIST_TILE)
+    spec = DATASET_SPECS.get(dataset.name)  # a table of one's own has none: column blocks
+    if spec is not None and spec.whole_rows and dataset.image_shape is not None and dataset.image_shape[0] % k:
+        rows = dataset.image_shape[0]
+        divisors = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
+        raise DataError(f"parties={k}: {dataset.name} is split by pixel rows, so the number of parties must "
+                        f"divide {rows} ({divisors})")
+    tile = dict(spec.tiles).get(k) if spec is not None and dataset.image_shape is not None else None
+    if tile is not None and (dataset.image_shape[0] // tile[0]) * (dataset.image_shape[1] // tile[1]) == k \
+            and not dataset.image_shape[0] % tile[0] and not dataset.image_shape[1] % tile[1]:
+        return _tiles(dataset.image_shape, tile)
     width = d // k
     return [np.arange(i * width, (i + 1) * width, dtype=np.int64) for i in range(k)]
 

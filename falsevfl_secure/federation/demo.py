@@ -19,14 +19,14 @@ import numpy as np
 
 from ..config import make_config
 from ..data import VerticalSplit, make_splits
+from ..data.loaders import DATASET_SPECS
 from ..fsio import atomic_write
 from ..randomness import PublicStream, public_rng
 
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
 
 def label_name(dataset: str, y: int) -> str:
-    return LETTERS[y] if dataset == "isolet" else str(y)
+    names = DATASET_SPECS[dataset].label_names if dataset in DATASET_SPECS else None
+    return names[y] if names else str(y)
 
 
 def write_demo(dataset: str, parties: int, out: Path, seed: int = 0, protocol: str = "mpc",

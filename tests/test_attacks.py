@@ -84,7 +84,11 @@ def test_mask_key_search_by_the_active_party(build, attacked):
     else:
         assert recovered is None  # no key in the searched space fits: nothing better than the mean
         share = reports[2]["shares"]["0"][:-1].astype(np.float64)
-        assert abs(np.corrcoef(share, truth.numpy())[0, 1]) < 0.5  # the masked share says nothing
+        # The masked share says nothing: its correlation with the input is that of a uniform share, |r| within
+        # Fisher's z at 4.9 standard errors (a false alarm once in a million runs; an unmasked share has r = 1).
+        # A fixed 0.5 failed 1.6 % of the runs at these 24 values.
+        bound = np.tanh(4.9 / np.sqrt(share.size - 3))
+        assert abs(np.corrcoef(share, truth.numpy())[0, 1]) < bound < 1
 
 
 # -- inversion with known weights: the active party inverts the revealed posterior sum -----------------

@@ -33,11 +33,10 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from falsevfl_secure.errors import ProtocolError  # noqa: E402
-from falsevfl_secure.network.handshake import receive_context, send_context  # noqa: E402
 from falsevfl_secure.secure import frames  # noqa: E402
 from falsevfl_secure.secure.errors import SecureRangeError  # noqa: E402
 from falsevfl_secure.secure.fixed_point import encode_fixed_point  # noqa: E402
-from falsevfl_secure.transport.ciphers.base import Membership, Protocol, SumCipher  # noqa: E402
+from falsevfl_secure.transport.ciphers.base import ActiveKeyProtocol, SumCipher  # noqa: E402
 from falsevfl_secure.transport.rounds import Round  # noqa: E402
 
 KEY_BITS = 2048
@@ -124,25 +123,23 @@ def _ciphertexts(blob: bytes, square: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Paillier(Protocol):
+class Paillier(ActiveKeyProtocol):
     name: ClassVar[str] = "paillier"
     protection: ClassVar[str] = PaillierCipher.protection
     cipher_class: ClassVar[type[SumCipher]] = PaillierCipher
-    helpers: ClassVar[tuple[str, ...]] = ("aggregator",)
 
     def addend_range(self, parties: int) -> float:
         return RANGE
 
-    def cipher(self, m: Membership) -> SumCipher:
-        me = m.peers.names[m.rank]
-        if m.rank != m.active_index:
-            return PaillierCipher(_public(receive_context(m.peers.network, m.session, m.cast)), None, me)
+    def make_keys(self) -> tuple[bytes, object]:
         public, private = phe.generate_paillier_keypair(n_length=KEY_BITS)
-        send_context(m.peers.network, m.key, m.session, public.n.to_bytes(KEY_BITS // 8, "big"))
-        return PaillierCipher(public, private, me)
+        return public.n.to_bytes(KEY_BITS // 8, "big"), private
 
-    def helper_cipher(self, m: Membership) -> SumCipher:
-        return PaillierCipher(_public(receive_context(m.peers.network, m.session, m.cast)), None, "aggregator")
+    def load_public(self, data: bytes) -> object:
+        return _public(data)
+
+    def build(self, public: object, secret: object | None, me: str, role: str) -> SumCipher:
+        return PaillierCipher(public, secret, me)
 
     def in_process(self, parties: int, active: int = 0) -> tuple[list[SumCipher], SumCipher | None]:
         public, private = phe.generate_paillier_keypair(n_length=KEY_BITS)

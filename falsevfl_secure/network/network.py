@@ -133,6 +133,7 @@ class Network:
         self.bounds: dict[str, tuple[int, int]] = dict(SETUP)
         self._rounds_declared = False
         self.slowest = 0.0  # the longest wait for a round's frame on a peer that was not waiting itself
+        # Per sender, bounded where frames arrive: a declared tag, at most its depth waiting (`_queued`, `allow`).
         self._mail: dict[str, deque] = defaultdict(deque)
         self._queued: dict[tuple[str, str], int] = defaultdict(int)  # (sender, tag) -> frames waiting
         self._relaying: dict[tuple[str, str], int] = defaultdict(int)  # (sender, receiver) -> bytes of its open frame

@@ -106,7 +106,7 @@ class ZeroShares:
         self.rank = rank
         self._streams = {peer: KeyStream(key) for peer, key in pair_keys.items()}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zero-shares")
-        self._pending: deque[Future] = deque()
+        self._pending: deque[Future] = deque(maxlen=1)  # at most one draw ahead (`take` queues one only then)
         self._leftover: torch.Tensor | None = None
         self._scratch = np.empty(0, dtype=np.int64)  # touched by the worker thread only
 
@@ -133,7 +133,8 @@ class ZeroShares:
             self._leftover = self._leftover[piece.numel():] if piece.numel() < self._leftover.numel() else None
             parts.append(piece)
             have += piece.numel()
-        self._pending.append(self._draw(n))
+        if not self._pending:  # one draw ahead at a time: the stream is read in order whatever the chunk sizes
+            self._pending.append(self._draw(n))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def close(self) -> None:

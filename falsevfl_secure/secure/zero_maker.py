@@ -39,7 +39,7 @@ class ZeroMaker:
 
     def __init__(self, public_context: bytes, tools: SealTools, idle: bool = True) -> None:
         self.tools, self.capacity = tools, 0
-        self._ready: deque = deque()
+        self._ready: deque = deque()  # at most `capacity`: the reader waits for room before it adds (_wait_for_room)
         self._cond = threading.Condition()
         self._open = True
         self._process = subprocess.Popen([sys.executable, "-m", __name__, "idle" if idle else "normal"],

@@ -22,7 +22,7 @@ import numpy as np
 from torch import Tensor
 
 from ...errors import InputError
-from ...network.handshake import Cast, Session
+from ...network.handshake import Cast, Session, receive_context, send_context
 from ...network.peers import Peers
 from ...secure.errors import SecureRangeError
 from ...secure.identity import PrivateKey
@@ -194,3 +194,38 @@ class Protocol:
         """Run a helper role to its end: the generic combiner loop over the helper's cipher."""
         m = membership
         serve_combiner(m.peers, self.helper_cipher(m), m.view, m.on_recorded, m.recorded_rounds)
+
+
+@dataclass(frozen=True)
+class ActiveKeyProtocol(Protocol):
+    """A protocol whose sums run under a key pair of the active party's, added by a helper that holds the
+    public key only (`he`, and the Paillier plug-in of `bench/`): the active party makes the pair and sends
+    the public part, signed over the session, to every other role, which verifies it against the active
+    party's pin (`network.handshake.send_context`). A subclass says how keys are made and read and how its
+    cipher is built for each role ("active", "passive" or "helper")."""
+
+    helpers: ClassVar[tuple[str, ...]] = ("aggregator",)
+
+    def make_keys(self) -> tuple[bytes, object]:
+        """(the public key's bytes, the secret), from the operating system's entropy."""
+        raise NotImplementedError
+
+    def load_public(self, data: bytes) -> object:
+        """The public key from its bytes, checked (a weak or malformed key is refused)."""
+        raise NotImplementedError
+
+    def build(self, public: object, secret: object | None, me: str, role: str) -> SumCipher:
+        raise NotImplementedError
+
+    def cipher(self, m: Membership) -> SumCipher:
+        me = m.peers.names[m.rank]
+        if m.rank != m.active_index:
+            return self.build(self.load_public(receive_context(m.peers.network, m.session, m.cast)), None, me,
+                              "passive")
+        public, secret = self.make_keys()
+        send_context(m.peers.network, m.key, m.session, public)
+        return self.build(self.load_public(public), secret, me, "active")
+
+    def helper_cipher(self, m: Membership) -> SumCipher:
+        public = self.load_public(receive_context(m.peers.network, m.session, m.cast))
+        return self.build(public, None, m.peers.names[m.rank], "helper")

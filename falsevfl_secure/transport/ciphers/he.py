@@ -22,7 +22,6 @@ from typing import ClassVar
 from torch import Tensor
 
 from ...errors import ProtocolError
-from ...network.handshake import receive_context, send_context
 from ...secure import frames
 from ...secure.ckks import (
     SUM_RANGE,
@@ -39,7 +38,7 @@ from ...secure.ckks import (
 from ...secure.errors import SecureRangeError
 from ...secure.fixed_point import PRECISION_BITS, round_to_grid
 from ..rounds import Round
-from .base import Membership, Protocol, SumCipher
+from .base import ActiveKeyProtocol, SumCipher
 
 Kind = frames.Kind
 FRAME_SLACK = 4096  # a byte frame's header and lengths, or a refusal's text
@@ -110,28 +109,24 @@ class CkksCipher(SumCipher):
 
 
 @dataclass(frozen=True)
-class He(Protocol):
+class He(ActiveKeyProtocol):
     name: ClassVar[str] = "he"
     protection: ClassVar[str] = CkksCipher.protection
     cipher_class: ClassVar[type[SumCipher]] = CkksCipher
-    helpers: ClassVar[tuple[str, ...]] = ("aggregator",)
 
     def addend_range(self, parties: int) -> float:
         return SUM_RANGE / parties
 
-    def cipher(self, m: Membership) -> SumCipher:
-        me = m.peers.names[m.rank]
-        if m.rank != m.active_index:
-            public = load_public_context(receive_context(m.peers.network, m.session, m.cast))
-            # A passive party encrypts online on zeros its helper process made ahead on idle CPU (secure.ckks).
-            return CkksCipher(public, None, me, ZeroPool(public))
+    def make_keys(self) -> tuple[bytes, object]:
         secret = make_secret_context()
-        public = public_context_bytes(secret)
-        send_context(m.peers.network, m.key, m.session, public)
-        return CkksCipher(load_public_context(public), secret, me)
+        return public_context_bytes(secret), secret
 
-    def helper_cipher(self, m: Membership) -> SumCipher:
-        return CkksCipher(load_public_context(receive_context(m.peers.network, m.session, m.cast)), None, "aggregator")
+    def load_public(self, data: bytes) -> object:
+        return load_public_context(data)  # re-checks the parameters' security
+
+    def build(self, public: object, secret: object | None, me: str, role: str) -> SumCipher:
+        # A passive party encrypts online on zeros its helper process made ahead on idle CPU (secure.ckks).
+        return CkksCipher(public, secret, me, ZeroPool(public) if role == "passive" else None)
 
     def in_process(self, parties: int, active: int = 0) -> tuple[list[SumCipher], SumCipher | None]:
         secret = make_secret_context()

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.distributions import Normal
 
+PRECISION_FLOOR = 1e-3  # model.party.MIN_PRECISION, the least precision one party's term carries
+
 
 def latent_posterior(sum_mean: Tensor, sum_precision: Tensor, n_observed: Tensor) -> Normal:
     """q(h | x_obs), the paper's equation (1): the mean of the observed parties' means and the
@@ -26,7 +28,8 @@ def latent_posterior(sum_mean: Tensor, sum_precision: Tensor, n_observed: Tensor
     zeros for samples it does not hold), so dividing by the number of observed parties gives the mean.
     """
     mean = sum_mean / n_observed.to(sum_mean.dtype).unsqueeze(-1)
-    return Normal(mean, sum_precision.rsqrt())
+    # Every party adds at least PRECISION_FLOOR, so only DP noise (PrivacyConfig) brings a sum below it.
+    return Normal(mean, sum_precision.clamp(min=PRECISION_FLOOR).rsqrt())
 
 
 def log_importance_weights(

@@ -84,6 +84,47 @@ class StageConfig:
               f"{name} steps_per_epoch={self.steps_per_epoch}: an integer >= 0 (0: every batch of the epoch)")
 
 
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Differential privacy of what the sums reveal (README "Output privacy"; threat_models/dp.toml). Off
+    while `epsilon` is 0. The unit is one party's block of one record; every party clips each row of its
+    contribution to a summed round to that round's `clip` norm (L2) and adds its share of discrete Gaussian
+    noise, so the revealed sum carries noise of standard deviation `noise_multiplier` x clip even when
+    `collusion` parties besides the active party collude with it or drop. `noise_multiplier` 0: the
+    smallest that keeps every row's releases within (`epsilon`, `delta`), accounted without amplification."""
+
+    epsilon: float = 0.0
+    delta: float = 1e-5
+    noise_multiplier: float = 0.0
+    collusion: int = 0
+    # Per-row L2 clip norms of the summed rounds: the posterior's natural parameters, the likelihood's
+    # log-densities centred over the samples, the latent gradient's two moments (`privacy.propose_clips`).
+    clip_posterior: float = 4.0
+    clip_likelihood: float = 16.0
+    clip_latent_grad: float = 0.5
+    max_releases_per_row: int = 0  # 0: no cap besides epsilon
+
+    @property
+    def enabled(self) -> bool:
+        return self.epsilon > 0
+
+    def clip(self, round_name: str) -> float | None:
+        return {"posterior": self.clip_posterior, "likelihood": self.clip_likelihood,
+                "latent_grad": self.clip_latent_grad}.get(round_name)
+
+    def check(self, parties: int) -> None:
+        _need(math.isfinite(self.epsilon) and self.epsilon >= 0, f"privacy epsilon={self.epsilon}: >= 0 (0: off)")
+        _need(0 < self.delta < 1, f"privacy delta={self.delta}: in (0, 1)")
+        _need(self.noise_multiplier >= 0, f"privacy noise_multiplier={self.noise_multiplier}: >= 0 (0: calibrated)")
+        _need(isinstance(self.collusion, int) and 0 <= self.collusion <= parties - 2,
+              f"privacy collusion={self.collusion}: an integer in 0..{parties - 2} (the noise of at least one "
+              "party besides the active one must remain)")
+        for name in ("clip_posterior", "clip_likelihood", "clip_latent_grad"):
+            _need(getattr(self, name) > 0, f"privacy {name}={getattr(self, name)}: must be positive")
+        _need(isinstance(self.max_releases_per_row, int) and self.max_releases_per_row >= 0,
+              f"privacy max_releases_per_row={self.max_releases_per_row}: an integer >= 0")
+
+
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise InputError(message)
@@ -168,6 +209,7 @@ class Config:
     # measured faster (bench/local_speed.py).
     stack_parties: str = "auto"
     eval_batch_size: int = 500
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     @property
     def label(self) -> str:
@@ -193,11 +235,16 @@ class Config:
         if unknown:
             raise InputError(f"unknown settings {unknown}")
         stages = {name: StageConfig(**d[name]) for name in ("pretrain", "train") if name in d}
+        if isinstance(d.get("privacy"), dict):
+            stages["privacy"] = PrivacyConfig(**d["privacy"])
         return replace(cls(), **{**d, **stages})
 
     def training_settings(self) -> dict:
         """The settings that determine what training computes (what a checkpoint belongs to)."""
-        return {k: v for k, v in self.to_dict().items() if k not in NOT_TRAINING_SETTINGS}
+        settings = {k: v for k, v in self.to_dict().items() if k not in NOT_TRAINING_SETTINGS}
+        if not self.privacy.enabled:
+            del settings["privacy"]  # runs without DP keep the fingerprints they had
+        return settings
 
     def fingerprint(self) -> str:
         """A short hash of `training_settings`, recorded in every checkpoint."""
@@ -222,6 +269,11 @@ class Config:
         _need(self.min_decoder_std > 0, f"min_decoder_std={self.min_decoder_std}: must be positive")
         for stage_name in ("pretrain", "train"):
             getattr(self, stage_name).check(stage_name)
+        self.privacy.check(self.parties)
+        _need(not self.privacy.enabled or (self.method == "false-vfl" and self.latent_broadcast == "samples"),
+              f"privacy: method {self.label!r} is refused under a privacy budget: its summed rounds carry "
+              "label-dependent gradients back to the parties (embedding_grad, subsets_grad) that no budget covers "
+              "yet; run false-vfl-i or false-vfl-ii (latent_broadcast = \"samples\")")
         parse_mechanism(self.train_mechanism)
         return self
 

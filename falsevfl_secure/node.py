@@ -127,9 +127,15 @@ class Node:
         noise = {k: role.noise(stage, batch.record_keys is not None) for k, role in self.parties.items()}
         cells = self.cells(batch)
         if self.stack is not None:
-            return self.stack.log_likelihood_contributions(h, batch.x, batch.held, noise, cells)
-        return {k: role.model.log_likelihood_contribution(h[k], batch.x[k], batch.held[k], noise[k], cells.get(k))
-                for k, role in self.parties.items()}
+            terms = self.stack.log_likelihood_contributions(h, batch.x, batch.held, noise, cells)
+        else:
+            terms = {k: role.model.log_likelihood_contribution(h[k], batch.x[k], batch.held[k], noise[k], cells.get(k))
+                     for k, role in self.parties.items()}
+        if not self.cfg.privacy.enabled:
+            return terms
+        # Under DP each row is centred over the samples before it is clipped: the importance weights ignore a
+        # row's constant, so the gradients are unchanged (the constant is detached) and the clip bounds what varies.
+        return {k: t - t.mean(0, keepdim=True).detach() for k, t in terms.items()}
 
     def modules(self) -> list[nn.Module]:
         label_side = [self.active.get().model] if self.active.present else []

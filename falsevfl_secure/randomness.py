@@ -123,6 +123,10 @@ class KeyStream:
         self.read_into(out)
         return out
 
+    def words(self, n: int) -> np.ndarray:
+        """`n` uniform 64-bit words (uint64): the bits of `integers`."""
+        return self.integers(n).view(np.uint64)
+
     def uniform(self, n: int) -> torch.Tensor:
         """`n` float64 values uniform on the open interval (0, 1) (32 random bits each)."""
         bits = torch.from_numpy(np.frombuffer(self.read(4 * n), dtype=np.uint32).astype(np.float64))

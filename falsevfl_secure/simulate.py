@@ -34,7 +34,10 @@ from .data import TEST_PATTERNS, TRAIN_MECHANISMS
 from .data.mechanisms import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
+from .privacy import check_budget, spent
 from .transport.protocols import PROTOCOLS, protocol_named
+
+PREDICTIONS = len(TEST_PATTERNS) + 1  # a row's prediction passes at most: the validation pass, each test pattern
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +66,7 @@ def _add_protocol_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encode-missing", choices=ENCODE_MISSING, default=None,
                         help="FALSE-VFL's posterior over the parties holding a row (skip) or all, missing blocks "
                              "encoded as zeros (MIWAE's convention)")
+    _add_privacy_options(parser)
     parser.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
                         help="stage 2: at most N steps per epoch (0: every batch)")
 
@@ -104,6 +108,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _add_privacy_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("differential privacy of the sums (README \"Output privacy\")")
+    group.add_argument("--epsilon", type=float, default=None,
+                       help="each party's budget per row (default: no DP); FALSE-VFL only")
+    group.add_argument("--delta", type=float, default=None, help="delta of the budget (default 1e-5)")
+    group.add_argument("--noise-multiplier", type=float, default=None,
+                       help="sigma / clip of every summed round (default: the smallest that fits the budget)")
+    group.add_argument("--collusion", type=int, default=None,
+                       help="parties besides the active one that may collude with it or drop (default 0)")
+    group.add_argument("--clip", type=float, nargs=3, default=None, metavar=("POSTERIOR", "LIKELIHOOD", "GRAD"),
+                       help="per-row L2 clip norms of the posterior, likelihood and latent_grad rounds")
+
+
+def privacy_of(args: argparse.Namespace, cfg: Config) -> Config:
+    """The configuration with the command line's privacy settings (unset ones keep the config's)."""
+    given = {"epsilon": args.epsilon, "delta": args.delta, "noise_multiplier": args.noise_multiplier,
+             "collusion": args.collusion}
+    if args.clip is not None:
+        given.update(zip(("clip_posterior", "clip_likelihood", "clip_latent_grad"), args.clip, strict=True))
+    given = {k: v for k, v in given.items() if v is not None}
+    return replace(cfg, privacy=replace(cfg.privacy, **given)) if given else cfg
+
+
 def method_label(args: argparse.Namespace) -> str:
     """The method asked for: `--method`, or `--variant` (its alias for FALSE-VFL); both must agree."""
     alias = f"false-vfl-{args.variant.lower()}" if args.variant else None
@@ -135,7 +162,10 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
         cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
     if args.steps_per_epoch is not None:
         cfg = replace(cfg, train=replace(cfg.train, steps_per_epoch=args.steps_per_epoch))
-    protocol.check_parties(cfg.validate().parties, args.allow_two_party_disclosure)
+    cfg = privacy_of(args, cfg).validate()
+    protocol.check_parties(cfg.parties, args.allow_two_party_disclosure)
+    for k in range(cfg.parties):  # each party's own budget (here every party runs from the same settings)
+        check_budget(cfg, f"party {k}", PREDICTIONS)
     return cfg, runtime
 
 
@@ -180,6 +210,8 @@ def simulate(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     result = run(args, cfg, runtime, checkpoints)
+    if cfg.privacy.enabled:
+        result.privacy = [spent(cfg, f"party {k}", PREDICTIONS).to_dict() for k in range(cfg.parties)]
     write_json(out / "result.json", result.to_dict())
     plot_result(result, out / "result.png")
     print_result(result, out)

@@ -25,6 +25,8 @@ BAD_OPTIONS = [
     ["--train-epochs", "-5"], ["--threads", "0"], ["--protocol", "mpc", "--runtime", "local"],
     ["--dataset", "mnist"], ["--preset", "huge"], ["--variant", "III"], ["--device", "tpu"],
     ["--parties", "two"], ["--protocol", "tls"],
+    ["--epsilon", "1", "--noise-multiplier", "0.5"], ["--epsilon", "8", "--method", "vanilla"],
+    ["--epsilon", "8", "--collusion", "3"], ["--epsilon", "-1"], ["--epsilon", "8", "--clip", "1", "0", "1"],
 ]
 
 

@@ -85,6 +85,9 @@ class ClearReference:
     def use(self, table, sizes=None) -> None:
         pass
 
+    def use_noise(self, stages) -> None:
+        assert not stages  # the reference runs without differential privacy
+
     def aggregate(self, round, contributions):
         parties = sorted(contributions)
         total = contributions[parties[0]]

@@ -14,8 +14,10 @@ from ..model import PartyStack
 from ..model.likelihood import CellLayout
 from ..node import ActiveRole, Node, PartyRole
 from ..placement import Active
+from ..privacy import noise_multiplier
 from ..randomness import RoleRandomness, RoleSecret
 from ..transport.base import Transport
+from ..transport.ciphers.noise import NoiseSpec, NoiseStage
 from .base import Method, Objective
 from .false_vfl import FalseVfl, FalseVflMoments
 from .fedhssl import FedHssl
@@ -32,6 +34,17 @@ def method_for(cfg: Config) -> Method:
     return METHODS[cfg.method].configured(cfg)
 
 
+def noise_stages(cfg: Config, randomness: Mapping[int, RoleRandomness]) -> dict[int, NoiseStage]:
+    """Each hosted party's differential-privacy stage (none without a privacy budget): the agreed clip norms
+    and noise multiplier, and a secret stream of the party's own."""
+    privacy = cfg.privacy
+    if not privacy.enabled:
+        return {}
+    clips = {name: privacy.clip(name) for name in ("posterior", "likelihood", "latent_grad")}
+    spec = NoiseSpec(clips, noise_multiplier(cfg), privacy.collusion)
+    return {k: NoiseStage(spec, rand.stream("dp-noise")) for k, rand in randomness.items()}
+
+
 def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, transport: Transport,
                device: torch.device, secrets: Mapping[int, RoleSecret] | None = None,
                layouts: Mapping[int, CellLayout] | None = None, own_extra: int = 0,
@@ -45,6 +58,7 @@ def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, tr
     method, secrets, layouts = method or method_for(cfg), secrets or {}, layouts or {}
     transport.use(method.rounds, method.wire_sizes(cfg))
     randomness = {k: RoleRandomness(secrets.get(k) or RoleSecret.fresh()) for k in widths}
+    transport.use_noise(noise_stages(cfg, randomness))
     parties = {k: PartyRole(k, method.build_party(cfg, d, randomness[k], layouts.get(k)).to(device), randomness[k])
                for k, d in sorted(widths.items())}
     active: Active[ActiveRole] = Active.absent()

@@ -66,6 +66,7 @@ class RunResult:
     config: dict
     audit: dict | None = field(default=None)
     stage_split: dict[str, dict[str, float]] | None = None  # the active party's `train.Fit.split` (timed runs)
+    privacy: list[dict] | None = None  # each party's epsilon per row (privacy.Spent), under a privacy budget
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,12 +21,15 @@ class Transport(Protocol):
     gradients of a broadcast are summed back. `backward` runs the adjoint rounds of the last forward
     pass in every process (only the active party has a loss), together with the process's own local
     losses (a party's self-supervised objective, which never leaves it). `use` binds the method's round
-    table: every message is checked against it. `log` counts every round's traffic.
+    table: every message is checked against it. `use_noise` puts each hosted party's differential-privacy
+    stage (`ciphers.noise`) before its sums. `log` counts every round's traffic.
     """
 
     log: CommLog
 
     def use(self, table: RoundTable) -> None: ...
+
+    def use_noise(self, stages: Mapping[int, object]) -> None: ...
 
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]: ...
 

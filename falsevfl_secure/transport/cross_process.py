@@ -100,6 +100,10 @@ class DistributedTransport:
         self._pass_ends: set[str] = set()  # rounds after which a pass without adjoints is over
         self.is_active = party == active_index
 
+    def use_noise(self, stages: Mapping[int, object]) -> None:
+        """This party's sums through its noise stage (differential privacy; empty: none)."""
+        self.backend.use_noise(stages.get(self.party))
+
     def use(self, table: RoundTable, sizes: Mapping[str, int] | None = None) -> None:
         """Run the rounds of this method's table (the validator checks every message against it); `sizes`
         bounds each size name of the rounds' payloads (B, S, H, ...), so the network refuses a larger frame."""

@@ -28,6 +28,7 @@ class _Aggregate(Function):
     def forward(ctx, transport: LocalTransport, round: Round, parties: tuple[int, ...], *contributions: Tensor):
         ctx.transport, ctx.round, ctx.parties = transport, round, parties
         transport._enter(round, contributions[0], parties, contributions)
+        contributions = transport.noised(round, parties, contributions)
         total = contributions[0].clone()
         for value in contributions[1:]:  # in party order, exactly as the distributed plain sum
             total = total + value
@@ -68,6 +69,18 @@ class LocalTransport:
         self.log = log if log is not None else CommLog()
         self.record = record
         self.validator = MessageValidator(n_parties, active_index, self.protection)
+        self.stages: Mapping[int, object] = {}
+
+    def use_noise(self, stages: Mapping[int, object]) -> None:
+        """Each hosted party's sums through its own noise stage (`ciphers.noise.NoiseStage`; empty: none)."""
+        self.stages = dict(stages)
+
+    def noised(self, round: Round, parties: tuple[int, ...], values: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """The contributions as the parties' noise stages leave them (the gradient passes straight through)."""
+        if not self.stages:
+            return values
+        return tuple(self.stages[k].apply(round, v, self.n_parties).to(v.dtype) for k, v in zip(parties, values,
+                                                                                                 strict=True))
 
     def use(self, table: RoundTable, sizes=None) -> None:
         """Run the rounds of this method's table (the validator checks every message against it)."""

@@ -35,6 +35,7 @@ class SumBackend:
 
     def __init__(self, peers: Peers, cipher, view: View | None = None) -> None:
         self.peers, self.cipher, self.view = peers, cipher, view
+        self.bare = cipher  # without a noise stage
         self.protection, self.is_active = cipher.protection, peers.is_active
         # Where the protected messages go: the active party, or the helper (ranks K, K + 1, ...) that combines.
         self.combiner = peers.active_index if cipher.combined_by is None else peers.n_parties
@@ -100,6 +101,10 @@ class SumBackend:
         buffer = recv_float32(self.peers, self.peers.active_index, round.name, shape)
         self._record(round, "received", self.peers.active_index, buffer, "clear")
         return buffer
+
+    def use_noise(self, stage) -> None:
+        """Every sum of this party through `stage` (a `ciphers.noise.NoiseStage`) before the cipher; None: none."""
+        self.cipher = self.bare if stage is None else stage.around(self.bare, lambda: len(self.peers.alive))
 
     def wire_bytes(self, round: Round, numel: int) -> int:
         """The most bytes one frame of `round` with `numel` values takes: the cipher's for a sum, float32 else."""

@@ -31,6 +31,7 @@ class ClearCipher(SumCipher):
         self.n_parties = n_parties
 
     def protect(self, round: Round, value: Tensor, n_addends: int) -> tuple[bytes, SecureRangeError | None]:
+        value = value.to(torch.float32)  # a noised value comes as float64 (the grid ciphers keep it exact)
         finite = torch.isfinite(value)
         if bool(finite.all()):
             return value.numpy().tobytes(), None

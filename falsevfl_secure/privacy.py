@@ -1,0 +1,129 @@
+"""Per-row accounting of the differential privacy of the summed rounds (README "Output privacy").
+
+Every release of a row in a summed round is a Gaussian mechanism: the party's contribution for the row is
+clipped to the round's norm C (the sensitivity under adding or removing the party's block of the record)
+and the revealed sum carries noise of standard deviation z C from the honest parties (transport.ciphers
+.noise). A row is released once per summed round each time its batch runs: 3 times per stage-1 epoch
+(posterior, likelihood, latent_grad), 2 per stage-2 epoch and per prediction (posterior, likelihood). The
+releases compose without subsampling amplification: every party knows which rows are in each batch (the
+public order), so a row's releases are not hidden among others; they are R self-composed Gaussian events,
+accounted with dp-accounting's privacy loss distributions (PLD).
+
+Each party computes its own epsilon in its own process from its own configuration; a schedule that would
+spend more than a party's budget is refused before anything is sent, naming the party.
+
+The discrete Gaussian on the grid is accounted as the continuous Gaussian of the same variance: for an
+integer-valued sensitivity the discrete Gaussian's privacy loss is at most the continuous one's up to a term
+that vanishes with the scale (Canonne, Kamath and Steinke 2020, Sec. 4), and here the scale is thousands of
+grid steps; `tests/test_privacy.py` compares the two with dp-accounting's own discrete Gaussian PLD.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from .config import Config
+from .errors import InputError
+
+RELEASES = {"pretrain": 3, "train": 2, "predict": 2}  # summed rounds per pass of a row (FALSE-VFL)
+
+
+def releases_per_row(cfg: Config, predictions: int = 1) -> int:
+    """The most times any row is released: every stage-1 epoch, every stage-2 epoch, and `predictions`
+    prediction passes (the validation pass, the test patterns, later predictions)."""
+    return (RELEASES["pretrain"] * cfg.pretrain.epochs + RELEASES["train"] * cfg.train.epochs
+            + RELEASES["predict"] * predictions)
+
+
+def gaussian_delta(multiplier: float, epsilon: float) -> float:
+    """delta(epsilon) of one Gaussian mechanism of noise multiplier sigma / sensitivity (Balle and Wang
+    2018, Theorem 8): the closed form the PLD accountant must agree with."""
+    a = 1 / (2 * multiplier)
+    return float(norm.cdf(a - epsilon * multiplier) - math.exp(epsilon + norm.logcdf(-a - epsilon * multiplier)))
+
+
+def epsilon_of(multiplier: float, releases: int, delta: float) -> float:
+    """epsilon after `releases` self-composed Gaussian events of `multiplier` (dp-accounting, PLD)."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    if releases == 0:
+        return 0.0
+    if multiplier / math.sqrt(releases) < 0.1:  # next to no noise: PLD's grid would take gigabytes
+        return _closed_form_epsilon(multiplier / math.sqrt(releases), delta)
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(multiplier), releases)
+    return float(accountant.get_epsilon(delta))
+
+
+def _closed_form_epsilon(multiplier: float, delta: float) -> float:
+    """epsilon of one Gaussian mechanism at `delta`, from `gaussian_delta` (decreasing in epsilon)."""
+    high = 1.0
+    while gaussian_delta(multiplier, high) > delta:
+        high *= 4
+    return float(brentq(lambda e: gaussian_delta(multiplier, e) - delta, 0.0, high, xtol=1e-12))
+
+
+def calibrate(epsilon: float, releases: int, delta: float) -> float:
+    """The smallest noise multiplier whose `releases` compositions stay within (epsilon, delta): R Gaussian
+    releases of multiplier z compose exactly to one of multiplier z / sqrt(R), solved in closed form."""
+    low, high = 1e-4, 1e4
+    if gaussian_delta(low, epsilon) <= delta:
+        return low * math.sqrt(releases)  # a budget this large needs next to no noise
+    single = brentq(lambda z: gaussian_delta(z, epsilon) - delta, low, high, xtol=1e-12, rtol=1e-12)
+    return single * math.sqrt(releases) * (1 + 1e-6)  # just above the boundary, so PLD's epsilon stays within
+
+
+def noise_multiplier(cfg: Config, predictions: int = 1) -> float:
+    """The configuration's multiplier, or the smallest that fits its budget for the schedule."""
+    privacy = cfg.privacy
+    if privacy.noise_multiplier > 0:
+        return privacy.noise_multiplier
+    return calibrate(privacy.epsilon, releases_per_row(cfg, predictions), privacy.delta)
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What one party's rows spend: releases per row, the noise multiplier, epsilon at delta."""
+
+    party: str
+    releases: int
+    multiplier: float
+    epsilon: float
+    delta: float
+    budget: float
+
+    def to_dict(self) -> dict:
+        return {"party": self.party, "releases_per_row": self.releases, "noise_multiplier": self.multiplier,
+                "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
+                "covers": "the summed rounds and what is computed from them; not the parties' parameters "
+                          "(no DP-SGD yet), the alignment's membership or the record counts"}
+
+
+def spent(cfg: Config, party: str, predictions: int = 1) -> Spent:
+    """Party `party`'s epsilon for this schedule, from its own configuration."""
+    privacy, releases = cfg.privacy, releases_per_row(cfg, predictions)
+    z = noise_multiplier(cfg, predictions)
+    return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta), privacy.delta, privacy.epsilon)
+
+
+def check_budget(cfg: Config, party: str, predictions: int = 1) -> Spent | None:
+    """Refuse a schedule that would spend more than `party`'s budget (before anything is sent); what it
+    spends otherwise (None without a budget)."""
+    privacy = cfg.privacy
+    if not privacy.enabled:
+        return None
+    used = spent(cfg, party, predictions)
+    if privacy.max_releases_per_row and used.releases > privacy.max_releases_per_row:
+        raise InputError(f"{party}: the schedule releases each row up to {used.releases} times, more than its "
+                         f"max_releases_per_row = {privacy.max_releases_per_row}")
+    if used.epsilon > privacy.epsilon * (1 + 1e-9):
+        raise InputError(f"{party}: the schedule would spend epsilon = {used.epsilon:.3g} per row (delta "
+                         f"{privacy.delta:g}, {used.releases} releases at noise multiplier {used.multiplier:.3g}), "
+                         f"more than its budget epsilon = {privacy.epsilon:g}; shorten the schedule or raise the "
+                         "noise")
+    return used

@@ -47,7 +47,7 @@ from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.audit import ADDEND_ATOL, audit_active_view, contributions  # noqa: E402
 from falsevfl_secure.cli import guarded  # noqa: E402
-from falsevfl_secure.config import Config, Stage, StageConfig  # noqa: E402
+from falsevfl_secure.config import Config, PrivacyConfig, Stage, StageConfig  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
 from falsevfl_secure.runtime.session import StepJob, StepSession, local_reference  # noqa: E402
 from falsevfl_secure.transport import PROTOCOLS, register  # noqa: E402
@@ -59,13 +59,15 @@ WIDTH = 77  # Isolet's features per party
 
 
 def make_job(parties: int, batch: int, stage: str, seed: int = 0, record: bool = False,
-             latent_broadcast: str = "samples") -> StepJob:
+             latent_broadcast: str = "samples", private: bool = False) -> StepJob:
     """One step of `stage` on a synthetic split with Isolet's shapes; 20 % of the blocks missing; every
-    party's secret drawn afresh, as in a real run."""
+    party's secret drawn afresh, as in a real run. `private`: under a privacy budget (the noise stage before
+    every sum, DP-SGD of the party networks; the noise multiplier stated, 1.0)."""
+    privacy = PrivacyConfig(epsilon=8.0, noise_multiplier=1.0) if private else PrivacyConfig()
     cfg = Config(dataset="synthetic", parties=parties, h_dim=128, z_dim=64, party_hidden=256, global_hidden=256,
                  discriminator_hidden=256, kappa=10, predict_samples=10,
                  pretrain=StageConfig(5e-4, batch, 1), train=StageConfig(2e-4, batch, 1), seed=seed,
-                 latent_broadcast=latent_broadcast)
+                 latent_broadcast=latent_broadcast, privacy=privacy)
     split = dict(n=batch, parties=parties, width=WIDTH, p_missing=0.2, seed=seed, n_classes=26)
     return StepJob(cfg, split, tuple(range(batch)), Stage[stage.upper()], secret_seed=None, record=record)
 
@@ -274,11 +276,49 @@ def cipher_table(args) -> int:
     return 0
 
 
+def privacy_table(args) -> int:
+    """The DP step against the same step without DP, per protocol, K, batch and stage: both jobs on the same
+    warm world, taking turns. Writes DIR/privacy_overhead.json and .md."""
+    out = Path(args.out)
+    path = out / "privacy_overhead.json"
+    cells: list[dict] = json.loads(path.read_text()) if path.exists() and not args.report_only else []
+    done = {(c["protocol"], c["parties"], c["batch"], c["stage"]) for c in cells}
+    for parties in [] if args.report_only else args.parties:
+        with contextlib.ExitStack() as stack:
+            worlds = {p: stack.enter_context(StepSession(p, parties)) for p in args.protocols}
+            for batch, stage in [(b, st) for b in args.batch for st in args.stages]:
+                jobs = {dp: make_job(parties, batch, stage, private=dp) for dp in (False, True)}
+                for protocol, world in worlds.items():
+                    if (protocol, parties, batch, stage) in done:
+                        continue
+                    ms = {dp: [] for dp in jobs}
+                    for turn in range(args.warmup + args.repeats):
+                        for dp, job in jobs.items():
+                            elapsed = step_ms(world, job)[0]
+                            if turn >= args.warmup:
+                                ms[dp].append(elapsed)
+                    bare, noised = statistics.median(ms[False]), statistics.median(ms[True])
+                    cells.append({"protocol": protocol, "parties": parties, "batch": batch, "stage": stage,
+                                  "step_ms": round(bare, 2), "dp_step_ms": round(noised, 2),
+                                  "ratio": round(noised / bare, 3)})
+                    print(f"{protocol:>5} K={parties:<3} B={batch:<4} {stage:<8} {bare:8.1f} ms -> {noised:8.1f} ms "
+                          f"with DP ({noised / bare:.2f}x)", flush=True)
+                    write_json(path, cells)
+    lines = ["| protocol | K | batch | stage | step ms | with DP ms | ratio |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['protocol']} | {c['parties']} | {c['batch']} | {c['stage']} | {c['step_ms']:.0f} | "
+              f"{c['dp_step_ms']:.0f} | {c['ratio']:.2f} |" for c in cells]
+    (out / "privacy_overhead.md").write_text("\n".join(lines) + "\n")
+    print(f"results: {path} and {out / 'privacy_overhead.md'}")
+    return 0
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
     p.add_argument("--ciphers", action="store_true", help="time the sum alone for every registered cipher and "
                    "the Paillier plug-in (see above), not the steps")
+    p.add_argument("--privacy", action="store_true", help="time each step with and without a privacy budget (the "
+                   "noise stage and DP-SGD) side by side; DIR/privacy_overhead.json and .md")
     p.add_argument("--values", nargs="+", type=int, default=[4096, 32768], help="--ciphers: values per sum")
     p.add_argument("--parties", nargs="+", type=int, default=[2, 4, 8, 12])
     p.add_argument("--batch", nargs="+", type=int, default=[128, 512])
@@ -299,6 +339,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.ciphers:
         return cipher_table(args)
+    if args.privacy:
+        return privacy_table(args)
     if min(args.parties) < 2 or min(args.batch) < 1 or args.repeats < 1 or args.warmup < 0:
         print("error: --parties must be >= 2, --batch >= 1, --repeats >= 1, --warmup >= 0", file=sys.stderr)
         return 2

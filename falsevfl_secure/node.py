@@ -22,6 +22,7 @@ from .data import PartyView
 from .errors import InputError
 from .model import PartyStack
 from .model.party import Noise
+from .model.private_sgd import PrivateGradients
 from .placement import Active
 from .randomness import RecordNoise, RoleRandomness, SharedNoise
 from .transport.base import Transport
@@ -104,6 +105,12 @@ class Node:
     device: torch.device
     stack: PartyStack | None = None  # the hosted parties as batched products (local runtime, CUDA)
     method: Any = None  # the methods.Method that trains and predicts (set by methods.build_node)
+    private: dict[int, PrivateGradients] = field(default_factory=dict)  # DP-SGD per hosted party (privacy only)
+
+    def privatize(self) -> None:
+        """Under a privacy budget, each hosted party's gradients become its DP-SGD update (after backward)."""
+        for gradients in self.private.values():
+            gradients.privatize()
 
     def cells(self, batch: Batch) -> dict[int, Tensor]:
         """The observed-cell masks the party models see: the batch's under cell_handling "mask"; none

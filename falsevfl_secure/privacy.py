@@ -1,10 +1,12 @@
 """Per-row accounting of the differential privacy of the summed rounds (README "Output privacy").
 
-Every release of a row in a summed round is a Gaussian mechanism: the party's contribution for the row is
+Every release of a row in a summed round, and every DP-SGD update of a party's networks
+(`model.private_sgd`), is a Gaussian mechanism: the party's contribution for the row is
 clipped to the round's norm C (the sensitivity under adding or removing the party's block of the record)
 and the revealed sum carries noise of standard deviation z C from the honest parties (transport.ciphers
 .noise). A row is released once per summed round each time its batch runs: 3 times per stage-1 epoch
-(posterior, likelihood, latent_grad), 2 per stage-2 epoch and per prediction (posterior, likelihood). The
+(posterior, likelihood, latent_grad) plus once in its party's DP-SGD update, 2 per stage-2 epoch and per
+prediction (posterior, likelihood). The
 releases compose without subsampling amplification: every party knows which rows are in each batch (the
 public order), so a row's releases are not hidden among others; they are R self-composed Gaussian events,
 accounted with dp-accounting's privacy loss distributions (PLD).
@@ -20,23 +22,33 @@ grid steps; `tests/test_privacy.py` compares the two with dp-accounting's own di
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from scipy.optimize import brentq
 from scipy.stats import norm
 
 from .config import Config
 from .errors import InputError
+from .fsio import write_json
 
-RELEASES = {"pretrain": 3, "train": 2, "predict": 2}  # summed rounds per pass of a row (FALSE-VFL)
+# A row's Gaussian releases per pass (FALSE-VFL): in stage 1 three summed rounds and one DP-SGD update of
+# the party's own networks; in stage 2 (networks frozen) and each prediction, two summed rounds.
+RELEASES = {"pretrain": 4, "train": 2, "predict": 2}
 
 
-def releases_per_row(cfg: Config, predictions: int = 1) -> int:
-    """The most times any row is released: every stage-1 epoch, every stage-2 epoch, and `predictions`
-    prediction passes (the validation pass, the test patterns, later predictions)."""
-    return (RELEASES["pretrain"] * cfg.pretrain.epochs + RELEASES["train"] * cfg.train.epochs
-            + RELEASES["predict"] * predictions)
+def releases_per_row(cfg: Config, predictions: int = 1, tests: int = 0) -> int:
+    """The most times any row is released: every stage-1 epoch, every stage-2 epoch and `predictions`
+    prediction passes of the training rows (the validation pass; in a federation every later prediction
+    run, as the same records may come back); or `tests` passes of records that never train (a simulation's
+    test rows under each test pattern), whichever is more."""
+    # With one importance sample (kappa 1) a row's likelihood, centred over its samples, is exactly 0 at every
+    # party: stage 1's likelihood round then releases nothing about it.
+    stage1 = RELEASES["pretrain"] - (1 if cfg.kappa == 1 else 0)
+    training = stage1 * cfg.pretrain.epochs + RELEASES["train"] * cfg.train.epochs + RELEASES["predict"] * predictions
+    return max(training, RELEASES["predict"] * tests)
 
 
 def gaussian_delta(multiplier: float, epsilon: float) -> float:
@@ -78,12 +90,12 @@ def calibrate(epsilon: float, releases: int, delta: float) -> float:
     return single * math.sqrt(releases) * (1 + 1e-6)  # just above the boundary, so PLD's epsilon stays within
 
 
-def noise_multiplier(cfg: Config, predictions: int = 1) -> float:
+def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0) -> float:
     """The configuration's multiplier, or the smallest that fits its budget for the schedule."""
     privacy = cfg.privacy
     if privacy.noise_multiplier > 0:
         return privacy.noise_multiplier
-    return calibrate(privacy.epsilon, releases_per_row(cfg, predictions), privacy.delta)
+    return calibrate(privacy.epsilon, releases_per_row(cfg, predictions, tests), privacy.delta)
 
 
 @dataclass(frozen=True)
@@ -100,24 +112,24 @@ class Spent:
     def to_dict(self) -> dict:
         return {"party": self.party, "releases_per_row": self.releases, "noise_multiplier": self.multiplier,
                 "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
-                "covers": "the summed rounds and what is computed from them; not the parties' parameters "
-                          "(no DP-SGD yet), the alignment's membership or the record counts"}
+                "covers": "the summed rounds, the parties' own networks (DP-SGD) and everything computed from them; "
+                          "not the alignment's membership, the record counts or a party's own data at itself"}
 
 
-def spent(cfg: Config, party: str, predictions: int = 1) -> Spent:
+def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0) -> Spent:
     """Party `party`'s epsilon for this schedule, from its own configuration."""
-    privacy, releases = cfg.privacy, releases_per_row(cfg, predictions)
-    z = noise_multiplier(cfg, predictions)
+    privacy, releases = cfg.privacy, releases_per_row(cfg, predictions, tests)
+    z = noise_multiplier(cfg, predictions, tests)
     return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta), privacy.delta, privacy.epsilon)
 
 
-def check_budget(cfg: Config, party: str, predictions: int = 1) -> Spent | None:
+def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0) -> Spent | None:
     """Refuse a schedule that would spend more than `party`'s budget (before anything is sent); what it
     spends otherwise (None without a budget)."""
     privacy = cfg.privacy
     if not privacy.enabled:
         return None
-    used = spent(cfg, party, predictions)
+    used = spent(cfg, party, predictions, tests)
     if privacy.max_releases_per_row and used.releases > privacy.max_releases_per_row:
         raise InputError(f"{party}: the schedule releases each row up to {used.releases} times, more than its "
                          f"max_releases_per_row = {privacy.max_releases_per_row}")
@@ -127,3 +139,33 @@ def check_budget(cfg: Config, party: str, predictions: int = 1) -> Spent | None:
                          f"more than its budget epsilon = {privacy.epsilon:g}; shorten the schedule or raise the "
                          "noise")
     return used
+
+
+LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far
+
+
+def read_ledger(folder: Path) -> dict:
+    """A party's own ledger: its training's releases per row and the prediction runs since (none: empty)."""
+    path = Path(folder) / LEDGER
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputError(f"{path}: the party's privacy ledger cannot be read ({error}); it is its budget's only "
+                         "record, so nothing runs until it is restored") from error
+
+
+def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
+    """Before a prediction run: refuse it when it would take `party` past its own budget; else record it in
+    the ledger first (a run that fails later has still spent it) and return what the rows have spent then."""
+    if not cfg.privacy.enabled:
+        return None
+    ledger = read_ledger(folder)
+    runs = int(ledger.get("prediction_runs", 0)) + 1
+    used = check_budget(cfg, party, TRAINING_PREDICTIONS + runs)
+    write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), "prediction_runs": runs})
+    return used
+
+
+TRAINING_PREDICTIONS = 1  # the validation pass at the end of training

@@ -34,10 +34,10 @@ from .data import TEST_PATTERNS, TRAIN_MECHANISMS
 from .data.mechanisms import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
-from .privacy import check_budget, spent
+from .privacy import check_budget, noise_multiplier, spent
 from .transport.protocols import PROTOCOLS, protocol_named
 
-PREDICTIONS = len(TEST_PATTERNS) + 1  # a row's prediction passes at most: the validation pass, each test pattern
+TESTS = len(TEST_PATTERNS)  # a test row's prediction passes (test rows never train; training rows: 1 validation pass)
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -164,8 +164,10 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
         cfg = replace(cfg, train=replace(cfg.train, steps_per_epoch=args.steps_per_epoch))
     cfg = privacy_of(args, cfg).validate()
     protocol.check_parties(cfg.parties, args.allow_two_party_disclosure)
-    for k in range(cfg.parties):  # each party's own budget (here every party runs from the same settings)
-        check_budget(cfg, f"party {k}", PREDICTIONS)
+    if cfg.privacy.enabled:  # the noise every party adds, stated once; then each party's own budget checked
+        cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=noise_multiplier(cfg, 1, TESTS)))
+    for k in range(cfg.parties):  # (here every party runs from the same settings)
+        check_budget(cfg, f"party {k}", 1, TESTS)
     return cfg, runtime
 
 
@@ -211,7 +213,7 @@ def simulate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     result = run(args, cfg, runtime, checkpoints)
     if cfg.privacy.enabled:
-        result.privacy = [spent(cfg, f"party {k}", PREDICTIONS).to_dict() for k in range(cfg.parties)]
+        result.privacy = [spent(cfg, f"party {k}", 1, TESTS).to_dict() for k in range(cfg.parties)]
     write_json(out / "result.json", result.to_dict())
     plot_result(result, out / "result.png")
     print_result(result, out)

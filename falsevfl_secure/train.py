@@ -54,6 +54,7 @@ def _step(node: Node, batch: Batch, stage: Stage, optimizers: dict) -> Active[Te
         opt.zero_grad(set_to_none=True)
     objective = node.method.loss(node, batch, stage)
     node.transport.backward(objective.active, list(objective.local.values()))
+    node.privatize()
     for opt in optimizers.values():
         opt.step()
     return objective.reported(node.cfg.active_index)

@@ -153,7 +153,7 @@ def test_mean_handling_treats_the_imputed_cells_as_data():
     assert torch.equal(mean, loss_and_grads(small_config(cell_handling="mask"), as_data)[0])
     masked, grads = loss_and_grads(small_config(cell_handling="mask"), split)
     assert not torch.equal(masked, mean)
-    assert all(grads[f"{k}.cell_weight"] is not None for k in range(3))
+    assert all(grads[f"{k}.cell_mask.weight"] is not None for k in range(3))
 
 
 @pytest.mark.parametrize("stack", ["never", "always"])
@@ -168,7 +168,7 @@ def test_a_fully_observed_run_computes_exactly_as_without_the_cell_path(variant,
     for data in (split, all_cells):
         loss, grads = loss_and_grads(small_config(3, variant, cell_handling="mask", stack_parties=stack), data)
         assert torch.equal(loss, reference[0])
-        assert all(grads[f"{k}.cell_weight"] is None for k in range(3))
+        assert all(grads[f"{k}.cell_mask.weight"] is None for k in range(3))
         assert all(torch.equal(g, reference[1][n]) for n, g in grads.items() if g is not None)
 
 

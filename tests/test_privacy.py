@@ -184,5 +184,93 @@ def test_a_run_under_mpc_with_a_budget_reports_each_partys_epsilon(tmp_path):
                     "--quiet", "--out", str(out)], check=True, timeout=300, capture_output=True)
     spent = json.loads((out / "result.json").read_text())["privacy"]
     assert [s["party"] for s in spent] == [f"party {k}" for k in range(4)]
-    for record in spent:  # 3 + 2 + 2 x 8 prediction passes, within the budget it was calibrated to
-        assert record["releases_per_row"] == 21 and record["epsilon"] <= 3.0 < record["epsilon"] * 1.001
+    for record in spent:  # a training row: 4 + 2 + 2 (validation); a test row: 2 x 7 patterns; within the budget
+        assert record["releases_per_row"] == 14 and record["epsilon"] <= 3.0 < record["epsilon"] * 1.001
+
+
+# -- threat_models/dp.toml: the attacks --------------------------------------------------------------------
+
+def _membership_scores(multiplier: float, trials: int = 20_000, d: int = 8, clip: float = 2.0):
+    """The active party's test statistic on the revealed sum of three parties (itself, the target, one more
+    honest party), with the target's block present (a row at the clip norm) and absent, one trial per row."""
+    spec = NoiseSpec({"posterior": clip}, multiplier, collusion=0)
+    row = torch.full((trials, d), clip / math.sqrt(d) * 0.999)
+    scores = {}
+    for present in (True, False):
+        stages = [NoiseStage(spec, KeyStream(secrets_bytes())) for _ in range(3)]
+        mine = stages[0].apply(POSTERIOR, torch.zeros(trials, d), 3)  # the adversary knows its own noise
+        total = mine + stages[1].apply(POSTERIOR, row if present else torch.zeros(trials, d), 3) \
+            + stages[2].apply(POSTERIOR, torch.zeros(trials, d), 3)
+        scores[present] = ((total - mine) @ row[0].double() / row[0].double().norm()).numpy()
+    return scores
+
+
+def secrets_bytes() -> bytes:
+    import secrets
+
+    return secrets.token_bytes(32)
+
+
+def _worst_excess(scores: dict, epsilon: float, delta: float) -> float:
+    """max over thresholds of TPR - (e^epsilon FPR + delta), less four standard errors of TPR."""
+    present, absent = np.sort(scores[True]), np.sort(scores[False])
+    worst = -1.0
+    for threshold in np.quantile(absent, np.linspace(0.5, 0.995, 60)):
+        fpr, tpr = (absent > threshold).mean(), (present > threshold).mean()
+        slack = 4 * math.sqrt(max(tpr * (1 - tpr), 1e-4) / present.size) + 4 * math.exp(epsilon) * math.sqrt(
+            max(fpr * (1 - fpr), 1e-4) / absent.size)
+        worst = max(worst, tpr - (math.exp(epsilon) * fpr + delta) - slack)
+    return worst
+
+
+def test_a_membership_distinguisher_stays_inside_the_privacy_region():
+    epsilon, delta = 1.0, 1e-5
+    weak = _membership_scores(1e-6)  # the noise off: the revealed sum tells present from absent
+    threshold = np.quantile(weak[False], 0.99)
+    assert (weak[True] > threshold).mean() == 1.0 and _worst_excess(weak, epsilon, delta) > 0.5
+    shipped = _membership_scores(privacy.calibrate(epsilon, 1, delta))
+    assert _worst_excess(shipped, epsilon, delta) <= 0.0
+    # The region is tight: at 0.4 of the noise the same attack leaves it (the test can fail).
+    assert _worst_excess(_membership_scores(privacy.calibrate(epsilon, 1, delta) * 0.4), epsilon, delta) > 0.0
+
+
+def test_noise_from_a_public_seed_would_be_subtracted():
+    from falsevfl_secure.methods import noise_stages
+    from falsevfl_secure.randomness import RoleRandomness, RoleSecret
+
+    cfg = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=8.0, noise_multiplier=2.0))
+    target = torch.randn(64, 2 * cfg.h_dim) * 0.1
+    truth = clip_rows(target.double(), POSTERIOR, cfg.privacy.clip_posterior)
+
+    def attack(stage) -> float:  # regenerate the stream from the public seed, subtract its noise
+        released = stage.apply(POSTERIOR, target, cfg.parties)
+        guess_stage = noise_stages(cfg, {0: RoleRandomness(RoleSecret.for_tests(cfg.seed, 0))})[0]
+        guess = released - guess_stage.apply(POSTERIOR, torch.zeros_like(target), cfg.parties)
+        return float((guess - truth).abs().max())
+
+    weak = noise_stages(cfg, {0: RoleRandomness(RoleSecret.for_tests(cfg.seed, 0))})[0]  # a public-seed secret
+    assert attack(weak) <= 2.0**-15  # recovered to the grid
+    shipped = noise_stages(cfg, {0: RoleRandomness(RoleSecret.fresh())})[0]  # what build_node does in a run
+    sigma = cfg.privacy.noise_multiplier * cfg.privacy.clip_posterior / math.sqrt(cfg.parties - 1)
+    assert attack(shipped) > 2 * sigma
+
+
+def test_a_longer_schedule_or_one_more_prediction_is_refused_by_the_partys_own_file(tmp_path):
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=8.0, noise_multiplier=6.0))
+    base = replace(base, pretrain=replace(base.pretrain, epochs=10), train=replace(base.train, epochs=10))
+    longer = replace(base, pretrain=replace(base.pretrain, epochs=40))
+    # The active party's longer schedule is another model: the agreed fingerprint differs, the handshake ends
+    # the run. Budgets are each party's own: they differ without changing the fingerprint.
+    assert longer.fingerprint() != base.fingerprint()
+    other_budget = replace(base, privacy=replace(base.privacy, epsilon=3.0, delta=1e-6))
+    assert other_budget.fingerprint() == base.fingerprint()
+    assert privacy.check_budget(base, "clinic").epsilon <= 8.0
+    with pytest.raises(InputError, match="clinic: the schedule would spend epsilon"):
+        privacy.check_budget(longer, "clinic")  # a party whose own file says this refuses before any sum
+    runs = 0
+    with pytest.raises(InputError, match="clinic: the schedule would spend epsilon"):
+        while runs < 1000:
+            privacy.charge_prediction(base, "clinic", tmp_path)
+            runs += 1
+    ledger = privacy.read_ledger(tmp_path)
+    assert ledger["prediction_runs"] == runs and ledger["epsilon"] <= 8.0 and runs > 0

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..config import METHOD_LABELS, PRESETS, Config, StageConfig, make_config, parse_method
+from ..config import METHOD_LABELS, PRESETS, Config, PrivacyConfig, StageConfig, make_config, parse_method
 from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
@@ -49,7 +49,7 @@ from ..runtime.cast import AGGREGATOR
 from ..secure.identity import IdentityError, parse_pin
 from ..transport.protocols import PROTOCOLS
 
-SECTIONS = ("federation", "model", "party", "aggregator")
+SECTIONS = ("federation", "model", "privacy", "party", "aggregator")
 FEDERATION_KEYS = ("active", "protocol", "id_column", "label_column", "task", "rendezvous",
                    "allow_two_party_disclosure", "join_timeout_s", "missing_values", "id_fold_case",
                    "id_strip_leading_zeros", "id_pattern", "min_overlap", "validation_fraction", "max_ids",
@@ -62,7 +62,8 @@ STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 # only to draw its splits (train_mechanism, mechanism_rows, n_labeled, n_aligned, max_rows, standardize, cell_missing).
 # `device` is one: each party's own choice for its own host (not part of the model's fingerprint).
 _NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "mechanism_rows", "n_labeled",
-                   "n_aligned", "max_rows", "standardize", "cell_missing"}
+                   "n_aligned", "max_rows", "standardize", "cell_missing", "privacy"}
+PRIVACY_KEYS = tuple(f.name for f in fields(PrivacyConfig))
 MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
 # A bare schedule: the sizes tuned on digits; "auto" sizes the schedule by the table (config.sized_schedule)
 SCHEDULES = ("auto", "quick", "default", "paper")
@@ -464,11 +465,28 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
     try:
         cfg = make_config(dataset, schedule, **method)
         stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **v}) for k, v in stages.items()}
-        cfg = replace(cfg, **section, **stages, parties=parties, active_party=active, task=task).validate()
+        cfg = replace(cfg, **section, **stages, parties=parties, active_party=active, task=task,
+                      privacy=_privacy(raw, path)).validate()
     except (TypeError, ValueError) as error:
         raise InputError(f"{path}: [model] {error}") from error
     _check_device(cfg.device, path)
     return cfg
+
+
+def _privacy(raw: dict, path: Path) -> PrivacyConfig:
+    """`[privacy]`: this party's own budget (epsilon, delta, max_releases_per_row) and the noise every party
+    must state alike (noise_multiplier, collusion, clip norms: part of the model's fingerprint)."""
+    section = raw.get("privacy")
+    if section is None:
+        return PrivacyConfig()
+    if not isinstance(section, dict):
+        raise InputError(f"{path}: [privacy] must be a table of {', '.join(PRIVACY_KEYS)}")
+    refuse_unknown(section, PRIVACY_KEYS, path, "[privacy]")
+    privacy = PrivacyConfig(**section)
+    if privacy.enabled and privacy.noise_multiplier <= 0:
+        raise InputError(f"{path}: [privacy] needs noise_multiplier > 0 in a federation: every party states the same "
+                         "noise, and each checks its own epsilon budget against it (`federation privacy` shows it)")
+    return privacy
 
 
 def _check_device(device: str, path: Path) -> None:

@@ -32,6 +32,7 @@ from ..methods import build_node
 from ..model.likelihood import CellLayout
 from ..node import resolve_device
 from ..placement import Active
+from ..privacy import LEDGER, TRAINING_PREDICTIONS, charge_prediction, check_budget
 from ..randomness import record_keys
 from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split
@@ -115,6 +116,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
+    spent = check_budget(cfg, name, TRAINING_PREDICTIONS)  # its own budget, before any sum is sent
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
     if role.is_active:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
@@ -130,6 +132,10 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
+    if spent is not None:
+        write_json(out / LEDGER, {**spent.to_dict(), "prediction_runs": 0})
+        print(f"privacy: {name} spent epsilon = {spent.epsilon:.3g} per row (delta {spent.delta:g}, "
+              f"{spent.releases} releases at noise multiplier {spent.multiplier:g})", flush=True)
     if role.is_active:
         validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
@@ -137,7 +143,8 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
         lost = role.losses.events if role.losses is not None else []
         write_json(out / "train_result.json", {**record, "lift": lift, "selection": trained.selection,
-                                               "schedule": schedule, "lost_parties": lost})
+                                               "schedule": schedule, "lost_parties": lost,
+                                               "privacy": None if spent is None else spent.to_dict()})
         for event in lost:
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
@@ -232,6 +239,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
+    charge_prediction(cfg, name, model_dir)  # its own budget, before any sum is sent
     scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed) \
         if role.is_active and cfg.own_reference else None
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,

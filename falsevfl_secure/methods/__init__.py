@@ -10,8 +10,10 @@ from collections.abc import Mapping
 import torch
 
 from ..config import Config
+from ..errors import InputError
 from ..model import PartyStack
 from ..model.likelihood import CellLayout
+from ..model.private_sgd import PrivateGradients
 from ..node import ActiveRole, Node, PartyRole
 from ..placement import Active
 from ..privacy import noise_multiplier
@@ -45,6 +47,19 @@ def noise_stages(cfg: Config, randomness: Mapping[int, RoleRandomness]) -> dict[
     return {k: NoiseStage(spec, rand.stream("dp-noise")) for k, rand in randomness.items()}
 
 
+def private_gradients(cfg: Config, parties: Mapping[int, PartyRole], randomness: Mapping[int, RoleRandomness]
+                      ) -> dict[int, PrivateGradients]:
+    """Each hosted party's DP-SGD (none without a privacy budget), noised from its own secret stream."""
+    if not cfg.privacy.enabled:
+        return {}
+    z = noise_multiplier(cfg)
+    try:
+        return {k: PrivateGradients(role.model, cfg.privacy.clip_gradient, z, randomness[k].stream("dp-sgd"))
+                for k, role in parties.items()}
+    except ValueError as error:
+        raise InputError(f"privacy: {error}") from None
+
+
 def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, transport: Transport,
                device: torch.device, secrets: Mapping[int, RoleSecret] | None = None,
                layouts: Mapping[int, CellLayout] | None = None, own_extra: int = 0,
@@ -68,8 +83,9 @@ def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, tr
         active = Active(ActiveRole(method.build_active(cfg, n_classes, rand, own, own_extra).to(device), rand))
     batched = cfg.stack_parties == "always" or (cfg.stack_parties == "auto" and device.type == "cuda")
     models = {k: role.model for k, role in parties.items()}
+    batched = batched and not cfg.privacy.enabled  # DP-SGD hooks each party's own networks
     stack = PartyStack(models) if method.stackable and batched and PartyStack.can_stack(models) else None
-    return Node(cfg, parties, active, transport, device, stack, method)
+    return Node(cfg, parties, active, transport, device, stack, method, private_gradients(cfg, parties, randomness))
 
 
 __all__ = ["METHODS", "EmbeddingFusion", "FalseVfl", "FalseVflMoments", "FedHssl", "Laser", "Method", "Objective",

@@ -50,14 +50,14 @@ class FalseVfl(Method):
 
     def build_party(self, cfg: Config, width: int, randomness: RoleRandomness, layout=None) -> nn.Module:
         model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden,
-                           cell_mask=cfg.cell_handling == "mask", layout=layout)
+                           cell_mask=cfg.cell_handling == "mask", layout=layout, unit_precision=cfg.privacy.enabled)
         return initialise(model, randomness.stream("party/init"))
 
     def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0,
                      own_extra: int = 0) -> nn.Module:
         own = model_own_width(own_width) + own_extra if cfg.discriminator_inputs == "latent+own" else 0
         model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task,
-                            own_inputs=own)
+                            own_inputs=own, unit_precision=cfg.privacy.enabled)
         return initialise(model, randomness.stream("active/init"))
 
     def prepare(self, node, data) -> None:

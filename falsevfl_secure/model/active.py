@@ -35,9 +35,11 @@ class ActiveModel(nn.Module):
         discriminator_hidden: int,
         task: str = "classification",
         own_inputs: int = 0,
+        unit_precision: bool = False,
     ) -> None:
         super().__init__()
         self.h_dim, self.z_dim, self.task, self.n_classes = h_dim, z_dim, task, n_classes
+        self.unit_precision = unit_precision  # under DP: each holder's precision is 1, not a noised sum
         self.own_inputs = own_inputs  # width of `own_features` (0: the paper's p(y | h))
         self.global_encoder = mlp([h_dim, hidden, hidden, 2 * z_dim])
         self.global_decoder = mlp([z_dim, hidden, hidden, 2 * h_dim])
@@ -62,6 +64,8 @@ class ActiveModel(nn.Module):
     def latent_moments(self, sum_posterior: Tensor, n_observed: Tensor) -> tuple[Tensor, Tensor]:
         """The mean and standard deviation (B, d_h) each of q(h | x_obs) from the aggregated posterior terms."""
         sum_mean, sum_precision = sum_posterior.split(self.h_dim, dim=-1)
+        if self.unit_precision:
+            sum_precision = n_observed.to(sum_mean.dtype).unsqueeze(-1).expand_as(sum_mean)
         q_h = latent_posterior(sum_mean, sum_precision, n_observed)
         return q_h.loc, q_h.scale
 

@@ -85,13 +85,25 @@ def likelihood_terms(mean: Tensor, std: Tensor, x: Tensor, held: Tensor,
     return term + F.logsigmoid(torch.where(held_s, -logit, logit))
 
 
+class CellMask(nn.Module):
+    """The missing-cell indicator's bias-free weight (hidden, d) into the encoder's first layer, zero at the
+    start (see `PartyModel`); a module of its own so DP-SGD finds its per-row gradients (model.private_sgd)."""
+
+    def __init__(self, n_features: int, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden, n_features))
+
+    def forward(self, missing: Tensor) -> Tensor:
+        return F.linear(missing, self.weight)
+
+
 class PartyModel(nn.Module):
     """Encoder q(h | x^k) -> (mu_k, precision_k), decoder p(x^k | h) (per cell kind: `layout`,
     model/likelihood.py; every cell Gaussian without one) and, for
     FALSE-VFL-II, the missing indicator p(m^k | x^k) (Bernoulli).
 
     With `cell_mask`, the encoder's first layer also takes the missing-cell indicator, through
-    `cell_weight` (hidden, d), a bias-free weight added to that layer. It starts at zero, not drawn: a
+    `cell_mask` (its `weight`, (hidden, d)), a bias-free weight added to that layer. It starts at zero, not drawn: a
     model that never met an empty cell in training then encodes one exactly as mean imputation does,
     instead of through untrained random weights; every weight an inversion of the encoder needs is still
     drawn from the party's secret (`initialise`, which draws the layers above in the order it always did).
@@ -107,6 +119,7 @@ class PartyModel(nn.Module):
         indicator_hidden: int = 64,
         cell_mask: bool = False,
         layout: CellLayout | None = None,
+        unit_precision: bool = False,
     ) -> None:
         super().__init__()
         if layout is not None and layout.width != n_features:
@@ -116,12 +129,17 @@ class PartyModel(nn.Module):
         self.h_dim = h_dim
         self.variant = variant
         self.min_decoder_std = min_decoder_std
+        self.unit_precision = unit_precision  # under DP: only the means travel, every party's precision is 1
         self.encoder = mlp([n_features, hidden, 2 * h_dim])
         self.decoder = mlp([h_dim, hidden, 2 * n_features])
         self.indicator = (
             mlp([n_features, indicator_hidden, indicator_hidden, 1]) if variant == "II" else None
         )
-        self.cell_weight = nn.Parameter(torch.zeros(hidden, n_features)) if cell_mask else None
+        self.cell_mask = CellMask(n_features, hidden) if cell_mask else None
+
+    @property
+    def cell_weight(self) -> Tensor | None:
+        return None if self.cell_mask is None else self.cell_mask.weight
 
     # -- generative-side parameters are everything here: stage 2 freezes the whole party model --
 
@@ -131,13 +149,17 @@ class PartyModel(nn.Module):
         if observed is None:
             return self.encoder(x)
         first = self.encoder[0](impute_cells(x, observed))
-        if self.cell_weight is not None:
-            first = first + F.linear((~observed).to(x.dtype), self.cell_weight)
+        if self.cell_mask is not None:
+            first = first + self.cell_mask((~observed).to(x.dtype))
         return self.encoder[1:](first)
 
     def posterior_contribution(self, x: Tensor, held: Tensor, observed: Tensor | None = None) -> Tensor:
-        """[mu_k, precision_k] for the rows this party holds and exact zeros elsewhere, (B, 2 d_h)."""
-        return posterior_terms(self.encode(x, observed), held)
+        """[mu_k, precision_k] for the rows this party holds and exact zeros elsewhere, (B, 2 d_h); with
+        `unit_precision` [mu_k, 0]: the active party takes each holder's precision as 1 (`ActiveModel`)."""
+        terms = posterior_terms(self.encode(x, observed), held)
+        if self.unit_precision:
+            return torch.cat([terms[..., :self.h_dim], torch.zeros_like(terms[..., self.h_dim:])], dim=-1)
+        return terms
 
     def decode(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and standard deviation of p(x^k | h)."""

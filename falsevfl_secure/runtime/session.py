@@ -85,6 +85,7 @@ def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
     else:
         objective = method.loss(node, batch, job.stage)
         node.transport.backward(objective.active, list(objective.local.values()))
+        node.privatize()
         loss = objective.reported(node.cfg.active_index)
         if job.epoch_end:
             method.end_epoch(node, job.stage)

@@ -1,0 +1,202 @@
+"""Accuracy against epsilon, and what a passive party still infers, under a per-row privacy budget.
+
+    python bench/privacy.py --dataset digits --epsilons 1 3 8 inf --seeds 0 1 2 --out bench/results/privacy
+        [--readme README.md] [--report-only]
+
+Per (epsilon, seed) FALSE-VFL-I trains in the local runtime (plain: the noise stage and DP-SGD are the same
+in every protocol; the secure ones carry the noised values exactly) on the DP schedule below, every party's
+budget epsilon at delta 1e-5 with the smallest noise multiplier that fits it (`privacy.calibrate`, over the
+releases of the schedule, without amplification); epsilon "inf" is the same schedule without DP, and the
+dataset's own preset without DP is the non-private reference. Scored: accuracy on the seven test patterns
+(their mean is the headline), the active party's own model (logistic regression on its block, fitted on the
+labeled training rows) on the same test rows, and README's label-inference attack (bench/disclosure.py): a
+passive party that knows 40 training labels fits a logistic regression on the latent samples it received,
+against the same attacker on its own features. Every run is written as soon as it ends; a rerun skips
+finished runs. Writes OUT/privacy.json, OUT/privacy.md and OUT/privacy.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from disclosure import PASSIVE, attacker_inputs, label_attack, received_latents  # noqa: E402
+from readme_section import relative_link, update_readme  # noqa: E402
+
+from falsevfl_secure.cli import guarded  # noqa: E402
+from falsevfl_secure.config import PrivacyConfig, make_config  # noqa: E402
+from falsevfl_secure.data import TEST_PATTERNS, make_splits  # noqa: E402
+from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.privacy import noise_multiplier, spent  # noqa: E402
+from falsevfl_secure.runtime.local import run_local  # noqa: E402
+
+# The DP schedule (the best of the variants tried on digits, README "Output privacy"): few releases per row
+# (each stage-1 epoch releases a row three times with one importance sample, each stage-2 epoch twice), a
+# narrow latent (less noise in all per row), and the discriminator reading the active party's own block too
+# (values it holds in clear: no release). The clip norms are PrivacyConfig's defaults.
+DP_MODE = dict(h_dim=8, z_dim=8, kappa=1, discriminator_inputs="latent+own")
+DP_EPOCHS = {"pretrain": (10, 128), "train": (10, 64)}  # (epochs, batch size)
+LABEL_ROWS, DRAWS = 40, 5
+
+
+def configure(dataset: str, epsilon: float, seed: int, reference: bool = False):
+    """The run's configuration: the dataset's preset (reference), or the DP schedule at `epsilon`."""
+    cfg = make_config(dataset, "default" if reference else "quick", seed=seed, device="cpu",
+                      **({} if reference else DP_MODE))
+    if reference:
+        return cfg
+    stages = {k: replace(getattr(cfg, k), epochs=e, batch_size=b) for k, (e, b) in DP_EPOCHS.items()}
+    cfg = replace(cfg, **stages)
+    if math.isinf(epsilon):
+        return cfg
+    cfg = replace(cfg, privacy=PrivacyConfig(epsilon=epsilon))
+    z = noise_multiplier(cfg, 1, len(TEST_PATTERNS))
+    return replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=z)).validate()
+
+
+def active_alone(cfg, train, tests) -> dict[str, float]:
+    """The active party's own logistic regression on its block (labeled training rows), per test pattern."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    a, labeled = cfg.active_index, train.labeled & ~train.missing[:, cfg.active_index]
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=5000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(train.blocks[a][labeled], train.y[labeled])
+    return {p: 100.0 * float(np.mean(model.predict(s.blocks[a]) == s.y)) for p, s in tests.items()}
+
+
+def one_run(dataset: str, epsilon: float, seed: int, reference: bool = False) -> dict:
+    began = time.perf_counter()
+    cfg = configure(dataset, epsilon, seed, reference)
+    nodes: list = []
+    result = run_local(cfg, TEST_PATTERNS, progress=False, keep=nodes)
+    data, train, tests = make_splits(cfg, TEST_PATTERNS)
+    rng = np.random.default_rng([seed, 11])  # the attacker's draws (public)
+    test = tests["mcar:0"]
+    received = {name: received_latents(nodes[0], s.view(range(cfg.parties), True), data.n_classes)
+                for name, s in (("train", train), ("test", test))}
+    inputs = {k: (v, attacker_inputs(received["test"], test.blocks[PASSIVE])[k])
+              for k, v in attacker_inputs(received["train"], train.blocks[PASSIVE]).items()
+              if k in ("h mean", "x_p")}
+    held = np.flatnonzero(~train.missing[:, PASSIVE])
+    attack = label_attack(inputs, train.y, test.y, held, LABEL_ROWS, DRAWS, rng)
+    alone = active_alone(cfg, train, tests)
+    used = spent(cfg, "party 0", 1, len(TEST_PATTERNS)) if cfg.privacy.enabled else None
+    label = "reference" if reference else ("inf" if math.isinf(epsilon) else epsilon)
+    return {"dataset": dataset, "epsilon": label, "seed": seed,
+            "accuracy": result.accuracy, "mean_accuracy": float(np.mean(list(result.accuracy.values()))),
+            "active_alone": alone, "active_alone_mean": float(np.mean(list(alone.values()))),
+            "label_attack_latent": float(np.mean(attack["h mean"])), "label_attack_own": float(np.mean(attack["x_p"])),
+            "privacy": None if used is None else used.to_dict(), "config": cfg.to_dict(),
+            "wall_s": round(time.perf_counter() - began, 1)}
+
+
+def key(record: dict) -> tuple:
+    return record["dataset"], str(record["epsilon"]), record["seed"]
+
+
+def markdown(records: list[dict]) -> str:
+    """Per dataset and epsilon: mean ± std over seeds of each number."""
+    lines = ["| dataset | epsilon | noise multiplier | releases per row | accuracy, mean of 7 patterns | active party "
+             "alone | label attack on h | attacker's own features | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], str(r["epsilon"])), []).append(r)
+    order = {"reference": math.inf, "inf": 1e300}
+    for (dataset, eps), rs in sorted(groups.items(), key=lambda g: (g[0][0], order.get(g[0][1]) or float(g[0][1]))):
+        def stat(name: str, rs: list[dict] = rs) -> str:
+            return f"{np.mean([r[name] for r in rs]):.1f} ± {np.std([r[name] for r in rs]):.1f}"
+
+        p = rs[0]["privacy"]
+        label = "preset, no DP" if eps == "reference" else ("DP schedule, no DP" if eps == "inf" else eps)
+        lines.append(f"| {dataset} | {label} | {p['noise_multiplier']:.2f} | {p['releases_per_row']} | "
+                     if p else f"| {dataset} | {label} | - | - | ")
+        lines[-1] += (f"{stat('mean_accuracy')} | {stat('active_alone_mean')} | {stat('label_attack_latent')} | "
+                      f"{stat('label_attack_own')} | {len(rs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _mean(records: list[dict], epsilon: str, name: str) -> float:
+    return float(np.mean([r[name] for r in records if str(r["epsilon"]) == epsilon]))
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    finite = sorted({float(r["epsilon"]) for r in records if str(r["epsilon"]) not in ("reference", "inf")})
+    keys = [*(str(e) for e in finite), "inf"]
+    xs = [*finite, max(finite, default=1.0) * 4]  # the last point: the same schedule without DP
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    panels = (("mean_accuracy", "accuracy (mean of 7 test patterns) %", "active_alone_mean", "active party alone"),
+              ("label_attack_latent", "passive party's label attack on h %", "label_attack_own",
+               "attacker's own features"))
+    for ax, (name, title, base, base_label) in zip(axes, panels, strict=True):
+        present = [(x, k) for x, k in zip(xs, keys, strict=True) if any(str(r["epsilon"]) == k for r in records)]
+        ax.plot([x for x, _ in present], [_mean(records, k, name) for _, k in present], "o-", label="FALSE-VFL-I, DP")
+        ax.axhline(float(np.mean([r[base] for r in records])), ls="--", c="gray", label=base_label)
+        if name == "mean_accuracy" and any(r["epsilon"] == "reference" for r in records):
+            ax.axhline(_mean(records, "reference", name), ls=":", c="black", label="preset, no DP")
+        ax.set_xscale("log")
+        ax.set_xticks([x for x, _ in present], [("no DP" if k == "inf" else f"{float(k):g}") for _, k in present])
+        ax.set_xlabel("epsilon per row (delta 1e-5)")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 3.0, 8.0, math.inf])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--reference", action="store_true", help="also the dataset's preset without DP")
+    p.add_argument("--out", default="runs/privacy")
+    p.add_argument("--readme", default=None)
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    path = out / "privacy.json"
+    records = __import__("json").loads(path.read_text()) if path.exists() else []
+    done = {key(r) for r in records}
+    todo = [(e, s, False) for e in args.epsilons for s in args.seeds] + \
+           ([(0.0, s, True) for s in args.seeds] if args.reference else [])
+    for epsilon, seed, reference in [] if args.report_only else todo:
+        if (args.dataset, "reference" if reference else str(epsilon), seed) in done:
+            continue
+        record = one_run(args.dataset, epsilon, seed, reference)
+        records.append(record)
+        write_json(path, records)
+        print(f"{args.dataset} epsilon {record['epsilon']} seed {seed}: {record['mean_accuracy']:.1f} % "
+              f"(active alone {record['active_alone_mean']:.1f}; label attack {record['label_attack_latent']:.1f} vs "
+              f"own {record['label_attack_own']:.1f}) in {record['wall_s']:.0f} s", flush=True)
+    table = markdown(records)
+    (out / "privacy.md").write_text(table)
+    plot(records, out / "privacy.png")
+    print(table)
+    if args.readme:
+        readme = Path(args.readme)
+        command = "python bench/privacy.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        update_readme(readme, out.resolve().name,
+                      f"`{command}`\n\n{table}\n![privacy]({relative_link(out / 'privacy.png', readme)})\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))

@@ -274,3 +274,67 @@ def test_a_longer_schedule_or_one_more_prediction_is_refused_by_the_partys_own_f
             runs += 1
     ledger = privacy.read_ledger(tmp_path)
     assert ledger["prediction_runs"] == runs and ledger["epsilon"] <= 8.0 and runs > 0
+
+
+# -- DP-SGD of a party's own networks, and the unit precision --------------------------------------------
+
+def _party_step(x: torch.Tensor, held: torch.Tensor, clip: float, multiplier: float, key: int = 0):
+    """One backward pass of a party model (cell mask on: every parameter kind) through random upstream
+    gradients per row, privatized; (the parameters, their gradients before and after privatize)."""
+    from falsevfl_secure.model.party import PartyModel
+    from falsevfl_secure.model.private_sgd import PrivateGradients
+
+    torch.manual_seed(0)  # test weights and upstream gradients: not secret here
+    model = PartyModel(x.shape[1], 3, 16, "I", 0.05, 8, cell_mask=True).double()
+    private = PrivateGradients(model, clip, multiplier, stream(key))
+    observed = torch.ones_like(x, dtype=torch.bool)
+    observed[::3, 0] = False
+    h = torch.randn(2, x.shape[0], 3, dtype=torch.float64)
+    post = model.posterior_contribution(x, held, observed)
+    lik = model.log_likelihood_contribution(h, x, held, None, observed)
+    loss = (post * torch.randn_like(post)).sum() / x.shape[0] + (lik * torch.randn_like(lik)).sum() / x.shape[0]
+    loss.backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    private.privatize()
+    return list(model.parameters()), before, [p.grad.clone() for p in model.parameters()]
+
+
+def test_dp_sgd_without_noise_or_clip_is_the_plain_gradient():
+    x = torch.randn(12, 5, dtype=torch.float64)
+    _, before, after = _party_step(x, torch.ones(12, dtype=torch.bool), clip=1e9, multiplier=1e-20)
+    for b, a in zip(before, after, strict=True):
+        assert torch.allclose(a, b, atol=1e-6 * (1 + float(b.abs().max())))
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.floats(1e-2, 1e3), st.floats(0.01, 50.0))
+def test_one_rows_share_of_a_dp_sgd_update_is_within_the_clip(scale, clip):
+    x = torch.randn(10, 5, dtype=torch.float64) * scale
+    with_row = _party_step(x, torch.ones(10, dtype=torch.bool), clip, 1e-12)[2]
+    held = torch.ones(10, dtype=torch.bool)
+    held[4] = False  # the party's block of row 4 removed: the neighbouring data set
+    without = _party_step(x, held, clip, 1e-12)[2]
+    difference = torch.cat([(a - b).reshape(-1) for a, b in zip(with_row, without, strict=True)]) * 10
+    assert float(difference.norm()) <= clip * (1 + 1e-6) + 1e-6
+
+
+def test_dp_sgd_noise_has_the_stated_scale():
+    x = torch.randn(16, 5, dtype=torch.float64)
+    quiet = _party_step(x, torch.ones(16, dtype=torch.bool), 2.0, 1e-12)[2]
+    noisy = _party_step(x, torch.ones(16, dtype=torch.bool), 2.0, 3.0, key=5)[2]
+    noise = torch.cat([(a - b).reshape(-1) for a, b in zip(noisy, quiet, strict=True)]) * 16
+    assert abs(float(noise.std()) / (3.0 * 2.0) - 1) < 5 / math.sqrt(2 * noise.numel())
+
+
+def test_under_dp_only_the_means_travel_and_each_holder_counts_precision_one():
+    from falsevfl_secure.model.active import ActiveModel
+    from falsevfl_secure.model.party import PartyModel
+
+    party = PartyModel(5, 3, 16, unit_precision=True)
+    terms = party.posterior_contribution(torch.randn(4, 5), torch.tensor([True, True, False, True]))
+    assert torch.equal(terms[:, 3:], torch.zeros(4, 3)) and bool((terms[2] == 0).all())
+    active = ActiveModel(3, 2, 8, 4, 8, unit_precision=True)
+    noised = torch.cat([torch.randn(4, 3), -5 * torch.rand(4, 3)], dim=1)  # a noised precision, even negative
+    loc, scale = active.latent_moments(noised, torch.tensor([1, 2, 3, 4]))
+    assert torch.allclose(scale, (1 / torch.tensor([1.0, 2.0, 3.0, 4.0]).sqrt()).unsqueeze(1).expand(4, 3))
+    assert torch.allclose(loc, noised[:, :3] / torch.tensor([1.0, 2.0, 3.0, 4.0]).unsqueeze(1))

@@ -268,3 +268,31 @@ def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process
     assert {r["id"] for r in predictions} == {r["id"] for r in rows(trained / "truth.csv")}
     for r in predictions[:50]:
         assert abs(sum(float(r[f"p_{d}"]) for d in range(10)) - 1.0) < 1e-4
+
+
+def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_path, refused):
+    """[privacy]: each party checks its own budget before any sum, writes what its rows spent to its own
+    ledger; the active party's train_result.json has it; `federation privacy` reads a party's own ledger."""
+    import tomllib
+
+    config = _copy(trained, tmp_path)
+    text = config.read_text()
+    config.write_text(text + "\n[privacy]\nepsilon = 1.0\nnoise_multiplier = 10.0\n")
+    code, _, err = cli("train", "--config", str(config), "--quiet")
+    assert code != 0 and "would spend epsilon" in err and "more than its budget epsilon = 1" in err, err
+    config.write_text(text + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
+    code, out, err = cli("train", "--config", str(config), "--quiet")
+    assert code == 0, err
+    fed = tomllib.loads(config.read_text())
+    for party in fed["party"]:
+        ledger = json.loads((config.parent / party["model"] / "privacy.json").read_text())
+        assert ledger["epsilon"] <= 8.0 and ledger["noise_multiplier"] == 10.0 and ledger["prediction_runs"] == 0
+    active = next(p for p in fed["party"] if p["name"] == fed["federation"]["active"])
+    result = json.loads((config.parent / active["model"] / "train_result.json").read_text())
+    assert result["privacy"]["epsilon"] == ledger["epsilon"]
+    code, out, _ = cli("privacy", "--config", str(config), "--party", "party0")
+    assert code == 0 and "party0: epsilon = " in out and "0 prediction run(s)" in out
+    code, _, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "p.csv"), "--quiet")
+    assert code == 0, err
+    assert json.loads((config.parent / active["model"] / "privacy.json").read_text())["prediction_runs"] == 1
+    refused("privacy budget")

@@ -338,3 +338,8 @@ def test_under_dp_only_the_means_travel_and_each_holder_counts_precision_one():
     loc, scale = active.latent_moments(noised, torch.tensor([1, 2, 3, 4]))
     assert torch.allclose(scale, (1 / torch.tensor([1.0, 2.0, 3.0, 4.0]).sqrt()).unsqueeze(1).expand(4, 3))
     assert torch.allclose(loc, noised[:, :3] / torch.tensor([1.0, 2.0, 3.0, 4.0]).unsqueeze(1))
+    # With the noise's variance known, the means are shrunk by signal / (signal + noise): a row of one holder
+    # whose sum carries 3 times its signal's variance keeps a quarter of its mean.
+    shrunk = ActiveModel(3, 2, 8, 4, 8, unit_precision=True, noise_var=3.0, signal_var=1.0)
+    loc, _ = shrunk.latent_moments(noised, torch.tensor([1, 2, 3, 4]))
+    assert torch.allclose(loc[0], noised[0, :3] * 0.25) and torch.allclose(loc[3], noised[3, :3] * (4 / 7) / 4)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..cli import guarded
 from ..errors import InputError, PartyFailure
+from ..privacy import LEDGER, read_ledger
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
 from .config import AGGREGATOR, load_federation
@@ -64,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.choices["predict"].add_argument("--absent", nargs="*", default=[], help="listed parties that are away")
     commands.choices["predict"].add_argument("--out", default=None,
                                              help="the predictions CSV (needed where the active party runs)")
+    privacy = commands.add_parser("privacy", help="what a party's rows spent of its own privacy budget ([privacy])")
+    privacy.add_argument("--config", required=True, help="the party's own federation.toml")
+    privacy.add_argument("--party", required=True, help="the party (its own ledger, in its model folder)")
     score = commands.add_parser("score", help="accuracy, or RMSE, MAE and R^2, of a predictions CSV against the truth")
     score.add_argument("--predictions", required=True)
     score.add_argument("--truth", required=True)
@@ -410,10 +414,28 @@ def _table(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
     return rows
 
 
+def privacy(args: argparse.Namespace) -> int:
+    """A party's epsilon from its own ledger and its own file's budget (nothing is asked of a peer)."""
+    fed = load_federation(args.config)
+    budget = fed.model.privacy
+    if not budget.enabled:
+        print(f"{args.party}: no privacy budget in {fed.path} (no [privacy] epsilon): nothing is noised")
+        return 0
+    ledger = read_ledger(fed.party(args.party).model_dir)
+    if not ledger:
+        print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; nothing spent yet "
+              f"(no {LEDGER} in {fed.party(args.party).model_dir})")
+        return 0
+    print(f"{args.party}: epsilon = {ledger['epsilon']:.3g} per row of its budget {budget.epsilon:g} (delta "
+          f"{ledger['delta']:g}): {ledger['releases_per_row']} releases per row at noise multiplier "
+          f"{ledger['noise_multiplier']:g}, {ledger.get('prediction_runs', 0)} prediction run(s) since training")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = {"demo": demo, "keygen": keygen, "check": check, "train": run, "predict": run,
-               "score": score}[args.command]
+               "score": score, "privacy": privacy}[args.command]
     return guarded(lambda: command(args))
 
 

@@ -13,6 +13,7 @@ from ..model import ActiveModel, PartyModel, initialise
 from ..model.active import balanced_weights
 from ..model.active import own_width as model_own_width
 from ..placement import Active
+from ..privacy import noise_multiplier
 from ..randomness import RoleRandomness
 from ..steps import predict, stage1_loss, stage2_loss
 from ..transport.rounds import LATENT, LATENT_MOMENTS, LIKELIHOOD, POSTERIOR, Round, RoundTable
@@ -57,7 +58,7 @@ class FalseVfl(Method):
                      own_extra: int = 0) -> nn.Module:
         own = model_own_width(own_width) + own_extra if cfg.discriminator_inputs == "latent+own" else 0
         model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task,
-                            own_inputs=own, unit_precision=cfg.privacy.enabled)
+                            own_inputs=own, **dp_posterior(cfg))
         return initialise(model, randomness.stream("active/init"))
 
     def prepare(self, node, data) -> None:
@@ -80,6 +81,17 @@ class FalseVfl(Method):
         if node.active.present:
             groups["active"] = node.active.get().model.generative_parameters()
         return groups
+
+
+def dp_posterior(cfg: Config) -> dict:
+    """Under DP, how the active party reads the noised posterior sum: unit precisions, the means shrunk by the
+    noise every party adds (n sigma^2 / (n - 1 - t) per value) against a holder's clipped mean (C^2 / d_h)."""
+    privacy = cfg.privacy
+    if not privacy.enabled:
+        return {}
+    sigma = noise_multiplier(cfg) * privacy.clip_posterior
+    noise = cfg.parties * sigma**2 / (cfg.parties - 1 - privacy.collusion)
+    return {"unit_precision": True, "noise_var": noise, "signal_var": privacy.clip_posterior**2 / cfg.h_dim}
 
 
 class FalseVflMoments(FalseVfl):

@@ -36,10 +36,14 @@ class ActiveModel(nn.Module):
         task: str = "classification",
         own_inputs: int = 0,
         unit_precision: bool = False,
+        noise_var: float = 0.0,
+        signal_var: float = 1.0,
     ) -> None:
         super().__init__()
         self.h_dim, self.z_dim, self.task, self.n_classes = h_dim, z_dim, task, n_classes
-        self.unit_precision = unit_precision  # under DP: each holder's precision is 1, not a noised sum
+        # Under DP: each holder's precision is 1, not a noised sum; the noised sum of means is shrunk by
+        # signal / (signal + noise) per value (the sum's noise variance, and a holder's signal variance bound).
+        self.unit_precision, self.noise_var, self.signal_var = unit_precision, noise_var, signal_var
         self.own_inputs = own_inputs  # width of `own_features` (0: the paper's p(y | h))
         self.global_encoder = mlp([h_dim, hidden, hidden, 2 * z_dim])
         self.global_decoder = mlp([z_dim, hidden, hidden, 2 * h_dim])
@@ -65,7 +69,10 @@ class ActiveModel(nn.Module):
         """The mean and standard deviation (B, d_h) each of q(h | x_obs) from the aggregated posterior terms."""
         sum_mean, sum_precision = sum_posterior.split(self.h_dim, dim=-1)
         if self.unit_precision:
-            sum_precision = n_observed.to(sum_mean.dtype).unsqueeze(-1).expand_as(sum_mean)
+            holders = n_observed.to(sum_mean.dtype).unsqueeze(-1)
+            signal = holders * self.signal_var
+            sum_mean = sum_mean * (signal / (signal + self.noise_var))
+            sum_precision = holders.expand_as(sum_mean)
         q_h = latent_posterior(sum_mean, sum_precision, n_observed)
         return q_h.loc, q_h.scale
 

@@ -307,8 +307,11 @@ def privacy_table(args) -> int:
     lines = ["| protocol | K | batch | stage | step ms | with DP ms | ratio |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {c['protocol']} | {c['parties']} | {c['batch']} | {c['stage']} | {c['step_ms']:.0f} | "
               f"{c['dp_step_ms']:.0f} | {c['ratio']:.2f} |" for c in cells]
-    (out / "privacy_overhead.md").write_text("\n".join(lines) + "\n")
-    print(f"results: {path} and {out / 'privacy_overhead.md'}")
+    table = "\n".join(lines) + "\n"
+    (out / "privacy_overhead.md").write_text(table)
+    print(table + f"\nresults: {path} and {out / 'privacy_overhead.md'}")
+    if args.readme:
+        update_readme(Path(args.readme), out.resolve().name, table)
     return 0
 
 

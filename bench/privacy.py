@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.readme:
         readme = Path(args.readme)
-        command = "python bench/privacy.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        given = list(argv if argv is not None else sys.argv[1:])
+        shown = [a for i, a in enumerate(given)
+                 if a != "--report-only" and "--readme" not in given[max(i - 1, 0):i + 1]]
+        command = "python bench/privacy.py " + " ".join(shown)
         update_readme(readme, out.resolve().name,
                       f"`{command}`\n\n{table}\n![privacy]({relative_link(out / 'privacy.png', readme)})\n")
     return 0

@@ -132,10 +132,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
-    if spent is not None:
-        write_json(out / LEDGER, {**spent.to_dict(), "prediction_runs": 0})
-        print(f"privacy: {name} spent epsilon = {spent.epsilon:.3g} per row (delta {spent.delta:g}, "
-              f"{spent.releases} releases at noise multiplier {spent.multiplier:g})", flush=True)
+    _ledger(out, name, spent)
     if role.is_active:
         validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
@@ -148,9 +145,17 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         for event in lost:
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
-        print(validation_summary(validation), flush=True)
-        for line in lift_lines(lift) if lift else ():
+        for line in [validation_summary(validation), *(lift_lines(lift) if lift else ())]:
             print(line, flush=True)
+
+
+def _ledger(out: Path, name: str, spent) -> None:
+    """A party's own privacy ledger, in its own (staged) model folder, and its line (with a budget only)."""
+    if spent is None:
+        return
+    write_json(out / LEDGER, {**spent.to_dict(), "prediction_runs": 0})
+    print(f"privacy: {name} spent epsilon = {spent.epsilon:.3g} per row (delta {spent.delta:g}, {spent.releases} "
+          f"releases at noise multiplier {spent.multiplier:g})", flush=True)
 
 
 def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligned: Aligned, targets, n_classes):

@@ -54,7 +54,6 @@ class PrivateGradients:
         if uncovered:
             raise ValueError(f"DP-SGD has no per-row gradient for {uncovered} (use cell_handling = \"mean\")")
         self.clip, self.multiplier, self.stream = clip, multiplier, stream
-        self.steps = 0  # noised updates made: what the party's accountant counts
 
     def privatize(self) -> None:
         """Replace each parameter's gradient by the noised mean of the rows' clipped gradients."""
@@ -70,7 +69,6 @@ class PrivateGradients:
         noise = torch.from_numpy(discrete_gaussian(variance, total.numel(), self.stream))
         noised = (total + noise).double() / GRADIENT_GRID / rows
         self._assign(noised)
-        self.steps += 1
 
     def _assign(self, noised: Tensor) -> None:
         start = 0

@@ -61,7 +61,6 @@ class NoiseStage:
 
     def __init__(self, spec: NoiseSpec, stream: KeyStream) -> None:
         self.spec, self.stream = spec, stream
-        self.released: dict[str, int] = {}  # rows released per round: what this party's accountant checks
 
     def around(self, cipher: SumCipher, parties: Callable[[], int]) -> Noised:
         """`cipher` with this stage before it; `parties` counts the parties still in the run."""
@@ -72,7 +71,6 @@ class NoiseStage:
         rows = clip_rows(value.detach().to("cpu", torch.float64), round, self.spec.clip(round))
         grid = torch.round(rows * GRID).to(torch.int64)
         noise = discrete_gaussian(self.spec.share_variance(round, n_addends), grid.numel(), self.stream)
-        self.released[round.name] = self.released.get(round.name, 0) + 1
         return ((grid + torch.from_numpy(noise).reshape(grid.shape)).double() / GRID).to(value.device)
 
 

@@ -275,11 +275,11 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     ledger; the active party's train_result.json has it; `federation privacy` reads a party's own ledger."""
     import tomllib
 
-    config = _copy(trained, tmp_path)
+    config = _copy(trained, tmp_path, epochs="[model.pretrain]\nepochs = 1\n[model.train]\nepochs = 3\n")
     text = config.read_text()
-    config.write_text(text + "\n[privacy]\nepsilon = 1.0\nnoise_multiplier = 10.0\n")
+    config.write_text(text + "\n[privacy]\nepsilon = 0.5\nnoise_multiplier = 10.0\n")
     code, _, err = cli("train", "--config", str(config), "--quiet")
-    assert code != 0 and "would spend epsilon" in err and "more than its budget epsilon = 1" in err, err
+    assert code != 0 and "would spend epsilon" in err and "more than its budget epsilon = 0.5" in err, err
     config.write_text(text + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
     code, out, err = cli("train", "--config", str(config), "--quiet")
     assert code == 0, err
@@ -296,3 +296,26 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     assert code == 0, err
     assert json.loads((config.parent / active["model"] / "privacy.json").read_text())["prediction_runs"] == 1
     refused("privacy budget")
+
+
+def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_handshake(trained, tmp_path):
+    """threat_models/dp.toml: the active party's own file says 40 stage-1 epochs where the passive parties'
+    budgets were checked against 3; its hello carries another model fingerprint, and every party stops
+    before any sum is sent, naming the differing field."""
+    import subprocess
+    import sys
+
+    config = _copy(trained, tmp_path)
+    config.write_text(config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
+    longer = config.with_name("active.toml")
+    longer.write_text(config.read_text().replace("[model.pretrain]\nepochs = 3\n", "[model.pretrain]\nepochs = 40\n"))
+    assert longer.read_text() != config.read_text()
+    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
+                                     str(longer if name == "party3" else config), "--party", name, "--quiet"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("party3", "party0", "party1", "party2")}
+    errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
+    assert all(proc.returncode != 0 for proc in procs.values()), errors
+    assert any("differ in 'model'" in err for err in errors.values()), errors
+    before = {name: (trained / name / "model" / "model.pt").read_bytes() for name in ("party0", "party3")}
+    assert all((config.parent / name / "model" / "model.pt").read_bytes() == saved for name, saved in before.items())

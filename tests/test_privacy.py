@@ -173,15 +173,18 @@ def test_the_active_party_cannot_recover_a_contribution_once_noised():
     assert float((guess - clipped).var()) >= 8.0**2 * 0.9
 
 
-def test_a_run_under_mpc_with_a_budget_reports_each_partys_epsilon(tmp_path):
+def test_a_simulation_with_a_budget_reports_each_partys_epsilon(tmp_path):
+    # The distributed path under mpc runs in tests/test_federation.py::test_a_privacy_budget_is_each_partys_own...
+    import contextlib
+    import io
     import json
-    import subprocess
-    import sys
+
+    from falsevfl_secure import simulate
 
     out = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "falsevfl_secure.simulate", "--protocol", "mpc", "--runtime", "distributed",
-                    "--max-rows", "300", "--pretrain-epochs", "1", "--train-epochs", "1", "--epsilon", "3",
-                    "--quiet", "--out", str(out)], check=True, timeout=300, capture_output=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert simulate.main(["--max-rows", "300", "--pretrain-epochs", "1", "--train-epochs", "1", "--epsilon", "3",
+                              "--quiet", "--out", str(out)]) == 0
     spent = json.loads((out / "result.json").read_text())["privacy"]
     assert [s["party"] for s in spent] == [f"party {k}" for k in range(4)]
     for record in spent:  # a training row: 4 + 2 + 2 (validation); a test row: 2 x 7 patterns; within the budget
@@ -267,13 +270,15 @@ def test_a_longer_schedule_or_one_more_prediction_is_refused_by_the_partys_own_f
     assert privacy.check_budget(base, "clinic").epsilon <= 8.0
     with pytest.raises(InputError, match="clinic: the schedule would spend epsilon"):
         privacy.check_budget(longer, "clinic")  # a party whose own file says this refuses before any sum
-    runs = 0
+    # A budget that fits training, its validation pass and three prediction runs: the fourth is refused.
+    budget = privacy.spent(base, "clinic", privacy.TRAINING_PREDICTIONS + 3).epsilon * (1 + 1e-6)
+    tight = replace(base, privacy=replace(base.privacy, epsilon=budget))
+    for _ in range(3):
+        privacy.charge_prediction(tight, "clinic", tmp_path)
     with pytest.raises(InputError, match="clinic: the schedule would spend epsilon"):
-        while runs < 1000:
-            privacy.charge_prediction(base, "clinic", tmp_path)
-            runs += 1
+        privacy.charge_prediction(tight, "clinic", tmp_path)
     ledger = privacy.read_ledger(tmp_path)
-    assert ledger["prediction_runs"] == runs and ledger["epsilon"] <= 8.0 and runs > 0
+    assert ledger["prediction_runs"] == 3 and ledger["epsilon"] <= budget
 
 
 # -- DP-SGD of a party's own networks, and the unit precision --------------------------------------------

@@ -115,9 +115,11 @@ class PrivacyConfig:
     def enabled(self) -> bool:
         return self.epsilon > 0
 
-    def clip(self, round_name: str) -> float | None:
+    @property
+    def clips(self) -> dict[str, float]:
+        """The clip norm of each summed round, by the round's name."""
         return {"posterior": self.clip_posterior, "likelihood": self.clip_likelihood,
-                "latent_grad": self.clip_latent_grad}.get(round_name)
+                "latent_grad": self.clip_latent_grad}
 
     def check(self, parties: int) -> None:
         _need(math.isfinite(self.epsilon) and self.epsilon >= 0, f"privacy epsilon={self.epsilon}: >= 0 (0: off)")

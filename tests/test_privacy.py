@@ -89,8 +89,13 @@ def test_the_issues_published_settings():
     # 300 releases per row at epsilon 8 need a multiplier of about 10.4; one release about 0.6 (delta 1e-5).
     assert privacy.epsilon_of(10.4, 300, 1e-5) == pytest.approx(8.0, abs=0.05)
     assert privacy.calibrate(8.0, 1, 1e-5) == pytest.approx(0.6, abs=0.02)
-    # Balle and Wang (2018), Fig. 3: at sigma = 1 the analytic Gaussian reaches epsilon of about 4.4 at 1e-5.
-    assert privacy._closed_form_epsilon(1.0, 1e-5) == pytest.approx(4.4, abs=0.15)
+    # Dwork and Roth (2014), Theorem A.1: for epsilon < 1, sigma = sqrt(2 ln(1.25 / delta)) / epsilon suffices;
+    # the exact (analytic) epsilon at that sigma is therefore at most epsilon, and the calibrated sigma below it.
+    for epsilon in (0.1, 0.5, 0.9):
+        classic = math.sqrt(2 * math.log(1.25 / 1e-5)) / epsilon
+        assert privacy._closed_form_epsilon(classic, 1e-5) <= epsilon
+        assert privacy.epsilon_of(classic, 1, 1e-5) <= epsilon * (1 + 1e-3)
+        assert privacy.calibrate(epsilon, 1, 1e-5) < classic
 
 
 @settings(max_examples=8, deadline=None)

@@ -42,8 +42,7 @@ def noise_stages(cfg: Config, randomness: Mapping[int, RoleRandomness]) -> dict[
     privacy = cfg.privacy
     if not privacy.enabled:
         return {}
-    clips = {name: privacy.clip(name) for name in ("posterior", "likelihood", "latent_grad")}
-    spec = NoiseSpec(clips, noise_multiplier(cfg), privacy.collusion)
+    spec = NoiseSpec(privacy.clips, noise_multiplier(cfg), privacy.collusion)
     return {k: NoiseStage(spec, rand.stream("dp-noise")) for k, rand in randomness.items()}
 
 

@@ -6,7 +6,7 @@
 
 Every (dataset, training mechanism, method, K, seed, overrides) run is one cell group (`--variant I II` is
 the older spelling of `--methods false-vfl-i false-vfl-ii`; a baseline trains with its own schedule for
-the preset, `config.METHOD_SCHEDULES`). Writes, after every finished run, DIR/accuracy.json (a list of
+the preset, its `schedules`, methods/). Writes, after every finished run, DIR/accuracy.json (a list of
 cells {"dataset", "train", "test", "method", "variant", "seed", "parties", "preset", "overrides",
 "accuracy", "wall_time_s", "stage_time_s", "device"}), so a killed benchmark resumes where it stopped
 (finished runs are never recomputed); at the end DIR/accuracy.md (mean ± std per test pattern, next to
@@ -41,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.cli import guarded  # noqa: E402
-from falsevfl_secure.config import METHOD_LABELS, Config, make_config, parse_method  # noqa: E402
+from falsevfl_secure.config import Config  # noqa: E402
 from falsevfl_secure.data import TEST_PATTERNS, TRAIN_MECHANISMS  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.methods import make_config, method_for, method_labels, parse_method  # noqa: E402
 
 
 def _row(*values: float) -> dict[str, float]:
@@ -59,9 +60,9 @@ PAPER = {
     ("isolet", "mcar:0.2", "fedhssl"): _row(75.1, 68.2, 46.5, 34.4, 35.3, 48.2, 48.3),
     ("hapt", "mcar:0.2", "false-vfl-i"): _row(89.0, 85.4, 73.3, 73.8, 73.7, 69.8, 68.5),
 }
-METHOD_ORDER = tuple(METHOD_LABELS)
 NAMES = {"false-vfl-i": "FALSE-VFL-I", "false-vfl-ii": "FALSE-VFL-II", "vanilla": "Vanilla VFL", "laser": "LASER-VFL",
          "plugvfl": "PlugVFL", "fedhssl": "FedHSSL"}
+METHOD_ORDER = tuple(NAMES)  # the paper's order of its tables
 PAPER_K = 8  # the paper's number of parties for these rows
 
 
@@ -82,14 +83,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="isolet")
     p.add_argument("--train", nargs="+", default=["mcar:0.2"], help="training mechanisms")
-    p.add_argument("--methods", nargs="+", default=None, choices=list(METHOD_LABELS),
+    p.add_argument("--methods", nargs="+", default=None, choices=list(method_labels()),
                    help="the methods to run (default false-vfl-i)")
     p.add_argument("--variant", nargs="+", default=None, choices=["I", "II"],
                    help="FALSE-VFL's variants: --variant I II is --methods false-vfl-i false-vfl-ii")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--preset", choices=["paper", "paper-protocol", "quick"], default="paper",
                    help="paper: the paper's schedules as this project reads them; paper-protocol: under the readings "
-                        "of its protocol that reproduce its rows best (config.PAPER_PROTOCOL, METHOD_SCHEDULES)")
+                        "of its protocol that reproduce its rows best (config.PAPER_PROTOCOL, the methods' schedules)")
     p.add_argument("--parties", nargs="+", type=int, default=[None], help="K (default: the preset's)")
     p.add_argument("--pretrain-epochs", type=int, default=None)
     p.add_argument("--train-epochs", type=int, default=None)
@@ -140,17 +141,16 @@ def planned_configs(args) -> list[tuple[Config, dict]]:
     schedule = {f"{stage}_epochs": n for stage, n in (("pretrain", args.pretrain_epochs), ("train", args.train_epochs))
                 if n is not None}
     for label in methods_asked(args):
-        method, variant = parse_method(label)
+        method, options = parse_method(label)
         for train in args.train:
             for parties in args.parties:
                 for seed in args.seeds:
-                    cfg = make_config(args.dataset, args.preset, parties=parties, method=method, variant=variant,
-                                      train_mechanism=train, seed=seed, device=args.device)
+                    cfg = make_config(args.dataset, args.preset, parties=parties, method=method,
+                                      **{**options, **overrides}, train_mechanism=train, seed=seed, device=args.device)
                     if args.pretrain_epochs is not None:
                         cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
                     if args.train_epochs is not None:
                         cfg = replace(cfg, train=replace(cfg.train, epochs=args.train_epochs))
-                    cfg = replace(cfg, **overrides).validate()
                     configs.append((cfg, {**overrides, **schedule}))
     return configs
 
@@ -189,13 +189,11 @@ def run_config(run: tuple, seed: int = 0) -> Config:
     """The configuration of a table row's runs (their seed aside)."""
     dataset, train, label, parties, preset, overrides = run
     extra = json.loads(overrides)
-    method, variant = parse_method(label)
-    cfg = make_config(dataset, preset, parties=parties, method=method, variant=variant, train_mechanism=train,
+    method, options = parse_method(label)
+    epochs = {stage: extra.pop(f"{stage}_epochs") for stage in ("pretrain", "train") if f"{stage}_epochs" in extra}
+    cfg = make_config(dataset, preset, parties=parties, method=method, **{**options, **extra}, train_mechanism=train,
                       seed=seed, device="cpu")
-    for stage in ("pretrain", "train"):
-        if f"{stage}_epochs" in extra:
-            cfg = replace(cfg, **{stage: replace(getattr(cfg, stage), epochs=extra.pop(f"{stage}_epochs"))})
-    return replace(cfg, **extra).validate()
+    return replace(cfg, **{stage: replace(getattr(cfg, stage), epochs=n) for stage, n in epochs.items()}).validate()
 
 
 def step_budget(cfg: Config) -> dict[str, int]:
@@ -514,7 +512,8 @@ def main(argv=None) -> int:
         done = {cell_key(c) for c in cells}
         todo = []
         for cfg, overrides in planned_configs(args):
-            meta = {"dataset": cfg.dataset, "train": cfg.train_mechanism, "method": cfg.label, "variant": cfg.variant,
+            meta = {"dataset": cfg.dataset, "train": cfg.train_mechanism, "method": method_for(cfg).label,
+                    "variant": cfg.options.get("variant", "I"),
                     "seed": cfg.seed, "parties": cfg.parties, "preset": args.preset, "overrides": overrides}
             if cell_key(meta) not in done:
                 todo.append((cfg, meta))

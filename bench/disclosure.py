@@ -51,13 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.bounds import latent_posterior  # noqa: E402
-from falsevfl_secure.config import Stage, make_config  # noqa: E402
+from falsevfl_secure.config import Stage  # noqa: E402
 from falsevfl_secure.data import make_splits  # noqa: E402
 from falsevfl_secure.data.loaders import canonical_name  # noqa: E402
 from falsevfl_secure.errors import FalseVflError  # noqa: E402
 from falsevfl_secure.fsio import atomic_write, write_json  # noqa: E402
+from falsevfl_secure.methods import make_config  # noqa: E402
+from falsevfl_secure.methods.false_vfl_steps import forward_rounds  # noqa: E402
 from falsevfl_secure.runtime.local import run_local  # noqa: E402
-from falsevfl_secure.steps import forward_rounds  # noqa: E402
 from falsevfl_secure.train import host_split  # noqa: E402
 from falsevfl_secure.transport.rounds import LATENT  # noqa: E402
 

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import update_readme  # noqa: E402
 
 from falsevfl_secure.cli import guarded  # noqa: E402
-from falsevfl_secure.config import make_config  # noqa: E402
 from falsevfl_secure.errors import InputError  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.methods import make_config  # noqa: E402
 from falsevfl_secure.transport import PROTOCOLS  # noqa: E402
 
 

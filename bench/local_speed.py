@@ -45,10 +45,10 @@ from falsevfl_secure.config import (  # noqa: E402
 from falsevfl_secure.data.synthetic import synthetic_split  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
 from falsevfl_secure.methods import build_node  # noqa: E402
+from falsevfl_secure.methods.false_vfl_steps import stage1_loss  # noqa: E402
 from falsevfl_secure.model.party import likelihood_terms, posterior_terms  # noqa: E402
 from falsevfl_secure.node import resolve_device  # noqa: E402
 from falsevfl_secure.randomness import RoleSecret  # noqa: E402
-from falsevfl_secure.steps import stage1_loss  # noqa: E402
 from falsevfl_secure.train import host_split, optimizers_for  # noqa: E402
 from falsevfl_secure.transport import LocalTransport  # noqa: E402
 
@@ -71,7 +71,7 @@ def step_gflop(cfg: Config, width: int, batch: int) -> float:
 
 
 def make_cfg(args, stack: bool) -> Config:
-    return Config(dataset="synthetic", parties=args.parties, variant=args.variant, h_dim=128, z_dim=64,
+    return Config(dataset="synthetic", parties=args.parties, options={"variant": args.variant}, h_dim=128, z_dim=64,
                   party_hidden=args.party_hidden, global_hidden=args.global_hidden, kappa=args.kappa,
                   pretrain=StageConfig(5e-4, args.batch, 1), device=args.device,
                   stack_parties="always" if stack else "never")

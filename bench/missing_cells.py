@@ -43,9 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.cli import guarded  # noqa: E402
-from falsevfl_secure.config import Config, make_config  # noqa: E402
+from falsevfl_secure.config import Config  # noqa: E402
 from falsevfl_secure.data import TEST_PATTERNS, data_root  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.methods import make_config  # noqa: E402
 
 HANDLINGS = ("mask", "mean")
 

@@ -67,7 +67,7 @@ def make_job(parties: int, batch: int, stage: str, seed: int = 0, record: bool =
     cfg = Config(dataset="synthetic", parties=parties, h_dim=128, z_dim=64, party_hidden=256, global_hidden=256,
                  discriminator_hidden=256, kappa=10, predict_samples=10,
                  pretrain=StageConfig(5e-4, batch, 1), train=StageConfig(2e-4, batch, 1), seed=seed,
-                 latent_broadcast=latent_broadcast, privacy=privacy)
+                 options={"latent_broadcast": latent_broadcast}, privacy=privacy)
     split = dict(n=batch, parties=parties, width=WIDTH, p_missing=0.2, seed=seed, n_classes=26)
     return StepJob(cfg, split, tuple(range(batch)), Stage[stage.upper()], secret_seed=None, record=record)
 

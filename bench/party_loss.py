@@ -25,8 +25,8 @@ from party_loss_runs import Crash, distributed_run, local_run, scheduled, steps_
 from readme_section import update_readme  # noqa: E402
 
 from falsevfl_secure.cli import guarded  # noqa: E402
-from falsevfl_secure.config import make_config  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.methods import make_config  # noqa: E402
 from falsevfl_secure.transport import PROTOCOLS  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "party_loss"

@@ -33,9 +33,10 @@ from disclosure import PASSIVE, attacker_inputs, label_attack, received_latents 
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.cli import guarded  # noqa: E402
-from falsevfl_secure.config import PrivacyConfig, make_config  # noqa: E402
+from falsevfl_secure.config import PrivacyConfig  # noqa: E402
 from falsevfl_secure.data import TEST_PATTERNS, make_splits  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
+from falsevfl_secure.methods import make_config  # noqa: E402
 from falsevfl_secure.privacy import noise_multiplier, spent  # noqa: E402
 from falsevfl_secure.runtime.local import run_local  # noqa: E402
 

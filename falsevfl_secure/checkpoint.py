@@ -124,8 +124,11 @@ def check_resumable(directory: Path | str, parties: range | list[int], cfg: Conf
 
 
 def differences(saved: dict, cfg: Config) -> str:
-    """The training settings that differ, as "name: saved -> now"."""
-    now = cfg.training_settings()
+    """The training settings that differ, as "name: saved -> now" (the method's own options by their names)."""
+    def flat(settings: dict) -> dict:
+        return {**{k: v for k, v in settings.items() if k != "options"}, **settings.get("options", {})}
+
+    saved, now = flat(saved), flat(cfg.training_settings())
     changed = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
                if saved.get(k) != now.get(k)]
     return "; ".join(changed) or "an unknown setting"

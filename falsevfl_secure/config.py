@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import IntEnum
 
-from .data.loaders import DEFAULT_LABELED, STANDARDIZE, TABULAR_DEFAULT, canonical_name
+from .data.loaders import STANDARDIZE
 from .data.mechanisms import MECHANISM_ROWS, parse_mechanism
 from .errors import InputError
 
@@ -31,32 +31,13 @@ class Stage(IntEnum):
 
 
 CELL_HANDLING = ("mask", "mean")  # how party models treat empty cells (Config.cell_handling)
-LATENT_BROADCAST = ("samples", "moments")  # what FALSE-VFL's latent round sends (Config.latent_broadcast)
 
 # Settings that do not change what training computes: a checkpoint may be resumed with others.
 NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
 
 
-DISCRIMINATOR_INPUTS = ("latent", "latent+own")  # Config.discriminator_inputs: p(y | h) or p(y | h, x_active)
 CLASS_WEIGHTS = ("none", "balanced")  # Config.class_weight: stage 2's weight of each labeled row
-IMPUTE = ("embedding", "features")  # Config.impute: a missing party's stand-in in a baseline's fusion
-LASER_BATCHES = ("grouped", "grouped-full", "plain")  # Config.laser_batches: how LASER-VFL forms its batches
-PLUG_DROPS = ("row", "batch")  # Config.plug_drop: what PlugVFL's party dropout drops
-ENCODE_MISSING = ("skip", "zeros")  # Config.encode_missing: FALSE-VFL's posterior over held parties, or MIWAE's
 OPTIMIZERS = ("adam", "sgd")  # sgd: momentum 0.9, as SimSiam's pretraining uses it
-# The methods, by the names `simulate --method`, `bench/accuracy.py --methods` and `[model] method` take:
-# FALSE-VFL-I and -II are one method with a flag (`Config.variant`); the baselines of the paper's App. D.1.
-METHOD_LABELS: dict[str, tuple[str, str]] = {
-    "false-vfl-i": ("false-vfl", "I"), "false-vfl-ii": ("false-vfl", "II"), "vanilla": ("vanilla", "I"),
-    "laser": ("laser", "I"), "plugvfl": ("plugvfl", "I"), "fedhssl": ("fedhssl", "I")}
-METHODS = tuple(dict.fromkeys(method for method, _ in METHOD_LABELS.values()))
-
-
-def parse_method(label: str) -> tuple[str, str]:
-    """(method, variant) of a method's name; an unknown name is refused, listing the valid ones."""
-    if label not in METHOD_LABELS:
-        raise InputError(f"unknown method {label!r}; choose one of {', '.join(METHOD_LABELS)}")
-    return METHOD_LABELS[label]
 
 
 @dataclass(frozen=True)
@@ -144,12 +125,10 @@ class Config:
     dataset: str = "digits"
     parties: int = 4
     active_party: int = -1  # -1: the last party
-    method: str = "false-vfl"  # one of METHODS: FALSE-VFL or a baseline of the paper (methods/)
-    # Vanilla VFL, PlugVFL, FedHSSL: what stands in for a party that does not hold a row in the fusion,
-    # "embedding" (zeros in place of its embedding; LASER-VFL's implementation of PlugVFL) or "features"
-    # (its extractor's embedding of zeros, the mean of standardised features: zero imputation of the data).
-    impute: str = "embedding"
-    variant: str = "I"  # FALSE-VFL's "I" (MAR) or "II" (MNAR: models p(m | x)); "I" for every baseline
+    method: str = "false-vfl"  # a registered method (methods/): FALSE-VFL or a baseline of the paper
+    # The method's own settings, by the names it declares (`Method.options`; `methods.make_config` fills in
+    # its defaults): FALSE-VFL's variant "I" (MAR) or "II" (MNAR), LASER-VFL's batches, PlugVFL's drops, ...
+    options: dict = field(default_factory=dict)
     task: str = "classification"
     train_mechanism: str = "mcar:0.2"
     h_dim: int = 128
@@ -168,35 +147,10 @@ class Config:
     # Simulations: how the dataset's features are treated (data.loaders.STANDARDIZE): "robust" (floored
     # scale, clipped; the default), "zscore" (plain mean and std) or "none" (as the files hold them).
     standardize: str = "robust"
-    # FALSE-VFL's latent broadcast: "samples" (S draws of h per row, the default) or "moments" (mean,
-    # scale and a sampling key per row: S/2 times fewer bytes, but every party learns the exact posterior,
-    # which measurably discloses more; README "Why the broadcast stays samples").
-    latent_broadcast: str = "samples"
-    # FALSE-VFL's discriminator: "latent" reads the latent samples only, p(y | h) (the paper); "latent+own"
-    # also the active party's own block where it holds the record, p(y | h, x_active): values it holds in
-    # clear, so nothing more crosses (threat_models/labels.toml).
-    discriminator_inputs: str = "latent"
-    # With "latent+own": the discriminator also reads the active party's own gradient-boosted trees' score of
-    # the record (fitted on its own columns and labels; out of fold on its training rows): stage 2 then learns
-    # what the other parties add to the best model the active party has alone. A federation only.
-    own_reference: bool = False
-    # Readings of the paper's protocol (README "Comparison with the paper"); the defaults are this project's.
-    # LASER-VFL's stage-2 batches: "grouped" (the rows of one observed set, every group cut into batches of at
-    # most batch_size: the paper's "mini-batches that share a single mask"), "grouped-full" (the same, only
-    # full batches: the rest of each group waits for a later epoch's shuffle), "plain" (shuffled batches,
-    # each row its own set of parties, as every other method).
-    laser_batches: str = "grouped"
-    # PlugVFL's dropout of a passive party with probability 0.5: per "row" (each row its own draw) or per
-    # "batch" (one draw per party and mini-batch, as the LASER-VFL code's PlugVFL the paper adopts does).
-    plug_drop: str = "row"
     # Simulations: the training mechanism removes blocks from "all" training rows outside the aligned reserve,
     # or from the "labeled" ones only (the paper: "we reserve 100 ... of the labeled samples as fully aligned
     # and render the remainder partially aligned"); the unlabeled rows then stay fully observed.
     mechanism_rows: str = "all"
-    # FALSE-VFL's encoder input for a party that does not hold a row: "skip" (it adds nothing: the posterior is
-    # over the parties that hold the row, the paper's Eq. (1)) or "zeros" (MIWAE's convention: the missing
-    # block encoded as zeros, every party in the posterior; the likelihood still covers held blocks only).
-    encode_missing: str = "skip"
     class_weight: str = "none"  # stage 2: "balanced" weighs each labeled row by n / (C n_class) (classification)
     # Stage 2 keeps the discriminator of its best epoch on the validation records (log loss, or RMSE for
     # regression; the active party's own choice: stage 2 trains its parameters only) where a run has them.
@@ -221,11 +175,6 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     @property
-    def label(self) -> str:
-        """The method's name as `--method` takes it (false-vfl-i, false-vfl-ii, vanilla, ...)."""
-        return f"false-vfl-{self.variant.lower()}" if self.method == "false-vfl" else self.method
-
-    @property
     def active_index(self) -> int:
         """The active party's index (the `active_party` setting may count from the end)."""
         return self.active_party % self.parties
@@ -236,6 +185,10 @@ class Config:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def with_options(self, **options) -> Config:
+        """The configuration with some of the method's own options changed."""
+        return replace(self, options={**self.options, **options})
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:
@@ -281,40 +234,17 @@ class Config:
         for stage_name in ("pretrain", "train"):
             getattr(self, stage_name).check(stage_name)
         self.privacy.check(self.parties)
-        _need(not self.privacy.enabled or (self.method == "false-vfl" and self.latent_broadcast == "samples"),
-              f"privacy: method {self.label!r} is refused under a privacy budget: its summed rounds carry "
-              "label-dependent gradients back to the parties (embedding_grad, subsets_grad) that no budget covers "
-              "yet; run false-vfl-i or false-vfl-ii (latent_broadcast = \"samples\")")
         parse_mechanism(self.train_mechanism)
         return self
 
     def _check_choices(self) -> None:
-        """The settings that name one of a few choices, and the pairs of them that do not combine."""
-        _need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
-        _need(self.variant in ("I", "II"), f"variant={self.variant!r}: choose I or II")
-        _need(self.impute in IMPUTE, f"impute={self.impute!r}: choose {' or '.join(IMPUTE)}")
-        _need(self.impute == "embedding" or self.method in ("vanilla", "plugvfl", "fedhssl"),
-              f"impute={self.impute!r} is for vanilla, plugvfl and fedhssl only, not {self.method!r}")
-        _need(self.method == "false-vfl" or self.variant == "I",
-              f"variant={self.variant!r} is FALSE-VFL's; method {self.method!r} has none (leave it I)")
+        """The settings that name one of a few choices (the method's own options: `Method.resolve`)."""
+        _need(isinstance(self.method, str) and isinstance(self.options, dict),
+              f"method={self.method!r}, options={self.options!r}: a method's name and a table of its options")
         _need(self.stack_parties in ("auto", "always", "never"),
               f"stack_parties={self.stack_parties!r}: choose auto, always or never")
         _need(self.task in ("classification", "regression"), f"task={self.task!r}: classification or regression")
         _need(self.cell_handling in CELL_HANDLING, f"cell_handling={self.cell_handling!r}: choose mask or mean")
-        _need(self.latent_broadcast in LATENT_BROADCAST and (self.method == "false-vfl"
-                                                              or self.latent_broadcast == "samples"),
-              f"latent_broadcast={self.latent_broadcast!r}: choose samples or moments (FALSE-VFL only)")
-        _need(self.discriminator_inputs in DISCRIMINATOR_INPUTS and (self.method == "false-vfl"
-                                                                      or self.discriminator_inputs == "latent"),
-              f"discriminator_inputs={self.discriminator_inputs!r}: choose latent or latent+own (FALSE-VFL only)")
-        _need(not self.own_reference or self.discriminator_inputs == "latent+own",
-              "own_reference = true needs discriminator_inputs = \"latent+own\" (the trees' score is an own input)")
-        for name, choices, owner in (("laser_batches", LASER_BATCHES, "laser"), ("plug_drop", PLUG_DROPS, "plugvfl"),
-                                     ("encode_missing", ENCODE_MISSING, "false-vfl")):
-            value = getattr(self, name)
-            _need(value in choices, f"{name}={value!r}: choose {' or '.join(choices)}")
-            _need(value == choices[0] or self.method == owner,
-                  f"{name}={value!r} is {owner}'s option, not {self.method}'s")
         _need(self.mechanism_rows in MECHANISM_ROWS,
               f"mechanism_rows={self.mechanism_rows!r}: choose {' or '.join(MECHANISM_ROWS)}")
         _need(self.class_weight in CLASS_WEIGHTS, f"class_weight={self.class_weight!r}: choose none or balanced")
@@ -364,96 +294,21 @@ PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True,
 
 # "default" is what a run gets unless it asks for another schedule: the paper's for the paper's datasets.
 # "paper-protocol": the paper's schedule under the readings of its protocol that reproduce its rows best
-# (README "Comparison with the paper"); every method's own readings are in METHOD_SCHEDULES.
+# (README "Comparison with the paper"); every method's own readings are in its `schedules` (methods/).
 PAPER_PROTOCOL = dict(mechanism_rows="labeled")
 for _presets in PRESETS.values():
     _presets.setdefault("default", _presets["paper"])
     _presets["paper-protocol"] = {**_presets["paper"], **PAPER_PROTOCOL}
 
 
-def _sgd(lr: float, batch: int, epochs: int, weight_decay: float = 3e-5) -> StageConfig:
-    return StageConfig(lr, batch, epochs, weight_decay, "sgd")
-
-
-def _baseline(pretrain: StageConfig, train: StageConfig, **protocol) -> dict:
-    """A baseline's schedule: SimSiam pretraining of the local models, then fine-tuning with labels; under
-    `paper-protocol` with the method's own readings (`protocol`)."""
-    quick = dict(pretrain=replace(pretrain, epochs=max(1, pretrain.epochs // 10)),
-                 train=replace(train, epochs=max(1, train.epochs // 10)))
-    paper = dict(pretrain=pretrain, train=train)
-    return {"paper": paper, "quick": quick, "paper-protocol": {**paper, **protocol}}
-
-
-def _laser(dataset: str, pretrain: StageConfig, train: StageConfig) -> dict:
-    """LASER-VFL under `paper-protocol`: stage 2 at the step count the paper's table states, epochs x
-    ceil(labeled rows / batch size) (its grouped batches are many more and mostly tiny: README)."""
-    labeled = DEFAULT_LABELED.get(dataset, TABULAR_DEFAULT)[0]
-    schedule = _baseline(pretrain, train)
-    schedule["paper-protocol"]["train"] = replace(train, steps_per_epoch=math.ceil(labeled / train.batch_size))
-    return schedule
-
-
-def _plug(pretrain: StageConfig, train: StageConfig) -> dict:
-    """PlugVFL under `paper-protocol`: a passive party dropped per mini-batch (the LASER-VFL code's PlugVFL)."""
-    return _baseline(pretrain, train, plug_drop="batch")
-
-
-# The baselines' schedules (paper, App. D.1, Tables "Hyperparameters for ..."; the SimSiam pretraining in
-# the paper's parentheses). Widths follow the dataset's preset: the embedding is h_dim wide (128 on Isolet
-# and HAPT, as the paper's latent dimension), the extractors party_hidden. Digits has no paper setting:
-# the same shape of schedule, shorter.
-METHOD_SCHEDULES: dict[str, dict[str, dict[str, dict]]] = {
-    "vanilla": {"isolet": _baseline(_sgd(0.025, 512, 100), StageConfig(5e-4, 32, 500)),
-                "hapt": _baseline(_sgd(0.02, 512, 150), StageConfig(5e-3, 64, 100)),
-                "fashion-mnist": _baseline(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
-                "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 100))},
-    "laser": {"isolet": _laser("isolet", _sgd(0.025, 512, 100), StageConfig(5e-5, 64, 200)),
-              "hapt": _laser("hapt", _sgd(0.02, 512, 150), StageConfig(1e-3, 128, 100)),
-              "fashion-mnist": _laser("fashion-mnist", _sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 100)),
-              "digits": _laser("digits", _sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
-    "plugvfl": {"isolet": _plug(_sgd(0.025, 512, 100), StageConfig(5e-5, 32, 100)),
-                "hapt": _plug(_sgd(0.02, 512, 150), StageConfig(5e-4, 64, 100)),
-                "fashion-mnist": _plug(_sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
-                "digits": _plug(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))},
-    "fedhssl": {"isolet": _baseline(_sgd(0.025, 512, 150), StageConfig(2e-3, 64, 300)),
-                "hapt": _baseline(StageConfig(0.025, 512, 100, 1e-5), StageConfig(5e-4, 64, 500)),
-                "fashion-mnist": _baseline(_sgd(0.02, 1024, 150), StageConfig(1e-4, 128, 100)),
-                "digits": _baseline(_sgd(0.025, 128, 40), StageConfig(1e-3, 32, 100))},
-}
-for _schedules in METHOD_SCHEDULES.values():
-    for _per_dataset in _schedules.values():
-        _per_dataset.setdefault("default", _per_dataset["paper"])
-
-
-def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> Config:
-    """The preset for `dataset` (a baseline's schedule on top of the dataset's widths when `method` names
-    one), with explicit overrides (None values are ignored)."""
-    key = canonical_name(dataset)
-    if key not in PRESETS:
-        raise InputError(f"dataset {key!r} has no presets (config.PRESETS); give its settings explicitly")
-    if preset not in PRESETS[key]:
-        raise InputError(f"unknown preset {preset!r} for {key}; choose one of {sorted(PRESETS[key])}")
-    given = {k: v for k, v in overrides.items() if v is not None}
-    schedule = _method_schedule(given.get("method", "false-vfl"), key, preset)
-    values = {**PRESETS[key][preset], **schedule, **given}
-    if values.get("method", "false-vfl") != "false-vfl" and "discriminator_inputs" not in given:
-        values["discriminator_inputs"] = "latent"  # the preset's choice is FALSE-VFL's; a baseline has its own head
-        values["own_reference"] = False
-    return replace(Config(dataset=key), **values).validate()
-
-
-def _method_schedule(method: str, dataset: str, preset: str) -> dict:
-    """A baseline's own schedule for the preset (FALSE-VFL's are the presets themselves); a method without
-    one is an input error, never FALSE-VFL's schedule in its place. `auto` takes its default (sized later)."""
-    if method == "false-vfl" or method not in METHOD_SCHEDULES:
-        return {}  # an unknown method is refused by Config.validate, naming the choices
-    schedules = METHOD_SCHEDULES[method].get(dataset)
-    wanted = "default" if preset == "auto" else preset
-    if schedules is None or wanted not in schedules:
-        have = sorted(METHOD_SCHEDULES[method].get(dataset, {})) or "none"
-        raise InputError(f"method {method!r} has no {preset!r} schedule for {dataset} (it has: {have}); give its "
-                         "schedule explicitly or choose another preset")
-    return schedules[wanted]
+def dataset_preset(dataset: str, preset: str) -> dict:
+    """The settings of a dataset's preset (its widths and FALSE-VFL's schedule; `methods.make_config` puts a
+    baseline's own schedule on top); an unknown dataset or preset is refused, listing the choices."""
+    if dataset not in PRESETS:
+        raise InputError(f"dataset {dataset!r} has no presets (config.PRESETS); give its settings explicitly")
+    if preset not in PRESETS[dataset]:
+        raise InputError(f"unknown preset {preset!r} for {dataset}; choose one of {sorted(PRESETS[dataset])}")
+    return PRESETS[dataset][preset]
 
 
 # `sized_schedule`: optimiser steps each stage aims at, and the bounds of its batch size and epochs.

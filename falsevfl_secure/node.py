@@ -2,8 +2,8 @@
 
 In the local runtime a single `Node` hosts every party and the active party; in the distributed runtime
 each process hosts one party (the active party's process also hosts the label side). The methods
-(`methods/`, FALSE-VFL's steps in `steps.py`) are written against this object only, so every runtime runs
-the same code. Each party draws its initial weights and its noise from its own secret streams
+(`methods/`, FALSE-VFL's steps in `methods/false_vfl_steps.py`) are written against this object only, so
+every runtime runs the same code. Each party draws its initial weights and its noise from its own secret streams
 (`randomness`): nothing here follows from the public seed.
 """
 
@@ -122,7 +122,7 @@ class Node:
         "zeros"` also for the rows it does not hold, whose block is zeros: MIWAE's convention)."""
         cells = self.cells(batch)
         held = batch.held
-        if self.cfg.encode_missing == "zeros":
+        if self.method.encodes_missing_blocks:
             held = {k: torch.ones_like(h) for k, h in held.items()}
         if self.stack is not None:
             return self.stack.posterior_contributions(batch.x, held, cells)

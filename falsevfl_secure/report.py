@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from .fsio import atomic_write
+from .methods import method_named
 from .runtime.records import RunResult
 from .transport.accounting import per_round
 
@@ -58,7 +59,7 @@ def plot_result(result: RunResult, path: Path) -> None:
     fraction.set_ylim(0, 105)
     fraction.set_ylabel("parties observed (%)", color="#dd8452")
     ax.set(ylim=(0, 105), ylabel="test accuracy (%)", xlabel="test pattern (missingness at test time)")
-    label = f"FALSE-VFL-{cfg['variant']}" if cfg.get("method", "false-vfl") == "false-vfl" else cfg["method"]
+    label = method_named(cfg["method"])(cfg["options"]).label
     ax.set_title(f"{label} on {cfg['dataset']}, K={cfg['parties']}, trained under "
                  f"{cfg['train_mechanism']}, {result.protocol}/{result.runtime}", fontsize=9)
     fig.legend(loc="lower left", fontsize=8, bbox_to_anchor=(0.08, 0.14))

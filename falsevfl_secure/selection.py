@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .config import Stage
+from .methods.false_vfl_steps import forward_rounds, own_inputs, snis_output
 from .node import HostedData, Node
-from .steps import forward_rounds, own_inputs, snis_output
 
 
 class BestEpoch:

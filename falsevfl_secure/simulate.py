@@ -3,8 +3,8 @@
     python -m falsevfl_secure.simulate --protocol plain|mpc|he [--method false-vfl-i] [--dataset digits] [--out runs/x]
 
 `--method` is FALSE-VFL-I or -II or one of the paper's baselines (vanilla, laser, plugvfl, fedhssl), each
-with its own schedule for the dataset (`config.METHOD_SCHEDULES`); `--variant I|II` is the older spelling
-of `--method false-vfl-i|false-vfl-ii`.
+with its own schedule for the dataset (its `schedules`, methods/); every method's own options are flags too
+(`--variant I|II` is the older spelling of `--method false-vfl-i|false-vfl-ii`).
 
 Writes OUT/result.json (accuracy in percent per test pattern, the fraction of parties observed under each,
 wall times, the per-round communication) and OUT/result.png. Every expected failure ends with one
@@ -19,21 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cli import guarded
-from .config import (
-    CELL_HANDLING,
-    ENCODE_MISSING,
-    LASER_BATCHES,
-    LATENT_BROADCAST,
-    METHOD_LABELS,
-    PLUG_DROPS,
-    Config,
-    make_config,
-    parse_method,
-)
+from .config import CELL_HANDLING, Config
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
 from .data.mechanisms import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
+from .methods import METHODS, make_config, method_for, method_labels, parse_method
 from .privacy import check_budget, noise_multiplier, spent
 from .transport.protocols import PROTOCOLS, protocol_named
 
@@ -49,26 +40,26 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cell-handling", choices=CELL_HANDLING, default=None,
                         help="empty cells: mask (the encoder sees which cells are empty, the likelihood covers "
                              "the observed ones; default) or mean (mean-imputed and treated as observed)")
-    parser.add_argument("--latent-broadcast", choices=LATENT_BROADCAST, default="samples",
-                        help="FALSE-VFL's latent round: samples (default) or moments (mean, scale and a sampling "
-                             "key per record: fewer bytes, but every party learns the exact posterior)")
-    _add_protocol_options(parser)
-
-
-def _add_protocol_options(parser: argparse.ArgumentParser) -> None:
-    """Readings of the paper's protocol (README "Comparison with the paper"); default: the preset's."""
-    parser.add_argument("--laser-batches", choices=LASER_BATCHES, default=None,
-                        help="LASER-VFL's batches: grouped by observed set, only full such batches, or plain shuffles")
-    parser.add_argument("--plug-drop", choices=PLUG_DROPS, default=None,
-                        help="PlugVFL drops a passive party per row or per mini-batch")
     parser.add_argument("--mechanism-rows", choices=MECHANISM_ROWS, default=None,
                         help="the training mechanism removes blocks from all training rows or the labeled ones only")
-    parser.add_argument("--encode-missing", choices=ENCODE_MISSING, default=None,
-                        help="FALSE-VFL's posterior over the parties holding a row (skip) or all, missing blocks "
-                             "encoded as zeros (MIWAE's convention)")
+    _add_method_options(parser)
     _add_privacy_options(parser)
     parser.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
                         help="stage 2: at most N steps per epoch (0: every batch)")
+
+
+def method_options() -> dict[str, tuple[str, tuple]]:
+    """Every registered method's options that a flag can set (those with named choices): name -> (the
+    method's name and the option's help, its choices)."""
+    return {name: (f"{method.name}: {option.help}", option.choices) for method in METHODS.values()
+            for name, option in method.options.items() if all(isinstance(c, str) for c in option.choices)}
+
+
+def _add_method_options(parser: argparse.ArgumentParser) -> None:
+    """A flag for each method's own options (default: the method's preset, else its default)."""
+    group = parser.add_argument_group("the methods' own options (each method's `options`, methods/)")
+    for name, (help, choices) in method_options().items():
+        group.add_argument(f"--{name.replace('_', '-')}", choices=choices, default=None, help=help)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,10 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="default: local for plain, distributed for mpc and he")
     parser.add_argument("--dataset", default="digits", help="digits (embedded), isolet, hapt, fashion-mnist")
     parser.add_argument("--parties", type=int, default=None, help="number of parties K (default: preset)")
-    parser.add_argument("--method", choices=tuple(METHOD_LABELS), default=None,
+    parser.add_argument("--method", choices=tuple(method_labels()), default=None,
                         help="the method (default false-vfl-i): FALSE-VFL-I or -II, or a baseline of the paper")
-    parser.add_argument("--variant", choices=("I", "II"), default=None,
-                        help="FALSE-VFL's variant: --variant II is --method false-vfl-ii")
     parser.add_argument("--train-mechanism", default="mcar:0.2",
                         help=f"one of {', '.join(TRAIN_MECHANISMS)} or dirichlet:ALPHA")
     parser.add_argument("--preset", choices=("quick", "default", "paper", "paper-protocol"), default="default",
@@ -131,13 +120,18 @@ def privacy_of(args: argparse.Namespace, cfg: Config) -> Config:
     return replace(cfg, privacy=replace(cfg.privacy, **given)) if given else cfg
 
 
-def method_label(args: argparse.Namespace) -> str:
-    """The method asked for: `--method`, or `--variant` (its alias for FALSE-VFL); both must agree."""
-    alias = f"false-vfl-{args.variant.lower()}" if args.variant else None
-    if args.method and alias and args.method != alias:
-        raise InputError(f"--method {args.method} and --variant {args.variant} disagree (--variant {args.variant} "
-                         f"means --method {alias}); give one of them")
-    return args.method or alias or "false-vfl-i"
+def method_of(args: argparse.Namespace) -> dict:
+    """The method asked for and its options: `--method` (default the first registered name) and the option
+    flags; a flag that disagrees with the option the name sets (`--method false-vfl-i --variant II`) is refused."""
+    method, implied = parse_method(args.method or next(iter(method_labels())))
+    flags = {name: getattr(args, name) for name in method_options() if getattr(args, name) is not None}
+    if args.method is None:  # a flag alone picks the name that sets it (`--variant II`: false-vfl-ii)
+        return {"method": method, **implied, **flags}
+    for name, value in flags.items():
+        if name in implied and implied[name] != value:
+            raise InputError(f"--method {args.method} and --{name.replace('_', '-')} {value} disagree "
+                             f"({args.method} sets {name} = {implied[name]!r}); give one of them")
+    return {"method": method, **implied, **flags}
 
 
 def configure(args: argparse.Namespace) -> tuple[Config, str]:
@@ -150,12 +144,10 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
         raise InputError("--audit needs --runtime distributed: in the local runtime no party receives anything")
     if args.threads is not None and args.threads < 1:
         raise InputError("--threads must be at least 1")
-    method, variant = parse_method(method_label(args))
-    cfg = make_config(args.dataset, args.preset, parties=args.parties, method=method, variant=variant,
+    cfg = make_config(args.dataset, args.preset, parties=args.parties, **method_of(args),
                       train_mechanism=args.train_mechanism, seed=args.seed, device=args.device,
                       max_rows=args.max_rows, cell_missing=args.cell_missing, cell_handling=args.cell_handling,
-                      latent_broadcast=args.latent_broadcast, laser_batches=args.laser_batches,
-                      plug_drop=args.plug_drop, mechanism_rows=args.mechanism_rows, encode_missing=args.encode_missing)
+                      mechanism_rows=args.mechanism_rows)
     if args.pretrain_epochs is not None:
         cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=args.pretrain_epochs))
     if args.train_epochs is not None:
@@ -163,6 +155,7 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
     if args.steps_per_epoch is not None:
         cfg = replace(cfg, train=replace(cfg.train, steps_per_epoch=args.steps_per_epoch))
     cfg = privacy_of(args, cfg).validate()
+    method_for(cfg)  # a budget refused for a method that it does not cover
     protocol.check_parties(cfg.parties, args.allow_two_party_disclosure)
     if cfg.privacy.enabled:  # the noise every party adds, stated once; then each party's own budget checked
         cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=noise_multiplier(cfg, 1, TESTS)))
@@ -217,7 +210,7 @@ def simulate(args: argparse.Namespace) -> int:
     write_json(out / "result.json", result.to_dict())
     plot_result(result, out / "result.png")
     print_result(result, out)
-    if result.audit is not None and not result.audit["passed"] and args.protocol != "plain":
+    if result.audit is not None and not result.audit["passed"] and protocol_named(args.protocol).hides_contributions:
         print("error: the audit found leaks in a secure protocol", file=sys.stderr)
         return 1
     return 0

@@ -73,12 +73,12 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
     """Train one stage from `start_epoch`; the mean loss per epoch (NaN where the active party is not hosted)."""
     settings = node.cfg.schedule(stage)
     if len(node.method.rows(stage, data)) == 0:
-        raise InputError(f"stage {int(stage)} of {node.cfg.label} has nothing to train on: it trains on "
+        raise InputError(f"stage {int(stage)} of {node.method.label} has nothing to train on: it trains on "
                          f"{node.method.row_rule[stage]}, and the training split has none")
     for module in node.modules():
         module.train()
     history = []
-    desc = f"{node.cfg.label} stage {int(stage)}"
+    desc = f"{node.method.label} stage {int(stage)}"
     bar = tqdm(range(start_epoch, settings.epochs), desc=desc, disable=not progress, initial=start_epoch,
                total=settings.epochs, unit="ep")
     for epoch in bar:

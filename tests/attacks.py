@@ -37,7 +37,8 @@ def weak_key(seed: bytes) -> bytes:
 def public_seed_party(cfg: Config, party: int, width: int) -> PartyModel:
     """Party `party`'s networks as anyone can rebuild them when secrets follow from the public seed
     (the broken derivation the shipped build no longer uses)."""
-    model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden)
+    model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.options.get("variant", "I"), cfg.min_decoder_std,
+                       cfg.indicator_hidden)
     return initialise(model, RoleSecret.for_tests(cfg.seed, party).stream("party/init"))
 
 

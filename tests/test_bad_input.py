@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure import simulate
-from falsevfl_secure.config import make_config
 from falsevfl_secure.data import DataError, parse_mechanism
 from falsevfl_secure.errors import FalseVflError, InputError
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.transport import PROTOCOLS as _REGISTRY
 
 SECURE = [name for name, p in _REGISTRY.items() if p.hides_contributions]

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from falsevfl_secure.checkpoint import Checkpointer
-from falsevfl_secure.config import Stage, StageConfig, make_config
+from falsevfl_secure.config import Stage, StageConfig
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.runtime.distributed import run_distributed
 from falsevfl_secure.runtime.local import run_local
@@ -81,7 +82,7 @@ def test_distributed_run_interrupted_by_ctrl_c_resumes_to_the_same_parameters(tm
     # Interrupt a real distributed run (a child process we can SIGINT) after stage-1 epoch 1.
     script = (
         "import sys; from pathlib import Path; from dataclasses import replace;"
-        "from falsevfl_secure.config import StageConfig, make_config;"
+        "from falsevfl_secure.config import StageConfig; from falsevfl_secure.methods import make_config;"
         "from falsevfl_secure.runtime.distributed import run_distributed;"
         "from falsevfl_secure.randomness import RoleSecret;"
         "cfg = replace(make_config('digits', 'quick', parties=2), pretrain=StageConfig(2e-3, 256, 40),"

@@ -16,7 +16,7 @@ LAYERS: dict[str, int] = {
     "config": 1, "privacy": 1, "data": 1, "model": 1, "secure": 1, "metrics": 1,
     "network": 2,
     "transport": 3,
-    "node": 4, "steps": 4, "methods": 4,
+    "node": 4, "methods": 4,
     "train": 5, "checkpoint": 5, "selection": 5,
     "audit": 6,
     "runtime": 7,
@@ -110,7 +110,7 @@ def test_no_import_cycle_among_the_packages_modules():
 def test_the_network_package_knows_nothing_of_rounds_tensors_or_methods():
     for path in (PACKAGE / "network").rglob("*.py"):
         assert not {n for n in dotted_names(path) if n.split(".")[0] in ("torch", "numpy")}, path
-        assert not [m for _, m in imported(path) if m.split(".")[0] in ("transport", "methods", "node", "steps")]
+        assert not [m for _, m in imported(path) if m.split(".")[0] in ("transport", "methods", "node")]
 
 
 def long_functions(limit: int = 40) -> list[str]:
@@ -140,6 +140,30 @@ def grep(pattern: str, where: Path = PACKAGE) -> list[str]:
 
 def test_protocols_are_asked_not_named():
     assert not [h for h in grep(r"protocol ?== ?['\"]") if not h.startswith("transport/protocols.py")]
+
+
+def compared_with(names: set[str]) -> list[str]:
+    """Where the package compares anything (==, !=, in, is) with one of `names` written out as a string."""
+    hits = []
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                written = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)} & names
+                hits += [f"{path.relative_to(PACKAGE)}:{node.lineno} {sorted(written)}"] if written else []
+    return hits
+
+
+def test_no_method_protocol_or_dataset_is_branched_on_by_name():
+    """A method, protocol or dataset declares what differs (registries: methods.METHODS, transport.PROTOCOLS,
+    data.DATASETS); no code asks which one it is by name."""
+    from falsevfl_secure.data.loaders import DATASETS
+    from falsevfl_secure.methods import METHODS, method_labels
+    from falsevfl_secure.transport.protocols import PROTOCOLS
+
+    # (LASER-VFL's `laser_batches = "plain"` is one of its own options' values, not the protocol)
+    choices = {c for method in METHODS.values() for option in method.options.values() for c in option.choices}
+    names = {*METHODS, *method_labels(), *PROTOCOLS, *DATASETS} - choices
+    assert not compared_with(names), compared_with(names)
 
 
 def test_nothing_from_another_role_is_unpickled():

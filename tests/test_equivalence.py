@@ -29,10 +29,11 @@ TOLERANCE = {"plain": dict(rtol=1e-4, atol=1e-5), "mpc": dict(rtol=2e-2, atol=2e
 
 def make_job(parties: int, variant: str, batch: int, kappa: int, seed: int, p_missing: float, stage: str,
              method: str = "false-vfl", scale: float = 1.0, latent_broadcast: str = "samples", **kw) -> StepJob:
-    cfg = Config(dataset="synthetic", parties=parties, method=method, variant=variant, h_dim=8, z_dim=4,
+    options = {"variant": variant, "latent_broadcast": latent_broadcast} if method == "false-vfl" else {}
+    cfg = Config(dataset="synthetic", parties=parties, method=method, options=options, h_dim=8, z_dim=4,
                  party_hidden=16, global_hidden=16, discriminator_hidden=16, indicator_hidden=8, kappa=kappa,
                  predict_samples=kappa + 3, pretrain=StageConfig(1e-3, batch, 1), train=StageConfig(1e-3, batch, 1),
-                 seed=seed, latent_broadcast=latent_broadcast)
+                 seed=seed)
     split = dict(n=batch + 4, parties=parties, width=5, p_missing=p_missing, seed=seed, scale=scale)
     return StepJob(cfg, split, tuple(range(2, batch + 2)), Stage[stage.upper()], secret_seed=seed + 1, **kw)
 
@@ -128,7 +129,7 @@ def test_baselines_distributed_equal_local(sessions, protocol, method):
 def test_short_mpc_training_on_digits_reaches_the_plain_accuracy(tmp_path):
     from dataclasses import replace
 
-    from falsevfl_secure.config import make_config
+    from falsevfl_secure.methods import make_config
     from falsevfl_secure.randomness import RoleSecret
     from falsevfl_secure.runtime.distributed import run_distributed
     from falsevfl_secure.runtime.local import run_local

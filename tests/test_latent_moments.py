@@ -20,9 +20,9 @@ from torch import Tensor
 
 from falsevfl_secure.config import Config, Stage, StageConfig
 from falsevfl_secure.errors import ProtocolError
+from falsevfl_secure.methods.false_vfl_steps import samples_from_moments, stage1_loss
 from falsevfl_secure.placement import Active
 from falsevfl_secure.runtime.session import StepJob, build_step
-from falsevfl_secure.steps import samples_from_moments, stage1_loss
 from falsevfl_secure.transport.accounting import CommLog
 from falsevfl_secure.transport.in_process import LocalTransport
 from falsevfl_secure.transport.moments import gradient_from_moments, sample_moments
@@ -121,10 +121,10 @@ def _stage1_grads(job: StepJob, transport) -> dict[str, np.ndarray]:
 def test_a_stage1_step_has_todays_gradients(parties, variant, batch, kappa, p_missing, seed, broadcast):
     # "moments": the latent_moments broadcast's adjoint (a (B, 2H+16) sum) against plain autograd.
     torch.set_num_threads(1)
-    cfg = Config(dataset="synthetic", parties=parties, variant=variant, h_dim=6, z_dim=3, party_hidden=8,
+    cfg = Config(dataset="synthetic", parties=parties, options={"variant": variant, "latent_broadcast": broadcast},
+                 h_dim=6, z_dim=3, party_hidden=8,
                  global_hidden=8, discriminator_hidden=8, indicator_hidden=4, kappa=kappa,
-                 pretrain=StageConfig(1e-3, batch, 1), train=StageConfig(1e-3, batch, 1), seed=seed,
-                 latent_broadcast=broadcast)
+                 pretrain=StageConfig(1e-3, batch, 1), train=StageConfig(1e-3, batch, 1), seed=seed)
     split = dict(n=batch + 2, parties=parties, width=4, p_missing=p_missing, seed=seed)
     job = StepJob(cfg, split, tuple(range(1, batch + 1)), Stage.PRETRAIN, secret_seed=seed + 1)
     compressed = _stage1_grads(job, LocalTransport(parties, cfg.active_index))
@@ -174,7 +174,7 @@ def _payload_keys(secret_seed: int | None, rows: tuple[int, ...]) -> list[np.nda
     """The key words the active party broadcasts in two successive steps of one run."""
     cfg = Config(dataset="synthetic", parties=3, h_dim=4, z_dim=2, party_hidden=8, global_hidden=8,
                  discriminator_hidden=8, kappa=2, pretrain=StageConfig(1e-3, 4, 1), train=StageConfig(1e-3, 4, 1),
-                 latent_broadcast="moments")
+                 options={"latent_broadcast": "moments"})
     job = StepJob(cfg, dict(n=8, parties=3, width=3, p_missing=0.3, seed=0), rows, Stage.PRETRAIN,
                   secret_seed=secret_seed)
     node, data = build_step(job, [0, 1, 2], True, LocalTransport(3, cfg.active_index))

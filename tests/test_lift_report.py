@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn import metrics as skm
 
-from falsevfl_secure.config import AUTO_BATCH, AUTO_EPOCHS, Config, Stage, StageConfig, make_config, sized_schedule
+from falsevfl_secure.config import AUTO_BATCH, AUTO_EPOCHS, Config, Stage, StageConfig, sized_schedule
 from falsevfl_secure.federation.reference import fit_reference, lift_lines, lift_report
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.metrics import classification_metrics, expected_calibration_error
 
 
@@ -79,7 +80,7 @@ def test_the_sized_schedule_stays_within_its_bounds_and_grows_batches_with_the_t
         assert AUTO_EPOCHS[stage][0] <= settings_.epochs <= AUTO_EPOCHS[stage][1]
     bigger = sized_schedule(make_config("digits", "auto"), rows * 4, labeled)
     assert bigger.pretrain.batch_size >= cfg.pretrain.batch_size
-    assert make_config("digits", "auto").discriminator_inputs == "latent+own"
+    assert make_config("digits", "auto").options["discriminator_inputs"] == "latent+own"
     assert sized_schedule(make_config("digits", "paper"), rows, labeled) == make_config("digits", "paper")
 
 

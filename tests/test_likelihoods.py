@@ -158,7 +158,7 @@ def test_typed_likelihoods_and_own_columns_give_the_plain_result_under_every_pro
         job = make_job(3, variant, batch, 3, seed, p, stage, scale=scale, kinds=KINDS)
         if own:
             from dataclasses import replace
-            job = replace(job, config=replace(job.config, discriminator_inputs="latent+own"))
+            job = replace(job, config=job.config.with_options(discriminator_inputs="latent+own"))
         check_equal(sessions, protocol, job)
 
     run()

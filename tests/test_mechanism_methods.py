@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from falsevfl_secure.config import METHOD_LABELS, Stage, make_config, parse_method
+from falsevfl_secure.config import Stage
 from falsevfl_secure.data import TRAIN_MECHANISMS
-from falsevfl_secure.methods import build_node
+from falsevfl_secure.methods import build_node, make_config, method_labels, parse_method
 from falsevfl_secure.methods.base import epoch_batches
 from falsevfl_secure.model.ssl import MIN_ROWS
 from falsevfl_secure.randomness import RoleSecret
@@ -47,8 +47,8 @@ def one_thread():
 
 
 def tiny(label: str, mechanism: str):
-    method, variant = parse_method(label)
-    cfg = make_config("digits", "quick", method=method, variant=variant, train_mechanism=mechanism, max_rows=ROWS,
+    method, options = parse_method(label)
+    cfg = make_config("digits", "quick", method=method, **options, train_mechanism=mechanism, max_rows=ROWS,
                       device="cpu")
     if method == "false-vfl":
         return replace(cfg, kappa=5, pretrain=replace(cfg.pretrain, lr=5e-3, batch_size=64, epochs=8),
@@ -58,7 +58,7 @@ def tiny(label: str, mechanism: str):
 
 
 @pytest.mark.parametrize("mechanism", TRAIN_MECHANISMS)
-@pytest.mark.parametrize("label", list(METHOD_LABELS))
+@pytest.mark.parametrize("label", list(method_labels()))
 def test_every_method_beats_chance_under_every_training_mechanism(label, mechanism):
     cfg = tiny(label, mechanism)
     result = run_local(cfg, ("mcar:0",), progress=False, secrets={k: RoleSecret.for_tests(1, k) for k in range(4)})

@@ -19,11 +19,12 @@ from test_equivalence import make_job
 from torch.nn.utils import parameters_to_vector
 
 from falsevfl_secure.audit import audit_active_view, contributions, share_bits_uniform
-from falsevfl_secure.config import METHOD_LABELS, Config, Stage, StageConfig, make_config
+from falsevfl_secure.config import Config, Stage, StageConfig
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError
-from falsevfl_secure.methods import build_node
+from falsevfl_secure.methods import SETTINGS, build_node, make_config, method_for, method_labels
 from falsevfl_secure.model.ssl import augment
+from falsevfl_secure.node import Batch
 from falsevfl_secure.placement import Active
 from falsevfl_secure.randomness import RoleSecret
 from falsevfl_secure.runtime.local import run_local
@@ -36,9 +37,11 @@ CPU = torch.device("cpu")
 
 
 def small(method: str, parties: int = 4, seed: int = 3, **kw) -> Config:
+    settings = {k: v for k, v in kw.items() if k in SETTINGS}  # the rest are the method's own options
     return Config(dataset="synthetic", parties=parties, method=method, h_dim=6, party_hidden=12,
                   discriminator_hidden=12, pretrain=StageConfig(0.02, 16, 1, 0.0, "sgd"),
-                  train=StageConfig(1e-2, 8, 2), seed=seed, **kw)
+                  train=StageConfig(1e-2, 8, 2), seed=seed, options={k: v for k, v in kw.items() if k not in settings},
+                  **settings)
 
 
 def node_and_data(cfg: Config, n: int = 60, p: float = 0.4, n_labeled: int | None = None, secret_seed: int = 5):
@@ -279,22 +282,22 @@ def test_simulate_runs_every_method_under_every_protocol(tmp_path):
     from falsevfl_secure.transport import PROTOCOLS
 
     for protocol in PROTOCOLS:
-        for label in METHOD_LABELS:
+        for label in method_labels():
             out = tmp_path / f"{label}-{protocol}"
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 code = main(["--method", label, "--protocol", protocol, "--preset", "quick", "--pretrain-epochs", "1",
                              "--train-epochs", "1", "--max-rows", "20", "--out", str(out), "--quiet", "--threads", "1"])
             result = json.loads((out / "result.json").read_text())
             assert code == 0 and result["protocol"] == protocol and len(result["accuracy"]) == 7, (label, protocol)
-            assert result["config"]["method"] == METHOD_LABELS[label][0]
+            assert result["config"]["method"] == method_labels()[label][0]
             rounds = {row["round"] for row in result["communication"]}
             table = {r.name for r in build_node_for(label).method.rounds.rounds}
             assert rounds <= table and rounds, (label, protocol, rounds)
 
 
 def build_node_for(label: str):
-    method, variant = METHOD_LABELS[label]
-    cfg = small(method, variant=variant)
+    method, options = method_labels()[label]
+    cfg = small(method, **options)
     return build_node(cfg, {k: 5 for k in range(cfg.parties)}, 3, LocalTransport(cfg.parties, cfg.active_index), CPU)
 
 
@@ -302,10 +305,13 @@ def test_the_variant_option_is_an_alias_of_the_method(refused):
     from falsevfl_secure.simulate import configure, parse_args
 
     cfg, _ = configure(parse_args(["--variant", "II"]))
-    assert (cfg.method, cfg.variant, cfg.label) == ("false-vfl", "II", "false-vfl-ii")
+    assert (cfg.method, cfg.options["variant"], method_for(cfg).label) == ("false-vfl", "II", "false-vfl-ii")
     cfg, _ = configure(parse_args(["--method", "laser"]))
-    assert (cfg.method, cfg.label, cfg.pretrain.optimizer) == ("laser", "laser", "sgd")
+    assert (cfg.method, method_for(cfg).label, cfg.pretrain.optimizer) == ("laser", "laser", "sgd")
     with pytest.raises(InputError, match="disagree"):
+        configure(parse_args(["--method", "false-vfl-i", "--variant", "II"]))
+    refused("cli option")
+    with pytest.raises(InputError, match="variant='II' is false-vfl's option, not vanilla's"):
         configure(parse_args(["--method", "vanilla", "--variant", "II"]))
     refused("cli option")
 
@@ -326,7 +332,7 @@ def test_federation_model_method(tmp_path, model, method, variant):
     from falsevfl_secure.federation.config import load_federation
 
     cfg = load_federation(federation_file(tmp_path, model)).model
-    assert (cfg.method, cfg.variant) == (method, variant)
+    assert (cfg.method, cfg.options.get("variant", "I")) == (method, variant)
     if method == "plugvfl":
         assert cfg.pretrain.optimizer == "sgd"  # the baseline's own schedule
 
@@ -351,3 +357,41 @@ def test_parties_that_name_different_methods_do_not_agree(tmp_path):
     settings_a, settings_b = agreement_settings(a, "train"), agreement_settings(b, "train")
     assert settings_a["method"] == "plugvfl" and settings_b["method"] == "false-vfl-i"
     assert {k for k in settings_a if settings_a[k] != settings_b[k]} == {"method", "model"}
+
+
+def test_a_method_registers_its_names_options_and_schedules_in_one_class(monkeypatch, refused):
+    """A new method is one class that declares itself: `make_config`, the command line and the checks take its
+    names, options and schedules from the registry; another method's option or a value outside the choices is
+    refused by name, and the option reaches the method's code."""
+    from falsevfl_secure.methods import METHODS, Option, Vanilla, method_labels, parse_method
+    from falsevfl_secure.simulate import configure, parse_args
+
+    class Halved(Vanilla):
+        name = "halved"
+        options = {**Vanilla.options, "halve": Option(("no", "yes"), "halve the fused embedding")}
+
+        def fuse(self, node, batch, training):
+            return super().fuse(node, batch, training).map(lambda m: m / 2 if self.settings["halve"] == "yes" else m)
+
+    monkeypatch.setitem(METHODS, "halved", Halved)
+    assert parse_method("halved") == ("halved", {}) and "halved" in method_labels()
+    cfg = make_config("digits", "quick", method="halved", halve="yes")
+    assert cfg.options == {"impute": "embedding", "halve": "yes"} and cfg.train == make_config(
+        "digits", "quick", method="vanilla").train  # its schedules are Vanilla's, inherited
+    cfg, _ = configure(parse_args(["--method", "halved", "--halve", "yes", "--max-rows", "40"]))
+    assert method_for(cfg).settings["halve"] == "yes"
+    for bad, message in ((dict(halve="maybe"), "halve='maybe': choose 'no' or 'yes'"),
+                         (dict(plug_drop="batch"), "plug_drop='batch' is plugvfl's option, not halved's")):
+        with pytest.raises(InputError, match=message):
+            make_config("digits", "quick", method="halved", **bad)
+        refused("config")
+    with pytest.raises(InputError, match="halve='yes' is halved's option, not false-vfl's"):
+        make_config("digits", "quick", halve="yes")
+    refused("config")
+    small_cfg = small("halved", halve="yes")
+    node = build_node(small_cfg, {k: 5 for k in range(4)}, 3, LocalTransport(4, small_cfg.active_index), CPU)
+    batch = Batch(x={k: torch.randn(6, 5) for k in node.parties}, held={k: torch.ones(6, dtype=torch.bool)
+                  for k in node.parties}, n_observed=Active(torch.full((6,), 4)), y=Active.absent())
+    halved = node.method.fuse(node, batch, training=False).get()
+    node.method.settings["halve"] = "no"
+    assert torch.allclose(halved * 2, node.method.fuse(node, batch, training=False).get())

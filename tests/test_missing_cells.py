@@ -16,15 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure.bounds import observed_gaussian_log_prob
-from falsevfl_secure.config import Config, StageConfig, make_config
+from falsevfl_secure.config import Config, StageConfig
 from falsevfl_secure.data import DataError, load_dataset, make_test_split, make_train_split
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError
-from falsevfl_secure.methods import build_node
+from falsevfl_secure.methods import build_node, make_config
+from falsevfl_secure.methods.false_vfl_steps import stage1_loss
 from falsevfl_secure.model import PartyModel, initialise
 from falsevfl_secure.model.party import likelihood_terms
 from falsevfl_secure.randomness import KeyStream, RoleSecret
-from falsevfl_secure.steps import stage1_loss
 from falsevfl_secure.train import host_split
 from falsevfl_secure.transport import LocalTransport
 
@@ -32,7 +32,7 @@ CPU = torch.device("cpu")
 
 
 def small_config(parties: int = 3, variant: str = "I", **kw) -> Config:
-    base = Config(dataset="synthetic", parties=parties, variant=variant, h_dim=6, z_dim=3, party_hidden=16,
+    base = Config(dataset="synthetic", parties=parties, options={"variant": variant}, h_dim=6, z_dim=3, party_hidden=16,
                   global_hidden=16, discriminator_hidden=16, indicator_hidden=8, kappa=4, predict_samples=5,
                   pretrain=StageConfig(1e-2, 16, 2), train=StageConfig(1e-2, 16, 2), eval_batch_size=32)
     return replace(base, **kw)

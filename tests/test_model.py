@@ -16,9 +16,9 @@ from falsevfl_secure.config import Config, Stage, StageConfig
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError, ProtocolError
 from falsevfl_secure.methods import build_node
+from falsevfl_secure.methods.false_vfl_steps import forward_rounds, predict, stage1_loss
 from falsevfl_secure.placement import Active
 from falsevfl_secure.randomness import RoleSecret
-from falsevfl_secure.steps import forward_rounds, predict, stage1_loss
 from falsevfl_secure.train import evaluate, host_split, pretrain, train_discriminator
 from falsevfl_secure.transport import LocalTransport
 from falsevfl_secure.transport.rounds import POSTERIOR
@@ -27,7 +27,7 @@ CPU = torch.device("cpu")
 
 
 def small_config(parties: int = 3, variant: str = "I", **kw) -> Config:
-    base = Config(dataset="synthetic", parties=parties, variant=variant, h_dim=6, z_dim=3, party_hidden=16,
+    base = Config(dataset="synthetic", parties=parties, options={"variant": variant}, h_dim=6, z_dim=3, party_hidden=16,
                   global_hidden=16, discriminator_hidden=16, indicator_hidden=8, kappa=4, predict_samples=5,
                   pretrain=StageConfig(1e-2, 16, 2), train=StageConfig(1e-2, 16, 2), eval_batch_size=32)
     return replace(base, **kw)
@@ -169,7 +169,7 @@ def test_bad_input_is_refused_with_clear_errors(refused):
         host_split(empty_rows.view(range(2), True), CPU, 3)
     refused("batch or split")
     with pytest.raises(InputError, match="labels must be integers"):
-        from falsevfl_secure.steps import stage2_loss
+        from falsevfl_secure.methods.false_vfl_steps import stage2_loss
 
         stage2_loss(world, replace(batch, y=batch.y.map(lambda y: y + 7)))
     refused("batch or split")

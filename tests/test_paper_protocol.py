@@ -15,17 +15,20 @@ from hypothesis import strategies as st
 from test_methods import node_and_data, small
 
 from falsevfl_secure.bounds import latent_posterior
-from falsevfl_secure.config import METHODS, PRESETS, Config, Stage, make_config
+from falsevfl_secure.config import PRESETS, Config, Stage
 from falsevfl_secure.data import load_dataset, make_train_split
 from falsevfl_secure.errors import InputError
-from falsevfl_secure.methods import method_for
+from falsevfl_secure.methods import METHODS, make_config, method_for
 from falsevfl_secure.methods.base import epoch_batches
+from falsevfl_secure.methods.false_vfl_steps import encoded_count
 from falsevfl_secure.methods.laser import grouped
 from falsevfl_secure.randomness import PublicStream, public_rng
-from falsevfl_secure.steps import encoded_count
 from falsevfl_secure.train import optimizers_for, run_stage, stage_batches
 
-READINGS = {"laser_batches": "grouped", "plug_drop": "row", "mechanism_rows": "all", "encode_missing": "skip"}
+
+def readings(cfg: Config) -> dict:
+    """Every setting and the method's own options, side by side."""
+    return {**cfg.to_dict(), **cfg.options}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -33,8 +36,9 @@ READINGS = {"laser_batches": "grouped", "plug_drop": "row", "mechanism_rows": "a
 def test_the_paper_preset_keeps_every_default_reading_and_paper_protocol_changes_only_the_stated_ones(method, dataset):
     paper = make_config(dataset, "paper", method=method)
     protocol = make_config(dataset, "paper-protocol", method=method)
-    assert {k: getattr(paper, k) for k in READINGS} == READINGS and paper.train.steps_per_epoch == 0
-    changed = {k for k, v in protocol.to_dict().items() if paper.to_dict()[k] != v}
+    defaults = {name: option.default for name, option in METHODS[method].options.items()}
+    assert paper.options == defaults and paper.mechanism_rows == "all" and paper.train.steps_per_epoch == 0
+    changed = {k for k, v in readings(protocol).items() if readings(paper)[k] != v} - {"options"}
     expected = {"mechanism_rows"} | ({"plug_drop"} if method == "plugvfl" else set())
     assert changed == expected | ({"train"} if method == "laser" else set())
     if method == "laser":  # the paper's nominal step count: epochs x ceil(labeled rows / batch size)
@@ -48,7 +52,7 @@ def test_the_paper_preset_keeps_every_default_reading_and_paper_protocol_changes
     ("laser_batches", "shuffled", "laser"), ("mechanism_rows", "unlabeled", "false-vfl")])
 def test_an_option_of_another_method_or_an_unknown_reading_is_refused_by_name(field, value, method):
     with pytest.raises(InputError, match=field):
-        Config(method=method, **{field: value}).validate()
+        make_config("digits", "quick", method=method, **{field: value})
 
 
 # ---------------------------------------------------------------------------------------- LASER-VFL batches
@@ -136,7 +140,7 @@ def test_encode_missing_zeros_is_the_posterior_of_every_party_with_missing_block
     cfg = small("false-vfl", seed=seed)
     results = {}
     for encode in ("skip", "zeros"):
-        node, data, split = node_and_data(replace(cfg, encode_missing=encode), n=40, p=0.4)
+        node, data, split = node_and_data(cfg.with_options(encode_missing=encode), n=40, p=0.4)
         batch = data.batch(np.arange(data.n))
         with torch.no_grad():
             total = sum(node.posterior_contributions(batch).values())
@@ -155,18 +159,16 @@ def test_encode_missing_zeros_is_the_posterior_of_every_party_with_missing_block
     assert torch.allclose(results["skip"].loc[~partial], results["zeros"].loc[~partial], atol=1e-6)
     # a party that left would still be counted in every posterior: such a run stops rather than go on
     assert method_for(cfg).survives_party_loss
-    assert not method_for(replace(cfg, encode_missing="zeros")).survives_party_loss
+    assert not method_for(cfg.with_options(encode_missing="zeros")).survives_party_loss
 
 
 def test_a_method_without_a_schedule_for_the_preset_is_an_input_error_not_false_vfls(refused, monkeypatch):
     """A baseline given a preset it has no schedule for was trained on FALSE-VFL's schedule, silently."""
-    from falsevfl_secure import config
-
-    monkeypatch.setitem(config.METHOD_SCHEDULES, "vanilla", {"digits": {"paper": {}, "default": {}}})
+    monkeypatch.setattr(METHODS["vanilla"], "schedules", {"digits": {"paper": {}, "default": {}}})
     with pytest.raises(InputError, match="method 'vanilla' has no 'quick' schedule for digits"):
         make_config("digits", "quick", method="vanilla")
     refused("method schedule")
-    monkeypatch.setitem(config.METHOD_SCHEDULES, "vanilla", {})
+    monkeypatch.setattr(METHODS["vanilla"], "schedules", {})
     with pytest.raises(InputError, match="has no 'paper' schedule for digits .it has: none"):
         make_config("digits", "paper", method="vanilla")
     refused("method schedule")

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from party_loss_runs import Crash, distributed_run, local_run, scheduled
 
-from falsevfl_secure.config import Stage, make_config
+from falsevfl_secure.config import Stage
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.transport import PROTOCOLS
 
 CONFIG = scheduled(make_config("digits", "quick", parties=4), pretrain=6, train=8)

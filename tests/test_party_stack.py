@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from falsevfl_secure.config import Config, StageConfig
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.methods import build_node
+from falsevfl_secure.methods.false_vfl_steps import predict, stage1_loss
 from falsevfl_secure.model import PartyModel, PartyStack
 from falsevfl_secure.model.party_stack import stacked_mlp
 from falsevfl_secure.randomness import RoleSecret
-from falsevfl_secure.steps import predict, stage1_loss
 from falsevfl_secure.train import host_split
 from falsevfl_secure.transport import LocalTransport
 
@@ -47,7 +47,7 @@ def build(cfg: Config, split, stack: str):
 def test_stacked_parties_equal_sequential_parties(parties, variant, batch, kappa, width, p, cells, with_mask, handling,
                                                   seed):
     torch.set_num_threads(1)
-    cfg = Config(dataset="synthetic", parties=parties, variant=variant, h_dim=5, z_dim=3, party_hidden=11,
+    cfg = Config(dataset="synthetic", parties=parties, options={"variant": variant}, h_dim=5, z_dim=3, party_hidden=11,
                  global_hidden=7, discriminator_hidden=7, indicator_hidden=6, kappa=kappa, predict_samples=kappa + 2,
                  pretrain=StageConfig(1e-3, batch, 1), seed=seed, cell_handling=handling)
     split = synthetic_split(n=batch, parties=parties, width=width, p_missing=p, seed=seed)

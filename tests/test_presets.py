@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from falsevfl_secure.config import make_config
 from falsevfl_secure.data import DataError, load_dataset
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.runtime.distributed import run_distributed
 from falsevfl_secure.runtime.local import run_local
 from falsevfl_secure.transport import PROTOCOLS

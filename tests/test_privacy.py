@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from falsevfl_secure import privacy
-from falsevfl_secure.config import make_config
 from falsevfl_secure.errors import InputError
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.randomness import KeyStream
 from falsevfl_secure.secure import discrete_gaussian as dg
 from falsevfl_secure.transport.ciphers.noise import GRID, NoiseSpec, NoiseStage, clip_rows

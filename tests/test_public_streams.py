@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from falsevfl_secure.config import Stage, make_config
+from falsevfl_secure.config import Stage
 from falsevfl_secure.data import make_splits
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.methods.base import epoch_batches
 from falsevfl_secure.randomness import PUBLIC_WORDS, PublicStream, public_rng
 

@@ -20,8 +20,8 @@ from falsevfl_secure.data import LabelSide, PartyView
 from falsevfl_secure.data.synthetic import synthetic_split
 from falsevfl_secure.errors import InputError
 from falsevfl_secure.methods import build_node
+from falsevfl_secure.methods.false_vfl_steps import forward_rounds
 from falsevfl_secure.randomness import KeyStream, RecordNoise, RoleSecret, SharedNoise, record_keys
-from falsevfl_secure.steps import forward_rounds
 from falsevfl_secure.train import host_split, predict_split
 from falsevfl_secure.transport import LocalTransport
 from falsevfl_secure.transport.rounds import POSTERIOR
@@ -32,7 +32,7 @@ ACTIVE = PARTIES - 1
 
 
 def small_config(variant: str, **kw) -> Config:
-    return Config(dataset="synthetic", parties=PARTIES, variant=variant, h_dim=6, z_dim=3, party_hidden=16,
+    return Config(dataset="synthetic", parties=PARTIES, options={"variant": variant}, h_dim=6, z_dim=3, party_hidden=16,
                   global_hidden=16, discriminator_hidden=16, indicator_hidden=8, kappa=4, predict_samples=9,
                   pretrain=StageConfig(1e-2, 16, 1), train=StageConfig(1e-2, 16, 1), eval_batch_size=16, **kw)
 

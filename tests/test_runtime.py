@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from falsevfl_secure.config import StageConfig, make_config
+from falsevfl_secure.config import StageConfig
 from falsevfl_secure.errors import PartyFailure
+from falsevfl_secure.methods import make_config
 from falsevfl_secure.runtime.distributed import run_distributed
 
 

@@ -140,7 +140,7 @@ def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own
     if own:
         from dataclasses import replace as changed
 
-        job = changed(job, config=changed(job.config, discriminator_inputs="latent+own"))
+        job = changed(job, config=job.config.with_options(discriminator_inputs="latent+own"))
     session = sessions("plain", PARTIES)
     original = session.run(job)
     from dataclasses import replace
@@ -313,9 +313,8 @@ def test_the_probe_step_leaves_parameters_and_random_streams_as_they_were():
     """--audit's probe step must not change the training that follows."""
     import torch
 
-    from falsevfl_secure.config import make_config
     from falsevfl_secure.data import make_splits
-    from falsevfl_secure.methods import build_node
+    from falsevfl_secure.methods import build_node, make_config
     from falsevfl_secure.train import host_split, probe_step
     from falsevfl_secure.transport import LocalTransport
 

@@ -40,11 +40,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..config import METHOD_LABELS, PRESETS, Config, PrivacyConfig, StageConfig, make_config, parse_method
+from ..config import PRESETS, Config, PrivacyConfig, StageConfig
 from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
 from ..errors import InputError
+from ..methods import METHODS, SETTINGS, make_config, method_for, method_labels, parse_method
 from ..runtime.cast import AGGREGATOR
 from ..secure.identity import IdentityError, parse_pin
 from ..transport.protocols import PROTOCOLS
@@ -64,7 +65,9 @@ STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 _NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "mechanism_rows", "n_labeled",
                    "n_aligned", "max_rows", "standardize", "cell_missing", "privacy"}
 PRIVACY_KEYS = tuple(f.name for f in fields(PrivacyConfig))
-MODEL_KEYS = ("preset", *sorted({f.name for f in fields(Config)} - _NOT_MODEL_KEYS))
+# Config's settings and every registered method's own options (a method refuses another's by name)
+MODEL_KEYS = ("preset", *sorted(({f.name for f in fields(Config)} - _NOT_MODEL_KEYS - {"options"})
+                                | {name for method in METHODS.values() for name in method.options}))
 # A bare schedule: the sizes tuned on digits; "auto" sizes the schedule by the table (config.sized_schedule)
 SCHEDULES = ("auto", "quick", "default", "paper")
 DEFAULT_PRESET = "auto"
@@ -429,24 +432,24 @@ def _preset(value: object, path: Path) -> tuple[str, str]:
 
 
 def _method(section: dict, path: Path) -> dict:
-    """`method` (a name `--method` takes) as Config's method and variant; an older file's `variant` alone
-    still picks FALSE-VFL's. A baseline that needs to know who holds each record is refused: a federation
-    keeps that at the active party."""
-    from ..methods import METHODS
-
-    label, variant = section.pop("method", None), section.get("variant")
+    """`method` (a name `--method` takes) as Config's method and the options its name sets; an older file's
+    `variant` alone still picks FALSE-VFL's. A baseline that needs to know who holds each record is refused: a
+    federation keeps that at the active party."""
+    label = section.pop("method", None)
     if label is None:
         return {}
-    if not isinstance(label, str) or label not in METHOD_LABELS:
-        raise InputError(f"{path}: [model] method = {label!r}; choose one of {', '.join(METHOD_LABELS)}")
+    if not isinstance(label, str) or label not in method_labels():
+        raise InputError(f"{path}: [model] method = {label!r}; choose one of {', '.join(method_labels())}")
     method, implied = parse_method(label)
-    if variant is not None and variant != implied:
-        raise InputError(f"{path}: [model] method = {label!r} and variant = {variant!r} disagree; give method only")
+    for name, value in implied.items():
+        if section.get(name, value) != value:
+            raise InputError(f"{path}: [model] method = {label!r} and {name} = {section[name]!r} disagree; give "
+                             "method only")
     if METHODS[method].needs_patterns:
         raise InputError(f"{path}: [model] method = {label!r} trains on the records every party holds (or groups "
                          "records by who holds them), which a federation keeps at the active party; it runs in "
                          "`simulate` only. A federation trains false-vfl-i, false-vfl-ii or plugvfl")
-    return {"method": method, "variant": implied}
+    return {"method": method, **implied}
 
 
 def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Config:
@@ -462,11 +465,13 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
                 raise InputError(f"{path}: [model.{key}] must be a table of {', '.join(STAGE_KEYS)}")
             refuse_unknown(section[key], STAGE_KEYS, path, f"[model.{key}]")
             stages[key] = section.pop(key)
+    options = {k: section.pop(k) for k in list(section) if k not in SETTINGS}
     try:
-        cfg = make_config(dataset, schedule, **method)
+        cfg = make_config(dataset, schedule, **method, **options)
         stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **v}) for k, v in stages.items()}
         cfg = replace(cfg, **section, **stages, parties=parties, active_party=active, task=task,
                       privacy=_privacy(raw, path)).validate()
+        method_for(cfg)  # a budget refused for a method that it does not cover
     except (TypeError, ValueError) as error:
         raise InputError(f"{path}: [model] {error}") from error
     _check_device(cfg.device, path)

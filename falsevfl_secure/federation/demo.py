@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import make_config
 from ..data import VerticalSplit, make_splits
 from ..data.loaders import DATASET_SPECS
 from ..fsio import atomic_write
+from ..methods import make_config
 from ..randomness import PublicStream, public_rng
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fsio import commit, discard
+from ..methods import method_for
 from ..network.handshake import Cast, Request, check_two_parties
 from ..runtime.cast import LOOPBACK, base_agreement, plan_for
 from ..runtime.role import RoleSpec
@@ -40,8 +41,9 @@ def role_names(fed: Federation, present: list[str], protocol: Protocol) -> list[
 
 def agreement_settings(fed: Federation, command: str) -> dict:
     """The run settings every participant must share besides the cast (see `network.agreement`)."""
-    return {"command": command, "method": fed.model.label, "model": fed.model.fingerprint(), "task": fed.task,
-            "max_ids": fed.max_ids, "on_party_loss": fed.on_party_loss, "min_parties": fed.min_parties}
+    return {"command": command, "method": method_for(fed.model).label, "model": fed.model.fingerprint(),
+            "task": fed.task, "max_ids": fed.max_ids, "on_party_loss": fed.on_party_loss,
+            "min_parties": fed.min_parties}
 
 
 def spec_of(fed: Federation, name: str, command: str, protocol: Protocol, present: list[str],

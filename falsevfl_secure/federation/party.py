@@ -28,7 +28,7 @@ from ..config import sized_schedule
 from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write, staged, write_json
-from ..methods import build_node
+from ..methods import build_node, method_for
 from ..model.likelihood import CellLayout
 from ..node import resolve_device
 from ..placement import Active
@@ -185,7 +185,7 @@ def _own_scores(fed: Federation, cfg, model_dir: Path, placed: Placed, aligned: 
                 n_classes: int) -> np.ndarray | None:
     """With `own_reference`: the active party's own trees' score of every record (out of fold on its labeled
     training rows), and the rows they were fitted on kept in its own folder for `predict`."""
-    if not cfg.own_reference:
+    if not method_for(cfg).reads_own_reference:
         return None
     y = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y
     save_own_rows(model_dir, placed, y, aligned.labeled)
@@ -246,7 +246,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
     charge_prediction(cfg, name, model_dir)  # its own budget, before any sum is sent
     scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed) \
-        if role.is_active and cfg.own_reference else None
+        if role.is_active and method_for(cfg).reads_own_reference else None
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,
                       layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())},
                       own_extra=0 if scores is None else scores.shape[1])

@@ -1,15 +1,18 @@
 """The learning methods, each a `Method` (methods/base.py states the contract): FALSE-VFL-I and -II, and
 the paper's baselines (App. D.1) Vanilla VFL, LASER-VFL, PlugVFL and FedHSSL. Adding a method is a module
-here with one subclass, its line in `METHODS` below, and its schedules in `config.METHOD_SCHEDULES`.
-`build_node` assembles what one process hosts for a configuration's method (node.py imports no method)."""
+here whose subclass declares its names, options, schedules and rounds and registers itself (`@register`),
+plus its import line below. `make_config` builds a configuration for any registered method; `build_node`
+assembles what one process hosts for a configuration's method (node.py imports no method)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields, replace
 
 import torch
 
-from ..config import Config
+from ..config import Config, dataset_preset
+from ..data.loaders import canonical_name
 from ..errors import InputError
 from ..model import PartyStack
 from ..model.likelihood import CellLayout
@@ -20,20 +23,51 @@ from ..privacy import noise_multiplier
 from ..randomness import RoleRandomness, RoleSecret
 from ..transport.base import Transport
 from ..transport.ciphers.noise import NoiseSpec, NoiseStage
-from .base import Method, Objective
-from .false_vfl import FalseVfl, FalseVflMoments
+from .base import METHODS, Method, Objective, Option, method_named, register
+from .false_vfl import FalseVfl, FalseVflMoments  # each method's module registers it
 from .fedhssl import FedHssl
 from .fusion import EmbeddingFusion
 from .laser import Laser
 from .plugvfl import PlugVfl
 from .vanilla import Vanilla
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (FalseVfl, Vanilla, Laser, PlugVfl, FedHssl)}
+SETTINGS = frozenset(f.name for f in fields(Config))  # what is not one of them is a method's own option
 
 
 def method_for(cfg: Config) -> Method:
-    """The method a configuration trains."""
-    return METHODS[cfg.method].configured(cfg)
+    """The method a configuration trains, its options and its fit with the rest of `cfg` checked."""
+    method = method_named(cfg.method).configured(cfg)
+    method.check(cfg)
+    return method
+
+
+def method_labels() -> dict[str, tuple[str, dict]]:
+    """Every name `--method` takes: (method, the options it sets), in the registry's order."""
+    return {label: (m.name, implied) for m in METHODS.values() for label, implied in m.labels.items()}
+
+
+def parse_method(label: str) -> tuple[str, dict]:
+    """(method, options) of a method's name; an unknown name is refused, listing the valid ones."""
+    labels = method_labels()
+    if label not in labels:
+        raise InputError(f"unknown method {label!r}; choose one of {', '.join(labels)}")
+    return labels[label]
+
+
+def make_config(dataset: str = "digits", preset: str = "quick", **overrides) -> Config:
+    """The preset for `dataset` (under a baseline its own schedule on top of the dataset's widths), with explicit
+    overrides (None values are ignored): Config's settings, or the method's own options by name."""
+    key = canonical_name(dataset)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    method = method_named(given.pop("method", Config.method))
+    given = {**given.pop("options", {}), **given}
+    values = {**dataset_preset(key, preset), **method.schedule(key, preset), **given}
+    # a preset's options are FALSE-VFL's (the dataset presets are its schedules): another method keeps its own
+    options = {k: v for k, v in values.items() if k not in SETTINGS and (k in given or k in method.options)}
+    settings = {k: v for k, v in values.items() if k in SETTINGS}
+    cfg = replace(Config(dataset=key, method=method.name), **settings, options=method.resolve(options)).validate()
+    method_for(cfg)
+    return cfg
 
 
 def noise_stages(cfg: Config, randomness: Mapping[int, RoleRandomness]) -> dict[int, NoiseStage]:
@@ -88,4 +122,5 @@ def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, tr
 
 
 __all__ = ["METHODS", "EmbeddingFusion", "FalseVfl", "FalseVflMoments", "FedHssl", "Laser", "Method", "Objective",
-           "PlugVfl", "Vanilla", "build_node", "method_for"]
+           "Option", "PlugVfl", "Vanilla", "build_node", "make_config", "method_for", "method_labels", "method_named",
+           "parse_method", "register"]

@@ -11,7 +11,7 @@ a stage's batches (`plan`, `batch`), then per step `loss` and `transport.backwar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,6 +26,42 @@ from ..transport.rounds import RoundTable
 
 if TYPE_CHECKING:
     from ..node import Batch, HostedData, Node
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a method's own section of the configuration (`Config.options`): its choices (the first is
+    the default) and what it means, in words (the command line's help)."""
+
+    choices: tuple
+    help: str
+
+    @property
+    def default(self):
+        return self.choices[0]
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(method: type[Method]) -> type[Method]:
+    """Add a method to the registry under its name (timm's `register_model`: the module registers itself)."""
+    if method.name in METHODS and METHODS[method.name] is not method:
+        raise ValueError(f"a method named {method.name!r} is already registered")
+    METHODS[method.name] = method
+    return method
+
+
+def method_named(name: str) -> type[Method]:
+    """The registered method of that name; an unknown name is refused, listing the registered ones."""
+    if name not in METHODS:
+        raise InputError(f"method={name!r}: choose one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def owner_of(option: str) -> str | None:
+    """The registered method that declares `option` (for errors that name it), if any."""
+    return next((m.name for m in METHODS.values() if option in m.options), None)
 
 
 @dataclass
@@ -58,24 +94,94 @@ class Method:
       probe_stages: the stages whose first step (and end-of-epoch rounds) `simulate --audit` records.
       row_rule: per training stage, which rows it trains on (in words, for errors).
       survives_party_loss: training may go on without a passive party that left (`runtime.losses`).
+      labels: the names `--method` and `[model] method` take, each with the options it sets (default: the name).
+      options: the method's own settings (`Config.options`), each an `Option`.
+      schedules: per dataset and preset, the settings of its schedule (None: the dataset's presets are its own).
+      private: it may train under a privacy budget (its summed rounds are the ones the budget accounts).
     """
 
     name: ClassVar[str]
     rounds: ClassVar[RoundTable]
+    labels: ClassVar[dict[str, dict]]
+    options: ClassVar[dict[str, Option]] = {}
+    schedules: ClassVar[dict[str, dict[str, dict]] | None] = None
+    private: ClassVar[bool] = False
     survives_party_loss: ClassVar[bool] = False  # its steps treat a party that left as one holding no row
     variants: ClassVar[tuple[type[Method], ...]] = ()  # subclasses a configuration option selects (`configured`)
     needs_patterns: ClassVar[bool] = False
     stackable: ClassVar[bool] = False
     probe_stages: ClassVar[tuple[Stage, ...]] = (Stage.PRETRAIN,)
-    # Stage 2 trains the active party's parameters only and predicts through `steps.forward_rounds`, so the
+    # Stage 2 trains the active party's parameters only and predicts through `false_vfl_steps.forward_rounds`, so the
     # active party alone may keep its best epoch on validation records (selection.py)
     selects_locally: ClassVar[bool] = False
     row_rule: ClassVar[dict[Stage, str]] = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows"}
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__ and "labels" not in cls.__dict__:
+            cls.labels = {cls.name: {}}
+        for presets in (cls.schedules or {}).values():
+            presets.setdefault("default", presets["paper"])
+
+    def __init__(self, options: Mapping[str, object] | None = None) -> None:
+        self.settings = self.resolve(options or {})  # every option of the method, defaults filled in
+
     @classmethod
     def configured(cls, cfg: Config) -> Method:
         """The method (or the variant of it) that `cfg` trains."""
-        return cls()
+        return cls(cfg.options)
+
+    @property
+    def label(self) -> str:
+        """The method's name as `--method` takes it: the first label whose options this one has."""
+        return next(label for label, implied in self.labels.items()
+                    if all(self.settings.get(k) == v for k, v in implied.items()))
+
+    @classmethod
+    def resolve(cls, options: Mapping[str, object]) -> dict[str, object]:
+        """The method's options with the defaults filled in; an option it does not declare, or a value outside
+        an option's choices, is refused by name."""
+        for name, value in options.items():
+            if name not in cls.options:
+                owner = owner_of(name)
+                raise InputError(f"{name}={value!r} is {owner}'s option, not {cls.name}'s" if owner else
+                                 f"unknown setting {name!r}")
+            choices = cls.options[name].choices
+            if value not in choices or type(value) is not type(cls.options[name].default):
+                raise InputError(f"{name}={value!r}: choose {' or '.join(map(repr, choices))}")
+        resolved = {name: options.get(name, option.default) for name, option in cls.options.items()}
+        cls.check_options(resolved)
+        return resolved
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, object]) -> None:
+        """Refuse options that do not combine (none by default)."""
+
+    @classmethod
+    def schedule(cls, dataset: str, preset: str) -> dict:
+        """The settings of the method's schedule for `preset` on `dataset` ({} where the dataset's presets are
+        its own); a missing one is an input error, never another method's. `auto` takes the default."""
+        if cls.schedules is None:
+            return {}
+        wanted = "default" if preset == "auto" else preset
+        presets = cls.schedules.get(dataset, {})
+        if wanted not in presets:
+            raise InputError(f"method {cls.name!r} has no {preset!r} schedule for {dataset} (it has: "
+                             f"{sorted(presets) or 'none'}); give its schedule explicitly or choose another preset")
+        return presets[wanted]
+
+    # Where the active party's discriminator reads its own trees' score (a federation fits them), and where a
+    # party encodes the blocks it does not hold (as zeros) instead of leaving them out
+    reads_own_reference: ClassVar[bool] = False
+    encodes_missing_blocks: ClassVar[bool] = False
+
+    def check(self, cfg: Config) -> None:
+        """Refuse a configuration this method cannot train (a privacy budget where it is not `private`)."""
+        if cfg.privacy.enabled and not self.private:
+            raise InputError(f"privacy: method {self.label!r} is refused under a privacy budget: its summed rounds "
+                             "carry label-dependent gradients back to the parties (embedding_grad, subsets_grad) "
+                             "that no budget covers yet; run false-vfl-i or false-vfl-ii (latent_broadcast = "
+                             "\"samples\")")
 
     def probe_sums(self) -> int:
         """How many sums the probe stages' steps and end-of-epoch rounds run (what the he aggregator records)."""

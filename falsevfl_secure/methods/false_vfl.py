@@ -1,5 +1,5 @@
 """FALSE-VFL-I and -II (the paper's method) as a `Method`: one class, the variant a flag of the
-configuration. Its steps are `steps.py`'s; its rounds are the `posterior` sum, the `latent` broadcast and
+configuration. Its steps are `false_vfl_steps.py`'s; its rounds are the `posterior` sum, the `latent` broadcast and
 the `likelihood` sum, and in stage 1 their adjoints in reverse."""
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ from collections.abc import Iterable
 from torch import Tensor, nn
 
 from ..config import Config, Stage
+from ..errors import InputError
 from ..model import ActiveModel, PartyModel, initialise
 from ..model.active import balanced_weights
 from ..model.active import own_width as model_own_width
 from ..placement import Active
 from ..privacy import noise_multiplier
 from ..randomness import RoleRandomness
-from ..steps import predict, stage1_loss, stage2_loss
 from ..transport.rounds import LATENT, LATENT_MOMENTS, LIKELIHOOD, POSTERIOR, Round, RoundTable
-from .base import Method, Objective
+from .base import Method, Objective, Option, register
+from .false_vfl_steps import predict, stage1_loss, stage2_loss
 
 
 def _table(latent: Round) -> RoundTable:
@@ -31,32 +32,73 @@ ROUNDS = _table(LATENT)
 MOMENTS_ROUNDS = _table(LATENT_MOMENTS)  # `latent_broadcast = "moments"` (measured, not the default)
 
 
+@register
 class FalseVfl(Method):
     """Stage 1: the IWAE bound over every generative parameter, on every row. Stage 2: the conditional bound
     over the discriminator only, on the labeled rows, the generative part frozen (no gradient leaves the
     active party). Prediction: SNIS over `predict_samples` latent samples."""
 
     name = "false-vfl"
+    labels = {"false-vfl-i": {"variant": "I"}, "false-vfl-ii": {"variant": "II"}}
+    options = {
+        "variant": Option(("I", "II"), "FALSE-VFL-I (MAR) or -II (MNAR: it also models p(m | x))"),
+        # The latent round: S draws of h per row, or (measured, not the default) mean, scale and a sampling key
+        # per row: S/2 times fewer bytes, but every party learns the exact posterior (README "Why the broadcast
+        # stays samples").
+        "latent_broadcast": Option(("samples", "moments"), "the latent round sends samples or moments"),
+        # p(y | h) (the paper), or p(y | h, x_active): the active party's own block too, values it holds in clear,
+        # so nothing more crosses (threat_models/labels.toml).
+        "discriminator_inputs": Option(("latent", "latent+own"), "the discriminator reads the latent samples, or "
+                                       "also the active party's own block"),
+        # With latent+own: also the active party's own trees' score of the record (fitted on its own columns and
+        # labels; out of fold on its training rows). A federation only.
+        "own_reference": Option((False, True), "the discriminator also reads the active party's own trees"),
+        # "skip": a party that does not hold a row adds nothing (the posterior over the holders, the paper's
+        # Eq. (1)); "zeros": MIWAE's convention, the missing block encoded as zeros, every party in the posterior.
+        "encode_missing": Option(("skip", "zeros"), "FALSE-VFL's posterior over the parties holding a row "
+                                 "(skip) or all, missing blocks encoded as zeros (MIWAE's convention)"),
+    }
     survives_party_loss = True  # a party adds only to sums; rows no one holds any more get weight 0 (steps)
     rounds = ROUNDS
     stackable = True
     selects_locally = True
+    private = True
 
     @classmethod
     def configured(cls, cfg: Config) -> FalseVfl:
-        method = FalseVflMoments() if cfg.latent_broadcast == "moments" else cls()
+        method = (FalseVflMoments if cfg.options.get("latent_broadcast") == "moments" else cls)(cfg.options)
         # MIWAE's convention counts every party in each posterior, a party that left too: such a run stops
-        method.survives_party_loss = cfg.encode_missing == "skip"
+        method.survives_party_loss = method.settings["encode_missing"] == "skip"
         return method
 
+    @classmethod
+    def check_options(cls, options) -> None:
+        if options["own_reference"] and options["discriminator_inputs"] != "latent+own":
+            raise InputError("own_reference = true needs discriminator_inputs = \"latent+own\" (the trees' score is "
+                             "an own input)")
+
+    def check(self, cfg: Config) -> None:
+        if cfg.privacy.enabled and self.settings["latent_broadcast"] != "samples":
+            raise InputError("privacy: latent_broadcast = \"moments\" is refused under a privacy budget (every "
+                             "party would learn the exact posterior); use \"samples\"")
+
+    @property
+    def reads_own_reference(self) -> bool:
+        return self.settings["own_reference"]
+
+    @property
+    def encodes_missing_blocks(self) -> bool:
+        return self.settings["encode_missing"] == "zeros"
+
     def build_party(self, cfg: Config, width: int, randomness: RoleRandomness, layout=None) -> nn.Module:
-        model = PartyModel(width, cfg.h_dim, cfg.party_hidden, cfg.variant, cfg.min_decoder_std, cfg.indicator_hidden,
-                           cell_mask=cfg.cell_handling == "mask", layout=layout, unit_precision=cfg.privacy.enabled)
+        model = PartyModel(width, cfg.h_dim, cfg.party_hidden, self.settings["variant"], cfg.min_decoder_std,
+                           cfg.indicator_hidden, cell_mask=cfg.cell_handling == "mask", layout=layout,
+                           unit_precision=cfg.privacy.enabled)
         return initialise(model, randomness.stream("party/init"))
 
     def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0,
                      own_extra: int = 0) -> nn.Module:
-        own = model_own_width(own_width) + own_extra if cfg.discriminator_inputs == "latent+own" else 0
+        own = model_own_width(own_width) + own_extra if self.settings["discriminator_inputs"] == "latent+own" else 0
         model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task,
                             own_inputs=own, **dp_posterior(cfg))
         return initialise(model, randomness.stream("active/init"))

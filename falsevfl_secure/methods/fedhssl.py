@@ -20,16 +20,21 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 
-from ..config import Config, Stage
+from ..config import Config, Stage, StageConfig
 from ..model.embedding import HybridParty
 from ..model.ssl import MIN_ROWS, negative_cosine
 from ..transport.rounds import CROSS_TARGET, CROSS_VIEW, EMBEDDING, EMBEDDING_GRAD, MODEL_MEAN, MODEL_SUM, RoundTable
-from .base import Objective, patterns_of
-from .fusion import EmbeddingFusion
+from .base import Objective, patterns_of, register
+from .fusion import EmbeddingFusion, baseline_schedule, sgd
 
 
+@register
 class FedHssl(EmbeddingFusion):
     name = "fedhssl"
+    schedules = {"isolet": baseline_schedule(sgd(0.025, 512, 150), StageConfig(2e-3, 64, 300)),
+                 "hapt": baseline_schedule(StageConfig(0.025, 512, 100, 1e-5), StageConfig(5e-4, 64, 500)),
+                 "fashion-mnist": baseline_schedule(sgd(0.02, 1024, 150), StageConfig(1e-4, 128, 100)),
+                 "digits": baseline_schedule(sgd(0.025, 128, 40), StageConfig(1e-3, 32, 100))}
     needs_patterns = True
     row_rule = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows every party holds"}
     rounds = RoundTable({Stage.PRETRAIN: (CROSS_VIEW, CROSS_TARGET), Stage.TRAIN: (EMBEDDING, EMBEDDING_GRAD),

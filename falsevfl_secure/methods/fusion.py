@@ -12,20 +12,38 @@ labels: the baselines fine-tune every extractor with them (protocols/*.toml says
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
-from ..config import Config, Stage
+from ..config import Config, Stage, StageConfig
 from ..model import initialise
 from ..model.embedding import EmbeddingParty, FusionHead
 from ..model.ssl import augment, feature_range
 from ..placement import Active, apply
 from ..randomness import RoleRandomness
 from ..transport.rounds import EMBEDDING, EMBEDDING_GRAD, RoundTable
-from .base import Method, Objective
+from .base import Method, Objective, Option
 
 AUGMENT_STREAM = "party/ssl/augment"  # a party's secret stream of augmentation draws
+
+
+def sgd(lr: float, batch: int, epochs: int, weight_decay: float = 3e-5) -> StageConfig:
+    """SGD with momentum 0.9, as SimSiam's pretraining uses it."""
+    return StageConfig(lr, batch, epochs, weight_decay, "sgd")
+
+
+def baseline_schedule(pretrain: StageConfig, train: StageConfig, **protocol) -> dict:
+    """A baseline's schedule: SimSiam pretraining of the local models, then fine-tuning with labels (paper, App.
+    D.1, Tables "Hyperparameters for ..."; the SimSiam pretraining in the paper's parentheses); `quick` a tenth
+    of the epochs; under `paper-protocol` with the method's own readings (`protocol`). Widths follow the
+    dataset's preset: the embedding is h_dim wide, the extractors party_hidden. Digits has no paper setting: the
+    same shape of schedule, shorter."""
+    quick = dict(pretrain=replace(pretrain, epochs=max(1, pretrain.epochs // 10)),
+                 train=replace(train, epochs=max(1, train.epochs // 10)))
+    paper = dict(pretrain=pretrain, train=train)
+    return {"paper": paper, "quick": quick, "paper-protocol": {**paper, **protocol}}
 
 
 class EmbeddingFusion(Method):
@@ -34,6 +52,11 @@ class EmbeddingFusion(Method):
 
     rounds = RoundTable({Stage.TRAIN: (EMBEDDING, EMBEDDING_GRAD), Stage.PREDICT: (EMBEDDING,)})
     probe_stages = (Stage.TRAIN,)
+    # What stands in for a party that does not hold a row: "embedding" (zeros in place of its embedding;
+    # LASER-VFL's implementation of PlugVFL) or "features" (its extractor's embedding of zeros, the mean of
+    # standardised features: zero imputation of the data)
+    options = {"impute": Option(("embedding", "features"), "a missing party's stand-in in the fusion: zeros for "
+                                "its embedding, or its embedding of zero (mean) features")}
 
     def party_module(self, cfg: Config, width: int) -> nn.Module:
         return EmbeddingParty(width, cfg.h_dim, cfg.party_hidden)
@@ -77,7 +100,7 @@ class EmbeddingFusion(Method):
         """Party k's addend to the fusion: its embedding of the rows it holds; elsewhere exact zeros, or
         with `impute = "features"` its embedding of the zeros its block holds there (the features' mean)."""
         embedding = node.parties[k].model.embed(batch.x[k])
-        if node.cfg.impute == "features":
+        if self.settings.get("impute") == "features":  # (LASER-VFL has no such option: zeros)
             return embedding
         return torch.where(batch.held[k].unsqueeze(-1), embedding, torch.zeros_like(embedding))
 

@@ -13,18 +13,21 @@ the parties that hold it (the active party knows how many do), one `embedding` s
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from math import comb
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import Config, Stage
+from ..config import Stage, StageConfig
+from ..data.loaders import DEFAULT_LABELED, TABULAR_DEFAULT
 from ..placement import Active, apply
 from ..randomness import PublicGenerator, PublicStream, public_rng
 from ..transport.rounds import EMBEDDING, SUBSETS, SUBSETS_GRAD, RoundTable
-from .base import Objective, patterns_of
-from .fusion import EmbeddingFusion
+from .base import Objective, Option, patterns_of, register
+from .fusion import EmbeddingFusion, baseline_schedule, sgd
 
 
 def draw_subsets(observed: np.ndarray, rng: PublicGenerator) -> np.ndarray:
@@ -50,17 +53,34 @@ def grouped(rows: np.ndarray, patterns: np.ndarray, batch_size: int, rng: Public
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def _laser(dataset: str, pretrain: StageConfig, train: StageConfig) -> dict:
+    """Under `paper-protocol`: stage 2 at the step count the paper's table states, epochs x ceil(labeled rows /
+    batch size) (its grouped batches are many more and mostly tiny: README)."""
+    labeled = DEFAULT_LABELED.get(dataset, TABULAR_DEFAULT)[0]
+    schedule = baseline_schedule(pretrain, train)
+    schedule["paper-protocol"]["train"] = replace(train, steps_per_epoch=math.ceil(labeled / train.batch_size))
+    return schedule
+
+
+@register
 class Laser(EmbeddingFusion):
     name = "laser"
     needs_patterns = True
     rounds = RoundTable({Stage.TRAIN: (SUBSETS, SUBSETS_GRAD), Stage.PREDICT: (EMBEDDING,)})
+    # Stage 2's batches: "grouped" (the rows of one observed set, every group cut into batches of at most
+    # batch_size: the paper's "mini-batches that share a single mask"), "grouped-full" (the same, only full
+    # batches: the rest of each group waits for a later epoch's shuffle), "plain" (shuffled batches, each row
+    # its own set of parties, as every other method).
+    options = {"laser_batches": Option(("grouped", "grouped-full", "plain"), "LASER-VFL's batches: grouped by "
+                                       "observed set, only full such batches, or plain shuffles")}
+    schedules = {"isolet": _laser("isolet", sgd(0.025, 512, 100), StageConfig(5e-5, 64, 200)),
+                 "hapt": _laser("hapt", sgd(0.02, 512, 150), StageConfig(1e-3, 128, 100)),
+                 "fashion-mnist": _laser("fashion-mnist", sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 100)),
+                 "digits": _laser("digits", sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))}
 
-    def __init__(self, batches: str = "grouped"):
-        self.batches = batches  # Config.laser_batches
-
-    @classmethod
-    def configured(cls, cfg: Config) -> Laser:
-        return cls(cfg.laser_batches)
+    @property
+    def batches(self) -> str:
+        return self.settings["laser_batches"]
 
     def plan(self, stage: Stage, data, epoch: int, seed: int, batch_size: int) -> list[np.ndarray]:
         if stage is not Stage.TRAIN or self.batches == "plain":

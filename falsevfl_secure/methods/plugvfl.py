@@ -12,19 +12,34 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .fusion import EmbeddingFusion
+from ..config import StageConfig
+from .base import Option, register
+from .fusion import EmbeddingFusion, baseline_schedule, sgd
 
 DROP_RATE = 0.5
 DROP_STREAM = "party/plugvfl/drop"
 
 
+def _plug(pretrain: StageConfig, train: StageConfig) -> dict:
+    """Under `paper-protocol`: a passive party dropped per mini-batch (the LASER-VFL code's PlugVFL)."""
+    return baseline_schedule(pretrain, train, plug_drop="batch")
+
+
+@register
 class PlugVfl(EmbeddingFusion):
     name = "plugvfl"
+    options = {**EmbeddingFusion.options,
+               "plug_drop": Option(("row", "batch"), "PlugVFL drops a passive party per row or per mini-batch")}
+    schedules = {"isolet": _plug(sgd(0.025, 512, 100), StageConfig(5e-5, 32, 100)),
+                 "hapt": _plug(sgd(0.02, 512, 150), StageConfig(5e-4, 64, 100)),
+                 "fashion-mnist": _plug(sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
+                 "digits": _plug(sgd(0.025, 128, 40), StageConfig(1e-3, 32, 60))}
 
     def contribution(self, node, batch, k: int, training: bool) -> Tensor:
         addend = super().contribution(node, batch, k, training)
         if not training or k == node.cfg.active_index:
             return addend
-        draws = 1 if node.cfg.plug_drop == "batch" else addend.shape[0]  # one draw for the batch, or one per row
+        # one draw for the batch, or one per row
+        draws = 1 if self.settings["plug_drop"] == "batch" else addend.shape[0]
         keep = node.parties[k].randomness.stream(DROP_STREAM).uniform(draws).expand(addend.shape[0]) >= DROP_RATE
         return torch.where(keep.to(addend.device).unsqueeze(-1), addend, torch.zeros_like(addend))

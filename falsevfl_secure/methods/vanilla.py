@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import Stage
-from .base import patterns_of
-from .fusion import EmbeddingFusion
+from ..config import Stage, StageConfig
+from .base import patterns_of, register
+from .fusion import EmbeddingFusion, baseline_schedule, sgd
 
 
+@register
 class Vanilla(EmbeddingFusion):
     name = "vanilla"
+    schedules = {"isolet": baseline_schedule(sgd(0.025, 512, 100), StageConfig(5e-4, 32, 500)),
+                 "hapt": baseline_schedule(sgd(0.02, 512, 150), StageConfig(5e-3, 64, 100)),
+                 "fashion-mnist": baseline_schedule(sgd(0.02, 1024, 100), StageConfig(1e-4, 128, 150)),
+                 "digits": baseline_schedule(sgd(0.025, 128, 40), StageConfig(1e-3, 32, 100))}
     needs_patterns = True
     row_rule = {Stage.PRETRAIN: "every row", Stage.TRAIN: "the labeled rows every party holds"}
 

@@ -120,7 +120,7 @@ def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], 
               None if views is None else str(views))
     atomic_write(out_dir / "job.json", job.to_json())
     names = [f"party{k}" for k in range(cfg.parties)]
-    settings = {"command": "simulate", "method": cfg.label, "model": cfg.fingerprint()}
+    settings = {"command": "simulate", "method": method_for(cfg).label, "model": cfg.fingerprint()}
     specs = local_specs(proto, names, names[cfg.active_index], out_dir / "identities", settings,
                         consent=allow_two_party_disclosure, record=audit)
     per_role = {names[k]: ((secrets or {}).get(k),) for k in range(cfg.parties)}

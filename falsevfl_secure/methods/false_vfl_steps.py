@@ -13,14 +13,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .bounds import conditional_bound, diagonal_gaussian_log_prob, iwae_bound, snis_predict
-from .config import Stage
-from .errors import InputError, ProtocolError
-from .model.active import own_features
-from .node import ActiveRole, Batch, Node
-from .placement import Active, apply
-from .randomness import RowNoise
-from .transport.rounds import LATENT, LATENT_MOMENTS, LIKELIHOOD, POSTERIOR
+from ..bounds import conditional_bound, diagonal_gaussian_log_prob, iwae_bound, snis_predict
+from ..config import Stage
+from ..errors import InputError, ProtocolError
+from ..model.active import own_features
+from ..node import ActiveRole, Batch, Node
+from ..placement import Active, apply
+from ..randomness import RowNoise
+from ..transport.rounds import LATENT, LATENT_MOMENTS, LIKELIHOOD, POSTERIOR
 
 
 def _check_block(k: int, n_features: int, batch: Batch) -> int:
@@ -60,7 +60,7 @@ def check_batch(node: Node, batch: Batch) -> None:
 def encoded_count(node: Node, batch: Batch) -> Active[Tensor]:
     """The number of parties in each row's posterior: those holding it, or with `encode_missing = "zeros"`
     every party (a row no party holds any more stays at 0: `_orphans_from_prior`)."""
-    if node.cfg.encode_missing == "skip":
+    if not node.method.encodes_missing_blocks:
         return batch.n_observed
     return batch.n_observed.map(lambda n: torch.where(n > 0, node.cfg.parties, 0).to(n.dtype))
 
@@ -98,7 +98,7 @@ def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Ac
     check_batch(node, batch)
     noise = node.active.map(lambda role: role.noise(stage, batch.record_keys))
     posterior = node.transport.aggregate(POSTERIOR, node.posterior_contributions(batch))
-    if node.cfg.latent_broadcast == "moments":
+    if LATENT_MOMENTS in node.method.rounds.step(stage):
         latent, h = _broadcast_moments(node, noise, posterior, batch, n_samples)
     else:
         latent = apply(_sample, node.active, noise, posterior, encoded_count(node, batch), n_samples)

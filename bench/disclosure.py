@@ -163,7 +163,7 @@ def received_latents(node, view, n_classes: int) -> dict[str, np.ndarray]:
     with torch.no_grad(), LatentTap(node.transport, PASSIVE) as tap, MomentsTap(node.active.get().model) as exact:
         for start in range(0, data.n, size):
             batch = data.batch(np.arange(start, min(start + size, data.n)))
-            _, h = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT).get()
+            h = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT).get().h
             if not torch.equal(tap.received[-1], h):  # the tap must see exactly the broadcast value
                 raise AssertionError("the recorded broadcast differs from the latent samples")
     h = torch.cat(tap.received, dim=1).numpy()  # (S, N, d_h)

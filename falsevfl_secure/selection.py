@@ -39,7 +39,7 @@ class BestEpoch:
         for start in range(0, data.n, size):
             batch = data.batch(np.arange(start, min(start + size, data.n)))
             weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
-            out.append((weighted, own_inputs(node, batch)))
+            out.append((weighted, own_inputs(node, batch, weighted)))
         return out
 
     @torch.no_grad()

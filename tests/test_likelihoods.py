@@ -152,13 +152,14 @@ def test_typed_likelihoods_and_own_columns_give_the_plain_result_under_every_pro
     @settings(max_examples=4 if protocol == "he" else 6, deadline=None, suppress_health_check=list(HealthCheck))
     @given(variant=st.sampled_from(["I", "II"]), batch=st.integers(1, 16), seed=st.integers(0, 10_000),
            p=st.sampled_from([0.0, 0.3]), stage=st.sampled_from(["pretrain", "train", "predict"]),
-           own=st.booleans(), scale=st.sampled_from([1.0, 3.0]))  # standardised cells: |x| <= 10
+           own=st.sampled_from(["latent", "latent+own", "latent+mean+own"]),
+           scale=st.sampled_from([1.0, 3.0]))  # standardised cells: |x| <= 10
     def run(variant, batch, seed, p, stage, own, scale):
         torch.set_num_threads(1)
         job = make_job(3, variant, batch, 3, seed, p, stage, scale=scale, kinds=KINDS)
-        if own:
+        if own != "latent":
             from dataclasses import replace
-            job = replace(job, config=job.config.with_options(discriminator_inputs="latent+own"))
+            job = replace(job, config=job.config.with_options(discriminator_inputs=own))
         check_equal(sessions, protocol, job)
 
     run()

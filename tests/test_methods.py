@@ -395,3 +395,24 @@ def test_a_method_registers_its_names_options_and_schedules_in_one_class(monkeyp
     halved = node.method.fuse(node, batch, training=False).get()
     node.method.settings["halve"] = "no"
     assert torch.allclose(halved * 2, node.method.fuse(node, batch, training=False).get())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_discriminator_reads_the_posterior_mean_the_active_party_computed_from_the_sum(seed):
+    """`discriminator_inputs = "latent+mean+own"`: the active party's own block, then the mean of q(h | x_obs),
+    the closed form of the posterior sum it holds (Eq. (1)); the discriminator is that much wider."""
+    from falsevfl_secure.bounds import latent_posterior
+    from falsevfl_secure.methods.false_vfl_steps import encoded_count, forward_rounds, own_inputs
+    from falsevfl_secure.model.active import own_width
+
+    cfg = small("false-vfl", seed=seed, discriminator_inputs="latent+mean+own")
+    node, data = node_and_data(cfg, n=30, p=0.4)[:2]
+    batch = data.batch(np.arange(data.n))
+    with torch.no_grad():
+        own = own_inputs(node, batch, forward_rounds(node, batch, 4, Stage.PREDICT))
+        total = sum(node.posterior_contributions(batch).values())
+        mean = latent_posterior(*total.split(cfg.h_dim, dim=-1), encoded_count(node, batch).get()).loc
+    block = own_width(data.x[cfg.active_index].shape[1])
+    assert own.shape == (data.n, block + cfg.h_dim)
+    assert torch.allclose(own[:, block:], mean, atol=1e-6)
+    assert node.active.get().model.discriminator[0].in_features == cfg.h_dim + block + cfg.h_dim

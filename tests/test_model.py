@@ -114,7 +114,7 @@ def test_snis_with_one_sample_equals_the_discriminator_at_that_sample():
     probs = predict(world, batch).get()
     world.restart_noise(Stage.PREDICT)
     with torch.no_grad():
-        _, h = forward_rounds(world, batch, 1, Stage.PREDICT).get()
+        h = forward_rounds(world, batch, 1, Stage.PREDICT).get().h
         direct = world.active.get().model.discriminator(h[0]).softmax(-1)
     assert torch.allclose(probs, direct, atol=1e-6)
     assert torch.allclose(probs.sum(-1), torch.ones(split.n))

@@ -187,7 +187,7 @@ def test_the_prediction_noise_does_not_follow_from_public_data(build, attacked):
     view = keyed_view(world.active.get().randomness.secret)
     batch = host_split(view, CPU, 3).batch(np.arange(N))
     with torch.no_grad():
-        _, h = forward_rounds(world, batch, cfg.predict_samples, Stage.PREDICT).get()
+        h = forward_rounds(world, batch, cfg.predict_samples, Stage.PREDICT).get().h
         total = world.transport.aggregate(POSTERIOR, world.posterior_contributions(batch)).get()
         q = latent_posterior(*total.split(cfg.h_dim, dim=-1), batch.n_observed.get())
     # The attacker knows the public seed and the IDs; it rebuilds the secret the weak derivation gives.

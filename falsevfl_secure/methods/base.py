@@ -170,9 +170,10 @@ class Method:
                              f"{sorted(presets) or 'none'}); give its schedule explicitly or choose another preset")
         return presets[wanted]
 
-    # Where the active party's discriminator reads its own trees' score (a federation fits them), and where a
-    # party encodes the blocks it does not hold (as zeros) instead of leaving them out
+    # Where the active party's discriminator reads its own trees' score (a federation fits them) or the posterior
+    # mean, and where a party encodes the blocks it does not hold (as zeros) instead of leaving them out
     reads_own_reference: ClassVar[bool] = False
+    reads_posterior_mean: ClassVar[bool] = False
     encodes_missing_blocks: ClassVar[bool] = False
 
     def check(self, cfg: Config) -> None:

@@ -46,12 +46,14 @@ class FalseVfl(Method):
         # per row: S/2 times fewer bytes, but every party learns the exact posterior (README "Why the broadcast
         # stays samples").
         "latent_broadcast": Option(("samples", "moments"), "the latent round sends samples or moments"),
-        # p(y | h) (the paper), or p(y | h, x_active): the active party's own block too, values it holds in clear,
-        # so nothing more crosses (threat_models/labels.toml).
-        "discriminator_inputs": Option(("latent", "latent+own"), "the discriminator reads the latent samples, or "
-                                       "also the active party's own block"),
-        # With latent+own: also the active party's own trees' score of the record (fitted on its own columns and
-        # labels; out of fold on its training rows). A federation only.
+        # p(y | h) (the paper), or p(y | h, x_active): the active party's own block too, or p(y | h, mu, x_active):
+        # also the posterior mean mu it computes from the posterior sum; values it holds in clear, so nothing
+        # more crosses (threat_models/labels.toml).
+        "discriminator_inputs": Option(("latent", "latent+own", "latent+mean+own"), "the discriminator reads the "
+                                       "latent samples, also the active party's own block, or also the posterior "
+                                       "mean"),
+        # With latent+own or latent+mean+own: also the active party's own trees' score of the record (fitted on its
+        # own columns and labels; out of fold on its training rows). A federation only.
         "own_reference": Option((False, True), "the discriminator also reads the active party's own trees"),
         # "skip": a party that does not hold a row adds nothing (the posterior over the holders, the paper's
         # Eq. (1)); "zeros": MIWAE's convention, the missing block encoded as zeros, every party in the posterior.
@@ -73,9 +75,9 @@ class FalseVfl(Method):
 
     @classmethod
     def check_options(cls, options) -> None:
-        if options["own_reference"] and options["discriminator_inputs"] != "latent+own":
-            raise InputError("own_reference = true needs discriminator_inputs = \"latent+own\" (the trees' score is "
-                             "an own input)")
+        if options["own_reference"] and options["discriminator_inputs"] == "latent":
+            raise InputError("own_reference = true needs discriminator_inputs = \"latent+own\" or "
+                             "\"latent+mean+own\" (the trees' score is an own input)")
 
     def check(self, cfg: Config) -> None:
         if cfg.privacy.enabled and self.settings["latent_broadcast"] != "samples":
@@ -85,6 +87,10 @@ class FalseVfl(Method):
     @property
     def reads_own_reference(self) -> bool:
         return self.settings["own_reference"]
+
+    @property
+    def reads_posterior_mean(self) -> bool:
+        return self.settings["discriminator_inputs"] == "latent+mean+own"
 
     @property
     def encodes_missing_blocks(self) -> bool:
@@ -98,7 +104,8 @@ class FalseVfl(Method):
 
     def build_active(self, cfg: Config, n_classes: int, randomness: RoleRandomness, own_width: int = 0,
                      own_extra: int = 0) -> nn.Module:
-        own = model_own_width(own_width) + own_extra if self.settings["discriminator_inputs"] == "latent+own" else 0
+        own = 0 if self.settings["discriminator_inputs"] == "latent" else model_own_width(own_width) + own_extra
+        own += cfg.h_dim if self.reads_posterior_mean else 0
         model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task,
                             own_inputs=own, **dp_posterior(cfg))
         return initialise(model, randomness.stream("active/init"))

@@ -9,6 +9,8 @@ that party's batch entries; the only values that cross a party boundary are the 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -65,8 +67,19 @@ def encoded_count(node: Node, batch: Batch) -> Active[Tensor]:
     return batch.n_observed.map(lambda n: torch.where(n > 0, node.cfg.parties, 0).to(n.dtype))
 
 
+class Weighted(NamedTuple):
+    """What the forward rounds leave at the active party: the log importance weights (S, B), the latent
+    samples (S, B, d_h) and the posterior mean (B, d_h) they were drawn around (computed from the sum it holds)."""
+
+    log_w: Tensor
+    h: Tensor
+    loc: Tensor
+
+
 def _sample(role: ActiveRole, noise, posterior: Tensor, n_observed: Tensor, n_samples: int):
-    return role.model.sample_latent(*_orphans_from_prior(posterior, n_observed), n_samples, noise)
+    posterior, n_observed = _orphans_from_prior(posterior, n_observed)
+    h, log_q = role.model.sample_latent(posterior, n_observed, n_samples, noise)
+    return h, log_q, role.model.latent_moments(posterior, n_observed)[0]
 
 
 def _orphans_from_prior(posterior: Tensor, n_observed: Tensor) -> tuple[Tensor, Tensor]:
@@ -86,14 +99,14 @@ def _row_mean(values: Tensor, n_observed: Tensor) -> Tensor:
     return values.mean() if bool(kept.all()) else values[kept].mean()
 
 
-def _weigh(role: ActiveRole, noise, latent: tuple[Tensor, Tensor], likelihood: Tensor):
-    h, log_q_h = latent
-    return role.model.log_weights(h, log_q_h, likelihood, noise), h
+def _weigh(role: ActiveRole, noise, latent: tuple[Tensor, Tensor, Tensor], likelihood: Tensor) -> Weighted:
+    h, log_q_h, loc = latent
+    return Weighted(role.model.log_weights(h, log_q_h, likelihood, noise), h, loc.detach())
 
 
-def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Active[tuple[Tensor, Tensor]]:
-    """The three forward rounds; at the active party the log importance weights (S, B) and the latent
-    samples (S, B, d_h). The active party's latent and z draws come from one noise source per step,
+def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Active[Weighted]:
+    """The three forward rounds; at the active party the log importance weights, the latent samples and the
+    posterior mean (`Weighted`). The active party's latent and z draws come from one noise source per step,
     in that order (`ActiveRole.noise`)."""
     check_batch(node, batch)
     noise = node.active.map(lambda role: role.noise(stage, batch.record_keys))
@@ -142,10 +155,10 @@ def samples_from_moments(payload: Tensor, n_samples: int, h_dim: int, eps: Tenso
     return loc + scale * (moments_noise(payload, n_samples, h_dim) if eps is None else eps)
 
 
-def _with_log_q(payload: Tensor, eps: Tensor, h_dim: int) -> tuple[Tensor, Tensor]:
+def _with_log_q(payload: Tensor, eps: Tensor, h_dim: int) -> tuple[Tensor, Tensor, Tensor]:
     h = samples_from_moments(payload, eps.shape[0], h_dim, eps)
     loc, scale, _ = payload.split([h_dim, h_dim, KEY_WORDS], dim=-1)
-    return h, diagonal_gaussian_log_prob(h, loc, scale)
+    return h, diagonal_gaussian_log_prob(h, loc, scale), loc
 
 
 def _broadcast_moments(node: Node, noise, posterior: Active[Tensor], batch: Batch, n_samples: int):
@@ -166,22 +179,25 @@ def _broadcast_moments(node: Node, noise, posterior: Active[Tensor], batch: Batc
 def stage1_loss(node: Node, batch: Batch) -> Active[Tensor]:
     """Negative kappa-sample IWAE bound of log p(x_obs) (FALSE-VFL-II: of log p(x_obs, m)), batch mean."""
     weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.PRETRAIN)
-    return apply(lambda role, w, n: -_row_mean(iwae_bound(w[0]), n), node.active, weighted, batch.n_observed)
+    return apply(lambda role, w, n: -_row_mean(iwae_bound(w.log_w), n), node.active, weighted, batch.n_observed)
 
 
-def own_inputs(node: Node, batch: Batch) -> Tensor | None:
-    """The active party's own block as its discriminator reads it (`discriminator_inputs = "latent+own"`):
-    values the active party holds in clear, never another party's; None when the discriminator reads h only."""
+def own_inputs(node: Node, batch: Batch, weighted: Active[Weighted]) -> Tensor | None:
+    """The active party's own inputs to its discriminator (`discriminator_inputs` other than "latent"): its
+    block, with "latent+mean+own" also the posterior mean it computed from the revealed sum, and its extra
+    inputs (its own trees' score): values it holds in clear, never another party's; None for p(y | h)."""
     if not node.active.present or not node.active.get().model.own_inputs:
         return None
     a = node.cfg.active_index
-    own = own_features(batch.x[a], batch.held[a], node.cells(batch).get(a))
-    return torch.cat([own, batch.own_extra.get().to(own)], dim=-1) if batch.own_extra.present else own
+    own = [own_features(batch.x[a], batch.held[a], node.cells(batch).get(a))]
+    own += [weighted.get().loc.to(own[0])] if node.method.reads_posterior_mean else []
+    own += [batch.own_extra.get().to(own[0])] if batch.own_extra.present else []
+    return torch.cat(own, dim=-1)
 
 
-def _conditional_loss(role: ActiveRole, weighted: tuple[Tensor, Tensor], y: Tensor, own: Tensor | None,
+def _conditional_loss(role: ActiveRole, weighted: Weighted, y: Tensor, own: Tensor | None,
                       n_observed: Tensor) -> Tensor:
-    log_w, h = weighted
+    log_w, h = weighted.log_w, weighted.h
     bound = conditional_bound(log_w, role.model.label_log_prob(h, y, own))
     if role.class_weights is None:
         return -_row_mean(bound, n_observed)
@@ -195,13 +211,14 @@ def stage2_loss(node: Node, batch: Batch) -> Active[Tensor]:
     label-dependent value reaches a passive party."""
     with torch.no_grad():
         weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.TRAIN)
-    return apply(_conditional_loss, node.active, weighted, batch.y, own_inputs(node, batch), batch.n_observed)
+    return apply(_conditional_loss, node.active, weighted, batch.y, own_inputs(node, batch, weighted),
+                 batch.n_observed)
 
 
-def snis_output(role: ActiveRole, weighted: tuple[Tensor, Tensor], own: Tensor | None = None) -> Tensor:
+def snis_output(role: ActiveRole, weighted: Weighted, own: Tensor | None = None) -> Tensor:
     """The SNIS prediction from the forward rounds' weights and samples: class probabilities (B, C), or
     (B,) predicted means for regression."""
-    log_w, h = weighted
+    log_w, h = weighted.log_w, weighted.h
     out = role.model.label_distribution(h, own)
     if role.model.task == "classification":
         return snis_predict(log_w, out)
@@ -213,4 +230,4 @@ def predict(node: Node, batch: Batch) -> Active[Tensor]:
     """SNIS prediction with L = cfg.predict_samples: class probabilities (B, C) at the active party (for
     regression: (B,) predicted means)."""
     weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
-    return apply(snis_output, node.active, weighted, own_inputs(node, batch))
+    return apply(snis_output, node.active, weighted, own_inputs(node, batch, weighted))

@@ -134,13 +134,13 @@ def test_passive_party_receives_only_broadcasts(sessions, protocol):
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "train", "predict"])
-@pytest.mark.parametrize("own", [False, True])  # True: the discriminator also reads the active party's block
+@pytest.mark.parametrize("own", ["latent", "latent+own", "latent+mean+own"])  # what the discriminator reads
 def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own):
     job = make_job(PARTIES, "II", 16, 3, 5, 0.3, stage, record=True)
-    if own:
+    if own != "latent":
         from dataclasses import replace as changed
 
-        job = changed(job, config=job.config.with_options(discriminator_inputs="latent+own"))
+        job = changed(job, config=job.config.with_options(discriminator_inputs=own))
     session = sessions("plain", PARTIES)
     original = session.run(job)
     from dataclasses import replace

@@ -97,7 +97,8 @@ class PaillierCipher(SumCipher):
         total = torch.from_numpy(sums.astype(np.int64)).double().reshape(shape) / 2.0**16
         return total if own is None else total + torch.round(own.double() * 2**16) / 2**16
 
-    def addend_range(self, n_addends: int) -> float:
+    @staticmethod
+    def range_under(protocol, n_addends: int) -> float:
         return RANGE
 
     def reveal_error(self, n_addends: int, magnitude: float) -> float:
@@ -127,9 +128,6 @@ class Paillier(ActiveKeyProtocol):
     name: ClassVar[str] = "paillier"
     protection: ClassVar[str] = PaillierCipher.protection
     cipher_class: ClassVar[type[SumCipher]] = PaillierCipher
-
-    def addend_range(self, parties: int) -> float:
-        return RANGE
 
     def make_keys(self) -> tuple[bytes, object]:
         public, private = phe.generate_paillier_keypair(n_length=KEY_BITS)

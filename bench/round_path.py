@@ -50,9 +50,13 @@ class Tracer:
 
 
 def traced_step(role, traced: int, round_name: str) -> dict:
-    """One stage-1 step; the role of rank `traced` records its first `round_name` sum's path."""
+    """One stage-1 step; the role of rank `traced` records its first `round_name` sum's path. A helper (he's
+    aggregator) serves its protocol until the parties are done."""
     from falsevfl_secure.runtime.session import build_step, run_step
 
+    if not role.is_party:
+        role.serve_helper()
+        return {"calls": None}
     job = make_job(role.peers.n_parties, 16, "pretrain")
     node, data = build_step(job, [role.rank], role.is_active, role.transport(__import__("torch").device("cpu")))
     tracer = Tracer(round_name) if role.rank == traced else None

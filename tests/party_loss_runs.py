@@ -82,18 +82,19 @@ def party_program(role, cfg_json: str, crash: list | None) -> dict:
 
 
 def _crash_in(transport, crash: Crash) -> None:
-    """The process exits as it starts the crash step (three forward rounds a step: two sums, one broadcast)."""
+    """The process exits as it starts the crash step (three forward rounds a step: two sums, one broadcast; each
+    starts with the transport's `aggregate` or `broadcast`)."""
     count = [0]
 
     def counted(forward):
-        def run(round, value):
+        def run(round, *args):
             count[0] += 1
             if count[0] == 3 * crash.step_index + 1:
                 os._exit(3)
-            return forward(round, value)
+            return forward(round, *args)
         return run
 
-    transport.sum, transport.deliver = counted(transport.sum), counted(transport.deliver)
+    transport.aggregate, transport.broadcast = counted(transport.aggregate), counted(transport.broadcast)
 
 
 def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | None) -> list[dict]:

@@ -2,11 +2,13 @@
 combine -> reveal, every party's cipher in one process (`Protocol.in_process`, fresh keys from the OS), over
 shapes, party counts and magnitudes up to each cipher's documented range; and the refusals: an input the
 cipher cannot carry is refused by its party, whose message carries none of its values, and the active party
-gets no sum."""
+gets no sum. Then the protocols' parameters: other values than the defaults still reveal the plain sum
+within their stated error, bad values are refused, and parties whose parameters differ never start."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +17,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from falsevfl_secure.secure.errors import SecureRangeError
+from falsevfl_secure.errors import InputError
+from falsevfl_secure.runtime.cast import base_agreement, local_specs
+from falsevfl_secure.runtime.world import World
+from falsevfl_secure.secure.ckks import make_secret_context, public_context_bytes
+from falsevfl_secure.secure.errors import SecureParameterError, SecureRangeError
 from falsevfl_secure.transport import PROTOCOLS
+from falsevfl_secure.transport.protocols import He, Mpc
 from falsevfl_secure.transport.rounds import POSTERIOR
 from falsevfl_secure.transport.sums import sum_in_process
 
@@ -118,3 +125,75 @@ def test_what_the_audit_reads_in_a_message_is_the_contribution_only_when_nothing
             weakened.close()
     finally:
         closing(ciphers, helper)
+
+
+# -- the protocols' parameters ----------------------------------------------------------------------------
+
+OTHER_PARAMETERS = {  # per registered protocol that takes parameters: values other than its defaults
+    "mpc": st.builds(Mpc, precision_bits=st.integers(17, 32)),
+    "he": st.sampled_from([He(coeff_mod_bit_sizes=(60, 30, 60), global_scale_bits=45), He(global_scale_bits=36)]),
+}
+
+
+def test_every_protocol_that_takes_parameters_is_tried_with_others():
+    assert {name for name, p in PROTOCOLS.items() if p.parameters()} == set(OTHER_PARAMETERS)
+
+
+@pytest.mark.parametrize("name", list(OTHER_PARAMETERS))
+def test_other_parameters_reveal_the_plain_sum_within_their_stated_error(name):
+    @settings(max_examples=EXAMPLES.get(name, 20), deadline=None, suppress_health_check=list(HealthCheck))
+    @given(protocol=OTHER_PARAMETERS[name], parties=st.integers(3, 5), rows=st.integers(1, 6),
+           width=st.integers(1, 30), data=st.data(), scale=st.floats(-8, 0))
+    def run(protocol, parties, rows, width, data, scale):
+        assert protocol.parameters() != PROTOCOLS[name].parameters()
+        ciphers, helper = protocol.in_process(parties, 0)
+        limit = min(protocol.addend_range(parties), 2.0**60)
+        assert ciphers[0].addend_range(parties) == limit or limit == 2.0**60  # one statement, asked by both
+        values = [torch.from_numpy(data.draw(st.lists(st.floats(-1, 1), min_size=rows * width,
+                                                       max_size=rows * width).map(np.array)) * limit * 10.0**scale
+                                   * 0.99).to(torch.float32).reshape(rows, width) for _ in range(parties)]
+        clear, _ = PROTOCOLS["plain"].in_process(parties, 0)
+        try:
+            secure = sum_in_process(POSTERIOR, values, ciphers, helper, 0).double()
+            plain = sum_in_process(POSTERIOR, values, clear, None, 0).double()
+            stated = ciphers[0].reveal_error(parties, max(float(v.abs().max()) for v in values))
+            plain_error = clear[0].reveal_error(parties, max(float(v.abs().max()) for v in values))
+        finally:
+            closing(ciphers, helper)
+        assert float((secure - sum(v.double() for v in values)).abs().max()) <= stated + 1e-300
+        assert float((secure - plain).abs().max()) <= stated + plain_error + 1e-300
+
+    run()
+
+
+@pytest.mark.parametrize("bad", [lambda: Mpc(precision_bits=15), lambda: Mpc(precision_bits=33),
+                                 lambda: Mpc(precision_bits=20.0), lambda: He(poly_modulus_degree=4096),
+                                 lambda: He(coeff_mod_bit_sizes=(60, 10, 60)), lambda: He(global_scale_bits=79),
+                                 lambda: He(coeff_mod_bit_sizes=())])
+def test_parameters_that_break_a_bound_are_refused(bad, refused):
+    with pytest.raises(InputError):
+        bad()
+    refused("protocol parameters")
+
+
+def test_a_published_ckks_context_with_other_parameters_is_refused():
+    """What the agreement already refuses, a passive party also checks in the context it is sent."""
+    published = public_context_bytes(make_secret_context())
+    He().load_public(published)
+    with pytest.raises(SecureParameterError, match="not the agreed"):
+        He(global_scale_bits=45, coeff_mod_bit_sizes=(60, 30, 60)).load_public(published)
+
+
+def _joined(role) -> str:
+    return role.session.protocol
+
+
+def test_parties_whose_protocol_parameters_differ_are_refused_at_the_handshake(tmp_path):
+    """party0's own configuration says another mpc grid: every role stops at the handshake, naming the field."""
+    names = ["party0", "party1", "party2"]
+    specs = local_specs(Mpc(), names, "party2", tmp_path / "keys", {"command": "test"})
+    other = Mpc(precision_bits=20)
+    specs[0] = replace(specs[0], protocol=other, agreement=base_agreement(other, specs[0].cast, False,
+                                                                          {"command": "test"}))
+    outcomes = World(specs, _joined, (), tmp_path / "world").start().outcomes(120)
+    assert all("differ in 'protocol.precision_bits'" in str(o.get("error")) for o in outcomes), outcomes

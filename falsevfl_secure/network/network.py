@@ -123,6 +123,7 @@ class Network:
     def __init__(self, me: str, key: PrivateKey, pins: dict[str, bytes], plan: Plan,
                  on_delivered: Callable[[str, str, bytes], None] | None = None) -> None:
         self.me, self.plan, self.pins = me, plan, dict(pins)
+        wire.NAMES.learn([me, *self.pins, *SETUP])  # every role's name and set-up tag checked once, here
         self._key, self._on_delivered = key, on_delivered
         self.links: dict[str, Link] = {}
         self.traffic: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # tag -> [bytes sent, bytes received]
@@ -209,6 +210,7 @@ class Network:
         with self._cond:
             self.bounds.update({tag: (int(size), depth) for tag, size in bounds.items()})
             self._rounds_declared = True
+        wire.NAMES.learn(bounds)  # a declared tag is checked once, here, not on its first frame
 
     @property
     def deadline_s(self) -> float:
@@ -219,7 +221,8 @@ class Network:
 
     def send(self, dst: str, tag: str, payload: bytes) -> None:
         """Deliver `payload` to role `dst` under `tag` (direct link, else through the relay hub)."""
-        self._raise_if_aborted()
+        if self._aborted is not None:  # `_raise_if_aborted`, read in place on every frame sent
+            raise RunAborted(self._aborted)
         if dst in self.lost:
             return  # gone: a step that still addresses it is being abandoned
         link = self.links.get(dst) or (self.links.get(self.plan.relay) if self.plan.relay else None)

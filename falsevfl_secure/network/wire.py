@@ -11,6 +11,7 @@ per sender, refusing a frame longer than `MAX_FRAME_BYTES` before it grows past 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -52,15 +53,31 @@ class Envelope:
     more: bool = False
 
 
-def _name(text: str, what: str) -> bytes:
-    data = text.encode("ascii")
-    if len(data) > 255:
-        raise ProtocolError(f"envelope: {what} {text[:40]!r}... is longer than 255 bytes")
-    return data
+class _Names(dict):
+    """Role names and tags as an envelope carries them (ASCII, at most 255 bytes): each checked and encoded the
+    first time it is looked up, then read from here (at most `_KEPT` kept; a name beyond them is checked anew)."""
+
+    def __missing__(self, text: str) -> bytes:
+        data = text.encode("ascii")
+        if len(data) > 255:
+            raise ProtocolError(f"envelope: the name or tag {text[:40]!r}... is longer than 255 bytes")
+        if len(self) < _KEPT:
+            self[text] = data
+        return data
+
+    def learn(self, texts: Iterable[str]) -> None:
+        """Check and encode these now (the tags a role declares), so its frames only look them up."""
+        for text in texts:
+            if text not in self:
+                self.__missing__(text)
+
+
+_KEPT = 4096
+NAMES = _Names()
 
 
 def encode(envelope: Envelope) -> bytes:
-    src, dst, tag = (_name(envelope.src, "sender"), _name(envelope.dst, "receiver"), _name(envelope.tag, "tag"))
+    src, dst, tag = NAMES[envelope.src], NAMES[envelope.dst], NAMES[envelope.tag]
     header = _HEADER.pack(MAGIC, int(envelope.kind), MORE if envelope.more else 0, len(src), len(dst), len(tag))
     return b"".join((header, src, dst, tag, envelope.payload))
 
@@ -84,15 +101,18 @@ def decode(data: bytes) -> Envelope:
 
 
 def fragments(kind: Kind, src: str, dst: str, tag: str, payload: bytes) -> list[bytes]:
-    """The encoded envelopes that carry one frame (one when it fits, consecutive fragments otherwise)."""
-    if len(payload) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"a frame of {len(payload)} bytes exceeds the bound of {MAX_FRAME_BYTES} bytes")
-    if len(payload) <= FRAGMENT_BYTES:
-        return [encode(Envelope(kind, src, dst, tag, bytes(payload)))]
+    """The encoded envelopes that carry one frame (one when it fits, consecutive fragments otherwise), as
+    `encode` writes each: the header and names once, then each fragment's flag and bytes."""
+    size = len(payload)
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"a frame of {size} bytes exceeds the bound of {MAX_FRAME_BYTES} bytes")
+    parts = NAMES[src], NAMES[dst], NAMES[tag]
+    names, lengths = b"".join(parts), tuple(map(len, parts))
     view, out = memoryview(payload), []
-    for start in range(0, len(payload), FRAGMENT_BYTES):
-        piece = bytes(view[start:start + FRAGMENT_BYTES])
-        out.append(encode(Envelope(kind, src, dst, tag, piece, start + FRAGMENT_BYTES < len(payload))))
+    for start in range(0, max(size, 1), FRAGMENT_BYTES):
+        more = MORE if start + FRAGMENT_BYTES < size else 0
+        out.append(b"".join((_HEADER.pack(MAGIC, int(kind), more, *lengths), names,
+                             view[start:start + FRAGMENT_BYTES])))
     return out
 
 

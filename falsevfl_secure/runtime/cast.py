@@ -48,9 +48,11 @@ def make_identities(names: Sequence[str], folder: Path) -> dict[str, bytes]:
 
 
 def base_agreement(protocol: Protocol, cast: Cast, consent: bool, settings: Mapping[str, object]) -> Agreement:
-    """The fields every run agrees on, plus the run's own `settings` (model fingerprint, command, ...)."""
+    """The fields every run agrees on (the protocol and each of its parameters, `protocol.NAME`), plus the
+    run's own `settings` (model fingerprint, command, ...)."""
     aggregator = identity.pin_text(cast.pins[cast.aggregator]) if cast.aggregator else None
-    return Agreement({"protocol": protocol.name, "active": cast.active, "aggregator": aggregator,
+    parameters = {f"protocol.{name}": value for name, value in protocol.parameters().items()}
+    return Agreement({"protocol": protocol.name, **parameters, "active": cast.active, "aggregator": aggregator,
                       "parties": [[p, identity.pin_text(cast.pins[p])] for p in cast.parties],
                       "allow_two_party_disclosure": bool(consent), **settings})
 

@@ -56,7 +56,7 @@ class PartyLoss:
         losses = role.network.take_losses()
         if not losses:
             raise PartyFailure("a party was reported lost, but the active party's network names none")
-        peers.lost |= {peers.names.index(b.role) for b in losses}
+        peers.lose(peers.names.index(b.role) for b in losses)
         self._check_policy(losses[0])
         stage, epoch, index = position
         notice = {"lost": sorted(peers.names[k] for k in peers.lost), "stage": stage, "epoch": epoch,
@@ -88,7 +88,7 @@ class PartyLoss:
     def _follow(self, position: tuple[int, int, int]) -> int:
         role, peers = self.role, self.role.peers
         notice = role.network.take_notice()
-        peers.lost |= {peers.names.index(name) for name in notice["lost"]}
+        peers.lose(peers.names.index(name) for name in notice["lost"])
         self._rekey()
         for k in (peers.active_index, *range(peers.n_parties, len(peers.names))):  # the active party, helpers
             peers.send(k, "lost-ack", b"")

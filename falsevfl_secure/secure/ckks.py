@@ -49,7 +49,7 @@ sqrt(2) times the largest value (two values per slot). The default chain [60, 20
 loses accuracy as the largest slot of a ciphertext grows: measured with full ciphertexts of uniform
 values, the largest error is 2^-20 at |values| < 2^30 (a quarter of the 2^-18 every decryption checks;
 0.19 of it with real parts only) and doubles with every further bit. So the documented range of a sum is
-SUM_RANGE = 2^30 and each of n addends is refused beyond SUM_RANGE / n (`max_safe_abs`).
+SUM_RANGE = 2^30 and each of n addends is refused beyond SUM_RANGE / n (`sum_range`, `max_safe_abs`).
 
 Wire format of one message (`encrypt_tensors`, format version 3), all integers big-endian: a 17-byte
 header -- magic ``FVCT``, format version (uint8), number of values (uint64), number of ciphertexts c
@@ -95,9 +95,11 @@ __all__ = [
     "make_secret_context",
     "max_safe_abs",
     "n_chunks",
+    "params_of",
     "public_context_bytes",
     "slot_count",
     "sum_encrypted",
+    "sum_range",
     "values_per_ciphertext",
 ]
 
@@ -142,6 +144,11 @@ class CkksParams:
         return int(sum(self.coeff_mod_bit_sizes))
 
     @property
+    def data_bits(self) -> int:
+        """The bits of the data modulus: every prime but the last (the special prime)."""
+        return int(sum(self.coeff_mod_bit_sizes[:-1]))
+
+    @property
     def slots(self) -> int:
         return self.poly_modulus_degree // 2
 
@@ -157,9 +164,7 @@ class CkksParams:
             raise SecureParameterError(
                 f"coeff_mod_bit_sizes {list(bits)} must have >= 2 primes (data + special) of 17..60 bits each"
             )
-        _check_modulus(
-            self.poly_modulus_degree, self.total_modulus_bits, self.global_scale_bits, sum(bits[:-1])
-        )
+        _check_modulus(self.poly_modulus_degree, self.total_modulus_bits, self.global_scale_bits, self.data_bits)
 
 
 def make_secret_context(params: CkksParams | None = None) -> ts.Context:
@@ -200,6 +205,13 @@ def load_public_context(data: bytes) -> ts.Context:
     return ctx
 
 
+def params_of(ctx: ts.Context) -> CkksParams:
+    """The parameters a context was made with (N, every prime's bits, the scale), read from SEAL."""
+    parms = ctx.seal_context().data.key_context_data().parms()
+    bits = tuple(int(q.bit_count()) for q in parms.coeff_modulus())
+    return CkksParams(int(parms.poly_modulus_degree()), bits, _modulus_of(ctx)[3])
+
+
 def slot_count(ctx: ts.Context) -> int:
     """Number of complex slots of one ciphertext (N / 2)."""
     return _degree(ctx) // 2
@@ -227,11 +239,16 @@ def n_chunks(numel: int, per_ciphertext: int) -> int:
 
 
 def max_safe_abs(ctx: ts.Context, n_addends: int = 1) -> float:
-    """Largest |x| such that a sum of `n_addends` such values decrypts exactly: SUM_RANGE / n_addends, or
-    less when the context's data modulus is smaller (|sum| * scale must stay under a quarter of it, so a
-    slot of two such values, sqrt(2) |sum| at most, stays under half of it)."""
+    """Largest |x| such that a sum of `n_addends` such values decrypts exactly under `ctx` (`sum_range`)."""
     _, _, data_bits, scale_bits = _modulus_of(ctx)
-    return min(SUM_RANGE, 2.0 ** (data_bits - scale_bits - 2)) / n_addends
+    return sum_range(data_bits, scale_bits) / n_addends
+
+
+def sum_range(data_bits: int, scale_bits: int) -> float:
+    """The range of one encrypted sum under a data modulus of `data_bits` bits at scale 2^`scale_bits`:
+    SUM_RANGE, or less when the data modulus is smaller (|sum| * scale must stay under a quarter of it, so a
+    slot of two such values, sqrt(2) |sum| at most, stays under half of it)."""
+    return min(SUM_RANGE, 2.0 ** (data_bits - scale_bits - 2))
 
 
 class ZeroPool:

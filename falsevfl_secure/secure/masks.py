@@ -110,10 +110,7 @@ class ZeroShares:
         self._leftover: torch.Tensor | None = None
         self._scratch = np.empty(0, dtype=np.int64)  # touched by the worker thread only
 
-    def _draw(self, n: int) -> Future:
-        return self._executor.submit(self._draw_now, n)
-
-    def _draw_now(self, n: int) -> torch.Tensor:
+    def _draw(self, n: int) -> torch.Tensor:
         """On the worker thread: the next n elements, the pair keystreams expanded into a kept scratch buffer."""
         if self._scratch.size < n:
             self._scratch = np.empty(n, dtype=np.int64)
@@ -127,14 +124,14 @@ class ZeroShares:
         while have < n:
             if self._leftover is None:
                 if not self._pending:
-                    self._pending.append(self._draw(n - have))
+                    self._pending.append(self._executor.submit(self._draw, n - have))
                 self._leftover = self._pending.popleft().result()
             piece = self._leftover[: n - have]
             self._leftover = self._leftover[piece.numel():] if piece.numel() < self._leftover.numel() else None
             parts.append(piece)
             have += piece.numel()
         if not self._pending:  # one draw ahead at a time: the stream is read in order whatever the chunk sizes
-            self._pending.append(self._draw(n))
+            self._pending.append(self._executor.submit(self._draw, n))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .errors import SecureMessageError, SecureRangeError
-from .fixed_point import decode_fixed_point, encode_fixed_point
+from .fixed_point import PRECISION_BITS, decode_fixed_point, encode_fixed_point
 from .masks import ZeroShares
 
 __all__ = ["RankedLinks", "ReceivedShare", "masked_message", "open_total", "secure_sum", "share_of"]
@@ -43,12 +43,14 @@ class ReceivedShare(NamedTuple):
     raw: torch.Tensor
 
 
-def masked_message(value: torch.Tensor, shares: ZeroShares, n_addends: int, limit: float | None):
-    """This party's message and its own range error (None when the value was encoded)."""
+def masked_message(value: torch.Tensor, shares: ZeroShares, n_addends: int, limit: float | None,
+                   precision_bits: int = PRECISION_BITS):
+    """This party's message and its own range error (None when the value was encoded). `limit` bounds |value|
+    (None: what the ring carries for `n_addends` addends); `precision_bits`, the grid, is the protocol's."""
     numel = value.numel()
     message = shares.take(numel + 1)
     try:
-        message[:numel] += encode_fixed_point(value, n_addends=n_addends, limit=limit).reshape(-1)
+        message[:numel] += encode_fixed_point(value, precision_bits, n_addends, limit).reshape(-1)
     except SecureRangeError as error:
         message[numel] += 1
         return message, error
@@ -93,7 +95,7 @@ def secure_sum(value: torch.Tensor, dst: int, shares: ZeroShares, peers: RankedL
     return open_total(total, peers.size).reshape(value.shape)
 
 
-def open_total(total: torch.Tensor, parties: int) -> torch.Tensor:
+def open_total(total: torch.Tensor, parties: int, precision_bits: int = PRECISION_BITS) -> torch.Tensor:
     """The decoded sum (float64, flat) from the sum of every party's message; refused when an input was."""
     refused = int(total[-1])
     if not 0 <= refused <= parties:
@@ -102,4 +104,4 @@ def open_total(total: torch.Tensor, parties: int) -> torch.Tensor:
     if refused:
         raise SecureRangeError(f"the input of {refused} part{'y' if refused == 1 else 'ies'} was non-finite or "
                                "outside the secure sum's range (see those parties' own errors)")
-    return decode_fixed_point(total[:-1])
+    return decode_fixed_point(total[:-1], precision_bits)

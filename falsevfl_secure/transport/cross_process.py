@@ -55,8 +55,14 @@ class _Sum(Function):
 
     @staticmethod
     def forward(ctx, transport: DistributedTransport, round: Round, token: Tensor, value: Tensor):
+        """The sum round itself: the active party gets the sum of every party's `value`, the others an empty
+        tensor."""
         ctx.transport, ctx.round, ctx.shape = transport, round, tuple(value.shape)
-        return transport.sum(round, value), token.clone()
+        total = transport._run(round, value, transport.backend.sum_to_active, round, value)
+        out = total.to(device=value.device, dtype=value.dtype) if transport.is_active else value.new_zeros(0)
+        if not torch.is_grad_enabled() and round.name in transport._pass_ends:
+            transport.network.between_passes()  # a pass without adjoints (stage 2, predictions) ends here
+        return out, token.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor | None, grad_token: Tensor | None):
@@ -99,6 +105,7 @@ class DistributedTransport:
         self._shapes: dict[str, tuple[int, ...]] = {}  # the forward shape of each round of this pass
         self._pass_ends: set[str] = set()  # rounds after which a pass without adjoints is over
         self.is_active = party == active_index
+        self.absent = Active.absent()  # what every sum returns where the active party is not hosted (one object)
 
     def use_noise(self, stages: Mapping[int, object]) -> None:
         """This party's sums through its noise stage (differential privacy; empty: none)."""
@@ -120,25 +127,25 @@ class DistributedTransport:
         """Each round's largest frame in bytes under this protocol (`wire_bytes`), for the network."""
         return {r.name: self.backend.wire_bytes(r, largest(r, sizes)) for r in table.rounds}
 
-    def _apply(self, function: type[Function], round: Round, value: Tensor) -> Tensor:
-        if round in self.validator.firsts or self._token is None:  # a new pass
-            self._token = torch.zeros((), requires_grad=torch.is_grad_enabled())
-        out, self._token = function.apply(self, round, self._token, value)
-        return out
-
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         if set(contributions) != {self.party}:
             raise ProtocolError(f"round {round.name!r}: field 'sender': this process hosts party {self.party} "
                                 f"only, got contributions from {sorted(contributions)}")
-        out = self._apply(_Sum, round, contributions[self.party])  # its cipher refuses a value it cannot carry
-        return Active(out) if self.is_active else Active.absent()
+        if round in self.validator.firsts or self._token is None:  # a new pass: a fresh token
+            self._token = torch.zeros((), requires_grad=torch.is_grad_enabled())
+        out, self._token = _Sum.apply(self, round, self._token, contributions[self.party])  # the cipher refuses
+        return Active(out) if self.is_active else self.absent  # a value it cannot carry
 
     def broadcast(self, round: Round, value: Active[Tensor], shape: tuple[int, ...]) -> dict[int, Tensor]:
         if self.is_active and tuple(value.get().shape) != tuple(shape):
             raise ProtocolError(f"round {round.name!r}: field 'shape': {tuple(value.get().shape)} "
                                 f"!= declared {tuple(shape)}")
         self._shapes[round.name] = tuple(shape)
-        return {self.party: self._apply(_Broadcast, round, value.get() if self.is_active else torch.zeros(0))}
+        if round in self.validator.firsts or self._token is None:  # a new pass: a fresh token
+            self._token = torch.zeros((), requires_grad=torch.is_grad_enabled())
+        own = value.get() if self.is_active else torch.zeros(0)
+        out, self._token = _Broadcast.apply(self, round, self._token, own)
+        return {self.party: out}
 
     def abandon(self) -> None:
         """Forget the pass in flight (a party left during it): the next round opens a new pass."""
@@ -159,14 +166,6 @@ class DistributedTransport:
         self.network.between_passes()
 
     # -- one round: validated, run, counted ------------------------------------------------------------
-
-    def sum(self, round: Round, value: Tensor) -> Tensor:
-        """A sum round: the active party gets the sum of every party's `value`, the others an empty tensor."""
-        total = self._run(round, value, self.backend.sum_to_active, round, value)
-        out = total.to(device=value.device, dtype=value.dtype) if self.is_active else value.new_zeros(0)
-        if not torch.is_grad_enabled() and round.name in self._pass_ends:
-            self.network.between_passes()  # a pass without adjoints (stage 2, predictions) ends here
-        return out
 
     def deliver(self, round: Round, value: Tensor) -> Tensor:
         """A broadcast round: every party gets the active party's `value` (of the declared shape)."""

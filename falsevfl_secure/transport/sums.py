@@ -178,7 +178,7 @@ def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
     """The active party announced a lost party: every frame this role sent it before is stale (it says so),
     and each other party's frames of the abandoned step are dropped; the parties it combines from now on."""
     notice = peers.network.take_notice()
-    peers.lost |= {peers.names.index(name) for name in notice["lost"]}
+    peers.lose(peers.names.index(name) for name in notice["lost"])
     peers.send(peers.active_index, "lost-ack", b"")
     survivors = [k for k in passive if k not in peers.lost]
     for k in survivors:

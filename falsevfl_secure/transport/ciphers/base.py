@@ -14,8 +14,8 @@ outside a cipher's own module asks which protocol it runs: it asks the protocol 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import numpy as np
@@ -38,14 +38,17 @@ class SumCipher:
     round table, the specs and the views use) and `combined_by` (None: the active party combines; else
     the helper role's name), and implement the four steps.
 
-    Guarantees a cipher states: `addend_range(k)` (the largest |value| one of k parties may add; beyond it
-    `protect` refuses) and `reveal_error(k, magnitude)` (the largest error of a revealed sum against the
-    exact sum of k inputs of at most that magnitude: float32 rounding for the clear cipher; the grid's
-    rounding, k * 2^-17, plus float64's for the grid ciphers). `tests/test_sum_ciphers.py` checks both
-    for every registered cipher."""
+    Guarantees a cipher states: `range_under(protocol, k)` (the largest |value| one of k parties may add
+    under that protocol's parameters; beyond it `protect` refuses: stated once, and asked both by the
+    cipher's own `addend_range(k)`, under the protocol it was built for, and by `Protocol.addend_range`) and
+    `reveal_error(k, magnitude)` (the largest error of a revealed sum against the exact sum of k inputs of
+    at most that magnitude: float32 rounding for the clear cipher; the grid's rounding, k * 2^-(bits + 1),
+    plus float64's for the grid ciphers). `tests/test_sum_ciphers.py` checks both for every registered
+    cipher, under its default parameters and others."""
 
     protection: ClassVar[str]
     combined_by: ClassVar[str | None] = None
+    protocol: Protocol | None = None  # the protocol (with its parameters) that built it; None: it takes none
 
     def protect(self, round: Round, value: Tensor, n_addends: int) -> tuple[bytes, SecureRangeError | None]:
         """This party's message for `round` (float32 `value`), and its refusal when the cipher cannot carry
@@ -88,13 +91,17 @@ class SumCipher:
         """The error line of a party that refused its own input."""
         return f"round {round.name!r}: {me}: {refusal}"
 
-    def addend_range(self, n_addends: int) -> float:
+    @staticmethod
+    def range_under(protocol: Protocol | None, n_addends: int) -> float:
         return float("inf")
+
+    def addend_range(self, n_addends: int) -> float:
+        return self.range_under(self.protocol, n_addends)
 
     def reveal_error(self, n_addends: int, magnitude: float) -> float:
         return n_addends * n_addends * magnitude * 2.0**-24  # float32 sums in party order
 
-    def rekey(self, pair_keys: dict[int, bytes], alive: list[int]) -> None:
+    def rekey(self, pair_keys: dict[int, bytes], alive: Sequence[int]) -> None:
         """Keys among the parties still in the run (a party left); a cipher without pair keys has none."""
 
     def close(self) -> None:
@@ -137,12 +144,17 @@ class Protocol:
     travel in clear.
 
     Class attributes: `name`; `protection` (how a contribution to a sum travels: the cipher's);
-    `cipher_class` (the audits ask it what a recorded message may reveal);
+    `cipher_class` (the audits ask it what a recorded message may reveal, and `addend_range` its range);
     `runtimes` (where it runs: the in-process `local` runtime hosts every party, so only a protocol whose
     cipher is clear can run there); `hides_contributions` (whether the active party sees only sums);
     `helpers` (extra roles after the K parties, ranks K, K + 1, ...). A secure protocol at K = 2 hides
     nothing from the active party (the sum minus its own contribution is the other party's), so it runs
-    only when acknowledged."""
+    only when acknowledged.
+
+    Its dataclass fields are its parameters (mpc's grid, CKKS's modulus): they travel with the job (the
+    role's spec carries this object, the cipher it builds gets them) and every party's agreement holds them
+    (`parameters`), so parties with other parameters are refused at the handshake. A field compared False
+    is a test's hook, not a parameter."""
 
     name: ClassVar[str]
     protection: ClassVar[str]
@@ -155,8 +167,14 @@ class Protocol:
         return parties + len(self.helpers)
 
     def addend_range(self, parties: int) -> float:
-        """The largest |value| one party may contribute to a sum of `parties` addends (the documented range)."""
-        return float("inf")
+        """The largest |value| one party may contribute to a sum of `parties` addends (the documented range):
+        its cipher's statement, under this protocol's parameters."""
+        return self.cipher_class.range_under(self, parties)
+
+    def parameters(self) -> dict[str, object]:
+        """Its parameters by name, as JSON values (what every party's agreement holds)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in values.items()}
 
     def role_name(self, rank: int, parties: int) -> str:
         return f"party {rank}" if rank < parties else self.helpers[rank - parties]

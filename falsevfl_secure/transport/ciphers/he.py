@@ -21,21 +21,22 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from ...errors import ProtocolError
+from ...errors import InputError, ProtocolError
 from ...secure import frames
 from ...secure.ckks import (
-    SUM_RANGE,
+    CkksParams,
     ZeroPool,
     decrypt_tensors,
     encrypt_tensors,
     load_public_context,
     make_secret_context,
-    max_safe_abs,
     message_bound,
+    params_of,
     public_context_bytes,
     sum_encrypted,
+    sum_range,
 )
-from ...secure.errors import SecureRangeError
+from ...secure.errors import SecureParameterError, SecureRangeError
 from ...secure.fixed_point import PRECISION_BITS, round_to_grid
 from ..rounds import Round
 from .base import ActiveKeyProtocol, SumCipher
@@ -51,8 +52,10 @@ class CkksCipher(SumCipher):
     protection = "ckks"
     combined_by = "aggregator"
 
-    def __init__(self, public, secret=None, me: str = "", zeros: ZeroPool | None = None) -> None:
+    def __init__(self, public, secret=None, me: str = "", zeros: ZeroPool | None = None,
+                 protocol: He | None = None) -> None:
         self.public, self.secret, self.me, self.zeros = public, secret, me, zeros
+        self.protocol = protocol if protocol is not None else He()
 
     def protect(self, round: Round, value: Tensor, n_addends: int) -> tuple[bytes, SecureRangeError | None]:
         try:
@@ -97,8 +100,9 @@ class CkksCipher(SumCipher):
                 f"party at K = {n_addends} (mpc carries far more: run with --protocol mpc, or check the features "
                 "are standardised)")
 
-    def addend_range(self, n_addends: int) -> float:
-        return max_safe_abs(self.public, n_addends)
+    @staticmethod
+    def range_under(protocol: He, n_addends: int) -> float:
+        return sum_range(protocol.params.data_bits, protocol.global_scale_bits) / n_addends  # its modulus's
 
     def reveal_error(self, n_addends: int, magnitude: float) -> float:
         return n_addends * (2.0 ** -(PRECISION_BITS + 1) + magnitude * 2.0**-52)  # the grid, then float64
@@ -108,28 +112,57 @@ class CkksCipher(SumCipher):
             self.zeros.close()  # kills its helper process, also when the run failed
 
 
+_CKKS = CkksParams()  # the defaults of he's parameters
+
+
 @dataclass(frozen=True)
 class He(ActiveKeyProtocol):
+    """The CKKS parameters of the active party's key (`secure.ckks.CkksParams`, whose defaults they take):
+    refused below 128-bit security or without room for values above the scale (`check_security`); a
+    passive party and the aggregator also refuse a published context made with other parameters."""
+
     name: ClassVar[str] = "he"
     protection: ClassVar[str] = CkksCipher.protection
     cipher_class: ClassVar[type[SumCipher]] = CkksCipher
+    poly_modulus_degree: int = _CKKS.poly_modulus_degree
+    coeff_mod_bit_sizes: tuple[int, ...] = _CKKS.coeff_mod_bit_sizes
+    global_scale_bits: int = _CKKS.global_scale_bits
 
-    def addend_range(self, parties: int) -> float:
-        return SUM_RANGE / parties
+    def __post_init__(self) -> None:
+        sizes = self.coeff_mod_bit_sizes
+        listed = list(sizes) if isinstance(sizes, list | tuple) else [None]
+        numbers = [self.poly_modulus_degree, self.global_scale_bits, *listed]
+        if not sizes or any(type(n) is not int for n in numbers):
+            raise InputError(f"he: poly_modulus_degree, global_scale_bits and each of coeff_mod_bit_sizes are whole "
+                             f"numbers, got {self.poly_modulus_degree!r}, {self.global_scale_bits!r}, {sizes!r}")
+        object.__setattr__(self, "coeff_mod_bit_sizes", tuple(sizes))
+        try:
+            self.params.check_security()
+        except SecureParameterError as error:
+            raise InputError(f"he: {error}") from None
+
+    @property
+    def params(self) -> CkksParams:
+        return CkksParams(self.poly_modulus_degree, self.coeff_mod_bit_sizes, self.global_scale_bits)
 
     def make_keys(self) -> tuple[bytes, object]:
-        secret = make_secret_context()
+        secret = make_secret_context(self.params)
         return public_context_bytes(secret), secret
 
     def load_public(self, data: bytes) -> object:
-        return load_public_context(data)  # re-checks the parameters' security
+        public = load_public_context(data)  # re-checks the parameters' security
+        if params_of(public) != self.params:
+            raise SecureParameterError(f"the active party's CKKS context was made with {params_of(public)}, not "
+                                       f"the agreed {self.params}")
+        return public
 
     def build(self, public: object, secret: object | None, me: str, role: str) -> SumCipher:
         # A passive party encrypts online on zeros its helper process made ahead on idle CPU (secure.ckks).
-        return CkksCipher(public, secret, me, ZeroPool(public) if role == "passive" else None)
+        return CkksCipher(public, secret, me, ZeroPool(public) if role == "passive" else None, self)
 
     def in_process(self, parties: int, active: int = 0) -> tuple[list[SumCipher], SumCipher | None]:
-        secret = make_secret_context()
+        secret = make_secret_context(self.params)
         public = load_public_context(public_context_bytes(secret))
-        ciphers = [CkksCipher(public, secret if k == active else None, f"party{k}") for k in range(parties)]
-        return ciphers, CkksCipher(public, None, "aggregator")
+        ciphers = [CkksCipher(public, secret if k == active else None, f"party{k}", None, self)
+                   for k in range(parties)]
+        return ciphers, CkksCipher(public, None, "aggregator", None, self)

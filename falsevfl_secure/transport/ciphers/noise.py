@@ -14,7 +14,7 @@ from the party's own secret AES-CTR stream (`secure.discrete_gaussian`), never f
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,7 +122,7 @@ class Noised(SumCipher):
     def reveal_error(self, n_addends: int, magnitude: float) -> float:
         return self.inner.reveal_error(n_addends, magnitude)  # the noise is not an error: `noise_variance`
 
-    def rekey(self, pair_keys: dict[int, bytes], alive: list[int]) -> None:
+    def rekey(self, pair_keys: dict[int, bytes], alive: Sequence[int]) -> None:
         self.inner.rekey(pair_keys, alive)
 
     def close(self) -> None:

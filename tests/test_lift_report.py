@@ -80,7 +80,7 @@ def test_the_sized_schedule_stays_within_its_bounds_and_grows_batches_with_the_t
         assert AUTO_EPOCHS[stage][0] <= settings_.epochs <= AUTO_EPOCHS[stage][1]
     bigger = sized_schedule(make_config("digits", "auto"), rows * 4, labeled)
     assert bigger.pretrain.batch_size >= cfg.pretrain.batch_size
-    assert make_config("digits", "auto").options["discriminator_inputs"] == "latent+own"
+    assert make_config("digits", "auto").options["discriminator_inputs"] == "latent+mean+own"
     assert sized_schedule(make_config("digits", "paper"), rows, labeled) == make_config("digits", "paper")
 
 

@@ -93,7 +93,7 @@ def lift_lines(report: dict) -> list[str]:
     if not report["lift"] > 0 and not perfect:
         lines.append(f"warning: the federation does not beat the active party's own {label} ({name} {fed:.4f} "
                      f"against {ref:.4f}): the other parties' columns did not pay on this run. Try preset = \"auto\" "
-                     "(more steps), discriminator_inputs = \"latent+own\", class_weight = \"balanced\" for rare "
+                     "(more steps), discriminator_inputs = \"latent+mean+own\", class_weight = \"balanced\" for rare "
                      "classes, and check with `federation check` that the parties' IDs line up; method = \"plugvfl\" "
                      "often fits tables better, but sends every party label-dependent gradients "
                      "(threat_models/labels.toml)")

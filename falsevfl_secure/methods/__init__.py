@@ -24,12 +24,16 @@ from ..randomness import RoleRandomness, RoleSecret
 from ..transport.base import Transport
 from ..transport.ciphers.noise import NoiseSpec, NoiseStage
 from .base import METHODS, Method, Objective, Option, method_named, register
-from .false_vfl import FalseVfl, FalseVflMoments  # each method's module registers it
-from .fedhssl import FedHssl
 from .fusion import EmbeddingFusion
+
+# Each method's module registers it, in this order: FALSE-VFL, then the baselines as App. D.1 lists them
+# isort: off
+from .false_vfl import FalseVfl, FalseVflMoments
+from .vanilla import Vanilla
 from .laser import Laser
 from .plugvfl import PlugVfl
-from .vanilla import Vanilla
+from .fedhssl import FedHssl
+# isort: on
 
 SETTINGS = frozenset(f.name for f in fields(Config))  # what is not one of them is a method's own option
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from sklearn import metrics as skm
 
 from .data.targets import regression_metrics
 
@@ -27,6 +26,8 @@ def expected_calibration_error(probabilities: np.ndarray, y: np.ndarray, bins: i
 
 def _ranking(probabilities: np.ndarray, y: np.ndarray) -> dict[str, float]:
     """ROC AUC and PR AUC; NaN where the records hold a single class."""
+    from sklearn import metrics as skm  # here: scikit-learn costs every command a second at start-up
+
     present = np.unique(y)
     if present.size < 2:
         return {"roc_auc": math.nan, "pr_auc": math.nan}
@@ -45,8 +46,10 @@ def classification_metrics(probabilities: np.ndarray, y: np.ndarray) -> dict[str
     probabilities /= probabilities.sum(axis=1, keepdims=True)
     y = np.asarray(y, dtype=np.int64)
     predicted = probabilities.argmax(axis=1)
+    from sklearn.metrics import balanced_accuracy_score
+
     return {**_ranking(probabilities, y),
-            "balanced_accuracy": float(skm.balanced_accuracy_score(y, predicted)) if y.size else math.nan,
+            "balanced_accuracy": float(balanced_accuracy_score(y, predicted)) if y.size else math.nan,
             "accuracy": float(np.mean(predicted == y)),
             "log_loss": float(-np.mean(np.log(probabilities[np.arange(y.size), y]))),
             "ece": expected_calibration_error(probabilities, y),

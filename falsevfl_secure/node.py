@@ -179,23 +179,31 @@ class HostedData:
     # The active party's extra inputs to its discriminator (N, e), values of its own (federation/reference.py)
     own_extra: Active[Tensor] = field(default_factory=Active.absent)
     dropped: set[int] = field(default_factory=set)  # parties that left a run that goes on without them
+    _holders: tuple | None = field(default=None, repr=False)  # (patterns, n_observed) before any party left
 
     def drop_parties(self, lost: Iterable[int]) -> None:
-        """Parties that left a run that goes on: from now on they hold no row. At the active party each row's
-        count of observed parties drops where they held it (from the public holders, `patterns`); a row no
-        party holds any more counts 0 and trains nothing (`steps`)."""
-        new = sorted(set(lost) - self.dropped)
-        if not new:
+        """Parties that left a run that goes on: from now on they hold no row (see `set_dropped`)."""
+        self.set_dropped(self.dropped | set(lost))
+
+    def set_dropped(self, out: Iterable[int]) -> None:
+        """The parties out of the run now: they hold no row, and a party that rejoined holds its rows again. At
+        the active party each row's count of observed parties leaves out the parties out where they held it
+        (from the public holders, `patterns`); a row no party holds any more counts 0 and trains nothing."""
+        out = set(out)
+        if out == self.dropped:
             return
         if self.n_observed.present and self.patterns is None:
             raise InputError("the run cannot go on without a lost party here: the active party does not know "
                              "which rows it held")
         if self.patterns is not None:
-            gone = torch.from_numpy(self.patterns[:, new].sum(axis=1).astype(np.int64))
-            self.n_observed = self.n_observed.map(lambda t: t - gone.to(t))
-            self.patterns = self.patterns.copy()
-            self.patterns[:, new] = False
-        self.dropped |= set(new)
+            if self._holders is None:
+                self._holders = (self.patterns, self.n_observed)
+            patterns, n_observed = self._holders
+            gone = torch.from_numpy(patterns[:, sorted(out)].sum(axis=1).astype(np.int64))
+            self.n_observed = n_observed.map(lambda t: t - gone.to(t))
+            self.patterns = patterns.copy()
+            self.patterns[:, sorted(out)] = False
+        self.dropped = out
 
     def batch(self, rows: np.ndarray) -> Batch:
         rows = np.asarray(rows, dtype=np.int64)

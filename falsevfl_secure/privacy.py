@@ -27,9 +27,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from scipy.optimize import brentq
-from scipy.stats import norm
-
 from .config import Config
 from .errors import InputError
 from .fsio import write_json
@@ -54,6 +51,8 @@ def releases_per_row(cfg: Config, predictions: int = 1, tests: int = 0) -> int:
 def gaussian_delta(multiplier: float, epsilon: float) -> float:
     """delta(epsilon) of one Gaussian mechanism of noise multiplier sigma / sensitivity (Balle and Wang
     2018, Theorem 8): the closed form the PLD accountant must agree with."""
+    from scipy.stats import norm  # here: scipy.stats costs every command half a second at start-up
+
     a = 1 / (2 * multiplier)
     return float(norm.cdf(a - epsilon * multiplier) - math.exp(epsilon + norm.logcdf(-a - epsilon * multiplier)))
 
@@ -74,6 +73,8 @@ def epsilon_of(multiplier: float, releases: int, delta: float) -> float:
 
 def _closed_form_epsilon(multiplier: float, delta: float) -> float:
     """epsilon of one Gaussian mechanism at `delta`, from `gaussian_delta` (decreasing in epsilon)."""
+    from scipy.optimize import brentq
+
     high = 1.0
     while gaussian_delta(multiplier, high) > delta:
         high *= 4
@@ -83,6 +84,8 @@ def _closed_form_epsilon(multiplier: float, delta: float) -> float:
 def calibrate(epsilon: float, releases: int, delta: float) -> float:
     """The smallest noise multiplier whose `releases` compositions stay within (epsilon, delta): R Gaussian
     releases of multiplier z compose exactly to one of multiplier z / sqrt(R), solved in closed form."""
+    from scipy.optimize import brentq
+
     low, high = 1e-4, 1e4
     if gaussian_delta(low, epsilon) <= delta:
         return low * math.sqrt(releases)  # a budget this large needs next to no noise

@@ -92,24 +92,31 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
 
 
 def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimizers: dict) -> list:
-    """The steps of one epoch, (loss, rows) each. When a party leaves a run that goes on without it, the step
-    in flight is abandoned by every role (no optimiser step, no sum over fewer parties revealed for it) and
-    every role resumes at the step the active party announces."""
-    batches, losses, index = stage_batches(node, data, stage, epoch), [], 0
-    while index < len(batches):
+    """The steps of one epoch, (loss, rows) each. In a run that goes on without a lost party, the epoch opens
+    with the active party's word on who is in it (a lost party may rejoin here, runtime/losses.py); when a
+    party leaves, the step in flight is abandoned by every role (no optimiser step, no sum over fewer parties
+    revealed for it) and every role resumes at the step the active party announces."""
+    handler = getattr(node.transport, "on_party_lost", None) if node.method.survives_party_loss else None
+    batches, losses, index = None, [], 0
+    while batches is None or index < len(batches):
         try:
+            if batches is None:
+                if handler is not None:
+                    handler.at_epoch(int(stage), epoch)
+                    data.set_dropped(handler.lost)  # a party that rejoined holds its rows again
+                batches = stage_batches(node, data, stage, epoch)
+                continue
             losses.append((_step(node, batches[index], stage, optimizers), batches[index].size))
             index += 1
         except PartyLost as lost:
-            handler = getattr(node.transport, "on_party_lost", None)
-            if handler is None or not node.method.survives_party_loss:
+            if handler is None:
                 raise
             for opt in optimizers.values():
                 opt.zero_grad(set_to_none=True)
             node.transport.abandon()
             index = handler(lost, (int(stage), epoch, index))
-            data.drop_parties(handler.lost)  # from now on they hold no row
-            batches = stage_batches(node, data, stage, epoch)  # the same public plan, without them
+            data.set_dropped(handler.lost)  # from now on they hold no row
+            batches = None if batches is None else stage_batches(node, data, stage, epoch)  # the same public plan
     return losses
 
 
@@ -198,10 +205,11 @@ Agree = Callable[[set], set]  # combines the resumable epochs across processes (
 
 def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, resume: bool = False,
         progress: bool = True, agree: Agree | None = None, after_epoch: EpochHook | None = None,
-        validation: HostedData | None = None) -> Fit:
+        validation: HostedData | None = None, rejoin: tuple[int, int] | None = None) -> Fit:
     """Both stages, with each hosted party's checkpoint at the end of every epoch when `checkpoint_dir` is
-    given; `resume` continues from the last epoch that every party completed. With `validation` records
-    (and `select_best`), stage 2 keeps its best epoch on them (selection.py)."""
+    given; `resume` continues from the last epoch that every party completed; `rejoin` (a party that left a
+    run that went on, readmitted at this (stage, epoch)) continues from its own latest checkpoint there. With
+    `validation` records (and `select_best`), stage 2 keeps its best epoch on them (selection.py)."""
     from .checkpoint import Checkpointer, party_state
     from .selection import BestEpoch
 
@@ -209,7 +217,9 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     node.method.prepare(node, data)
     optimizers = {stage: optimizers_for(node, stage) for stage in (Stage.PRETRAIN, Stage.TRAIN)}
     start = _resume(node, checkpointers, optimizers, agree) if resume else {Stage.PRETRAIN: 0, Stage.TRAIN: 0}
-    for c in checkpointers if not resume else []:
+    if rejoin is not None:
+        start = _rejoin(node, checkpointers, optimizers, Stage(rejoin[0]), rejoin[1])
+    for c in checkpointers if not (resume or rejoin) else []:
         c.clear()  # an earlier run's files would outrank this run's in the keep-the-latest rule
 
     best = None
@@ -226,8 +236,9 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     for stage in (Stage.PRETRAIN, Stage.TRAIN):
         began, (rounds, waiting) = time.perf_counter(), node.transport.log.totals()
         if validation is not None:
-            validation.drop_parties(data.dropped)  # a party that left holds no validation record either
-        if stage is Stage.TRAIN and _selects(node, validation):
+            validation.set_dropped(data.dropped)  # a party out of the run holds no validation record either
+        returned_in_stage_2 = rejoin is not None and Stage(rejoin[0]) is Stage.TRAIN  # after the rounds below
+        if stage is Stage.TRAIN and _selects(node, validation) and not returned_in_stage_2:
             best = BestEpoch(node, validation)  # collective: the validation records' forward rounds, once
         result.losses[stage.key] = run_stage(node, data, stage, optimizers[stage], start[stage], progress,
                                              on_epoch_end)
@@ -237,13 +248,28 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         after = node.transport.log.totals()
         result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
     if validation is not None:
-        validation.drop_parties(data.dropped)
+        validation.set_dropped(data.dropped)
     return result
 
 
 def _selects(node: Node, validation: HostedData | None) -> bool:
     return bool(node.cfg.select_best and validation is not None and validation.n and node.method.selects_locally
                 and node.cfg.train.epochs > 0)
+
+
+def _rejoin(node: Node, checkpointers: list, optimizers: dict, stage: Stage, epoch: int) -> dict[Stage, int]:
+    """A returning party: its own latest checkpoint (its part of the model did not change while it was out;
+    none: it left in its first epoch and starts from its initial weights), from the (stage, epoch) it was
+    readmitted at."""
+    from .checkpoint import progress_key, restore_party
+
+    for c in checkpointers:
+        if c.available():
+            saved = max(c.available(), key=progress_key)
+            restore_party(node, c.party, c.load(saved), optimizers[saved[0]])
+    if stage is Stage.PRETRAIN:
+        return {Stage.PRETRAIN: epoch, Stage.TRAIN: 0}
+    return {Stage.PRETRAIN: node.cfg.pretrain.epochs, Stage.TRAIN: epoch}
 
 
 def _resume(node: Node, checkpointers: list, optimizers: dict, agree: Agree | None) -> dict[Stage, int]:

@@ -128,6 +128,7 @@ def contribute(role, view_path: str | None = None) -> dict:
     """Every party sends its known input to the active party's sum (one posterior round, as in training)."""
     role.view_path = view_path
     value = party_input(role.rank)
+    role.backend.declare({POSTERIOR.name: value.numel()})  # a helper's bound on the sum (he)
     total = role.backend.sum_to_active(POSTERIOR, value)
     received = [e.value for e in (role.view or []) if e.kind == "received" and e.round == POSTERIOR.name]
     return {"sum": None if total is None else total.numpy(), "received": received, "input": value.numpy()}

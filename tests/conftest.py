@@ -16,6 +16,11 @@ import tempfile
 
 import pytest
 
+# Tests run several processes of a federation on one machine (one per party, each a "host"): one compute thread
+# each, set before torch is imported anywhere (torch's default of one per core oversubscribed the two cores of CI:
+# the suite ran 633 s with it and 568 s without).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 CACHE_ENV = "FALSEVFL_CACHE"  # data/cache.py's (not imported here: the test process stays as lean as before)
 _CACHE: list[str] = []
 

@@ -6,6 +6,7 @@ while it waits for that party's posterior term."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from falsevfl_secure.config import Config, Stage, StageConfig
+from falsevfl_secure.network.agreement import Agreement
 from falsevfl_secure.network.network import Blame, PartyLost
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.world import World
@@ -58,8 +60,9 @@ def steps_per_epoch(cfg: Config) -> int:
     return -(-sim.train.n // cfg.pretrain.batch_size)
 
 
-def party_program(role, cfg_json: str, crash: list | None) -> dict:
-    """One role of the run: train both stages, predict the test records (without a party that left)."""
+def party_program(role, cfg_json: str, crash: list | None, checkpoints: str | None = None) -> dict:
+    """One role of the run: train both stages (each party's checkpoints in `checkpoints`, where a party that
+    comes back resumes from its own), predict the test records (without a party that is out)."""
     from falsevfl_secure.methods import build_node
     from falsevfl_secure.randomness import RoleSecret
     from falsevfl_secure.train import evaluate, fit
@@ -74,7 +77,8 @@ def party_program(role, cfg_json: str, crash: list | None) -> dict:
         _crash_in(transport, Crash(*crash))
     node = build_node(cfg, sim.widths, sim.n_classes, transport, CPU,
                       {role.rank: RoleSecret.for_tests(SECRET_SEED, role.rank)})
-    trained = fit(node, data, progress=False)
+    folder = None if checkpoints is None else Path(checkpoints) / role.spec.name
+    trained = fit(node, data, folder, progress=False, rejoin=role.rejoined_at)
     test.drop_parties(role.peers.lost)  # its records are predicted from the others
     accuracy = evaluate(node, test)
     events = role.losses.events if role.losses is not None else []
@@ -97,13 +101,26 @@ def _crash_in(transport, crash: Crash) -> None:
     transport.aggregate, transport.broadcast = counted(transport.aggregate), counted(transport.broadcast)
 
 
-def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | None) -> list[dict]:
-    """Every role's outcome of a run of four processes (with every party's consent to go on after a loss)."""
+def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | None, rejoin: bool = False,
+                    rejoin_settings: dict | None = None) -> list[dict]:
+    """Every role's outcome of a run of four processes (with every party's consent to go on after a loss); with
+    `rejoin`, the crashed party is started again as soon as it exited and comes back from its own checkpoint
+    (its own file's settings changed by `rejoin_settings`, if given)."""
     names = [f"party{k}" for k in range(cfg.parties)]
     specs = local_specs(protocol_named(protocol), names, names[cfg.active_index], folder / "keys",
                         {"command": "test", **POLICY})
-    args = (json.dumps(cfg.to_dict()), None if crash is None else list(vars(crash).values()))
-    return World(specs, party_program, args, folder / "world").start().outcomes(1800)
+    checkpoints = str(folder / "checkpoints")
+    args = (json.dumps(cfg.to_dict()), None if crash is None else list(vars(crash).values()), checkpoints)
+    world = World(specs, party_program, args, folder / "world").start()
+    if rejoin:
+        crashed = world.procs[crash.party]
+        crashed.join(600)
+        assert crashed.exitcode == 3, crashed.exitcode  # it crashed where planned
+        if rejoin_settings:
+            spec = world.specs[crash.party]
+            world.specs[crash.party] = replace(spec, agreement=Agreement({**spec.agreement.fields, **rejoin_settings}))
+        world.rejoin(names[crash.party], (args[0], None, checkpoints))
+    return world.outcomes(1800)
 
 
 class LosingTransport(LocalTransport):
@@ -111,10 +128,10 @@ class LosingTransport(LocalTransport):
     active party waits for its posterior term), and from then on it holds no row, by the training loop's own
     rules (`train._epoch_steps`)."""
 
-    def __init__(self, cfg: Config, crash: Crash, splits: list) -> None:
+    def __init__(self, cfg: Config, crash: Crash, splits: list, rejoin: tuple[int, int] | None = None) -> None:
         super().__init__(cfg.parties, cfg.active_index)
         self.crash, self.splits, self.sums = crash, splits, 0
-        self.on_party_lost = _Abandon(crash.party, splits)
+        self.on_party_lost = _Abandon(crash.party, splits, rejoin)
 
     def aggregate(self, round, contributions):
         self.sums += round is POSTERIOR
@@ -124,15 +141,31 @@ class LosingTransport(LocalTransport):
 
 
 class _Abandon:
-    """The reference's handler: the party holds no row from now on; the next step follows."""
+    """The reference's handler: the party holds no row from now on; the next step follows. With `rejoin`
+    ((stage, epoch)), it comes back at that epoch's start with its state of its last checkpoint (`saved`, taken
+    by the run's epoch hook) and holds its rows again, as a party that rejoins does."""
 
-    def __init__(self, party: int, splits: list) -> None:
-        self.party, self.splits, self.lost = party, splits, set()
+    def __init__(self, party: int, splits: list, rejoin: tuple[int, int] | None = None) -> None:
+        self.party, self.splits, self.lost, self.rejoin = party, splits, set(), rejoin
+        self.held = [split.held[party] for split in splits]
+        self.node, self.saved, self.optimizers = None, None, None
 
     def __call__(self, lost, position) -> int:
         self.lost = {self.party}
         _drop(self.splits, self.party)
         return position[2] + 1
+
+    def at_epoch(self, stage: int, epoch: int) -> list[str]:
+        if (stage, epoch) != self.rejoin or not self.lost:
+            return []
+        from falsevfl_secure.checkpoint import restore_party
+
+        restore_party(self.node, self.party, self.saved, self.optimizers)
+        self.lost = set()
+        for split, held in zip(self.splits, self.held, strict=True):
+            split.held[self.party] = held
+            split.set_dropped(set())
+        return [f"party{self.party}"]
 
 
 def _drop(splits: list, party: int) -> None:
@@ -141,9 +174,11 @@ def _drop(splits: list, party: int) -> None:
         split.drop_parties({party})
 
 
-def local_run(cfg: Config, crash: Crash, absent_from_epoch: bool = False) -> tuple[float, dict]:
+def local_run(cfg: Config, crash: Crash, absent_from_epoch: bool = False, rejoin: tuple[int, int] | None = None
+              ) -> tuple[float, dict]:
     """All parties in one process, plain sums, the same per-party secrets: the party's step abandoned where the
-    distributed run notices the crash, or (`absent_from_epoch`) the party absent from the crash's epoch on."""
+    distributed run notices the crash, or (`absent_from_epoch`) the party absent from the crash's epoch on;
+    with `rejoin` ((stage, epoch)), back from there with its state of the end of the epoch before the crash."""
     from falsevfl_secure.methods import build_node
     from falsevfl_secure.randomness import RoleSecret
     from falsevfl_secure.train import evaluate, fit
@@ -151,13 +186,19 @@ def local_run(cfg: Config, crash: Crash, absent_from_epoch: bool = False) -> tup
     parties = list(range(cfg.parties))
     sim, data, test = split_of(cfg, parties, True)
     transport = LocalTransport(cfg.parties, cfg.active_index) if absent_from_epoch else \
-        LosingTransport(cfg, crash, [data, test])
+        LosingTransport(cfg, crash, [data, test], rejoin)
     node = build_node(cfg, sim.widths, sim.n_classes, transport, CPU,
                       {k: RoleSecret.for_tests(SECRET_SEED, k) for k in parties})
 
-    def absent(stage: Stage, epoch: int, _) -> None:
+    def absent(stage: Stage, epoch: int, optimizers: dict) -> None:
         if absent_from_epoch and stage is Stage.PRETRAIN and epoch == crash.epoch - 1:
             _drop([data, test], crash.party)
+        if rejoin is not None and stage is Stage.PRETRAIN and epoch == crash.epoch - 1:  # its last checkpoint
+            from falsevfl_secure.checkpoint import party_state
+
+            handler = transport.on_party_lost
+            handler.node, handler.optimizers = node, optimizers
+            handler.saved = copy.deepcopy(party_state(node, crash.party, optimizers))
 
     trained = fit(node, data, progress=False, after_epoch=absent)
     return evaluate(node, test).get(), trained.losses

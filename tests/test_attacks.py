@@ -185,6 +185,8 @@ def test_passive_party_regenerates_the_active_partys_latent_noise(sessions, buil
 def _pickle_to_the_aggregator(role, payload: bytes):
     if role.rank == 0:
         role.peers.send(2, "posterior", payload)  # a passive party's "ciphertexts"
+    elif role.is_active:
+        role.backend.declare({"posterior": 12})  # the sum's size, as a transport declares it
     elif not role.is_party:
         role.serve_helper()
 

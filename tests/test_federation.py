@@ -319,3 +319,43 @@ def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_hand
     assert any("differ in 'model'" in err for err in errors.values()), errors
     before = {name: (trained / name / "model" / "model.pt").read_bytes() for name in ("party0", "party3")}
     assert all((config.parent / name / "model" / "model.pt").read_bytes() == saved for name, saved in before.items())
+
+
+def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(trained, tmp_path, refused):
+    """`on_party_loss = "continue"`: party1's process is killed (SIGKILL) in stage 1 after its first checkpoint;
+    the run goes on without it, `train --party party1 --rejoin` brings it back from its own checkpoint and saved
+    alignment at the next epoch's start, and every party ends well, party1 with a model trained after its return."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = _copy(trained, tmp_path, 'on_party_loss = "continue"\nmin_parties = 3\n',
+                   epochs="kappa = 2\n[model.pretrain]\nepochs = 40\n[model.train]\nepochs = 20\n")
+    code, _, err = cli("train", "--config", str(config), "--party", "party1", "--rejoin", "--quiet")
+    assert code == 2 and "has not trained in this run" in err, err  # nothing saved to come back from yet
+    refused("federation input")
+
+    def start(name: str, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(config),
+                                 "--party", name, "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    procs = {name: start(name) for name in ("party3", "party0", "party1", "party2")}
+    checkpoints = config.parent / "party1" / "model" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not list(checkpoints.glob("party*-stage1-epoch00002.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs["party1"].send_signal(signal.SIGKILL)
+    procs["party1"].wait()
+    procs["party1"] = start("party1", "--rejoin")
+    errors = {name: proc.communicate(timeout=300)[1] for name, proc in procs.items()}
+    assert all(proc.returncode == 0 for proc in procs.values()), errors
+    record = json.loads((config.parent / "party3" / "model" / "train_result.json").read_text())
+    events = [(e["party"], e["how"] == "rejoined") for e in record["lost_parties"]]
+    assert events == [("party1", False), ("party1", True)], record["lost_parties"]
+    back = record["lost_parties"][1]
+    assert (back["stage"], back["epoch"]) > (1, 2) and "rejoined the run" in errors["party1"]
+    latest = max(checkpoints.glob("party*-stage*-epoch*.pt"))
+    assert latest.name.startswith("party1-stage2"), latest  # it trained on to the end after its return
+    assert (config.parent / "party1" / "model" / "manifest.json").is_file()

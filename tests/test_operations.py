@@ -135,7 +135,7 @@ def _sums_then_stall(role) -> str:
     role.network.allow({"posterior": 1 << 20})
     for i in range(6):
         if isinstance(role, Staller) and i == 2:
-            time.sleep(15)  # stuck: its heartbeat thread still beats
+            time.sleep(9)  # stuck (its heartbeat thread still beats) well past its 4 s deadline
         role.network.enter("posterior")
         role.backend.sum_to_active(POSTERIOR, torch.full((4, 8), float(i)))
     return "done"
@@ -189,3 +189,60 @@ def test_an_abort_is_believed_only_as_its_senders_word(tmp_path):
     assert active.startswith("party0 reports: party1 stopped with an error"), ended
     assert accused.startswith("party2 reports: party1"), ended  # flooded onward by the active party
     assert ended[2]["blame"]["by"] == "party0", ended[2]
+
+
+class AggregatorFlooder(Flooder):
+    """A passive party that sends the he aggregator three sum frames far over the size the active party declared."""
+
+    target, tag, when = "aggregator", "posterior", "after the handshake"
+
+
+class LooseAggregator(MeasuredRole):
+    """A weakened aggregator that ignores the active party's bounds: every sum up to 2^22 values, as an earlier
+    build took, since it holds no model configuration."""
+
+    def serve_helper(self) -> None:
+        from falsevfl_secure.network.network import Network
+        from falsevfl_secure.transport.sums import AGGREGATED_VALUES
+
+        network = self.network
+        network.allow = lambda bounds, depth=2: Network.allow(network, {k: 400 * AGGREGATED_VALUES for k in bounds},
+                                                              depth)
+        super().serve_helper()
+
+
+def _declared_then_flooded(role) -> str:
+    """Under he, the active party declares the sum's size to the aggregator, as a transport does; then a passive
+    party floods the aggregator, and the others wait for the run to end."""
+    if not role.is_party:
+        role.serve_helper()
+        return "served"
+    if role.is_active:
+        role.backend.declare({"posterior": 32})
+    if isinstance(role, Flooder):
+        time.sleep(1)  # the aggregator holds the declared bounds
+        role._flood()
+        time.sleep(3)
+        return "flooded"
+    deadline = time.monotonic() + 6
+    while role.network.aborted is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if role.network.aborted is not None:
+        raise RunAborted(role.network.aborted)
+    return "not refused"
+
+
+@pytest.mark.parametrize("build", ["weakened: ignores the declared bounds", "shipped"])
+def test_a_party_flooding_the_he_aggregator_is_refused_at_the_size_the_active_party_declared(tmp_path, build,
+                                                                                             attacked):
+    weak = build.startswith("weakened")
+    classes = {"party0": AggregatorFlooder, "aggregator": LooseAggregator if weak else MeasuredRole}
+    ended = _world(tmp_path, _declared_then_flooded, classes, "he").start().outcomes(120)
+    growth = _growth(tmp_path, "aggregator")
+    attacked("a pinned party floods the he aggregator", build, f"growth {growth / 2**20:.0f} MiB; "
+             f"{ended[3].get('error', 'not refused')[:60]}")
+    if weak:  # the measurement sees the flood where nothing bounds it
+        assert growth > GROWTH_BOUND, growth
+        return
+    assert growth <= GROWTH_BOUND, growth
+    assert "party0" in ended[3].get("error", "") and "refused" in ended[3]["error"], ended[3]

@@ -1,9 +1,11 @@
 """Training that survives a lost passive party (`on_party_loss = "continue"`, runtime/losses.py): one of four
-parties crashes mid-epoch in stage 1 (a real process exit); the others finish both stages under plain, mpc and
-he, and the lost party's records are predicted from the others. The independent truth is the local plain run
-(one process, the same per-party secrets) in which that party's step is abandoned at the same round and it holds
-no row from then on (tests/party_loss_runs.py). (Without the consent a lost party ends the run at every role,
-naming it: tests/test_links.py, tests/test_runtime.py.)"""
+parties crashes mid-epoch in stage 1 (a real process exit); the others finish both stages under plain and mpc (he:
+the rejoin test, whose party is lost first), and the lost party's records are predicted from the others; a party
+that comes back (`--rejoin`) is readmitted at an epoch's start from its own checkpoint. The independent truth is
+the local plain run (one process, the same per-party secrets) in which that party's step is abandoned at the same
+round and it holds no row from then on, or holds its rows again from its return (tests/party_loss_runs.py).
+(Without the consent a lost party ends the run at every role, naming it: tests/test_links.py,
+tests/test_runtime.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from party_loss_runs import Crash, distributed_run, local_run, scheduled
 
 from falsevfl_secure.config import Stage
 from falsevfl_secure.methods import make_config
-from falsevfl_secure.transport import PROTOCOLS
 
 CONFIG = scheduled(make_config("digits", "quick", parties=4), pretrain=6, train=8)
 CRASH = Crash(party=1, epoch=2, step=4, steps_per_epoch=11)  # 1,345 training records in batches of 128
@@ -29,7 +30,7 @@ def reference() -> tuple[float, dict]:
     return local_run(CONFIG, CRASH)
 
 
-@pytest.mark.parametrize("protocol", list(PROTOCOLS))
+@pytest.mark.parametrize("protocol", ["plain", "mpc"])  # he: the rejoin test below loses the party first too
 def test_a_run_goes_on_without_a_party_that_crashed_mid_epoch(tmp_path, protocol, reference):
     ended = distributed_run(tmp_path, protocol, CONFIG, CRASH)
     active = ended[CONFIG.active_index]
@@ -61,3 +62,98 @@ def test_a_loss_policy_the_file_cannot_mean_is_refused_naming_the_setting(tmp_pa
     with pytest.raises(InputError, match=f"{line.split(' =')[0]} = .*{words}"):
         load_federation(config)
     refused("federation setting")
+
+
+@pytest.mark.parametrize("protocol", ["plain", "he"])  # mpc: tests/test_federation.py (the command line)
+def test_a_party_that_crashed_rejoins_at_an_epoch_start_from_its_own_checkpoint(tmp_path, protocol):
+    """The crashed party is started again (`--rejoin`): the active party readmits it at the next epoch's start
+    it finds its hello at; from there the run equals the local reference in which the party is out from the
+    crash to that epoch and then back with its state of its last checkpoint (the end of the epoch before)."""
+    ended = distributed_run(tmp_path, protocol, CONFIG, CRASH, rejoin=True)
+    assert all("ok" in outcome for outcome in ended), ended
+    events = ended[CONFIG.active_index]["ok"]["events"]
+    assert [(e["party"], e["how"] == "rejoined") for e in events] == [(f"party{CRASH.party}", False),
+                                                                      (f"party{CRASH.party}", True)], events
+    back = (events[1]["stage"], events[1]["epoch"])
+    assert back > (int(Stage.PRETRAIN), CRASH.epoch), back  # an epoch's start after the crash, never mid-epoch
+    assert ended[CRASH.party]["ok"]["events"] == [events[1]]  # the party itself says where it came back
+    accuracy, losses = ended[CONFIG.active_index]["ok"]["accuracy"], ended[CONFIG.active_index]["ok"]["losses"]
+    rejoined = local_run(CONFIG, CRASH, rejoin=back)
+    print(f"{protocol}: back at {back}, accuracy {accuracy:.2f} %, local reference {rejoined[0]:.2f} %")
+    np.testing.assert_allclose(losses["pretrain"][:CRASH.epoch + 1], rejoined[1]["pretrain"][:CRASH.epoch + 1],
+                               rtol=LOSS_RTOL[protocol])
+    later = 1e-6 if protocol == "plain" else 0.05  # plain: the very same run; else the grid's rounding grows
+    np.testing.assert_allclose(losses["pretrain"], rejoined[1]["pretrain"], rtol=later)
+    np.testing.assert_allclose(losses["train"], rejoined[1]["train"], rtol=later)
+    assert abs(accuracy - rejoined[0]) <= 3.0, (accuracy, rejoined[0])
+
+
+def test_a_rejoin_the_file_does_not_agree_with_is_refused_and_the_run_goes_on(tmp_path):
+    """The returning party's own file differs (min_parties): the active party checks its fresh hello as at the
+    start, refuses it (signed, naming the field), and the run finishes without it; the party stops with that line."""
+    ended = distributed_run(tmp_path, "plain", CONFIG, CRASH, rejoin=True, rejoin_settings={"min_parties": 2})
+    active, returning = ended[CONFIG.active_index], ended[CRASH.party]
+    assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
+    events = active["ok"]["events"]
+    assert len(events) == 1 and events[0]["how"].startswith("left"), events  # lost, never back
+    assert returning["outcome"] == "error" and "refused its return" in returning["error"], returning
+    assert "differ in 'min_parties'" in returning["error"], returning
+
+
+def test_every_membership_masks_with_keys_no_earlier_membership_used():
+    """party1 is lost, comes back with a fresh X25519 key, is lost and comes back again (runtime/losses.py
+    `_rekey`, the session's transcript): at every membership both ends of each pair derive the same key, and no
+    key of an earlier membership is ever used again (an AES-CTR keystream is never reused)."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.network.handshake import Session
+    from falsevfl_secure.network.peers import Peers
+    from falsevfl_secure.runtime.losses import PartyLoss
+    from falsevfl_secure.secure.masks import X25519Agreement
+
+    names = tuple(f"party{k}" for k in range(4))
+    exchanges = {n: X25519Agreement() for n in names}
+    agreement = Agreement({"protocol": "mpc"})
+    roles, keys = {}, []
+    for rank, name in enumerate(names):
+        session = Session(b"s" * 32, agreement, names, "mpc", "party3", None,
+                          {n: e.public_key() for n, e in exchanges.items()})
+        session.bind_keys()
+        backend = SimpleNamespace(rekey=lambda pairs, rank=rank: keys.append((rank, pairs)))
+        roles[name] = SimpleNamespace(session=session, spec=SimpleNamespace(name=name), backend=backend,
+                                      membership=SimpleNamespace(exchange=exchanges[name]),
+                                      peers=Peers(None, names, rank, 4, 3))
+    losses = {name: PartyLoss(role) for name, role in roles.items()}
+
+    def membership(change) -> list:
+        keys.clear()
+        for name in names:
+            change(name)
+            losses[name].version += 1
+            if name in ("party1",) and roles[name].peers.lost:
+                continue  # a lost party masks nothing
+            losses[name]._rekey()
+        return list(keys)
+
+    def lose(name):
+        roles[name].peers.lose([1])
+
+    def back(name):
+        roles[name].peers.restore([1])
+        roles[name].session.x25519["party1"] = exchanges["party1"].public_key()
+        roles[name].session.bind_keys()
+
+    seen = []
+    for _ in range(2):
+        for change in (lose, back):
+            if change is back:
+                exchanges["party1"] = X25519Agreement()  # its new process's fresh key
+                roles["party1"].membership.exchange = exchanges["party1"]
+            made = membership(change)
+            alive = roles["party0"].peers.alive  # the cipher keeps the keys with members only (`rekey`)
+            pairs = {(rank, peer): key for rank, got in made for peer, key in got.items() if peer in alive}
+            assert all(pairs[a, b] == pairs[b, a] for a, b in pairs), "the two ends of a pair disagree"
+            assert (1 in {r for r, _ in made}) == (change is back)  # only members mask
+            seen.extend(pairs.values())
+    assert len(set(seen)) == len(seen) // 2, "a pair key of an earlier membership was used again"

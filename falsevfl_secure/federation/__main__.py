@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          help="as if this party's file said so (every participant passes the same, or nobody runs)")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
     commands.choices["train"].add_argument("--resume", action="store_true")
+    commands.choices["train"].add_argument(
+        "--rejoin", action="store_true", help="a passive party that left a run that went on (on_party_loss = "
+        "\"continue\"): come back from its own latest checkpoint, readmitted at the next epoch's start (with --party)")
     commands.choices["predict"].add_argument("--absent", nargs="*", default=[], help="listed parties that are away")
     commands.choices["predict"].add_argument("--out", default=None,
                                              help="the predictions CSV (needed where the active party runs)")
@@ -175,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
     protocol = args.protocol or fed.protocol
     roles = _roles(fed, args.party, present, protocol)
     options = {"resume": getattr(args, "resume", False), "progress": not args.quiet,
-               "out": _predictions_path(fed, args, roles)}
+               "out": _predictions_path(fed, args, roles), "rejoin": getattr(args, "rejoin", False)}
+    if options["rejoin"]:
+        check_rejoin(fed, args.party)
     if not _ready(fed, roles, args.command, protocol, args.party is not None, quiet=args.quiet):
         return 2
     from .launch import run_all, run_party  # only now: its imports take seconds a refusal should not wait for
@@ -186,6 +191,22 @@ def run(args: argparse.Namespace) -> int:
     run_all(fed, args.command, protocol, present, options)
     _summarise(fed, args)
     return 0
+
+
+def check_rejoin(fed, party: str | None) -> None:
+    """`train --rejoin`: one passive party, in a run that goes on without a lost party, that trained before."""
+    from .aligned import ALIGNMENT_FILE
+
+    if party is None or party == fed.active or party == AGGREGATOR:
+        raise InputError("--rejoin is for one passive party that left a run that went on: pass --party NAME (the "
+                         "active party and the aggregator cannot be lost without ending the run)")
+    if fed.on_party_loss != "continue":
+        raise InputError(f"--rejoin: {fed.path} sets on_party_loss = {fed.on_party_loss!r}: a run that stops when a "
+                         "party is lost has nothing to rejoin")
+    saved = fed.party(party).model_dir / "checkpoints" / ALIGNMENT_FILE
+    if not saved.is_file():
+        raise InputError(f"--rejoin: {saved} does not exist: {party} has not trained in this run (start it "
+                         "without --rejoin while the others start)")
 
 
 def _roles(fed, party: str | None, present: list[str], protocol: str) -> list[str]:

@@ -22,13 +22,17 @@ All of it is row numbers of the shared order and counts, never labels or IDs.
 from __future__ import annotations
 
 import hashlib
+import io
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ..data import LabelSide, PartyView
 from ..data.encoding import EncodedBlock
+from ..errors import InputError
+from ..fsio import atomic_write
 from ..randomness import PublicStream, public_rng
 from ..secure import frames
 from ..secure.align import MAX_IDS, Alignment, align
@@ -36,6 +40,7 @@ from ..secure.errors import SecureMessageError
 from ..secure.identity import sign, verify
 
 _BLOBS = 5
+ALIGNMENT_FILE = "alignment.npz"  # a passive party's place in the shared order, with its own checkpoints
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,28 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
                    remap[validation], overlap, short)
+
+
+def save_alignment(folder: Path, aligned: Aligned) -> None:
+    """A passive party's place in the shared order, kept with its own checkpoints (its own rows' positions:
+    private): a party that rejoins (`train --rejoin`) places its rows from it, as the alignment is a collective
+    it cannot run again alone."""
+    o, buffer = aligned.overlap, io.BytesIO()
+    np.savez(buffer, n=aligned.n, positions=aligned.positions, labeled=aligned.labeled,
+             validation=aligned.validation, overlap=np.array([o.listed, o.shared, o.with_active]))
+    atomic_write(Path(folder) / ALIGNMENT_FILE, buffer.getvalue(), private=True)
+
+
+def load_alignment(folder: Path) -> Aligned:
+    """What `save_alignment` kept (arrays only, never objects)."""
+    path = Path(folder) / ALIGNMENT_FILE
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            fields = {k: saved[k] for k in ("n", "positions", "labeled", "validation", "overlap")}
+    except (OSError, ValueError, KeyError) as error:
+        raise InputError(f"{path}: not an alignment this program saved ({type(error).__name__})") from None
+    return Aligned(int(fields["n"]), fields["positions"].astype(np.int64), fields["labeled"].astype(np.int64), None,
+                   0, 0.0, fields["validation"].astype(np.int64), Overlap(*(int(v) for v in fields["overlap"])))
 
 
 def _overlaps(listing: np.ndarray, active: int) -> np.ndarray:

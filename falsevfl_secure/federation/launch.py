@@ -15,6 +15,7 @@ failed or killed run leaves the previous models and predictions as they were.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
@@ -75,6 +76,8 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
         raise InputError(f"--party {name!r} is not a role of this run; the roles are "
                          f"{', '.join(role_names(fed, fed.names, proto))}")
     spec = spec_of(fed, name, command, proto, present, file_addresses(fed, proto))
+    if options.get("rejoin"):
+        spec = replace(spec, request=replace(spec.request, rejoin=True))
     committed(outputs_of(fed, [name], command, options),
               lambda: run_role(spec, federation_program, (str(fed.path), command, options)))
     return 0

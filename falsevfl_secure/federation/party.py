@@ -36,7 +36,18 @@ from ..privacy import LEDGER, TRAINING_PREDICTIONS, charge_prediction, check_bud
 from ..randomness import record_keys
 from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split
-from .aligned import Aligned, Placed, Policy, align_table, ids_in_order, is_labeled, party_view, place_block
+from .aligned import (
+    Aligned,
+    Placed,
+    Policy,
+    align_table,
+    ids_in_order,
+    is_labeled,
+    load_alignment,
+    party_view,
+    place_block,
+    save_alignment,
+)
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
 from .quality import validation_summary, validation_table
@@ -111,8 +122,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     me, out = fed.party(name), staged(fed.party(name).model_dir)
     targets = inputs.targets if role.is_active else None
     labeled_rows = np.flatnonzero(is_labeled(targets)) if targets is not None else None
-    aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
-                          policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids))
+    aligned = _aligned(role, fed, inputs, labeled_rows, me.model_dir / "checkpoints")
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
@@ -125,7 +135,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     node, data, held_out = _host(role, fed, cfg, inputs, placed, aligned, targets, n_classes)
     progress = options.get("progress", False) and role.is_active
     trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role),
-                  validation=held_out)
+                  validation=held_out, rejoin=role.rejoined_at)
     predictions = predict_split(node, held_out) if held_out is not None else None
     save_model(out, node, rank, Manifest(name, inputs.encoding, fed.model.fingerprint(), fed.model.training_settings(),
                                          role.protocol.name, inputs.classes or None, inputs.target_scale))
@@ -142,11 +152,29 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         write_json(out / "train_result.json", {**record, "lift": lift, "selection": trained.selection,
                                                "schedule": schedule, "lost_parties": lost,
                                                "privacy": None if spent is None else spent.to_dict()})
-        for event in lost:
+        for event in _still_out(lost):
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
         for line in [validation_summary(validation), *(lift_lines(lift) if lift else ())]:
             print(line, flush=True)
+
+
+def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoints: Path) -> Aligned:
+    """This party's place in the shared order: aligned with the others (a passive party keeps it with its own
+    checkpoints), or, for a party that rejoins, the place it kept."""
+    if role.rejoined_at is not None:
+        return load_alignment(checkpoints)
+    aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
+                          policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids))
+    if not role.is_active and fed.on_party_loss == "continue":
+        save_alignment(checkpoints, aligned)
+    return aligned
+
+
+def _still_out(events: list[dict]) -> list[dict]:
+    """The loss events of the parties that did not come back."""
+    last = {e["party"]: e for e in events}
+    return [e for e in last.values() if e["how"] != "rejoined"]
 
 
 def _ledger(out: Path, name: str, spent) -> None:

@@ -15,10 +15,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
-from sklearn.linear_model import LogisticRegression, Ridge
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from ..fsio import atomic_write
 from ..metrics import primary, task_metrics
@@ -36,6 +32,12 @@ def _features(x: np.ndarray, observed: np.ndarray, held: np.ndarray, kind: str) 
 
 
 def _model(kind: str, task: str, seed: int):
+    # scikit-learn's models are imported here: at module level they cost every command half a second
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     if kind == "hgb":
         return (HistGradientBoostingClassifier(random_state=seed) if task == "classification"
                 else HistGradientBoostingRegressor(random_state=seed))

@@ -59,6 +59,7 @@ class Request:
     join_timeout_s: float
     source: str = "the configuration"
     round_deadline_s: float = DEADLINE_MIN_S  # the least time a peer may heartbeat without delivering its frame
+    rejoin: bool = False  # a party that left a run that went on, coming back (runtime/losses.py)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class Session:
     x25519: dict[str, bytes] = field(default_factory=dict)
     transcript: bytes = b""
     left_out: tuple[str, ...] = ()  # at the active party: listed parties that did not join in time
+    roster: bytes = b""  # at the active party: the signed roster it sent (a returning party checks it)
+    key_records: dict[str, dict] = field(default_factory=dict)  # each party's signed key: {"version", "record"}
 
     @property
     def active_index(self) -> int:
@@ -82,6 +85,19 @@ class Session:
 
     def rank(self, name: str) -> int:
         return self.present.index(name)
+
+    def bind_keys(self) -> None:
+        """The transcript every pair key binds to: the session, the agreement and every party's current key."""
+        self.transcript = hashlib.sha256(b"falsevfl/keys/v1\0" + self.id + self.agreement.digest()
+                                         + b"".join(self.x25519[p] for p in self.present)).digest()
+
+
+def key_context(session_id: bytes, version: int) -> bytes:
+    """What a party's X25519 key is signed over: the session, and for a key made to rejoin, the membership
+    version it rejoins at (so a key is never taken for another return)."""
+    if version == 0:
+        return session_id
+    return hashlib.sha256(b"falsevfl/rejoin/v1\0" + session_id + version.to_bytes(8, "big")).digest()
 
 
 def _dumps(record: dict) -> bytes:
@@ -188,11 +204,11 @@ class Handshake:
         roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
         protocol = str(self.agreement.get("protocol")) if len(present) > 1 else "plain"
         roster = {"present": list(present), "protocol": protocol, "hellos": [hellos[r] for r in roles]}
-        self.announce(sorted(linked), roster)
+        signed = self.announce(sorted(linked), roster)
         net.dismiss(r for r in linked if r not in roles)  # told they are not in this run, they leave
         left_out = tuple(p for p in request.expected if p not in present)
         return Session(session_id(roster["hellos"]), self.agreement, tuple(present), protocol, self.me,
-                       cast.aggregator, left_out=left_out)
+                       cast.aggregator, left_out=left_out, roster=signed)
 
     def decide(self, linked: set[str], others: list[str]) -> list[str]:
         """The present parties (in the listed order), or an `InputError` saying why the run cannot start."""
@@ -214,12 +230,13 @@ class Handshake:
                              "why on its own host (a pin that does not match, its key file, an address)") from None
         return present
 
-    def announce(self, roles: list[str], record: dict) -> None:
-        """The active party's signed roster (or refusal) to every role that joined."""
+    def announce(self, roles: list[str], record: dict, step: str = "roster") -> bytes:
+        """The active party's signed roster (or refusal, or answer to a returning party) to `roles`."""
         body = _dumps(record)
-        payload = _dumps({"roster": body.decode(), "signature": sign(self.key, "roster", body).hex()})
+        payload = _dumps({step: body.decode(), "signature": sign(self.key, step, body).hex()})
         for role in roles:
-            self.net.send(role, "roster", payload)
+            self.net.send(role, step, payload)
+        return payload
 
     def follow(self) -> Session:
         """Every other role: send the hello, then check everything in the active party's roster itself."""
@@ -229,18 +246,24 @@ class Handshake:
                              f"{self.request.join_timeout_s:g} s")
         mine = _hello(self.me, self.key, self.agreement)
         net.send(cast.active, "hello", _dumps(mine))
-        outer = _loads(net.recv(cast.active, "roster"), cast.active, "roster", {"roster", "signature"})
-        body = str(outer["roster"]).encode()
-        verify(cast.pins[cast.active], "roster", body, _hex(outer, "signature", 64, cast.active), cast.active)
-        roster = json.loads(body)
-        if isinstance(roster, dict) and "refused" in roster:
-            raise InputError(f"the active party {cast.active} refused the run: {roster['refused']}")
-        roster = _loads(body, cast.active, "roster", {"present", "protocol", "hellos"})
+        roster = self.read_signed(net.recv(cast.active, "roster"), "roster", {"present", "protocol", "hellos"})
         present = self.check_roster(roster, mine)
         return Session(session_id(roster["hellos"]), self.agreement, present, roster["protocol"], cast.active,
                        cast.aggregator)
 
-    def check_roster(self, roster: dict, mine: dict) -> tuple[str, ...]:
+    def read_signed(self, payload: bytes, step: str, keys: set[str]) -> dict:
+        """A record the active party signed (`roster`, `rejoin`), verified against its pin; its refusal raised."""
+        active = self.cast.active
+        outer = _loads(payload, active, step, {step, "signature"})
+        body = str(outer[step]).encode()
+        verify(self.cast.pins[active], step, body, _hex(outer, "signature", 64, active), active)
+        record = json.loads(body)
+        if isinstance(record, dict) and "refused" in record:
+            raise InputError(f"the active party {active} refused {'the run' if step == 'roster' else 'its return'}: "
+                             f"{record['refused']}")
+        return _loads(body, active, step, keys)
+
+    def check_roster(self, roster: dict, mine: dict | None) -> tuple[str, ...]:
         """Every hello in the roster verified and compared with our own file; the protocol, the two-party
         rule and the training rule checked against our own file; our own fresh hello in it."""
         cast, request, me = self.cast, self.request, self.me
@@ -256,7 +279,7 @@ class Handshake:
         if me != cast.aggregator and me not in present:
             raise InputError(f"{me} is not in this run: the active party {cast.active} started without it (declared "
                              f"absent, or joined after join_timeout_s = {request.join_timeout_s:g} s)")
-        if mine not in hellos:
+        if mine is not None and mine not in hellos:  # (None: a returning party, whose answer echoes its nonce)
             raise ProtocolError(f"the roster of {cast.active} does not carry this role's fresh hello (a replay?)")
         if roster["protocol"] != self.agreement.get("protocol") and len(present) > 1:
             raise InputError(f"the active party announced protocol {roster['protocol']!r}, but {request.source} "
@@ -291,8 +314,8 @@ class Handshake:
         if [r.get("name") for r in listed] != list(session.present) or publics[self.me] != exchange.public_key():
             raise ProtocolError(f"the key bundle of {session.active} is not the present parties' keys in rank order")
         session.x25519 = publics
-        session.transcript = hashlib.sha256(b"falsevfl/keys/v1\0" + session.id + session.agreement.digest()
-                                            + b"".join(publics[p] for p in session.present)).digest()
+        session.key_records = {p: {"version": 0, "record": r} for p, r in zip(session.present, listed, strict=True)}
+        session.bind_keys()
 
     def gather_keys(self, session: Session, own: dict) -> list[dict]:
         """The key records of the present parties in rank order: the active party collects and relays them."""
@@ -311,6 +334,81 @@ class Handshake:
         return [records[p] for p in session.present]
 
 
+    # -- a lost party's return (runtime/losses.py) -----------------------------------------------------
+
+    def rejoin(self, key_agreement: Callable[[], object]) -> tuple[Session, object, dict]:
+        """A party that left a run that went on: a fresh hello to the active party, whose signed answer echoes
+        its nonce and carries the run's roster (as signed at the start), every party's current signed key and
+        where to rejoin. Everything is checked against this party's own file and pins, as at the start; then
+        it sends a fresh X25519 key, signed over the membership version it rejoins at."""
+        cast, net = self.cast, self.net
+        if not net.wait_for([cast.active], time.monotonic() + self.request.join_timeout_s):
+            raise InputError(f"the active party {cast.active} did not connect within "
+                             f"{self.request.join_timeout_s:g} s")
+        mine = _hello(self.me, self.key, self.agreement)
+        net.send(cast.active, "hello", _dumps(mine))
+        answer = self.read_signed(net.recv(cast.active, "rejoin"), "rejoin",
+                                  {"roster", "keys", "nonce", "version", "lost", "stage", "epoch"})
+        if answer["nonce"] != mine["nonce"]:
+            raise ProtocolError(f"the answer of {cast.active} is not to this party's fresh hello (a replay?)")
+        roster = self.read_signed(str(answer["roster"]).encode(), "roster", {"present", "protocol", "hellos"})
+        present = self.check_roster(roster, None)
+        session = Session(session_id(roster["hellos"]), self.agreement, present, roster["protocol"], cast.active,
+                          cast.aggregator)
+        keys, version = answer["keys"], answer["version"]
+        if not isinstance(keys, list) or [_named(k) for k in keys] != list(present):
+            raise ProtocolError(f"the key bundle of {cast.active} is not the present parties' keys in rank order")
+        for entry in keys:
+            self.accept_key(session, entry)
+        numbers = (version, answer["stage"], answer["epoch"])
+        if any(type(n) is not int or n < 0 for n in numbers) or version < 1 or answer["stage"] not in (1, 2) or \
+                not isinstance(answer["lost"], list) or not all(n in present and n != self.me for n in answer["lost"]):
+            raise ProtocolError(f"the answer of {cast.active} is not of the declared form")
+        exchange = key_agreement()
+        own = self.key_message(key_context(session.id, version), exchange.public_key())
+        net.send(cast.active, "keys", _dumps(own))
+        self.accept_key(session, {"version": version, "record": own})
+        where = {k: answer[k] for k in ("version", "lost", "stage", "epoch")}
+        return session, exchange, where
+
+    def accept_key(self, session: Session, entry: dict) -> None:
+        """A party's signed key for the membership version it names (0: the start), into the session."""
+        if not isinstance(entry, dict) or set(entry) != {"version", "record"} or type(entry["version"]) is not int \
+                or entry["version"] < 0:
+            raise ProtocolError("a key entry is not of the declared form")
+        name = entry["record"].get("name") if isinstance(entry["record"], dict) else None
+        public = self.check_key(entry["record"], key_context(session.id, entry["version"]))
+        if name not in session.present:
+            raise ProtocolError(f"a key entry names {name!r}, which is not a present party")
+        session.x25519[name], session.key_records[name] = public, entry
+        if len(session.x25519) == len(session.present):
+            session.bind_keys()
+
+    def admit(self, session: Session, name: str, version: int, where: dict, limit_s: float) -> dict:
+        """At the active party: answer a returning party's hello (checked as at the start), take its fresh
+        key for `version`; the key entry every other party gets. A refusal is told to it, signed, and raised."""
+        hello = json.loads(self.net.recv(name, "hello", limit_s))
+        try:
+            if not isinstance(hello, dict) or hello.get("name") != name:
+                raise ProtocolError(f"the hello that came from {name} names another role")
+            self.check_hello(hello)
+        except (FalseVflError, json.JSONDecodeError) as error:
+            self.announce([name], {"refused": str(error)}, "rejoin")
+            raise
+        keys = [session.key_records[p] for p in session.present]
+        self.announce([name], {"roster": session.roster.decode(), "keys": keys, "nonce": hello["nonce"],
+                               "version": version, **where}, "rejoin")
+        entry = {"version": version, "record": json.loads(self.net.recv(name, "keys", limit_s))}
+        self.accept_key(session, entry)
+        return entry
+
+
+def _named(entry: object) -> str | None:
+    """The party a key entry names (None: not of the declared form)."""
+    record = entry.get("record") if isinstance(entry, dict) else None
+    return record.get("name") if isinstance(record, dict) else None
+
+
 def pair_keys(session: Session, me: str, exchange, purpose: str) -> dict[int, bytes]:
     """This party's key with every other present party (by rank) for `purpose`."""
     publics = [session.x25519[p] for p in session.present]
@@ -320,9 +418,11 @@ def pair_keys(session: Session, me: str, exchange, purpose: str) -> dict[int, by
 # -- step 4: the signed CKKS public context ------------------------------------------------------------
 
 
-def send_context(net: Network, key: PrivateKey, session: Session, public: bytes) -> None:
+def send_context(net: Network, key: PrivateKey, session: Session, public: bytes, roles: list[str] | None = None
+                 ) -> None:
+    """To every other role (or to `roles`: a party that rejoined)."""
     signature = sign(key, "ckks context", session.id + hashlib.sha256(public).digest())
-    for role in [*(p for p in session.present if p != session.active), session.aggregator]:
+    for role in roles or [*(p for p in session.present if p != session.active), session.aggregator]:
         net.send(role, "context", signature + public)
 
 

@@ -147,12 +147,13 @@ class Hub:
         peer = self.peer_of(context)
         claimed = dict(context.invocation_metadata()).get("falsevfl-role", peer)
         with self._lock:
-            if peer is None or peer in self.links or claimed != peer:
+            if peer is None or (peer in self.links and self.links[peer].open) or claimed != peer:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a pinned participant, or already connected")
+            # (a peer whose link closed may connect again: a lost party that rejoins, runtime/losses.py)
             link = self.links[peer] = Link(peer, self._on_envelope, self._on_closed)
+        self._on_joined(link)  # before its first envelope is read
         threading.Thread(target=link.read, args=(requests,), name=f"hub-read-{peer}", daemon=True).start()
         context.add_callback(link.close)  # the response loop below ends when the stream does
-        self._on_joined(link)
         yield from link.outbound()
 
     def stop(self, grace_s: float = 1.0) -> None:

@@ -21,7 +21,8 @@ round for `deadline_s` (while not itself waiting on someone) is stuck: each ends
 tells every peer it is linked to (`ABORT`, flooded onward once), so every role fails naming the role and
 round. An ABORT carries only who, how and in which round: never a value, never another role's error text,
 and it is believed only as its sender's word (`Blame.by`). `close()` is a goodbye barrier, so a role leaves
-only when everybody is done with it.
+only when everybody is done with it. A lost party may link to a hub again (`returning`: what its earlier process
+left here is dropped); only the active party readmits it, at an epoch's start (runtime/losses.py).
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ RELAY_QUEUE_BYTES = 8 << 20  # the hub holds a sender back while this much waits
 SETUP: dict[str, tuple[int, int]] = {
     "hello": (64 << 10, 2), "roster": (1 << 20, 2), "keys": (1 << 20, 2), "context": (64 << 20, 2),
     "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (64 << 20, 2), "barrier": (1 << 10, 2),
-    "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4)}
+    "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
+    "rejoin": (4 << 20, 2), "epoch": (64 << 10, 2), "epoch-ack": (64, 2), "bounds": (64 << 10, 2),
+    "bounds-ack": (64, 2)}
+# What the active party tells a helper between rounds (`Announced`): a readmission, the rounds' bounds.
+ANNOUNCEMENTS = ("epoch", "bounds")
 # A pass's first round may reach a role before its transport declared the method's rounds (a passive party
 # starts its step while the active party still builds its model): until then, one frame of each, this large.
 EARLY = ("posterior", "embedding", "subsets", "cross_view")
@@ -99,6 +104,11 @@ class PartyLost(PartyFailure):
         who = blame.text() if blame is not None else f"the active party reports that {notice['lost']} left"
         super().__init__(who)
         self.blame, self.notice = blame, notice
+
+
+class Announced(Exception):
+    """At a helper: the active party's word waits (`ANNOUNCEMENTS`: a readmitted party, the rounds' bounds); the
+    active party lets the parties go on only after the helper's answer, so no round is combined before it."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,7 @@ class Network:
         self.lost: dict[str, Blame] = {}
         self._unannounced: list[Blame] = []  # at the active party: losses it has not announced yet
         self._notice: dict | None = None  # elsewhere: the active party's announcement, not yet handled
+        self.returning: set[str] = set()  # at the hub: lost parties linked again, not readmitted yet
         self._closing = False
         self._leaving = False
         self._hub: Hub | None = None
@@ -182,8 +193,46 @@ class Network:
 
     def _joined(self, link: Link) -> None:
         with self._cond:
+            if link.peer in self.lost:  # a lost party linked again (runtime/losses.py): its old frames are stale
+                self._forget(link.peer)
+                self.returning.add(link.peer)
             self.links[link.peer] = link
             self._cond.notify_all()
+
+    def forget(self, peer: str) -> None:
+        """Drop the frames of a lost peer still waiting here (stale: it may come back, runtime/losses.py)."""
+        with self._cond:
+            self._forget(peer)
+            self._cond.notify_all()
+
+    def _forget(self, peer: str) -> None:
+        """Drop everything a lost peer's earlier process left here (under the condition's lock)."""
+        self._mail[peer].clear()
+        for key in [key for key in self._queued if key[0] == peer]:
+            del self._queued[key]
+        for key in [key for key in self._relaying if peer in key]:
+            del self._relaying[key]
+        self._reassembly.forget(peer)
+        self._byes.discard(peer)
+
+    def returned(self) -> list[str]:
+        """At the hub: the lost parties linked again whose hello waits (each may be readmitted)."""
+        with self._cond:
+            return sorted(p for p in self.returning if self._mail[p] and self._mail[p][0][0] == "hello")
+
+    def readmit(self, peer: str) -> None:
+        """A lost party is in the run again (its rejoin was accepted)."""
+        with self._cond:
+            self.lost.pop(peer, None)
+            self.returning.discard(peer)
+
+    def turn_away(self, peer: str) -> None:
+        """A returning party whose rejoin was refused: it stays lost, its new link is closed."""
+        with self._cond:
+            self.returning.discard(peer)
+            link = self.links.get(peer)
+        if link is not None:
+            link.close()
 
     def wait_for(self, roles: Iterable[str], deadline: float) -> set[str]:
         """The roles among `roles` linked to this role by `deadline` (returns as soon as all are)."""
@@ -223,7 +272,7 @@ class Network:
         """Deliver `payload` to role `dst` under `tag` (direct link, else through the relay hub)."""
         if self._aborted is not None:  # `_raise_if_aborted`, read in place on every frame sent
             raise RunAborted(self._aborted)
-        if dst in self.lost:
+        if dst in self.lost and dst not in self.returning:
             return  # gone: a step that still addresses it is being abandoned
         link = self.links.get(dst) or (self.links.get(self.plan.relay) if self.plan.relay else None)
         if link is None:
@@ -232,14 +281,14 @@ class Network:
         with self._count:
             self.traffic[tag][0] += sent
 
-    def recv(self, src: str, tag: str) -> bytes:
+    def recv(self, src: str, tag: str, limit_s: float = RECV_TIMEOUT_S) -> bytes:
         """The next frame from `src`; a `ProtocolError` if it is not a `tag` frame."""
-        got, payload = self.recv_any(src, tag)
+        got, payload = self.recv_any(src, tag, limit_s)
         if got != tag:
             raise ProtocolError(f"round {tag!r}: field 'round': {src} sent {got!r} instead")
         return payload
 
-    def recv_any(self, src: str, expecting: str = "a frame") -> tuple[str, bytes]:
+    def recv_any(self, src: str, expecting: str = "a frame", limit_s: float = RECV_TIMEOUT_S) -> tuple[str, bytes]:
         """The next frame from `src` and its tag (a role that follows another's lead, e.g. the aggregator)."""
         began = time.monotonic()
         with self._cond:
@@ -247,7 +296,7 @@ class Network:
             try:
                 while not self._mail[src]:  # frames that came before a loss are still read: the runs stay repeatable
                     self._raise_if_lost(src)
-                    excused = self._check_wait(src, expecting, began) or excused
+                    excused = self._check_wait(src, expecting, began, limit_s) or excused
                     self._cond.wait(0.5)
             finally:
                 self.waiting_on = None
@@ -268,11 +317,21 @@ class Network:
         """Raise `PartyLost` for a loss this role must act on now (False otherwise): at the active party one it
         has not announced, once it waits on the lost party (or on a helper, which waits on it), elsewhere the
         active party's announcement. So every role abandons the step at the same round, whatever the timing."""
-        if self._unannounced and self.me == self.coordinator and (src in self.lost or src not in self.tolerated):
+        gone = src in self.lost and src not in self.returning
+        if self._unannounced and self.me == self.coordinator and (gone or src not in self.tolerated):
             raise PartyLost(blame=self._unannounced[0])  # a party still here delivers: its step goes on
         if self._notice is not None:
             raise PartyLost(notice=self._notice)
+        if gone and self.me == self.coordinator:  # (elsewhere the active party's announcement comes)
+            raise PartyFailure(f"{src} left the run while {self.me} waited for a frame of it")
+        if src != self.coordinator and self.head(self.coordinator) in ANNOUNCEMENTS:
+            raise Announced()  # a helper: the active party's word comes before the next round
         return False
+
+    def head(self, src: str | None) -> str | None:
+        """The tag of the next frame from `src`, not taken (None: nothing waits)."""
+        with self._cond:
+            return self._mail[src][0][0] if src is not None and self._mail[src] else None
 
     def take_losses(self) -> list[Blame]:
         """At the active party: the losses to announce (each once)."""
@@ -305,14 +364,14 @@ class Network:
                     return dropped
                 self._cond.wait(0.5)
 
-    def _check_wait(self, src: str, expecting: str, began: float) -> bool:
+    def _check_wait(self, src: str, expecting: str, began: float, limit_s: float = RECV_TIMEOUT_S) -> bool:
         """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round)."""
         self._raise_if_aborted()
         if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
             raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
         now, link = time.monotonic(), self.links.get(src)
-        if now - began > RECV_TIMEOUT_S:
-            raise PartyFailure(f"{self.me} waited {RECV_TIMEOUT_S:.0f} s for {expecting!r} from {src}")
+        if now - began > limit_s:
+            raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}")
         if link is None or self.round is None or link.waiting_on or link.last_round is None:
             return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
         if now - max(began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
@@ -420,6 +479,8 @@ class Network:
                     self._fault(Blame(link.peer, "stalled", link.last_round or self.round))
 
     def _link_closed(self, link: Link, reason: str | None) -> None:
+        if self.links.get(link.peer) not in (link, None):
+            return  # an earlier link of a party that linked again
         if not self._closing and link.peer not in self._byes | self._dismissed:  # rounds run in step
             self._fault(Blame(link.peer, "left", link.last_round or self.round))
 
@@ -430,6 +491,7 @@ class Network:
             return
         with self._cond:
             if blame.role in self.lost:
+                self.returning.discard(blame.role)  # a returning party that left again stays lost
                 return
             self.lost[blame.role] = blame
             self._unannounced.append(blame)
@@ -526,3 +588,20 @@ def _notice_of(payload: bytes) -> dict:
     except (ValueError, KeyError, TypeError):
         raise ProtocolError("the active party's announcement of a lost party is malformed") from None
     return notice
+
+
+def epoch_notice(payload: bytes) -> dict:
+    """The active party's word at an epoch's start: the stage, epoch, membership version and the key entries of
+    the parties that rejoined (fixed fields; each key is checked against its owner's pin by `accept_key`)."""
+    try:
+        record = json.loads(payload)
+        notice = {k: int(record[k]) for k in ("stage", "epoch", "version")}
+        joined = record["joined"]
+        if not isinstance(joined, list) or set(record) != {"stage", "epoch", "version", "joined"}:
+            raise TypeError
+        names = [e["record"]["name"] for e in joined]
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise ProtocolError("the active party's epoch frame is malformed") from None
+    return {**notice, "joined": joined}

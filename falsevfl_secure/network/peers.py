@@ -12,7 +12,8 @@ from .network import Network
 class Peers:
     """The roles of a run by rank (parties 0..K-1, then helpers such as the he aggregator) over one
     role's network. `n_parties` (also `size`) is the number of parties; `lost` the parties that left a run
-    that goes on without them (`lose` adds to it), `alive` the others in rank order (every sum is over them)."""
+    that goes on without them (`lose` adds to it, `restore` takes a party that rejoined out of it),
+    `alive` the others in rank order (every sum is over them)."""
 
     network: Network
     names: tuple[str, ...]
@@ -33,6 +34,11 @@ class Peers:
         """These parties left the run: every later sum is over the others (the one way `lost` grows, so
         `alive` always follows it)."""
         self._lost = self._lost | frozenset(ranks)
+        self.alive = tuple(k for k in range(self.n_parties) if k not in self._lost)
+
+    def restore(self, ranks: Iterable[int]) -> None:
+        """These parties rejoined the run (at an epoch's start): every later sum is over them again."""
+        self._lost = self._lost - frozenset(ranks)
         self.alive = tuple(k for k in range(self.n_parties) if k not in self._lost)
 
     @property

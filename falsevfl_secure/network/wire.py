@@ -136,3 +136,7 @@ class Reassembly:
             return None
         payload = parts[0] if len(parts) == 1 else b"".join(parts)
         return Envelope(envelope.kind, envelope.src, envelope.dst, tag, payload)
+
+    def forget(self, src: str) -> None:
+        """Drop a sender's unfinished frame (a lost party's earlier process)."""
+        self._open.pop(src, None)

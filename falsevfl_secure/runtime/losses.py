@@ -9,6 +9,14 @@ in flight is abandoned by everyone (no optimiser step, and no sum over fewer par
 that started with more); under mpc the masks are re-keyed among the parties still in the run, from fresh
 pair keys (a keystream is never reused with another set of parties). What a continued run discloses that a
 full one does not is stated in threat_models/passive_semi_honest.toml.
+
+A lost party may come back (`--rejoin`): it links to the active party again, from its own latest checkpoint,
+and says hello. The active party readmits it at the start of the next epoch only (`at_epoch`): it checks the
+hello as at the start, answers with the run's signed roster, every party's current signed key and where to
+rejoin, takes its fresh signed key and tells every other role in that epoch's `epoch` frame (sent at every
+epoch's start while losses are tolerated, so every party knows the membership before its first sum). Every
+membership change (a loss, a return) counts a version; under mpc the masks are re-keyed under a purpose that
+names the version, from a transcript that binds every current key.
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import PartyFailure
+from ..errors import FalseVflError, PartyFailure, ProtocolError
 from ..network.handshake import pair_keys
-from ..network.network import Blame, PartyLost
+from ..network.network import Blame, PartyLost, RunAborted, epoch_notice
 
 POLICY_FIELDS = ("on_party_loss", "min_parties")
 
@@ -34,9 +42,10 @@ def tolerated(role) -> set[str]:
 class PartyLoss:
     """A role's handler of a lost party, called by the training loop with the step it was in."""
 
-    def __init__(self, role) -> None:
+    def __init__(self, role, version: int = 0) -> None:
         self.role = role
-        self.events: list[dict] = []  # who left, how, and where (train_result.json)
+        self.version = version  # membership changes so far (a loss, a return): each re-keys under its own purpose
+        self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
 
     @property
     def lost(self) -> set[int]:
@@ -58,6 +67,7 @@ class PartyLoss:
             raise PartyFailure("a party was reported lost, but the active party's network names none")
         peers.lose(peers.names.index(b.role) for b in losses)
         self._check_policy(losses[0])
+        self.version += 1
         stage, epoch, index = position
         notice = {"lost": sorted(peers.names[k] for k in peers.lost), "stage": stage, "epoch": epoch,
                   "index": index + 1}
@@ -89,6 +99,7 @@ class PartyLoss:
         role, peers = self.role, self.role.peers
         notice = role.network.take_notice()
         peers.lose(peers.names.index(name) for name in notice["lost"])
+        self.version += 1
         self._rekey()
         for k in (peers.active_index, *range(peers.n_parties, len(peers.names))):  # the active party, helpers
             peers.send(k, "lost-ack", b"")
@@ -101,23 +112,94 @@ class PartyLoss:
         raise PartyFailure(f"the active party resumes at stage {theirs[0]} epoch {theirs[1]}, ahead of "
                            f"{role.spec.name} (stage {ours[0]} epoch {ours[1]})")
 
+    # -- at every epoch's start: parties that come back -------------------------------------------------
+
+    def at_epoch(self, stage: int, epoch: int) -> list[str]:
+        """Before each epoch: the active party readmits the lost parties whose hello waits and tells every other
+        role the epoch's membership; every other party follows its word. The names of those that rejoined."""
+        return self._readmit(stage, epoch) if self.role.is_active else self._follow_epoch(stage, epoch)
+
+    def _readmit(self, stage: int, epoch: int) -> list[str]:
+        role, net, peers = self.role, self.role.network, self.role.peers
+        joined = {}
+        for name in net.returned():
+            lost = sorted(peers.names[k] for k in peers.lost if peers.names[k] != name)
+            where = {"lost": lost, "stage": stage, "epoch": epoch}
+            try:
+                joined[name] = role.handshake.admit(role.session, name, self.version + 1, where, net.deadline_s)
+                role.protocol.welcome(role.membership, role.backend.bare, name)
+                net.readmit(name)
+            except RunAborted:
+                raise
+            except (FalseVflError, PartyFailure, ValueError) as error:  # it stays out; the run goes on
+                net.turn_away(name)
+                print(f"warning: {name} could not rejoin: {error}", file=sys.stderr, flush=True)
+                continue
+            self.version += 1
+            peers.restore([peers.names.index(name)])
+        notice = json.dumps({"stage": stage, "epoch": epoch, "version": self.version,
+                             "joined": list(joined.values())}).encode()
+        helpers = range(peers.n_parties, len(peers.names)) if joined else ()
+        for k in helpers:  # a helper combines over the new membership before any party sends to it
+            peers.send(k, "epoch", notice)
+            net.recv(peers.names[k], "epoch-ack", net.deadline_s)
+        for k in peers.alive:
+            if k != peers.rank:
+                peers.send(k, "epoch", notice)
+        return self._returned(list(joined), stage, epoch)
+
+    def _follow_epoch(self, stage: int, epoch: int) -> list[str]:
+        role, peers = self.role, self.role.peers
+        notice = epoch_notice(peers.recv(peers.active_index, "epoch"))
+        if (notice["stage"], notice["epoch"]) != (stage, epoch):
+            raise ProtocolError(f"the active party opened stage {notice['stage']} epoch {notice['epoch']} where "
+                                f"{role.spec.name} opens stage {stage} epoch {epoch}")
+        for entry in notice["joined"]:
+            role.handshake.accept_key(role.session, entry)
+        self.version = notice["version"]  # the active party's count of membership changes
+        return self._returned([e["record"]["name"] for e in notice["joined"]], stage, epoch)
+
+    def _returned(self, names: list[str], stage: int, epoch: int) -> list[str]:
+        """Every party that rejoined is in every later sum: masks among the new membership, and the record."""
+        if not names:
+            return []
+        self.role.peers.restore(self.role.peers.names.index(n) for n in names)
+        self._rekey()
+        for name in names:
+            self.events.append({"party": name, "how": "rejoined", "stage": stage, "epoch": epoch, "resumed_at": 0})
+            print(f"{name} rejoined the run at stage {stage} epoch {epoch}", file=sys.stderr, flush=True)
+        return names
+
+    def close(self) -> None:
+        """At the active party, when its run is over: a returning party not readmitted is told why (signed)."""
+        net = self.role.network
+        waiting = set(net.returned())
+        for name in sorted(net.returning):
+            if name in waiting:
+                self.role.handshake.announce([name], {"refused": "the run's training ended before it could rejoin"},
+                                             "rejoin")
+            net.turn_away(name)
+
     # -- both -----------------------------------------------------------------------------------------
 
     def _rekey(self) -> None:
-        """mpc: masks among the parties left, from pair keys of a purpose that names who left."""
+        """mpc: masks among the parties in the run, from pair keys of a purpose that names the membership's
+        version and who is out (the transcript binds every current key)."""
         role = self.role
         if hasattr(role.backend, "rekey"):
             gone = ",".join(sorted(role.peers.names[k] for k in role.peers.lost))
             role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange,
-                                         f"secure-sum/without:{gone}"))
+                                         f"secure-sum/v{self.version}/without:{gone}"))
 
     def _record(self, losses: list[Blame], notice: dict) -> None:
         how = {b.role: f"{b.how} in round {b.round!r}" for b in losses}
         for name in notice["lost"]:
-            if any(e["party"] == name for e in self.events):
-                continue
+            mine = [e for e in self.events if e["party"] == name]
+            if mine and mine[-1]["how"] != "rejoined":
+                continue  # announced before
             self.events.append({"party": name, "how": how.get(name, "announced by the active party"),
                                 "stage": notice["stage"], "epoch": notice["epoch"], "resumed_at": notice["index"]})
             print(f"warning: {name} left the run ({how.get(name, 'announced by the active party')}); training "
                   f"goes on without it from stage {notice['stage']} epoch {notice['epoch']} step "
                   f"{notice['index']} (on_party_loss = \"continue\")", file=sys.stderr, flush=True)
+

@@ -65,6 +65,7 @@ class Role:
         self.session: Session | None = None
         self.membership: Membership | None = None
         self.backend: Backend | None = None
+        self.rejoined_at: tuple[int, int] | None = None  # a returning party: the (stage, epoch) it was readmitted at
 
     def _record_control(self, src: str, tag: str, payload: bytes) -> None:
         """Every message this role receives that is not a round (the backend records those) enters its
@@ -81,13 +82,20 @@ class Role:
         self.network.connect(time.monotonic() + spec.request.join_timeout_s, addresses)
         self.handshake = self.handshake_class(self.network, spec.name, self.key, spec.agreement, spec.cast,
                                               spec.request, spec.protocol.hides_contributions)
-        session, exchange = self.handshake.run(spec.protocol.key_agreement)
+        where = None  # a returning party: where the active party readmitted it
+        if spec.request.rejoin:
+            session, exchange, where = self.handshake.rejoin(spec.protocol.key_agreement)
+        else:
+            session, exchange = self.handshake.run(spec.protocol.key_agreement)
         names = (*session.present, *([session.aggregator] if session.aggregator else []))
         peers = Peers(self.network, names, names.index(spec.name), len(session.present), session.active_index)
+        peers.lose(names.index(name) for name in (where or {}).get("lost", ()))
         self.session = session
         self.membership = Membership(peers, session, spec.cast, self.key, exchange, self.view)
         self.network.coordinator, self.network.tolerated = session.active, tolerated(self)
-        self.losses = PartyLoss(self) if self.network.tolerated and spec.is_party else None
+        self.losses = PartyLoss(self, where["version"] if where else 0) if self.network.tolerated and \
+            spec.is_party else None
+        self.rejoined_at = None if where is None else (where["stage"], where["epoch"])
         if spec.is_party:
             self.backend = self.protocol.open(self.membership)
         return self
@@ -136,6 +144,8 @@ class Role:
         self.network.fail(Blame(self.spec.name, "failed", self.network.round, type(error).__name__))
 
     def leave(self, clean: bool) -> None:
+        if clean and self.is_active and getattr(self, "losses", None) is not None:
+            self.losses.close()
         if self.backend is not None:
             self.backend.close(clean)
         self.network.close(clean)

@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import PartyFailure
@@ -52,33 +53,53 @@ class World:
         self.conns: list = []
         self.lifelines: list = []  # the writing ends: never written, closed only when this world is over
         self.reports: dict[int, dict] = {}
+        self.book: dict[str, str] = {}  # every hub's address (a role that rejoins gets it too)
 
     def start(self) -> World:
-        ctx = _context()
         for spec in self.specs:
-            parent, child = ctx.Pipe()
-            watched, held = ctx.Pipe(duplex=False)
-            log = None if self.out_dir is None else str(self.out_dir / "logs" / f"{spec.name}.log")
-            args = (*self.args, *self.per_role.get(spec.name, ()))
-            self.procs.append(ctx.Process(target=_child, args=(spec, self.program, args, child, watched, log,
-                                                                spec.name == self.show,
-                                                                self.role_classes.get(spec.name)), daemon=True))
-            self.conns.append(parent)
+            proc, conn, held = self._spawn(spec, (*self.args, *self.per_role.get(spec.name, ())))
+            self.procs.append(proc)
+            self.conns.append(conn)
             self.lifelines.append(held)
         try:
             for proc in self.procs:
                 proc.start()
             self._write_pids()
             ports = {self.names[r]: self._next(r, "port", 180.0)["port"] for r in range(len(self.procs))}
-            book = {name: f"127.0.0.1:{port}" for name, port in ports.items() if port}
+            self.book = {name: f"127.0.0.1:{port}" for name, port in ports.items() if port}
             if self.out_dir is not None:
-                atomic_write(self.out_dir / "world.addresses", json.dumps(book))
+                atomic_write(self.out_dir / "world.addresses", json.dumps(self.book))
             for conn in self.conns:
-                conn.send_bytes(codec.pack({"addresses": {**book, **self.via}}))
+                conn.send_bytes(codec.pack({"addresses": {**self.book, **self.via}}))
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn(self, spec: RoleSpec, args: tuple) -> tuple:
+        """A role's process (not started), the parent's end of its pipe and the lifeline's writing end."""
+        ctx = _context()
+        parent, child = ctx.Pipe()
+        watched, held = ctx.Pipe(duplex=False)
+        log = None if self.out_dir is None else str(self.out_dir / "logs" / f"{spec.name}.log")
+        proc = ctx.Process(target=_child, args=(spec, self.program, args, child, watched, log, spec.name == self.show,
+                                                self.role_classes.get(spec.name)), daemon=True)
+        return proc, parent, held
+
+    def rejoin(self, name: str, args: tuple) -> None:
+        """Start role `name` again, asking to rejoin (a party that left a run that went on comes back, as
+        `federation train --rejoin` does): a fresh process with `args`; its outcome replaces the old one's."""
+        rank = self.names.index(name)
+        spec = self.specs[rank]
+        spec = replace(spec, request=replace(spec.request, rejoin=True))
+        proc, conn, held = self._spawn(spec, args)
+        self.procs[rank], self.conns[rank] = proc, conn
+        self.lifelines.append(held)
+        self.reports.pop(rank, None)
+        proc.start()
+        self._write_pids()
+        self._next(rank, "port", 180.0)
+        conn.send_bytes(codec.pack({"addresses": {**self.book, **self.via}}))
 
     def _write_pids(self) -> None:
         if self.out_dir is not None:

@@ -20,7 +20,6 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 
-import mpmath
 import numpy as np
 
 from ..randomness import KeyStream
@@ -73,6 +72,8 @@ def _exact_comparison(gamma: Fraction, head: int, stream: KeyStream) -> bool:
 
 def _exp_interval(gamma: Fraction, precision: int) -> tuple[Fraction, Fraction]:
     """Rationals below and above exp(-gamma), from mpmath's interval arithmetic at `precision` bits."""
+    import mpmath  # here: the rare close call needs it, start-up should not
+
     iv, saved = mpmath.iv, mpmath.iv.prec
     iv.prec = precision
     try:
@@ -83,6 +84,8 @@ def _exp_interval(gamma: Fraction, precision: int) -> tuple[Fraction, Fraction]:
 
 
 def _fraction(x) -> Fraction:
+    import mpmath
+
     sign, mantissa, exponent, _ = mpmath.mpf(x)._mpf_
     value = Fraction(mantissa) * (Fraction(2) ** exponent)
     return -value if sign else value
@@ -131,6 +134,8 @@ def discrete_gaussian(variance: int, n: int, stream: KeyStream) -> np.ndarray:
 
 def pmf(variance: int, support: np.ndarray) -> np.ndarray:
     """The exact discrete Gaussian's probabilities on `support` (mpmath normaliser: tests' reference)."""
+    import mpmath
+
     with mpmath.workdps(30):
         scale = mpmath.mpf(variance)
         norm = mpmath.nsum(lambda k: mpmath.exp(-k * k / (2 * scale)), [-mpmath.inf, mpmath.inf])

@@ -45,6 +45,9 @@ class Backend(Protocol):
     def wire_bytes(self, round: Round, numel: int) -> int:
         """The most bytes one frame of `round` with `numel` values takes under this protocol."""
 
+    def declare(self, values: dict[str, int]) -> None:
+        """At the active party: each sum's largest number of values, to a helper that combines (if any)."""
+
     def close(self, clean: bool = True) -> None:
         """Release this role's own resources; when `clean`, also tell its helpers that it is done."""
 
@@ -122,6 +125,7 @@ class DistributedTransport:
                            if name is not None and set(after) - backward <= firsts}
         if sizes is not None:
             self.network.allow(self.bounds(table, sizes))
+            self.backend.declare({r.name: largest(r, sizes) for r in table.rounds if r.is_aggregate})
 
     def bounds(self, table: RoundTable, sizes: Mapping[str, int]) -> dict[str, int]:
         """Each round's largest frame in bytes under this protocol (`wire_bytes`), for the network."""

@@ -12,6 +12,7 @@ values), so nobody is left waiting, and then raises.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -19,11 +20,11 @@ import torch
 from torch import Tensor
 
 from ..errors import ProtocolError
-from ..network.network import PartyLost
+from ..network.network import ANNOUNCEMENTS, Announced, PartyLost, epoch_notice
 from ..network.peers import Peers
 from ..secure import frames
 from ..secure.errors import SecureRangeError
-from .rounds import AGGREGATES, Round, by_name
+from .rounds import Round, by_name
 from .views import View
 
 STOP = "stop"
@@ -102,6 +103,14 @@ class SumBackend:
         self._record(round, "received", self.peers.active_index, buffer, "clear")
         return buffer
 
+    def declare(self, values: dict[str, int]) -> None:
+        """At the active party, where a helper combines: each sum's largest number of values, to the helper
+        (its only bound on what the parties may send it); waits for its answer, so no round outruns it."""
+        if not self.is_active or self.combiner == self.peers.rank:
+            return
+        self.peers.send(self.combiner, "bounds", json.dumps(values).encode())
+        self.peers.network.recv(self.peers.names[self.combiner], "bounds-ack", self.peers.network.deadline_s)
+
     def use_noise(self, stage) -> None:
         """Every sum of this party through `stage` (a `ciphers.noise.NoiseStage`) before the cipher; None: none."""
         self.cipher = self.bare if stage is None else stage.around(self.bare, lambda: len(self.peers.alive))
@@ -151,15 +160,23 @@ def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=N
     """A helper's loop: for every round, combine the passive parties' messages and forward the result to
     the active party, until every passive party has said stop. The helper's cipher holds no key that
     reveals anything. With `view`, the first `recorded_rounds` sums (those of the method's probe step) are
-    recorded and then handed to `on_recorded`."""
+    recorded and then handed to `on_recorded`. It holds no model configuration: the active party declares
+    each sum's largest size before any is combined (`declare`), and a frame over it is refused as it arrives."""
     passive = [k for k in range(peers.n_parties) if k != peers.active_index]
-    # It holds no model configuration: every sum of the vocabulary, each at most AGGREGATED_VALUES values.
-    peers.network.allow({r.name: cipher.wire_bytes(r, AGGREGATED_VALUES) for r in AGGREGATES})
+    _bounded(peers, cipher)
     while True:
         try:
+            if peers.network.head(peers.names[peers.active_index]) in ANNOUNCEMENTS:
+                raise Announced()
             received = {k: peers.network.recv_any(peers.names[k], "a round's messages") for k in passive}
         except PartyLost:
             passive = _after_loss(peers, passive)
+            continue
+        except Announced:
+            if peers.network.head(peers.names[peers.active_index]) == "bounds":
+                _bounded(peers, cipher)
+            else:
+                passive = _readmitted(peers, passive)
             continue
         tags = {tag for tag, _ in received.values()}
         if tags == {STOP}:
@@ -179,11 +196,38 @@ def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
     and each other party's frames of the abandoned step are dropped; the parties it combines from now on."""
     notice = peers.network.take_notice()
     peers.lose(peers.names.index(name) for name in notice["lost"])
+    for name in notice["lost"]:
+        peers.network.forget(name)  # frames of the abandoned step (it may come back)
     peers.send(peers.active_index, "lost-ack", b"")
     survivors = [k for k in passive if k not in peers.lost]
     for k in survivors:
         peers.network.drain(peers.names[k], "lost-ack")
     return survivors
+
+
+def _bounded(peers: Peers, cipher) -> None:
+    """The active party's bounds of the sums (values per round, at most AGGREGATED_VALUES), as this helper's
+    network bounds; answered, so no party sends a round before they hold."""
+    try:
+        values = json.loads(peers.recv(peers.active_index, "bounds"))
+        bounds = {name: cipher.wire_bytes(by_name(name), min(int(v), AGGREGATED_VALUES)) for name, v in values.items()
+                  if by_name(name).is_aggregate and int(v) > 0}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ProtocolError("the active party's bounds of the sums are malformed") from None
+    peers.network.allow(bounds)
+    peers.send(peers.active_index, "bounds-ack", b"")
+
+
+def _readmitted(peers: Peers, passive: list[int]) -> list[int]:
+    """The parties it combines from now on, with those the active party readmitted (its `epoch` frame); the
+    active party lets the parties go on only after this helper's answer, so no round of theirs comes before."""
+    notice = epoch_notice(peers.recv(peers.active_index, "epoch"))
+    back = [peers.names.index(e["record"]["name"]) for e in notice["joined"]]
+    peers.restore(back)
+    for k in back:
+        peers.network.readmit(peers.names[k])
+    peers.send(peers.active_index, "epoch-ack", b"")
+    return sorted(set(passive) | set(back))
 
 
 def _record(view: View, tag: str, cipher, messages: dict[int, bytes], on_recorded, rounds: int) -> View | None:

@@ -204,6 +204,10 @@ class Protocol:
         """A party's backend: the generic one, over this protocol's cipher."""
         return SumBackend(membership.peers, self.cipher(membership), membership.view)
 
+    def welcome(self, membership: Membership, cipher: SumCipher, name: str) -> None:
+        """At the active party: what a party that rejoined needs of the cipher's set-up (nothing by default:
+        pair keys are made anew by every party, runtime/losses.py)."""
+
     def helper_cipher(self, membership: Membership) -> SumCipher:
         """The cipher as a helper role holds it (no key that reveals anything)."""
         raise InputError(f"protocol {self.name} has no helper roles")
@@ -242,7 +246,12 @@ class ActiveKeyProtocol(Protocol):
                               "passive")
         public, secret = self.make_keys()
         send_context(m.peers.network, m.key, m.session, public)
-        return self.build(self.load_public(public), secret, me, "active")
+        cipher = self.build(self.load_public(public), secret, me, "active")
+        cipher.published = public  # what a party that rejoins gets (`welcome`)
+        return cipher
+
+    def welcome(self, m: Membership, cipher: SumCipher, name: str) -> None:
+        send_context(m.peers.network, m.key, m.session, cipher.published, [name])
 
     def helper_cipher(self, m: Membership) -> SumCipher:
         public = self.load_public(receive_context(m.peers.network, m.session, m.cast))

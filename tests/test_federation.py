@@ -355,6 +355,8 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     events = [(e["party"], e["how"] == "rejoined") for e in record["lost_parties"]]
     assert events == [("party1", False), ("party1", True)], record["lost_parties"]
     back = record["lost_parties"][1]
+    print(f"party1 lost at stage 1 epoch {record['lost_parties'][0]['epoch']}, back at stage {back['stage']} epoch "
+          f"{back['epoch']} (of 40 + 20)")
     assert (back["stage"], back["epoch"]) > (1, 2) and "rejoined the run" in errors["party1"]
     latest = max(checkpoints.glob("party*-stage*-epoch*.pt"))
     assert latest.name.startswith("party1-stage2"), latest  # it trained on to the end after its return

@@ -238,14 +238,20 @@ class Handshake:
             self.net.send(role, step, payload)
         return payload
 
-    def follow(self) -> Session:
-        """Every other role: send the hello, then check everything in the active party's roster itself."""
-        cast, net = self.cast, self.net
-        if not net.wait_for([cast.active], time.monotonic() + self.request.join_timeout_s):
+    def say_hello(self) -> dict:
+        """Once linked to the active party, this role's fresh signed hello to it (the hello sent)."""
+        cast = self.cast
+        if not self.net.wait_for([cast.active], time.monotonic() + self.request.join_timeout_s):
             raise InputError(f"the active party {cast.active} did not connect within "
                              f"{self.request.join_timeout_s:g} s")
         mine = _hello(self.me, self.key, self.agreement)
-        net.send(cast.active, "hello", _dumps(mine))
+        self.net.send(cast.active, "hello", _dumps(mine))
+        return mine
+
+    def follow(self) -> Session:
+        """Every other role: send the hello, then check everything in the active party's roster itself."""
+        cast, net = self.cast, self.net
+        mine = self.say_hello()
         roster = self.read_signed(net.recv(cast.active, "roster"), "roster", {"present", "protocol", "hellos"})
         present = self.check_roster(roster, mine)
         return Session(session_id(roster["hellos"]), self.agreement, present, roster["protocol"], cast.active,
@@ -342,11 +348,7 @@ class Handshake:
         where to rejoin. Everything is checked against this party's own file and pins, as at the start; then
         it sends a fresh X25519 key, signed over the membership version it rejoins at."""
         cast, net = self.cast, self.net
-        if not net.wait_for([cast.active], time.monotonic() + self.request.join_timeout_s):
-            raise InputError(f"the active party {cast.active} did not connect within "
-                             f"{self.request.join_timeout_s:g} s")
-        mine = _hello(self.me, self.key, self.agreement)
-        net.send(cast.active, "hello", _dumps(mine))
+        mine = self.say_hello()
         answer = self.read_signed(net.recv(cast.active, "rejoin"), "rejoin",
                                   {"roster", "keys", "nonce", "version", "lost", "stage", "epoch"})
         if answer["nonce"] != mine["nonce"]:

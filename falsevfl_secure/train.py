@@ -114,7 +114,7 @@ def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimiz
             for opt in optimizers.values():
                 opt.zero_grad(set_to_none=True)
             node.transport.abandon()
-            index = handler(lost, (int(stage), epoch, index))
+            index = handler(lost, (int(stage), epoch, index if batches is not None else -1))  # -1: before a step
             data.set_dropped(handler.lost)  # from now on they hold no row
             batches = None if batches is None else stage_batches(node, data, stage, epoch)  # the same public plan
     return losses
@@ -263,6 +263,9 @@ def _rejoin(node: Node, checkpointers: list, optimizers: dict, stage: Stage, epo
     readmitted at."""
     from .checkpoint import progress_key, restore_party
 
+    if node.cfg.privacy.enabled:  # its noise streams would restart at the checkpoint: noise drawn twice
+        raise InputError("--rejoin: a party cannot come back to a run under a privacy budget (its noise streams "
+                         "would restart at its checkpoint and repeat noise it already released)")
     for c in checkpointers:
         if c.available():
             saved = max(c.available(), key=progress_key)

@@ -88,10 +88,12 @@ def test_a_party_that_crashed_rejoins_at_an_epoch_start_from_its_own_checkpoint(
     assert abs(accuracy - rejoined[0]) <= 3.0, (accuracy, rejoined[0])
 
 
-def test_a_rejoin_the_file_does_not_agree_with_is_refused_and_the_run_goes_on(tmp_path):
+@pytest.mark.parametrize("protocol", ["plain", "he"])  # he: the refused party's stop reaches the aggregator too
+def test_a_rejoin_the_file_does_not_agree_with_is_refused_and_the_run_goes_on(tmp_path, protocol):
     """The returning party's own file differs (min_parties): the active party checks its fresh hello as at the
-    start, refuses it (signed, naming the field), and the run finishes without it; the party stops with that line."""
-    ended = distributed_run(tmp_path, "plain", CONFIG, CRASH, rejoin=True, rejoin_settings={"min_parties": 2})
+    start, refuses it (signed, naming the field), and the run finishes without it; the party stops with that line
+    (its stop, told to every role it linked to, ends nothing but its return)."""
+    ended = distributed_run(tmp_path, protocol, CONFIG, CRASH, rejoin=True, rejoin_settings={"min_parties": 2})
     active, returning = ended[CONFIG.active_index], ended[CRASH.party]
     assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
     events = active["ok"]["events"]
@@ -157,3 +159,100 @@ def test_every_membership_masks_with_keys_no_earlier_membership_used():
             assert (1 in {r for r, _ in made}) == (change is back)  # only members mask
             seen.extend(pairs.values())
     assert len(set(seen)) == len(seen) // 2, "a pair key of an earlier membership was used again"
+
+
+def _follower(names, net):
+    """party0's loss handler (the real `PartyLoss` and `Handshake`) over a network that hands it the active
+    party's frames; the pair keys it re-keys with are recorded."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.network.handshake import Cast, Handshake, Request, Session, key_context
+    from falsevfl_secure.network.peers import Peers
+    from falsevfl_secure.secure.identity import generate, public_bytes
+    from falsevfl_secure.secure.masks import X25519Agreement
+
+    ids = {n: generate() for n in names}
+    cast = Cast(names, names[-1], None, {n: public_bytes(k) for n, k in ids.items()})
+    agreement, exchanges = Agreement({"protocol": "mpc"}), {n: X25519Agreement() for n in names}
+    handshakes = {n: Handshake(None, n, ids[n], agreement, cast, Request(names, False, 1.0)) for n in names}
+    session = Session(b"s" * 32, agreement, names, "mpc", names[-1], None,
+                      {n: e.public_key() for n, e in exchanges.items()})
+    session.bind_keys()
+    records = {n: handshakes[n].key_message(key_context(session.id, 0), exchanges[n].public_key()) for n in names}
+    keys: list = []
+    role = SimpleNamespace(session=session, spec=SimpleNamespace(name=names[0]), handshake=handshakes[names[0]],
+                           backend=SimpleNamespace(rekey=lambda pairs: keys.append(pairs)), is_active=False,
+                           membership=SimpleNamespace(exchange=exchanges[names[0]]),
+                           peers=Peers(net, names, 0, len(names), len(names) - 1))
+    return role, records, keys
+
+
+@pytest.mark.parametrize("build", ["weakened: takes the announced version", "shipped"])
+def test_a_replayed_readmission_never_makes_a_party_reuse_its_masks(build, attacked):
+    """A malicious active party opens every epoch by 'readmitting' party1 (which never left) with its signed key
+    from the start and the same version: a party that takes the version as announced re-keys to the very same
+    pair keys each epoch (its AES-CTR streams restart: the active party would learn differences of its inputs);
+    the shipped party refuses the frame (party1 is in the run; the version does not count a change)."""
+    import json
+
+    from falsevfl_secure.errors import ProtocolError
+    from falsevfl_secure.network.network import epoch_notice
+    from falsevfl_secure.runtime.losses import PartyLoss
+
+    class Net:
+        frames: list = []
+
+        def recv(self, src, tag):
+            return self.frames.pop(0)
+
+    class Trusting(PartyLoss):  # the weakened build: the announced version and joined list as given
+        def _follow_epoch(self, stage, epoch):
+            notice = epoch_notice(self.role.peers.recv(self.role.peers.active_index, "epoch"))
+            for entry in notice["joined"]:
+                self.role.handshake.accept_key(self.role.session, entry)
+            self.version, self.keyed = notice["version"], -1
+            return self._returned([e["record"]["name"] for e in notice["joined"]], stage, epoch)
+
+    net = Net()
+    role, records, keys = _follower(("party0", "party1", "party2", "party3"), net)
+    handler = (Trusting if build.startswith("weakened") else PartyLoss)(role)
+    replay = {"version": 0, "record": records["party1"]}
+    outcome = "accepted"
+    for epoch in range(3):
+        net.frames.append(json.dumps({"stage": 1, "epoch": epoch, "version": 5, "joined": [replay]}).encode())
+        try:
+            handler.at_epoch(1, epoch)
+        except ProtocolError as error:
+            outcome = f"refused: {error}"
+            break
+    repeated = len(keys) > 1 and all(k == keys[0] for k in keys)
+    attacked("replayed readmission (active)", build, f"{len(keys)} re-keyings, same keys each time: {repeated}; "
+             f"{outcome[:60]}")
+    if build.startswith("weakened"):
+        assert repeated and len(keys) == 3, keys
+    else:
+        assert keys == [] and outcome.startswith("refused"), outcome
+
+
+@pytest.mark.parametrize("consent, refused_by", [(False, "allow_two_party_disclosure"), (True, "min_parties = 3")])
+def test_a_party_checks_an_announced_loss_against_its_own_file(consent, refused_by):
+    """A malicious active party announces that every passive party but party0 left: party0 would mask with the
+    active party alone (the sum minus the active party's own is its contribution). Whatever the announcement,
+    party0 stops by its own file: two parties without its consent, or fewer than its min_parties."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.errors import PartyFailure
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.runtime.losses import PartyLoss
+
+    names = ("party0", "party1", "party2", "party3")
+    notice = {"lost": ["party1", "party2"], "stage": 1, "epoch": 0, "index": 1}
+    fields = {"min_parties": 3 if consent else 2, "allow_two_party_disclosure": consent}
+    net = SimpleNamespace(take_notice=lambda: notice)
+    role, _, keys = _follower(names, net)
+    role.network, role.protocol = net, SimpleNamespace(hides_contributions=True)
+    role.spec = SimpleNamespace(name="party0", agreement=Agreement(fields), request=SimpleNamespace(source="its file"))
+    with pytest.raises(PartyFailure, match=refused_by):
+        PartyLoss(role)._follow((1, 0, 0))
+    assert keys == []  # it never masked with the active party alone

@@ -203,6 +203,9 @@ def check_rejoin(fed, party: str | None) -> None:
     if fed.on_party_loss != "continue":
         raise InputError(f"--rejoin: {fed.path} sets on_party_loss = {fed.on_party_loss!r}: a run that stops when a "
                          "party is lost has nothing to rejoin")
+    if fed.model.privacy.enabled:
+        raise InputError(f"--rejoin: {fed.path} sets a privacy budget: a party cannot come back to such a run (its "
+                         "noise streams would restart at its checkpoint and repeat noise it already released)")
     saved = fed.party(party).model_dir / "checkpoints" / ALIGNMENT_FILE
     if not saved.is_file():
         raise InputError(f"--rejoin: {saved} does not exist: {party} has not trained in this run (start it "

@@ -126,24 +126,28 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
                    remap[validation], overlap, short)
 
 
-def save_alignment(folder: Path, aligned: Aligned) -> None:
+def save_alignment(folder: Path, aligned: Aligned, session: bytes) -> None:
     """A passive party's place in the shared order, kept with its own checkpoints (its own rows' positions:
-    private): a party that rejoins (`train --rejoin`) places its rows from it, as the alignment is a collective
-    it cannot run again alone."""
+    private) with the id of the run's session: a party that rejoins (`train --rejoin`) places its rows from it,
+    as the alignment is a collective it cannot run again alone."""
     o, buffer = aligned.overlap, io.BytesIO()
     np.savez(buffer, n=aligned.n, positions=aligned.positions, labeled=aligned.labeled,
-             validation=aligned.validation, overlap=np.array([o.listed, o.shared, o.with_active]))
+             validation=aligned.validation, overlap=np.array([o.listed, o.shared, o.with_active]),
+             session=np.frombuffer(session, dtype=np.uint8))
     atomic_write(Path(folder) / ALIGNMENT_FILE, buffer.getvalue(), private=True)
 
 
-def load_alignment(folder: Path) -> Aligned:
-    """What `save_alignment` kept (arrays only, never objects)."""
+def load_alignment(folder: Path, session: bytes) -> Aligned:
+    """What `save_alignment` kept (arrays only, never objects), for the run of `session` only."""
     path = Path(folder) / ALIGNMENT_FILE
     try:
         with np.load(path, allow_pickle=False) as saved:
-            fields = {k: saved[k] for k in ("n", "positions", "labeled", "validation", "overlap")}
-    except (OSError, ValueError, KeyError) as error:
+            fields = {k: saved[k] for k in ("n", "positions", "labeled", "validation", "overlap", "session")}
+    except Exception as error:  # a foreign or damaged file: numpy raises several types here
         raise InputError(f"{path}: not an alignment this program saved ({type(error).__name__})") from None
+    if fields["session"].tobytes() != session:
+        raise InputError(f"--rejoin: {path} was saved in another run than the one the active party runs now: "
+                         "this party cannot rejoin it (it can take part in the next run)")
     return Aligned(int(fields["n"]), fields["positions"].astype(np.int64), fields["labeled"].astype(np.int64), None,
                    0, 0.0, fields["validation"].astype(np.int64), Overlap(*(int(v) for v in fields["overlap"])))
 

@@ -163,11 +163,11 @@ def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoint
     """This party's place in the shared order: aligned with the others (a passive party keeps it with its own
     checkpoints), or, for a party that rejoins, the place it kept."""
     if role.rejoined_at is not None:
-        return load_alignment(checkpoints)
+        return load_alignment(checkpoints, role.session.id)
     aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
                           policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids))
     if not role.is_active and fed.on_party_loss == "continue":
-        save_alignment(checkpoints, aligned)
+        save_alignment(checkpoints, aligned, role.session.id)
     return aligned
 
 

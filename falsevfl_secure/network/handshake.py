@@ -36,6 +36,7 @@ from .agreement import Agreement
 from .network import DEADLINE_MIN_S, Network
 
 NONCE_BYTES = 32
+REJOIN_WAIT_S = 7 * 24 * 3600.0  # a returning party waits for the next epoch's start at its own cost only
 MAX_RECORD_BYTES = 1 << 20
 
 
@@ -349,7 +350,7 @@ class Handshake:
         it sends a fresh X25519 key, signed over the membership version it rejoins at."""
         cast, net = self.cast, self.net
         mine = self.say_hello()
-        answer = self.read_signed(net.recv(cast.active, "rejoin"), "rejoin",
+        answer = self.read_signed(net.recv(cast.active, "rejoin", REJOIN_WAIT_S), "rejoin",
                                   {"roster", "keys", "nonce", "version", "lost", "stage", "epoch"})
         if answer["nonce"] != mine["nonce"]:
             raise ProtocolError(f"the answer of {cast.active} is not to this party's fresh hello (a replay?)")
@@ -362,9 +363,9 @@ class Handshake:
             raise ProtocolError(f"the key bundle of {cast.active} is not the present parties' keys in rank order")
         for entry in keys:
             self.accept_key(session, entry)
-        numbers = (version, answer["stage"], answer["epoch"])
+        numbers, lost = (version, answer["stage"], answer["epoch"]), answer["lost"]
         if any(type(n) is not int or n < 0 for n in numbers) or version < 1 or answer["stage"] not in (1, 2) or \
-                not isinstance(answer["lost"], list) or not all(n in present and n != self.me for n in answer["lost"]):
+                not isinstance(lost, list) or not all(n in present and n not in (self.me, cast.active) for n in lost):
             raise ProtocolError(f"the answer of {cast.active} is not of the declared form")
         exchange = key_agreement()
         own = self.key_message(key_context(session.id, version), exchange.public_key())
@@ -389,18 +390,21 @@ class Handshake:
     def admit(self, session: Session, name: str, version: int, where: dict, limit_s: float) -> dict:
         """At the active party: answer a returning party's hello (checked as at the start), take its fresh
         key for `version`; the key entry every other party gets. A refusal is told to it, signed, and raised."""
-        hello = json.loads(self.net.recv(name, "hello", limit_s))
         try:
+            hello = json.loads(self.net.recv(name, "hello", limit_s))
             if not isinstance(hello, dict) or hello.get("name") != name:
                 raise ProtocolError(f"the hello that came from {name} names another role")
             self.check_hello(hello)
-        except (FalseVflError, json.JSONDecodeError) as error:
-            self.announce([name], {"refused": str(error)}, "rejoin")
-            raise
+        except (FalseVflError, ValueError, RecursionError) as error:  # (JSONDecodeError is a ValueError)
+            self.announce([name], {"refused": str(error)[:500]}, "rejoin")
+            raise ProtocolError(f"the hello of {name}: {str(error)[:200]}") from None
         keys = [session.key_records[p] for p in session.present]
         self.announce([name], {"roster": session.roster.decode(), "keys": keys, "nonce": hello["nonce"],
                                "version": version, **where}, "rejoin")
-        entry = {"version": version, "record": json.loads(self.net.recv(name, "keys", limit_s))}
+        try:
+            entry = {"version": version, "record": json.loads(self.net.recv(name, "keys", limit_s))}
+        except (ValueError, RecursionError):
+            raise ProtocolError(f"the key record of {name} is not JSON of the declared form") from None
         self.accept_key(session, entry)
         return entry
 

@@ -59,8 +59,9 @@ SETUP: dict[str, tuple[int, int]] = {
     "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
     "rejoin": (4 << 20, 2), "epoch": (64 << 10, 2), "epoch-ack": (64, 2), "bounds": (64 << 10, 2),
     "bounds-ack": (64, 2)}
-# What the active party tells a helper between rounds (`Announced`): a readmission, the rounds' bounds.
+# What the active party tells a helper between rounds (`Announced`): a readmission, the rounds' bounds; answered.
 ANNOUNCEMENTS = ("epoch", "bounds")
+ACKS = ("epoch-ack", "bounds-ack")
 # A pass's first round may reach a role before its transport declared the method's rounds (a passive party
 # starts its step while the active party still builds its model): until then, one frame of each, this large.
 EARLY = ("posterior", "embedding", "subsets", "cross_view")
@@ -193,6 +194,9 @@ class Network:
 
     def _joined(self, link: Link) -> None:
         with self._cond:
+            if self.me == self.coordinator and link.peer in {b.role for b in self._unannounced}:
+                link.close()  # its loss is not announced yet: a step may still wait on its earlier process
+                return
             if link.peer in self.lost:  # a lost party linked again (runtime/losses.py): its old frames are stale
                 self._forget(link.peer)
                 self.returning.add(link.peer)
@@ -218,7 +222,8 @@ class Network:
     def returned(self) -> list[str]:
         """At the hub: the lost parties linked again whose hello waits (each may be readmitted)."""
         with self._cond:
-            return sorted(p for p in self.returning if self._mail[p] and self._mail[p][0][0] == "hello")
+            unannounced = {b.role for b in self._unannounced}
+            return sorted(p for p in self.returning - unannounced if self._mail[p] and self._mail[p][0][0] == "hello")
 
     def readmit(self, peer: str) -> None:
         """A lost party is in the run again (its rejoin was accepted)."""
@@ -295,7 +300,7 @@ class Network:
             self.waiting_on, excused = src, False
             try:
                 while not self._mail[src]:  # frames that came before a loss are still read: the runs stay repeatable
-                    self._raise_if_lost(src)
+                    self._raise_if_lost(src, expecting)
                     excused = self._check_wait(src, expecting, began, limit_s) or excused
                     self._cond.wait(0.5)
             finally:
@@ -313,12 +318,14 @@ class Network:
             self.traffic[tag][1] += len(payload)
         return tag, payload
 
-    def _raise_if_lost(self, src: str) -> bool:
+    def _raise_if_lost(self, src: str, expecting: str = "") -> bool:
         """Raise `PartyLost` for a loss this role must act on now (False otherwise): at the active party one it
         has not announced, once it waits on the lost party (or on a helper, which waits on it), elsewhere the
         active party's announcement. So every role abandons the step at the same round, whatever the timing."""
-        gone = src in self.lost and src not in self.returning
-        if self._unannounced and self.me == self.coordinator and (gone or src not in self.tolerated):
+        unannounced = {b.role for b in self._unannounced}
+        gone = src in self.lost and (src not in self.returning or src in unannounced)
+        if unannounced and self.me == self.coordinator and (gone or src not in self.tolerated) and \
+                expecting not in ACKS:  # (a helper's answer to the active party's word comes whoever left)
             raise PartyLost(blame=self._unannounced[0])  # a party still here delivers: its step goes on
         if self._notice is not None:
             raise PartyLost(notice=self._notice)
@@ -403,6 +410,8 @@ class Network:
             return  # a role that is not in this run has nothing more to say to it
         if envelope.kind is wire.Kind.HEARTBEAT:
             link.heard(*_beat_of(envelope.payload))
+        elif envelope.kind is wire.Kind.ABORT and link.peer in self.lost:  # a lost party's stop ends its return only
+            self._fault(Blame(link.peer, "left", link.last_round))
         elif envelope.kind is wire.Kind.ABORT:  # believed as its sender's word only
             self._abort(replace(_blame_of(envelope.payload, link.peer), by=link.peer), flood_except=link.peer)
         elif envelope.kind is wire.Kind.BYE:

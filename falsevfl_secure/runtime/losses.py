@@ -45,6 +45,7 @@ class PartyLoss:
     def __init__(self, role, version: int = 0) -> None:
         self.role = role
         self.version = version  # membership changes so far (a loss, a return): each re-keys under its own purpose
+        self.keyed = version  # the last version this party keyed its masks under: it only ever grows
         self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
 
     @property
@@ -80,8 +81,9 @@ class PartyLoss:
         self._record(losses, notice)
         return index + 1
 
-    def _check_policy(self, blame: Blame) -> None:
-        """This party's own file decides whether the run goes on with the parties left."""
+    def _check_policy(self, blame: Blame | None = None) -> None:
+        """This party's own file decides whether the run goes on with the parties left (every party checks it,
+        whatever the active party announces)."""
         role, fields = self.role, self.role.spec.agreement.fields
         alive = len(role.peers.alive)
         floor = max(2, int(fields.get("min_parties", 2)))
@@ -90,15 +92,23 @@ class PartyLoss:
             return
         why = (f"only {alive} parties would be left (min_parties = {floor})" if alive < floor else
                "two parties would be left, and allow_two_party_disclosure is not set")
-        role.network.fail(blame)
-        raise PartyFailure(f"{blame.text()}; the run stops: {why} in {role.spec.request.source}")
+        if blame is not None:
+            role.network.fail(blame)
+        said = blame.text() if blame is not None else f"the active party announces {sorted(self.role_names_out())}"
+        raise PartyFailure(f"{said}; the run stops: {why} in {role.spec.request.source}")
+
+    def role_names_out(self) -> list[str]:
+        return [self.role.peers.names[k] for k in self.role.peers.lost]
 
     # -- at every other role --------------------------------------------------------------------------
 
     def _follow(self, position: tuple[int, int, int]) -> int:
         role, peers = self.role, self.role.peers
         notice = role.network.take_notice()
+        if role.session.active in notice["lost"] or not set(notice["lost"]) <= set(peers.names[:peers.n_parties]):
+            raise ProtocolError("the active party announced a loss of itself or of a role that is not a party")
         peers.lose(peers.names.index(name) for name in notice["lost"])
+        self._check_policy()  # its own file: never fewer parties, nor two, than it consents to
         self.version += 1
         self._rekey()
         for k in (peers.active_index, *range(peers.n_parties, len(peers.names))):  # the active party, helpers
@@ -154,10 +164,16 @@ class PartyLoss:
         if (notice["stage"], notice["epoch"]) != (stage, epoch):
             raise ProtocolError(f"the active party opened stage {notice['stage']} epoch {notice['epoch']} where "
                                 f"{role.spec.name} opens stage {stage} epoch {epoch}")
+        names = [e["record"]["name"] for e in notice["joined"]]
+        out = {peers.names[k] for k in peers.lost} | {role.spec.name}  # (a returning party reads its own entry)
+        if not set(names) <= out or len(set(names)) != len(names) or notice["version"] < self.version + len(names):
+            raise ProtocolError("the active party's epoch frame readmits a party that is in the run, or does not "
+                                "count the change")
         for entry in notice["joined"]:
             role.handshake.accept_key(role.session, entry)
-        self.version = notice["version"]  # the active party's count of membership changes
-        return self._returned([e["record"]["name"] for e in notice["joined"]], stage, epoch)
+        if names:
+            self.version = notice["version"]  # a new version: the masks are keyed afresh (`_rekey`)
+        return self._returned(names, stage, epoch)
 
     def _returned(self, names: list[str], stage: int, epoch: int) -> list[str]:
         """Every party that rejoined is in every later sum: masks among the new membership, and the record."""
@@ -186,6 +202,9 @@ class PartyLoss:
         """mpc: masks among the parties in the run, from pair keys of a purpose that names the membership's
         version and who is out (the transcript binds every current key)."""
         role = self.role
+        if self.version <= self.keyed and role.backend is not None and hasattr(role.backend, "rekey"):
+            raise ProtocolError(f"membership version {self.version} was keyed before: a keystream is never reused")
+        self.keyed = self.version
         if hasattr(role.backend, "rekey"):
             gone = ",".join(sorted(role.peers.names[k] for k in role.peers.lost))
             role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange,

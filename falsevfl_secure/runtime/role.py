@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import PartyFailure
 from ..network.agreement import Agreement
 from ..network.channel import PairChannel
 from ..network.handshake import Cast, Handshake, Request, Session, pair_keys
@@ -93,9 +94,12 @@ class Role:
         self.session = session
         self.membership = Membership(peers, session, spec.cast, self.key, exchange, self.view)
         self.network.coordinator, self.network.tolerated = session.active, tolerated(self)
-        self.losses = PartyLoss(self, where["version"] if where else 0) if self.network.tolerated and \
+        # A returning party counts its own return when the epoch frame that readmits it comes (`at_epoch`).
+        self.losses = PartyLoss(self, where["version"] - 1 if where else 0) if self.network.tolerated and \
             spec.is_party else None
         self.rejoined_at = None if where is None else (where["stage"], where["epoch"])
+        if where is not None:
+            self.losses._check_policy()  # its own file: never fewer parties, nor two, than it consents to
         if spec.is_party:
             self.backend = self.protocol.open(self.membership)
         return self
@@ -145,7 +149,10 @@ class Role:
 
     def leave(self, clean: bool) -> None:
         if clean and self.is_active and getattr(self, "losses", None) is not None:
-            self.losses.close()
+            try:
+                self.losses.close()
+            except PartyFailure:
+                pass  # a returning party that left meanwhile: nothing to tell it
         if self.backend is not None:
             self.backend.close(clean)
         self.network.close(clean)

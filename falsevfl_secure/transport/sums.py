@@ -169,14 +169,10 @@ def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=N
             if peers.network.head(peers.names[peers.active_index]) in ANNOUNCEMENTS:
                 raise Announced()
             received = {k: peers.network.recv_any(peers.names[k], "a round's messages") for k in passive}
-        except PartyLost:
-            passive = _after_loss(peers, passive)
-            continue
-        except Announced:
-            if peers.network.head(peers.names[peers.active_index]) == "bounds":
-                _bounded(peers, cipher)
-            else:
-                passive = _readmitted(peers, passive)
+        except (PartyLost, Announced) as word:
+            passive = _announced(peers, cipher, passive)  # what the active party said before a loss comes first
+            if isinstance(word, PartyLost):
+                passive = _after_loss(peers, passive)
             continue
         tags = {tag for tag, _ in received.values()}
         if tags == {STOP}:
@@ -205,6 +201,17 @@ def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
     return survivors
 
 
+def _announced(peers: Peers, cipher, passive: list[int]) -> list[int]:
+    """Every word of the active party waiting here, in order (the sums' bounds, a readmission); the parties it
+    combines from now on."""
+    while (tag := peers.network.head(peers.names[peers.active_index])) in ANNOUNCEMENTS:
+        if tag == "bounds":
+            _bounded(peers, cipher)
+        else:
+            passive = _readmitted(peers, passive)
+    return passive
+
+
 def _bounded(peers: Peers, cipher) -> None:
     """The active party's bounds of the sums (values per round, at most AGGREGATED_VALUES), as this helper's
     network bounds; answered, so no party sends a round before they hold."""
@@ -222,7 +229,10 @@ def _readmitted(peers: Peers, passive: list[int]) -> list[int]:
     """The parties it combines from now on, with those the active party readmitted (its `epoch` frame); the
     active party lets the parties go on only after this helper's answer, so no round of theirs comes before."""
     notice = epoch_notice(peers.recv(peers.active_index, "epoch"))
-    back = [peers.names.index(e["record"]["name"]) for e in notice["joined"]]
+    names = [e["record"]["name"] for e in notice["joined"]]
+    if not set(names) <= set(peers.names[:peers.n_parties]) - {peers.names[peers.active_index]}:
+        raise ProtocolError("the active party's epoch frame readmits a role that is not a passive party")
+    back = [peers.names.index(name) for name in names]
     peers.restore(back)
     for k in back:
         peers.network.readmit(peers.names[k])

@@ -106,3 +106,15 @@ def test_zero_shares_drawn_ahead_are_the_stream_and_cancel_over_all_parties(k: i
         total = sum(takes[j].astype(np.uint64) for takes in taken)
         assert np.array_equal(total, np.zeros(n, dtype=np.uint64))
         assert n < 4 or any(takes[j].any() for takes in taken)  # the shares themselves are not zero
+
+
+@pytest.mark.parametrize("point", [bytes(32), (1).to_bytes(32, "little")])  # low-order points of X25519
+def test_a_low_order_x25519_key_is_refused_with_one_error(point: bytes) -> None:
+    """A party that announces a low-order point (its exchange would give the all-zero secret) is refused with the
+    protocol's message error, never a traceback from deep inside the crypto library."""
+    from falsevfl_secure.secure.errors import SecureMessageError
+    from falsevfl_secure.secure.masks import X25519Agreement
+
+    mine = X25519Agreement()
+    with pytest.raises(SecureMessageError, match="rank 1 is not a valid public key"):
+        mine.pair_keys(0, [mine.public_key(), point], b"t" * 32, "secure-sum")

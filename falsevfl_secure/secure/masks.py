@@ -58,7 +58,10 @@ class X25519Agreement:
         keys = {}
         for peer, public in enumerate(public_keys):
             if peer != rank:
-                shared = self._private.exchange(X25519PublicKey.from_public_bytes(public))
+                try:
+                    shared = self._private.exchange(X25519PublicKey.from_public_bytes(public))
+                except ValueError:  # a low-order point: the shared secret would be all zeros
+                    raise SecureMessageError(f"the X25519 key of rank {peer} is not a valid public key") from None
                 keys[peer] = derive_pair_key(shared, transcript, rank, peer, purpose)
         return keys
 

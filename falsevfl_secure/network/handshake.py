@@ -388,8 +388,9 @@ class Handshake:
             session.bind_keys()
 
     def admit(self, session: Session, name: str, version: int, where: dict, limit_s: float) -> dict:
-        """At the active party: answer a returning party's hello (checked as at the start), take its fresh
-        key for `version`; the key entry every other party gets. A refusal is told to it, signed, and raised."""
+        """At the active party: answer a returning party's hello (checked as at the start), check its fresh
+        key for `version`; the key entry every other party gets (`accept_key` once the party is readmitted). A
+        refusal is told to it, signed, and raised."""
         try:
             hello = json.loads(self.net.recv(name, "hello", limit_s))
             if not isinstance(hello, dict) or hello.get("name") != name:
@@ -405,7 +406,7 @@ class Handshake:
             entry = {"version": version, "record": json.loads(self.net.recv(name, "keys", limit_s))}
         except (ValueError, RecursionError):
             raise ProtocolError(f"the key record of {name} is not JSON of the declared form") from None
-        self.accept_key(session, entry)
+        self.check_key(entry["record"], key_context(session.id, version))  # into the session once it is in
         return entry
 
 

@@ -136,8 +136,9 @@ class PartyLoss:
             lost = sorted(peers.names[k] for k in peers.lost if peers.names[k] != name)
             where = {"lost": lost, "stage": stage, "epoch": epoch}
             try:
-                joined[name] = role.handshake.admit(role.session, name, self.version + 1, where, net.deadline_s)
+                entry = role.handshake.admit(role.session, name, self.version + 1, where, net.deadline_s)
                 role.protocol.welcome(role.membership, role.backend.bare, name)
+                role.handshake.accept_key(role.session, entry)  # only now: a party turned away changes no key
                 net.readmit(name)
             except RunAborted:
                 raise
@@ -145,7 +146,7 @@ class PartyLoss:
                 net.turn_away(name)
                 print(f"warning: {name} could not rejoin: {error}", file=sys.stderr, flush=True)
                 continue
-            self.version += 1
+            joined[name], self.version = entry, self.version + 1
             peers.restore([peers.names.index(name)])
         notice = json.dumps({"stage": stage, "epoch": epoch, "version": self.version,
                              "joined": list(joined.values())}).encode()

@@ -48,9 +48,11 @@ class Mutation:
 
 M = Mutation
 HS, CH = "falsevfl_secure/network/handshake.py", "falsevfl_secure/network/channel.py"
+LOSSES, LOSS = "falsevfl_secure/runtime/losses.py", "tests/test_party_loss.py"
 MUTATIONS = (
-    M("roster-signature-unchecked", "a role takes the active party's roster without checking its signature", HS,
-      'verify(cast.pins[cast.active], "roster", body,', NOOP + 'cast.pins[cast.active], "roster", body,',
+    M("roster-signature-unchecked", "a role takes the active party's roster (and its answer to a returning party) "
+      "without checking its signature", HS,
+      'verify(self.cast.pins[active], step, body,', NOOP + 'self.cast.pins[active], step, body,',
       (PROPS, ADV), "no break alone: the roster travels only on the mutual-TLS link from the active party, which "
       "holds the signing key, and its hub forwards no envelope whose sender is not the link's peer; every check "
       "on the roster's content (hellos, protocol, two-party rule, own fresh hello) still runs"),
@@ -83,6 +85,16 @@ MUTATIONS = (
     M("plain-accepts-non-finite", "under plain the active party sums non-finite contributions it receives",
       "falsevfl_secure/transport/ciphers/plain.py",
       "check_contributions(round, list(values), list(values.values()), self.n_parties)", "pass", (PROPS,)),
+    M("aggregator-bounds-ignored", "the he aggregator takes every sum up to 2^22 values, not the declared size",
+      "falsevfl_secure/transport/sums.py", "    peers.network.allow(bounds)\n",
+      "    peers.network.allow({k: cipher.wire_bytes(by_name(k), AGGREGATED_VALUES) for k in bounds})\n",
+      ("tests/test_operations.py",)),
+    M("readmission-taken-as-announced", "a party takes an epoch frame's readmissions and version as announced",
+      LOSSES, "if not set(names) <= out or len(set(names)) != len(names) or notice[\"version\"] < self.version + "
+      "len(names):", "if False:", (LOSS,)),
+    M("announced-loss-unchecked", "a party takes an announced loss without checking its own file's min_parties and "
+      "two-party consent", LOSSES, "        self._check_policy()  # its own file", "        pass  # its own file",
+      (LOSS,)),
 )
 
 

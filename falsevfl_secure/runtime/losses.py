@@ -94,11 +94,9 @@ class PartyLoss:
                "two parties would be left, and allow_two_party_disclosure is not set")
         if blame is not None:
             role.network.fail(blame)
-        said = blame.text() if blame is not None else f"the active party announces {sorted(self.role_names_out())}"
+        out = sorted(role.peers.names[k] for k in role.peers.lost)
+        said = blame.text() if blame is not None else f"the active party announces {out} out of the run"
         raise PartyFailure(f"{said}; the run stops: {why} in {role.spec.request.source}")
-
-    def role_names_out(self) -> list[str]:
-        return [self.role.peers.names[k] for k in self.role.peers.lost]
 
     # -- at every other role --------------------------------------------------------------------------
 

@@ -290,7 +290,7 @@ PRESETS: dict[str, dict[str, dict]] = {
 # columns, its trees' score and the posterior mean in the discriminator (README "Real tables"), the schedule
 # sized by the table (`sized_schedule`).
 PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True,
-                                 discriminator_inputs="latent+mean+own", own_reference=True,
+                                 discriminator_inputs="latent+mean+own", own_reference=True, head="network+trees",
                                  pretrain=StageConfig(2e-3, 256, 1), train=StageConfig(2e-3, 128, 1))
 
 # "default" is what a run gets unless it asks for another schedule: the paper's for the paper's datasets.

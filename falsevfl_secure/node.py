@@ -23,6 +23,7 @@ from .errors import InputError
 from .model import PartyStack
 from .model.party import Noise
 from .model.private_sgd import PrivateGradients
+from .model.trees import TreesHead
 from .placement import Active
 from .randomness import RecordNoise, RoleRandomness, SharedNoise
 from .transport.base import Transport
@@ -63,6 +64,7 @@ class ActiveRole:
     model: nn.Module
     randomness: RoleRandomness
     class_weights: Tensor | None = None  # stage 2's weight per class (`class_weight = "balanced"`), or None
+    trees: TreesHead | None = None  # `head = "network+trees"`, once fitted after stage 2
 
     def noise(self, stage: Stage, record_keys: np.ndarray | None = None) -> Noise:
         """The active party's noise for `stage`; a prediction with record keys draws each row's latent

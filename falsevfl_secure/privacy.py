@@ -37,14 +37,16 @@ RELEASES = {"pretrain": 4, "train": 2, "predict": 2}
 
 
 def releases_per_row(cfg: Config, predictions: int = 1, tests: int = 0) -> int:
-    """The most times any row is released: every stage-1 epoch, every stage-2 epoch and `predictions`
-    prediction passes of the training rows (the validation pass; in a federation every later prediction
-    run, as the same records may come back); or `tests` passes of records that never train (a simulation's
-    test rows under each test pattern), whichever is more."""
+    """The most times any row is released: every stage-1 epoch, every stage-2 epoch, the trees' pass (`head =
+    "network+trees"`) and `predictions` prediction passes of the training rows (the validation pass; in a
+    federation every later prediction run, as the same records may come back); or `tests` passes of records
+    that never train (a simulation's test rows under each test pattern), whichever is more."""
     # With one importance sample (kappa 1) a row's likelihood, centred over its samples, is exactly 0 at every
     # party: stage 1's likelihood round then releases nothing about it.
     stage1 = RELEASES["pretrain"] - (1 if cfg.kappa == 1 else 0)
-    training = stage1 * cfg.pretrain.epochs + RELEASES["train"] * cfg.train.epochs + RELEASES["predict"] * predictions
+    trees = 1 if cfg.options.get("head") == "network+trees" and cfg.train.epochs else 0  # the trees' pass
+    training = (stage1 * cfg.pretrain.epochs + RELEASES["train"] * cfg.train.epochs
+                + RELEASES["predict"] * (predictions + trees))
     return max(training, RELEASES["predict"] * tests)
 
 

@@ -7,6 +7,11 @@ its discriminator on them (log loss, or RMSE in standardised units for regressio
 epoch's weights; at the end of the stage it restores them. Only the discriminator changes in stage 2 and
 it lives at the active party, so the choice is the active party's own: nothing about it crosses, and the
 passive parties run the same public schedule whatever it decides.
+
+With `head = "network+trees"` the active party then fits gradient-boosted trees (model/trees.py) on the
+labeled training records' posterior means and its own block: one more pass of their forward rounds, as
+in a prediction (every party takes part), and chooses the trees' share of the blend on the validation
+records, its own choice as well.
 """
 
 from __future__ import annotations
@@ -18,8 +23,24 @@ import numpy as np
 import torch
 
 from .config import Stage
-from .methods.false_vfl_steps import forward_rounds, own_inputs, snis_output
+from .methods.false_vfl_steps import forward_rounds, own_inputs, snis_output, trees_inputs
+from .model.trees import TreesHead
 from .node import HostedData, Node
+
+
+@torch.no_grad()
+def forward_once(node: Node, data: HostedData, rows: np.ndarray | None = None) -> list[tuple]:
+    """Collective: the forward rounds of `rows` (default: all) in evaluation batches, as in a prediction;
+    per batch what the active party keeps: the weights and samples, its discriminator's own inputs and its
+    trees' inputs."""
+    size, rows = node.cfg.eval_batch_size, np.arange(data.n) if rows is None else np.asarray(rows)
+    node.restart_noise(Stage.PREDICT)
+    out = []
+    for start in range(0, len(rows), size):
+        batch = data.batch(rows[start:start + size])
+        weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
+        out.append((weighted, own_inputs(node, batch, weighted), trees_inputs(node, batch, weighted)))
+    return out
 
 
 class BestEpoch:
@@ -28,25 +49,14 @@ class BestEpoch:
     def __init__(self, node: Node, validation: HostedData) -> None:
         self.node, self.scores, self.best_epoch = node, [], None
         self.best_score, self._best_state = math.inf, None
-        self._cached = self._forward(validation)  # collective: every party runs these rounds
+        self._cached = forward_once(node, validation)  # collective: every party runs these rounds
         self.y = validation.y.get() if node.active.present else None
-
-    @torch.no_grad()
-    def _forward(self, data: HostedData) -> list:
-        node, size = self.node, self.node.cfg.eval_batch_size
-        node.restart_noise(Stage.PREDICT)
-        out = []
-        for start in range(0, data.n, size):
-            batch = data.batch(np.arange(start, min(start + size, data.n)))
-            weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
-            out.append((weighted, own_inputs(node, batch, weighted)))
-        return out
 
     @torch.no_grad()
     def score(self) -> float:
         """Log loss (classification) or RMSE (regression) of the current discriminator, at the active party."""
         role = self.node.active.get()
-        out = torch.cat([snis_output(role, w.get(), own) for w, own in self._cached])
+        out = torch.cat([snis_output(role, w.get(), own) for w, own, _ in self._cached])
         if role.model.task == "classification":
             picked = out.clamp(min=1e-12).log().gather(-1, self.y.long().view(-1, 1))
             return float(-picked.mean())
@@ -70,3 +80,26 @@ class BestEpoch:
         metric = "log_loss" if self.node.cfg.task == "classification" else "rmse_standardised"
         return {"metric": metric, "best_epoch": self.best_epoch, "best": round(self.best_score, 6),
                 "per_epoch": self.scores}
+
+
+@torch.no_grad()
+def fit_trees(node: Node, data: HostedData, validation: HostedData | None, best: BestEpoch | None,
+              selects: bool) -> dict | None:
+    """`head = "network+trees"`, after stage 2 (collective): the labeled training records' forward rounds once,
+    the active party's trees fitted on them, their share of the blend chosen on the validation records (the
+    rounds `best` kept where stage 2 `selects`, else one pass of them). What was fitted (None where this
+    process has no label side)."""
+    rows = node.method.rows(Stage.TRAIN, data)
+    training = forward_once(node, data, rows)
+    fresh = validation is not None and validation.n and not selects  # the same decision at every party
+    checked = forward_once(node, validation) if fresh else best._cached if best is not None else None
+    if not node.active.present:
+        return None
+    role, cfg = node.active.get(), node.cfg
+    head = TreesHead(cfg.task, role.model.n_classes, cfg.seed)
+    head.fit(np.concatenate([t.get() for _, _, t in training]), data.y.get()[rows].numpy())
+    if checked:
+        network = torch.cat([snis_output(role, w.get(), own) for w, own, _ in checked])
+        head.choose(network, np.concatenate([t.get() for _, _, t in checked]), validation.y.get())
+    role.trees = head
+    return head.record()

@@ -192,6 +192,7 @@ class Fit:
     seconds: dict[str, float] = field(default_factory=dict)
     split: dict[str, dict[str, float]] = field(default_factory=dict)
     selection: dict | None = None  # stage 2's best epoch on the validation records (selection.py), or None
+    trees: dict | None = None  # the active party's trees and their share of the blend (`head`), or None
 
 
 def time_split(total: float, rounds: float, waiting: float) -> dict[str, float]:
@@ -247,8 +248,17 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         result.seconds[stage.key] = round(time.perf_counter() - began, 3)
         after = node.transport.log.totals()
         result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
+    return _finish(node, data, validation, best, result)
+
+
+def _finish(node: Node, data: HostedData, validation: HostedData | None, best, result: Fit) -> Fit:
+    """After the stages: the validation records as the run ends, and the active party's trees (`head`)."""
+    from .selection import fit_trees
+
     if validation is not None:
         validation.set_dropped(data.dropped)
+    if node.method.fits_trees and node.cfg.train.epochs > 0:
+        result.trees = fit_trees(node, data, validation, best, _selects(node, validation))
     return result
 
 

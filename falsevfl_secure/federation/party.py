@@ -30,6 +30,7 @@ from ..errors import InputError
 from ..fsio import atomic_write, staged, write_json
 from ..methods import build_node, method_for
 from ..model.likelihood import CellLayout
+from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
 from ..privacy import LEDGER, TRAINING_PREDICTIONS, charge_prediction, check_budget
@@ -50,7 +51,7 @@ from .aligned import (
 )
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
-from .quality import validation_summary, validation_table
+from .quality import trees_lines, validation_summary, validation_table
 from .reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from .store import Manifest, load_weights, save_model
 
@@ -137,8 +138,8 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role),
                   validation=held_out, rejoin=role.rejoined_at)
     predictions = predict_split(node, held_out) if held_out is not None else None
-    save_model(out, node, rank, Manifest(name, inputs.encoding, fed.model.fingerprint(), fed.model.training_settings(),
-                                         role.protocol.name, inputs.classes or None, inputs.target_scale))
+    _save(out, node, rank, Manifest(name, inputs.encoding, fed.model.fingerprint(), fed.model.training_settings(),
+                                    role.protocol.name, inputs.classes or None, inputs.target_scale))
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
@@ -150,13 +151,21 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
         lost = role.losses.events if role.losses is not None else []
         write_json(out / "train_result.json", {**record, "lift": lift, "selection": trained.selection,
+                                               "trees": trained.trees,
                                                "schedule": schedule, "lost_parties": lost,
                                                "privacy": None if spent is None else spent.to_dict()})
         for event in _still_out(lost):
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
-        for line in [validation_summary(validation), *(lift_lines(lift) if lift else ())]:
+        for line in [validation_summary(validation), *trees_lines(trained.trees), *(lift_lines(lift) if lift else ())]:
             print(line, flush=True)
+
+
+def _save(out: Path, node, rank: int, manifest: Manifest) -> None:
+    """This party's part of the model; at the active party also its trees' rows, for `predict` to refit them."""
+    if node.active.present and node.active.get().trees is not None:
+        node.active.get().trees.save(out)
+    save_model(out, node, rank, manifest)
 
 
 def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoints: Path) -> Aligned:
@@ -279,6 +288,8 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
                       layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())},
                       own_extra=0 if scores is None else scores.shape[1])
     load_weights(model_dir, node, rank)
+    if role.is_active and node.method.fits_trees:
+        node.active.get().trees = TreesHead.load(model_dir, fed.task, n_classes, cfg.seed)
     keys = record_keys(node.parties[rank].randomness.secret, ids_in_order(loaded.table.ids, aligned))
     hosted = host_split(party_view(placed, aligned, rank, None, record_keys=keys), device)
     if scores is not None:

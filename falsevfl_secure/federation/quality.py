@@ -46,3 +46,17 @@ def validation_summary(validation: dict | None) -> str:
     extra = f", MAE {validation['mae']:.4g}, R^2 {validation['r2']:.3f}" if "mae" in validation else ""
     return (f"validation ({validation['records']} held-out labeled records): {validation['metric']} "
             f"{validation['value']:.4g}{unit}{extra}; by parties observed: {groups}")
+
+
+def trees_lines(trees: dict | None) -> list[str]:
+    """`head = "network+trees"`: the trees' share of the blend and the validation scores it was chosen by."""
+    if not trees:
+        return []
+    scores = trees["validation"]
+    if not scores:
+        return [f"trees: {trees['trees']} trees on {trees['rows']} labeled records take {trees['weight']:g} of the "
+                "blend (no validation records to choose it)"]
+    chosen = scores[str(trees["weight"])]
+    return [f"trees: {trees['trees']} trees on {trees['rows']} labeled records take {trees['weight']:g} of the "
+            f"blend (validation loss {chosen:.4f}; the discriminator alone {scores['0.0']:.4f}, the trees alone "
+            f"{scores['1.0']:.4f})"]

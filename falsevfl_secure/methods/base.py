@@ -171,9 +171,11 @@ class Method:
         return presets[wanted]
 
     # Where the active party's discriminator reads its own trees' score (a federation fits them) or the posterior
-    # mean, and where a party encodes the blocks it does not hold (as zeros) instead of leaving them out
+    # mean, whether it fits its trees after stage 2 (selection.fit_trees), and where a party encodes the blocks
+    # it does not hold (as zeros) instead of leaving them out
     reads_own_reference: ClassVar[bool] = False
     reads_posterior_mean: ClassVar[bool] = False
+    fits_trees: ClassVar[bool] = False
     encodes_missing_blocks: ClassVar[bool] = False
 
     def check(self, cfg: Config) -> None:

@@ -55,6 +55,10 @@ class FalseVfl(Method):
         # With latent+own or latent+mean+own: also the active party's own trees' score of the record (fitted on its
         # own columns and labels; out of fold on its training rows). A federation only.
         "own_reference": Option((False, True), "the discriminator also reads the active party's own trees"),
+        # "network+trees": after stage 2 the active party also fits gradient-boosted trees on the posterior mean
+        # and its own block, blended with the discriminator by validation (model/trees.py); its own values.
+        "head": Option(("network", "network+trees"), "the label model: the discriminator (the paper), or the "
+                       "discriminator blended with the active party's trees on the posterior mean and its block"),
         # "skip": a party that does not hold a row adds nothing (the posterior over the holders, the paper's
         # Eq. (1)); "zeros": MIWAE's convention, the missing block encoded as zeros, every party in the posterior.
         "encode_missing": Option(("skip", "zeros"), "FALSE-VFL's posterior over the parties holding a row "
@@ -91,6 +95,10 @@ class FalseVfl(Method):
     @property
     def reads_posterior_mean(self) -> bool:
         return self.settings["discriminator_inputs"] == "latent+mean+own"
+
+    @property
+    def fits_trees(self) -> bool:
+        return self.settings["head"] == "network+trees"
 
     @property
     def encodes_missing_blocks(self) -> bool:

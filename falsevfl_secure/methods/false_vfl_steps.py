@@ -19,6 +19,7 @@ from ..bounds import conditional_bound, diagonal_gaussian_log_prob, iwae_bound, 
 from ..config import Stage
 from ..errors import InputError, ProtocolError
 from ..model.active import own_features
+from ..model.trees import head_features
 from ..node import ActiveRole, Batch, Node
 from ..placement import Active, apply
 from ..randomness import RowNoise
@@ -225,9 +226,29 @@ def snis_output(role: ActiveRole, weighted: Weighted, own: Tensor | None = None)
     return snis_predict(log_w, out[..., :1]).squeeze(-1)
 
 
+def trees_inputs(node: Node, batch: Batch, weighted: Active[Weighted]) -> Active:
+    """The inputs of the active party's trees (`head_features`): its own block where it observes it, the
+    posterior mean it computed, the number of holders; all its own values."""
+    if not node.active.present:
+        return Active.absent()
+    a = node.cfg.active_index
+    cells = node.cells(batch).get(a)
+    seen = batch.held[a].bool().unsqueeze(-1) & (torch.ones_like(batch.x[a], dtype=torch.bool) if cells is None
+                                                 else cells.bool())
+    return Active(head_features(batch.x[a], seen, weighted.get().loc, batch.n_observed.get()))
+
+
+def head_output(role: ActiveRole, weighted: Weighted, own: Tensor | None, trees_input) -> Tensor:
+    """The discriminator's SNIS output, blended with the trees' where the head has them."""
+    out = snis_output(role, weighted, own)
+    return out if role.trees is None else role.trees.blend(out, trees_input)
+
+
 @torch.no_grad()
 def predict(node: Node, batch: Batch) -> Active[Tensor]:
     """SNIS prediction with L = cfg.predict_samples: class probabilities (B, C) at the active party (for
-    regression: (B,) predicted means)."""
+    regression: (B,) predicted means); with `head = "network+trees"` blended with the trees'."""
     weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
-    return apply(snis_output, node.active, weighted, own_inputs(node, batch, weighted))
+    trees = node.active.present and node.active.get().trees is not None
+    return apply(head_output, node.active, weighted, own_inputs(node, batch, weighted),
+                 trees_inputs(node, batch, weighted) if trees else None)

@@ -1,0 +1,100 @@
+"""Gradient-boosted trees on what the active party holds once the generative part is trained (`head =
+"network+trees"`): the posterior mean of the latent, which it computes from the posterior sum revealed to
+it, its own block and the number of parties holding the record. Trees split on sharp interactions (a
+diamond's weight with its grade) that the discriminator, a small network over latent samples, fits only
+coarsely (README "Real tables"). Their prediction is blended with the discriminator's by a weight chosen
+on the validation records; nothing about either crosses: every input is the active party's own.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from ..fsio import atomic_write
+
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of the blend, chosen on validation records
+UNCHOSEN = 0.5  # without validation records
+SAVED = "trees.npz"  # the trees' training rows, in the active party's own folder: `predict` refits them
+MAX_ITER = 500
+
+
+def head_features(x: Tensor, seen: Tensor, loc: Tensor, n_observed: Tensor) -> np.ndarray:
+    """(B, d + d_h + 1) float64: the active party's block (NaN in a cell it does not observe: trees split on
+    missingness), the posterior mean, and how many parties hold the record."""
+    block = torch.where(seen, x.to(torch.float64), torch.full_like(x, float("nan"), dtype=torch.float64))
+    return torch.cat([block, loc.to(torch.float64), n_observed.to(torch.float64).view(-1, 1)], dim=-1).numpy()
+
+
+class TreesHead:
+    """HistGradientBoosting on `head_features`, and its share of the blend with the discriminator."""
+
+    def __init__(self, task: str, n_classes: int, seed: int) -> None:
+        self.task, self.n_classes, self.seed = task, n_classes, seed
+        self.weight, self.scores, self.model = UNCHOSEN, {}, None
+        self.features = self.y = None
+
+    def fit(self, features: np.ndarray, y: np.ndarray) -> TreesHead:
+        # scikit-learn is imported here: at module level it costs every command half a second
+        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+        kind = HistGradientBoostingClassifier if self.task == "classification" else HistGradientBoostingRegressor
+        self.model = kind(max_iter=MAX_ITER, early_stopping=True, random_state=self.seed)
+        with warnings.catch_warnings():  # convergence chatter is not the user's business here
+            warnings.simplefilter("ignore")
+            self.model.fit(features, y)
+        self.features, self.y = features, y
+        return self
+
+    def predict(self, features: np.ndarray) -> Tensor:
+        """Class probabilities (B, C) (a class absent from the trees' rows gets 0), or predicted means (B,)."""
+        if self.task != "classification":
+            return torch.from_numpy(self.model.predict(features))
+        out = np.zeros((features.shape[0], self.n_classes))
+        out[:, self.model.classes_] = self.model.predict_proba(features)
+        return torch.from_numpy(out)
+
+    def blend(self, network: Tensor, features: np.ndarray) -> Tensor:
+        """The discriminator's output (probabilities or means) and the trees', weighted by `weight`."""
+        return ((1 - self.weight) * network.to(torch.float64) + self.weight * self.predict(features)).to(network)
+
+    def choose(self, network: Tensor, features: np.ndarray, y: Tensor) -> None:
+        """The weight of WEIGHTS whose blend scores best on validation records: log loss, or RMSE (standardised)."""
+        trees = self.predict(features)
+        for w in WEIGHTS:
+            self.scores[w] = _loss(self.task, (1 - w) * network.to(torch.float64) + w * trees, y)
+        self.weight = min(WEIGHTS, key=lambda w: (self.scores[w], abs(w - UNCHOSEN)))
+
+    def record(self) -> dict:
+        """What `train_result.json` says of the head."""
+        return {"weight": self.weight, "validation": {str(w): round(s, 6) for w, s in self.scores.items()},
+                "rows": int(len(self.y)), "trees": int(self.model.n_iter_)}
+
+    def save(self, folder: Path | str) -> None:
+        """Its training rows and weight (the active party's own values; owner-only) for `predict` to refit."""
+        buffer = io.BytesIO()
+        np.savez(buffer, features=self.features, y=self.y, weight=np.float64(self.weight))
+        atomic_write(Path(folder) / SAVED, buffer.getvalue(), private=True)
+
+    @classmethod
+    def load(cls, folder: Path | str, task: str, n_classes: int, seed: int) -> TreesHead:
+        """The same trees as in training (a deterministic refit of the saved rows), with the chosen weight."""
+        if not (Path(folder) / SAVED).is_file():
+            raise InputError(f"{Path(folder) / SAVED} is missing: the model was trained with head = "
+                             "\"network+trees\" and its trees are refitted from that file; train again")
+        with np.load(Path(folder) / SAVED, allow_pickle=False) as saved:
+            head = cls(task, n_classes, seed).fit(saved["features"], saved["y"])
+            head.weight = float(saved["weight"])
+        return head
+
+
+def _loss(task: str, out: Tensor, y: Tensor) -> float:
+    if task == "classification":
+        return float(-out.clamp(min=1e-12).log().gather(-1, y.long().view(-1, 1)).mean())
+    return float((out - y.to(out.dtype)).pow(2).mean().sqrt())

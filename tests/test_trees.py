@@ -1,0 +1,121 @@
+"""The active party's trees (`head = "network+trees"`, model/trees.py): what they read, the blend and its
+weight chosen on validation records, the refit at `predict`, and the extra pass counted as a release."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_methods import node_and_data, small
+
+from falsevfl_secure.bounds import latent_posterior
+from falsevfl_secure.config import Stage
+from falsevfl_secure.errors import InputError
+from falsevfl_secure.methods.false_vfl_steps import encoded_count, forward_rounds, trees_inputs
+from falsevfl_secure.model.trees import WEIGHTS, TreesHead, head_features
+from falsevfl_secure.privacy import releases_per_row
+from falsevfl_secure.train import fit, predict_split
+
+
+def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
+    return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)).mean())
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), n_classes=st.integers(2, 4))
+def test_the_blend_is_the_weighted_mixture_and_validation_picks_its_best_weight(seed, n_classes):
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=(300, 3)), rng.integers(0, n_classes, 300)
+    head = TreesHead("classification", n_classes, seed=0).fit(x[:200], y[:200])
+    network = torch.from_numpy(rng.dirichlet(np.ones(n_classes), size=100))
+    head.choose(network, x[200:], torch.from_numpy(y[200:]))
+    trees = head.predict(x[200:]).numpy()
+    losses = {w: _log_loss((1 - w) * network.numpy() + w * trees, y[200:]) for w in WEIGHTS}
+    assert losses[head.weight] == pytest.approx(min(losses.values()), rel=1e-9)
+    blended = head.blend(network, x[200:]).numpy()
+    assert np.allclose(blended, (1 - head.weight) * network.numpy() + head.weight * trees)
+    assert np.allclose(blended.sum(axis=1), 1.0)
+
+
+def test_trees_that_fit_and_a_network_that_does_not_get_the_whole_weight_and_the_reverse():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 2))
+    y = np.where(x[:, 0] * x[:, 1] > 0, 2.0, -2.0)  # an interaction trees split on
+    head = TreesHead("regression", 1, seed=0).fit(x[:1500], y[:1500])
+    head.choose(torch.zeros(500, dtype=torch.float64), x[1500:], torch.from_numpy(y[1500:]))
+    assert head.weight == 1.0
+    head.choose(torch.from_numpy(y[1500:]), x[1500:], torch.from_numpy(y[1500:]))
+    assert head.weight == 0.0 and head.scores[0.0] == 0.0
+
+
+def test_the_trees_read_the_own_block_where_observed_the_posterior_mean_and_the_holders():
+    cfg = small("false-vfl", seed=1, head="network+trees")
+    node, data = node_and_data(cfg, n=30, p=0.4)[:2]
+    batch, a = data.batch(np.arange(data.n)), cfg.active_index
+    with torch.no_grad():
+        inputs = trees_inputs(node, batch, forward_rounds(node, batch, 4, Stage.PREDICT)).get()
+        total = sum(node.posterior_contributions(batch).values())
+        mean = latent_posterior(*total.split(cfg.h_dim, dim=-1), encoded_count(node, batch).get()).loc
+    width = data.x[a].shape[1]
+    seen = np.broadcast_to(data.held[a].numpy()[:, None] & (data.observed[a].numpy() if a in data.observed
+                                                            else True), (data.n, width))
+    assert (~seen).any() and seen.any()
+    assert np.isnan(inputs[:, :width][~seen]).all()
+    assert np.array_equal(inputs[:, :width][seen], data.x[a].numpy().astype(np.float64)[seen])
+    assert np.allclose(inputs[:, width:width + cfg.h_dim], mean.numpy(), atol=1e-6)
+    assert np.array_equal(inputs[:, -1], data.n_observed.get().numpy())
+    assert head_features(batch.x[a], torch.from_numpy(seen.copy()), mean, batch.n_observed.get()).shape == inputs.shape
+
+
+def test_training_fits_the_trees_after_stage_2_and_predictions_blend_them():
+    cfg = small("false-vfl", seed=2, head="network+trees")
+    node, data = node_and_data(cfg, n=80, n_labeled=50)[:2]
+    validation = node_and_data(cfg, n=40, n_labeled=40)[1]
+    trained = fit(node, data, progress=False, validation=validation)
+    role = node.active.get()
+    assert trained.trees["rows"] == 50 and set(trained.trees["validation"]) == {str(w) for w in WEIGHTS}
+    assert role.trees.weight in WEIGHTS and trained.trees["weight"] == role.trees.weight
+    blended = predict_split(node, validation).get()
+    weight, role.trees = role.trees.weight, None
+    network = predict_split(node, validation).get()
+    # the same trees from an independent pass: the labeled rows' inputs and labels, the validation rows' inputs
+    refit = TreesHead("classification", 3, cfg.seed).fit(inputs_of(node, data, data.labeled_index),
+                                                         data.y.get()[data.labeled_index].numpy())
+    expected = (1 - weight) * network.double() + weight * refit.predict(inputs_of(node, validation))
+    assert torch.allclose(blended.double(), expected, atol=1e-5)
+
+
+def inputs_of(node, data, rows=None) -> np.ndarray:
+    """The trees' inputs of `rows` from a fresh pass (the frozen model and restarted noise give the same)."""
+    rows, size = np.arange(data.n) if rows is None else rows, node.cfg.eval_batch_size
+    node.restart_noise(Stage.PREDICT)
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(rows), size):
+            batch = data.batch(rows[start:start + size])
+            weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
+            out.append(trees_inputs(node, batch, weighted).get())
+    return np.concatenate(out)
+
+
+def test_predict_refits_the_same_trees_from_the_saved_rows_and_a_missing_file_is_one_error(tmp_path):
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(400, 4)), rng.normal(size=400)
+    x[rng.random(x.shape) < 0.2] = np.nan
+    head = TreesHead("regression", 1, seed=7).fit(x, y)
+    head.weight = 0.75
+    head.save(tmp_path)
+    loaded = TreesHead.load(tmp_path, "regression", 1, seed=7)
+    assert loaded.weight == 0.75
+    assert torch.equal(loaded.predict(x), head.predict(x))
+    assert (tmp_path / "trees.npz").stat().st_mode & 0o077 == 0  # the active party's own rows: owner only
+    with pytest.raises(InputError, match="trees.npz is missing"):
+        TreesHead.load(tmp_path / "elsewhere", "regression", 1, seed=7)
+
+
+def test_the_trees_pass_counts_as_one_more_release_of_each_training_row():
+    plain = small("false-vfl")
+    with_trees = small("false-vfl", head="network+trees")
+    assert releases_per_row(with_trees) == releases_per_row(plain) + 2  # a prediction pass: 2 summed rounds

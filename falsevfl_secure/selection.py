@@ -29,17 +29,18 @@ from .node import HostedData, Node
 
 
 @torch.no_grad()
-def forward_once(node: Node, data: HostedData, rows: np.ndarray | None = None) -> list[tuple]:
+def forward_once(node: Node, data: HostedData, rows: np.ndarray | None = None, trees_only: bool = False) -> list:
     """Collective: the forward rounds of `rows` (default: all) in evaluation batches, as in a prediction;
     per batch what the active party keeps: the weights and samples, its discriminator's own inputs and its
-    trees' inputs."""
+    trees' inputs (`trees_only`: these alone, without the S samples per row a large table cannot hold)."""
     size, rows = node.cfg.eval_batch_size, np.arange(data.n) if rows is None else np.asarray(rows)
     node.restart_noise(Stage.PREDICT)
     out = []
     for start in range(0, len(rows), size):
         batch = data.batch(rows[start:start + size])
         weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
-        out.append((weighted, own_inputs(node, batch, weighted), trees_inputs(node, batch, weighted)))
+        trees = trees_inputs(node, batch, weighted)
+        out.append(trees if trees_only else (weighted, own_inputs(node, batch, weighted), trees))
     return out
 
 
@@ -90,14 +91,14 @@ def fit_trees(node: Node, data: HostedData, validation: HostedData | None, best:
     rounds `best` kept where stage 2 `selects`, else one pass of them). What was fitted (None where this
     process has no label side)."""
     rows = node.method.rows(Stage.TRAIN, data)
-    training = forward_once(node, data, rows)
+    training = forward_once(node, data, rows, trees_only=True)
     fresh = validation is not None and validation.n and not selects  # the same decision at every party
     checked = forward_once(node, validation) if fresh else best._cached if best is not None else None
     if not node.active.present:
         return None
     role, cfg = node.active.get(), node.cfg
     head = TreesHead(cfg.task, role.model.n_classes, cfg.seed)
-    head.fit(np.concatenate([t.get() for _, _, t in training]), data.y.get()[rows].numpy())
+    head.fit(np.concatenate([t.get() for t in training]), data.y.get()[rows].numpy())
     if checked:
         network = torch.cat([snis_output(role, w.get(), own) for w, own, _ in checked])
         head.choose(network, np.concatenate([t.get() for _, _, t in checked]), validation.y.get())

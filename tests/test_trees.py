@@ -119,3 +119,14 @@ def test_the_trees_pass_counts_as_one_more_release_of_each_training_row():
     plain = small("false-vfl")
     with_trees = small("false-vfl", head="network+trees")
     assert releases_per_row(with_trees) == releases_per_row(plain) + 2  # a prediction pass: 2 summed rounds
+
+
+def test_train_says_what_share_the_trees_took_and_the_scores_it_was_chosen_by():
+    from falsevfl_secure.federation.quality import trees_lines
+
+    record = {"weight": 0.75, "validation": {"0.0": 0.5, "0.25": 0.45, "0.5": 0.41, "0.75": 0.4, "1.0": 0.43},
+              "rows": 300, "trees": 61}
+    line, = trees_lines(record)
+    assert line.startswith("trees: 61 trees on 300 labeled records take 0.75 of the blend")
+    assert "validation loss 0.4000" in line and "discriminator alone 0.5000" in line and "trees alone 0.4300" in line
+    assert trees_lines(None) == [] and "no validation records" in trees_lines({**record, "validation": {}})[0]

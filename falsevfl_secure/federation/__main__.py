@@ -335,7 +335,7 @@ def _two_party_cause(fed, present: list[str], text: str) -> str | None:
 
 
 def _summarise(fed, args: argparse.Namespace) -> None:
-    from .quality import validation_summary
+    from .quality import trees_lines, validation_summary
     from .reference import lift_lines
 
     if args.command == "predict":
@@ -351,7 +351,7 @@ def _summarise(fed, args: argparse.Namespace) -> None:
     print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
         f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}" for name, o in alignment["overlap"].items()))
     print(validation_summary(record["validation"]))
-    for line in lift_lines(record["lift"]) if record.get("lift") else ():
+    for line in [*trees_lines(record.get("trees")), *(lift_lines(record["lift"]) if record.get("lift") else ())]:
         print(line)
 
 

@@ -66,3 +66,11 @@ def task_metrics(task: str, predictions: np.ndarray, truth: np.ndarray) -> dict[
     if task == "classification":
         return classification_metrics(predictions, truth)
     return regression_metrics(np.asarray(predictions).reshape(-1), np.asarray(truth).reshape(-1))
+
+
+def selection_loss(task: str, out, y) -> float:
+    """What validation records choose by (stage 2's best epoch, the trees' share): the log loss of class
+    probabilities (B, C), or the RMSE of predicted means (B,) in the target's standardised unit (tensors)."""
+    if task == "classification":
+        return float(-out.clamp(min=1e-12).log().gather(-1, y.long().view(-1, 1)).mean())
+    return float((out - y.to(out.dtype)).pow(2).mean().sqrt())

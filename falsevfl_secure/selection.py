@@ -24,6 +24,7 @@ import torch
 
 from .config import Stage
 from .methods.false_vfl_steps import forward_rounds, own_inputs, snis_output, trees_inputs
+from .metrics import selection_loss
 from .model.trees import TreesHead
 from .node import HostedData, Node
 
@@ -58,10 +59,7 @@ class BestEpoch:
         """Log loss (classification) or RMSE (regression) of the current discriminator, at the active party."""
         role = self.node.active.get()
         out = torch.cat([snis_output(role, w.get(), own) for w, own, _ in self._cached])
-        if role.model.task == "classification":
-            picked = out.clamp(min=1e-12).log().gather(-1, self.y.long().view(-1, 1))
-            return float(-picked.mean())
-        return float((out - self.y.to(out.dtype)).pow(2).mean().sqrt())
+        return selection_loss(role.model.task, out, self.y)
 
     def update(self, epoch: int) -> None:
         """After a stage-2 epoch: score it and keep its weights when it is the best so far."""

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..fsio import atomic_write
+from ..metrics import selection_loss
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of the blend, chosen on validation records
 UNCHOSEN = 0.5  # without validation records
@@ -68,7 +69,7 @@ class TreesHead:
         """The weight of WEIGHTS whose blend scores best on validation records: log loss, or RMSE (standardised)."""
         trees = self.predict(features)
         for w in WEIGHTS:
-            self.scores[w] = _loss(self.task, (1 - w) * network.to(torch.float64) + w * trees, y)
+            self.scores[w] = selection_loss(self.task, (1 - w) * network.to(torch.float64) + w * trees, y)
         self.weight = min(WEIGHTS, key=lambda w: (self.scores[w], abs(w - UNCHOSEN)))
 
     def record(self) -> dict:
@@ -92,9 +93,3 @@ class TreesHead:
             head = cls(task, n_classes, seed).fit(saved["features"], saved["y"])
             head.weight = float(saved["weight"])
         return head
-
-
-def _loss(task: str, out: Tensor, y: Tensor) -> float:
-    if task == "classification":
-        return float(-out.clamp(min=1e-12).log().gather(-1, y.long().view(-1, 1)).mean())
-    return float((out - y.to(out.dtype)).pow(2).mean().sqrt())

@@ -40,7 +40,7 @@ def forward_once(node: Node, data: HostedData, rows: np.ndarray | None = None, t
     for start in range(0, len(rows), size):
         batch = data.batch(rows[start:start + size])
         weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
-        trees = trees_inputs(node, batch, weighted)
+        trees = trees_inputs(node, batch, weighted) if node.method.fits_trees else None
         out.append(trees if trees_only else (weighted, own_inputs(node, batch, weighted), trees))
     return out
 
@@ -96,7 +96,7 @@ def fit_trees(node: Node, data: HostedData, validation: HostedData | None, best:
         return None
     role, cfg = node.active.get(), node.cfg
     head = TreesHead(cfg.task, role.model.n_classes, cfg.seed)
-    head.fit(np.concatenate([t.get() for t in training]), data.y.get()[rows].numpy())
+    head.fit(np.concatenate([t.get() for t in training]), data.y.get()[rows].cpu().numpy())
     if checked:
         network = torch.cat([snis_output(role, w.get(), own) for w, own, _ in checked])
         head.choose(network, np.concatenate([t.get() for _, _, t in checked]), validation.y.get())

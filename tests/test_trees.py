@@ -77,14 +77,17 @@ def test_training_fits_the_trees_after_stage_2_and_predictions_blend_them():
     role = node.active.get()
     assert trained.trees["rows"] == 50 and set(trained.trees["validation"]) == {str(w) for w in WEIGHTS}
     assert role.trees.weight in WEIGHTS and trained.trees["weight"] == role.trees.weight
+    role.trees.weight = 0.5  # whatever validation chose: both parts must show in the blend
     blended = predict_split(node, validation).get()
     weight, role.trees = role.trees.weight, None
     network = predict_split(node, validation).get()
     # the same trees from an independent pass: the labeled rows' inputs and labels, the validation rows' inputs
     refit = TreesHead("classification", 3, cfg.seed).fit(inputs_of(node, data, data.labeled_index),
                                                          data.y.get()[data.labeled_index].numpy())
-    expected = (1 - weight) * network.double() + weight * refit.predict(inputs_of(node, validation))
+    trees = refit.predict(inputs_of(node, validation))
+    expected = (1 - weight) * network.double() + weight * trees
     assert torch.allclose(blended.double(), expected, atol=1e-5)
+    assert not torch.allclose(blended.double(), network.double(), atol=1e-3)  # the trees moved it
 
 
 def inputs_of(node, data, rows=None) -> np.ndarray:
@@ -130,3 +133,29 @@ def test_train_says_what_share_the_trees_took_and_the_scores_it_was_chosen_by():
     assert line.startswith("trees: 61 trees on 300 labeled records take 0.75 of the blend")
     assert "validation loss 0.4000" in line and "discriminator alone 0.5000" in line and "trees alone 0.4300" in line
     assert trees_lines(None) == [] and "no validation records" in trees_lines({**record, "validation": {}})[0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(5, 80), n_classes=st.integers(2, 10))
+def test_trees_fit_rare_classes_and_few_rows_where_early_stopping_cannot_stratify(seed, n, n_classes):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, n_classes, n)
+    y[0] = n_classes - 1  # a class may have a single row
+    head = TreesHead("classification", n_classes + 1, seed=0).fit(rng.normal(size=(n, 3)), y)
+    p = head.predict(rng.normal(size=(7, 3))).numpy()
+    assert p.shape == (7, n_classes + 1) and np.allclose(p.sum(axis=1), 1.0)
+    assert (p[:, np.setdiff1d(np.arange(n_classes + 1), y)] == 0).all()  # a class never seen gets 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), b=st.integers(1, 30), d=st.integers(1, 6))
+def test_the_trees_see_nan_exactly_where_the_active_party_observes_no_value(seed, b, d):
+    g = torch.Generator().manual_seed(seed)  # test data only
+    x, loc = torch.randn(b, d, generator=g), torch.randn(b, 3, generator=g)
+    seen = torch.rand(b, d, generator=g) < 0.6
+    n_observed = torch.randint(0, 4, (b,), generator=g)
+    out = head_features(x, seen, loc, n_observed)
+    assert out.shape == (b, d + 4) and out.dtype == np.float64
+    assert np.array_equal(np.isnan(out[:, :d]), ~seen.numpy())
+    assert np.array_equal(out[:, :d][seen.numpy()], x.double().numpy()[seen.numpy()])
+    assert np.array_equal(out[:, d:d + 3], loc.double().numpy()) and np.array_equal(out[:, -1], n_observed.numpy())

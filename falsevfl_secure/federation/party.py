@@ -288,7 +288,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
                       layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())},
                       own_extra=0 if scores is None else scores.shape[1])
     load_weights(model_dir, node, rank)
-    if role.is_active and node.method.fits_trees:
+    if role.is_active and node.method.fits_trees and cfg.train.epochs > 0:  # as `fit` fitted them
         node.active.get().trees = TreesHead.load(model_dir, fed.task, n_classes, cfg.seed)
     keys = record_keys(node.parties[rank].randomness.secret, ids_in_order(loaded.table.ids, aligned))
     hosted = host_split(party_view(placed, aligned, rank, None, record_keys=keys), device)

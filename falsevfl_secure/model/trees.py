@@ -30,7 +30,7 @@ def head_features(x: Tensor, seen: Tensor, loc: Tensor, n_observed: Tensor) -> n
     """(B, d + d_h + 1) float64: the active party's block (NaN in a cell it does not observe: trees split on
     missingness), the posterior mean, and how many parties hold the record."""
     block = torch.where(seen, x.to(torch.float64), torch.full_like(x, float("nan"), dtype=torch.float64))
-    return torch.cat([block, loc.to(torch.float64), n_observed.to(torch.float64).view(-1, 1)], dim=-1).numpy()
+    return torch.cat([block, loc.to(torch.float64), n_observed.to(torch.float64).view(-1, 1)], dim=-1).cpu().numpy()
 
 
 class TreesHead:
@@ -46,7 +46,7 @@ class TreesHead:
         from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
         kind = HistGradientBoostingClassifier if self.task == "classification" else HistGradientBoostingRegressor
-        self.model = kind(max_iter=MAX_ITER, early_stopping=True, random_state=self.seed)
+        self.model = kind(max_iter=MAX_ITER, early_stopping=_can_stop_early(self.task, y), random_state=self.seed)
         with warnings.catch_warnings():  # convergence chatter is not the user's business here
             warnings.simplefilter("ignore")
             self.model.fit(features, y)
@@ -63,11 +63,12 @@ class TreesHead:
 
     def blend(self, network: Tensor, features: np.ndarray) -> Tensor:
         """The discriminator's output (probabilities or means) and the trees', weighted by `weight`."""
-        return ((1 - self.weight) * network.to(torch.float64) + self.weight * self.predict(features)).to(network)
+        trees = self.predict(features).to(network.device)
+        return ((1 - self.weight) * network.to(torch.float64) + self.weight * trees).to(network)
 
     def choose(self, network: Tensor, features: np.ndarray, y: Tensor) -> None:
         """The weight of WEIGHTS whose blend scores best on validation records: log loss, or RMSE (standardised)."""
-        trees = self.predict(features)
+        trees, y = self.predict(features).to(network.device), y.to(network.device)
         for w in WEIGHTS:
             self.scores[w] = selection_loss(self.task, (1 - w) * network.to(torch.float64) + w * trees, y)
         self.weight = min(WEIGHTS, key=lambda w: (self.scores[w], abs(w - UNCHOSEN)))
@@ -93,3 +94,12 @@ class TreesHead:
             head = cls(task, n_classes, seed).fit(saved["features"], saved["y"])
             head.weight = float(saved["weight"])
         return head
+
+
+def _can_stop_early(task: str, y: np.ndarray) -> bool:
+    """Early stopping holds out a tenth of the rows, stratified by class: only where every class present has
+    two rows and the tenth has room for each class (else scikit-learn refuses the split)."""
+    if task != "classification":
+        return len(y) >= 20
+    counts = np.unique(y, return_counts=True)[1]
+    return bool(counts.min() >= 2 and int(0.1 * len(y)) >= len(counts))

@@ -273,8 +273,17 @@ def federation_toml(s: Split, seed: int, model: str, pins: dict[str, str]) -> st
             f'protocol = "plain"\nid_column = "{ID_COLUMN}"\nlabel_column = "{t.label}"\ntask = "{t.task}"\n'
             f'rendezvous = "127.0.0.1:29611"\nid_pattern = "{ID_PATTERN.replace(chr(92), chr(92) * 2)}"\n'
             "missing_values = []  # only an empty cell is missing (a category may read NA)\n"
+            f"{_grouped(t.together, quoted)}"
             f"\n[model]\nseed = {seed}\n{model.strip() + chr(10) if model.strip() else ''}{parties}"
             f'\n[aggregator]\naddress = "127.0.0.1:29612"\nkey = "{pins["aggregator"]}"\n')
+
+
+def _grouped(together: tuple[str, ...], quoted) -> str:
+    """Where the records to predict are whole groups (days), the validation records are too."""
+    if not together:
+        return ""
+    return (f"validation_group = {quoted(list(together))}  # the records to predict are whole groups: so are the "
+            "validation ones\n")
 
 
 def fingerprint(s: Split) -> str:

@@ -81,6 +81,8 @@ def test_every_key_is_documented_and_the_documented_example_loads(tmp_path):
      ["validation_fraction = 0.9 must be a number in [0, 0.5]"]),
     ("categorical", 'model = "lab/model"', 'model = "lab/model"\ncategorical = "x"',
      ["categorical = 'x' must be a list of distinct column names"]),
+    ("validation group", "rendezvous", 'validation_group = ["day", "day"]\nrendezvous',
+     ["validation_group = ['day', 'day'] must be a column name or a list of distinct column names"]),
 ])
 def test_mistakes_in_the_file_are_refused_with_the_valid_keys(tmp_path, refused, where, old, new, fragments):
     written = write_federation(tmp_path, Spec())
@@ -238,6 +240,34 @@ def test_alignment_counts_each_partys_shared_records_and_holds_out_validation(tm
         return np.flatnonzero(np.isin(result.positions, result.validation))
 
     assert np.array_equal(held_out(again), held_out(active))  # ... but holds out the same records
+
+
+def test_validation_holds_out_whole_groups_of_the_active_partys_column(tmp_path, monkeypatch):
+    written = write_federation(tmp_path, Spec(missing=0.1, categorical=True))
+    fed = load_federation(written.path)
+    inputs = {name: read_training_table(fed, name) for name in fed.names}
+    groups = np.arange(inputs["clinic"].table.n_rows) // 7  # e.g. a week's records share a day number
+    policy = aligned_module.Policy(fed.min_overlap, 0.2, fed.model.seed, groups=groups)
+    results = _align_all(monkeypatch, fed, inputs, policy=policy)
+    active = results[0]
+    rows = {kind: np.flatnonzero(np.isin(active.positions, getattr(active, kind)))
+            for kind in ("labeled", "validation")}
+    assert rows["validation"].size and not np.intersect1d(groups[rows["labeled"]], groups[rows["validation"]]).size
+    labeled = rows["labeled"].size + rows["validation"].size
+    assert abs(rows["validation"].size - 0.2 * labeled) <= 7  # within one group of the share asked for
+    for result in results[1:]:  # the passive parties receive the positions, as without groups
+        assert np.array_equal(result.validation, active.validation)
+
+
+def test_a_validation_group_that_names_no_column_of_the_active_partys_table_is_one_error(tmp_path, refused):
+    written = write_federation(tmp_path, Spec(categorical=True))
+    edit(written.path, "rendezvous", 'validation_group = ["smoker", "dya"]\nrendezvous')
+    fed = load_federation(written.path)
+    with pytest.raises(InputError) as info:
+        aligned_module.group_codes(read_training_table(fed, "clinic").table, fed.validation_group, fed.path)
+    assert "validation_group names 'dya', not a feature column of party 'clinic'" in str(info.value)
+    assert "smoker" in str(info.value).split("its columns are")[1]
+    refused("federation file")
 
 
 def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_path, monkeypatch, refused):

@@ -14,7 +14,7 @@ from falsevfl_secure.bounds import latent_posterior
 from falsevfl_secure.config import Stage
 from falsevfl_secure.errors import InputError
 from falsevfl_secure.methods.false_vfl_steps import encoded_count, forward_rounds, trees_inputs
-from falsevfl_secure.model.trees import WEIGHTS, TreesHead, head_features
+from falsevfl_secure.model.trees import BAG, MAX_ITER, WEIGHTS, TreesHead, head_features
 from falsevfl_secure.privacy import releases_per_row
 from falsevfl_secure.train import fit, predict_split
 
@@ -133,6 +133,21 @@ def test_train_says_what_share_the_trees_took_and_the_scores_it_was_chosen_by():
     assert line.startswith("trees: 61 trees on 300 labeled records take 0.75 of the blend")
     assert "validation loss 0.4000" in line and "discriminator alone 0.5000" in line and "trees alone 0.4300" in line
     assert trees_lines(None) == [] and "no validation records" in trees_lines({**record, "validation": {}})[0]
+    assert trees_lines({**record, "models": 5})[0].startswith("trees: 61 trees in 5 averaged models on 300")
+
+
+def test_the_trees_predict_the_mean_of_models_stopped_on_different_tenths():
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 4))
+    y = x[:, 0] * x[:, 1] + 0.1 * rng.normal(size=400)
+    head = TreesHead("regression", 1, seed=11).fit(x, y)
+    alone = [HistGradientBoostingRegressor(max_iter=MAX_ITER, early_stopping=True, random_state=11 + i).fit(x, y)
+             for i in range(BAG)]
+    assert len({m.n_iter_ for m in alone}) > 1  # the tenths differ, so the models do
+    assert np.allclose(head.predict(x[:50]).numpy(), np.mean([m.predict(x[:50]) for m in alone], axis=0))
+    assert head.record()["models"] == BAG and head.record()["trees"] == sum(m.n_iter_ for m in alone)
 
 
 @settings(max_examples=20, deadline=None)

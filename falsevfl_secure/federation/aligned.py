@@ -31,6 +31,7 @@ import numpy as np
 
 from ..data import LabelSide, PartyView
 from ..data.encoding import EncodedBlock
+from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
 from ..randomness import PublicStream, public_rng
@@ -51,6 +52,7 @@ class Policy:
     validation_fraction: float = 0.0
     seed: int = 0
     max_ids: int = MAX_IDS  # the alignment's bound on every party's list (threat_models/alignment.toml)
+    groups: np.ndarray | None = None  # per row of the active party's table, its validation group (`group_codes`)
 
 
 @dataclass(frozen=True)
@@ -177,10 +179,38 @@ def _hold_out(rows: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]
     count = min(int(round(policy.validation_fraction * rows.size)), max(rows.size - 1, 0))
     if count == 0:
         return rows, rows[:0]
-    chosen = public_rng(policy.seed, PublicStream.VALIDATION).permutation(rows.size)[:count]
-    mask = np.zeros(rows.size, dtype=bool)
-    mask[chosen] = True
+    draw = public_rng(policy.seed, PublicStream.VALIDATION)
+    if policy.groups is not None:
+        mask = _whole_groups(policy.groups[rows], count, draw)
+    else:
+        mask = np.zeros(rows.size, dtype=bool)
+        mask[draw.permutation(rows.size)[:count]] = True
     return rows[~mask], rows[mask]
+
+
+def _whole_groups(codes: np.ndarray, count: int, draw) -> np.ndarray:
+    """Which rows to hold out: whole groups in a public random order, as many as bring the rows held out
+    closest to `count`, always leaving one group to train on (none held out where there is one group)."""
+    names, inverse, sizes = np.unique(codes, return_inverse=True, return_counts=True)
+    order = draw.permutation(names.size)
+    taken = np.cumsum(sizes[order])
+    chosen = min(int(np.argmin(np.abs(taken - count))) + 1, names.size - 1)
+    return np.isin(inverse.reshape(-1), order[:chosen])
+
+
+def group_codes(table: PartyTable, columns: tuple[str, ...], path: Path) -> np.ndarray | None:
+    """Per row of the active party's table, an integer naming its combination of values in `columns`
+    ([federation] validation_group; an empty cell is a value of its own); None without such columns."""
+    if not columns:
+        return None
+    unknown = [name for name in columns if name not in table.columns]
+    if unknown:
+        raise InputError(f"{path}: [federation] validation_group names {', '.join(map(repr, unknown))}, not a feature "
+                         f"column of {table.where}; its columns are {', '.join(table.columns)}")
+    codes = [np.unique(np.array(["" if c is None else c for c in table.text[name]], dtype=str), return_inverse=True)[1]
+             if name in table.text else np.unique(table.x[:, table.columns.index(name)], return_inverse=True)[1]
+             for name in columns]
+    return np.unique(np.stack([c.reshape(-1) for c in codes], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
 
 
 def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray, per_party: np.ndarray,

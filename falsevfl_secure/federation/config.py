@@ -54,7 +54,7 @@ SECTIONS = ("federation", "model", "privacy", "party", "aggregator")
 FEDERATION_KEYS = ("active", "protocol", "id_column", "label_column", "task", "rendezvous",
                    "allow_two_party_disclosure", "join_timeout_s", "missing_values", "id_fold_case",
                    "id_strip_leading_zeros", "id_pattern", "min_overlap", "validation_fraction", "max_ids",
-                   "allow_partial_predict", "on_party_loss", "min_parties", "round_deadline_s")
+                   "allow_partial_predict", "on_party_loss", "min_parties", "round_deadline_s", "validation_group")
 PARTY_KEYS = ("name", "train", "predict", "model", "key", "identity", "categorical")
 AGGREGATOR_KEYS = ("address", "key", "identity")
 DEFAULT_MAX_IDS = 1_000_000
@@ -125,6 +125,7 @@ class Federation:
     on_party_loss: str = "stop"  # "continue": training goes on without a passive party that leaves (FALSE-VFL)
     min_parties: int = 2  # ... while at least this many parties are left
     round_deadline_s: float = 45.0  # a party that heartbeats but delivers nothing this long (at least) is named
+    validation_group: tuple[str, ...] = ()  # active party's columns: validation holds out whole groups of records
 
     @property
     def names(self) -> list[str]:
@@ -229,7 +230,7 @@ def load_federation(path: Path | str) -> Federation:
                       _fraction(section, "min_overlap", 0.01, 1.0, path),
                       _fraction(section, "validation_fraction", 0.1, 0.5, path), _max_ids(section, path),
                       _flag(section, "allow_partial_predict", path), *_loss_policy(section, path, len(parties)),
-                      _seconds(section, "round_deadline_s", 45.0, path))
+                      _seconds(section, "round_deadline_s", 45.0, path), _validation_group(section, path))
 
 
 def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where: str, what: str = "setting") -> None:
@@ -397,6 +398,17 @@ def _categorical(entry: dict, path: Path, where: str) -> tuple[str, ...]:
             or len({name.strip() for name in value}) != len(value):
         raise InputError(f"{path}: [{where}] categorical = {value!r} must be a list of distinct column names, "
                          'e.g. ["smoker", "region"]')
+    return tuple(name.strip() for name in value)
+
+
+def _validation_group(section: dict, path: Path) -> tuple[str, ...]:
+    value = section.get("validation_group", [])
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(name, str) and name.strip() for name in value) \
+            or len({name.strip() for name in value}) != len(value):
+        raise InputError(f"{path}: [federation] validation_group = {section.get('validation_group')!r} must be a "
+                         'column name or a list of distinct column names of the active party\'s table, e.g. '
+                         '["month", "day"]')
     return tuple(name.strip() for name in value)
 
 

@@ -42,6 +42,7 @@ from .aligned import (
     Placed,
     Policy,
     align_table,
+    group_codes,
     ids_in_order,
     is_labeled,
     load_alignment,
@@ -174,10 +175,16 @@ def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoint
     if role.rejoined_at is not None:
         return load_alignment(checkpoints, role.session.id)
     aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
-                          policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids))
+                          policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids,
+                                        _groups(role, fed, inputs)))
     if not role.is_active and fed.on_party_loss == "continue":
         save_alignment(checkpoints, aligned, role.session.id)
     return aligned
+
+
+def _groups(role, fed: Federation, inputs: PartyInput) -> np.ndarray | None:
+    """At the active party: the validation group of each row of its own table ([federation] validation_group)."""
+    return group_codes(inputs.table, fed.validation_group, fed.path) if role.is_active else None
 
 
 def _still_out(events: list[dict]) -> list[dict]:

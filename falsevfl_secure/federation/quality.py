@@ -52,11 +52,12 @@ def trees_lines(trees: dict | None) -> list[str]:
     """`head = "network+trees"`: the trees' share of the blend and the validation scores it was chosen by."""
     if not trees:
         return []
-    scores = trees["validation"]
+    scores, models = trees["validation"], trees.get("models", 1)
+    bag = f" in {models} averaged models" if models > 1 else ""
+    made = f"trees: {trees['trees']} trees{bag} on {trees['rows']} labeled records take"
     if not scores:
-        return [f"trees: {trees['trees']} trees on {trees['rows']} labeled records take {trees['weight']:g} of the "
-                "blend (no validation records to choose it)"]
+        return [f"{made} {trees['weight']:g} of the blend (no validation records to choose it)"]
     chosen = scores[str(trees["weight"])]
-    return [f"trees: {trees['trees']} trees on {trees['rows']} labeled records take {trees['weight']:g} of the "
+    return [f"{made} {trees['weight']:g} of the "
             f"blend (validation loss {chosen:.4f}; the discriminator alone {scores['0.0']:.4f}, the trees alone "
             f"{scores['1.0']:.4f})"]

@@ -267,6 +267,11 @@ def test_a_validation_group_that_names_no_column_of_the_active_partys_table_is_o
         aligned_module.group_codes(read_training_table(fed, "clinic").table, fed.validation_group, fed.path)
     assert "validation_group names 'dya', not a feature column of party 'clinic'" in str(info.value)
     assert "smoker" in str(info.value).split("its columns are")[1]
+    code, out, err = cli("check", "--config", str(written.path))  # check says so before any run
+    assert code != 0 and "validation_group names 'dya'" in err and "Traceback" not in err
+    edit(written.path, ', "dya"]', "]")
+    code, out, err = cli("check", "--config", str(written.path))
+    assert code == 0 and re.search(r"validation records: whole groups of smoker \(2 groups among \d+ labeled", out)
     refused("federation file")
 
 

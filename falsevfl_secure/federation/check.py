@@ -19,9 +19,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import FalseVflError, InputError
 from ..secure import identity
 from ..transport.protocols import protocol_named
+from .aligned import group_codes, is_labeled
 from .config import AGGREGATOR, Federation
 from .inputs import PartyInput, prediction_input, read_prediction_table, read_training_table
 from .store import load_manifest
@@ -161,10 +164,19 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
     lines += [f"{NOTE}column {c!r} has {len(encoding.categories[c])} categories in "
               f"{sum(v is not None for v in table.text[c])} cells: if it identifies records, remove it"
               for c in table.categorical if _looks_like_identifier(table.text[c])]
+    if name == fed.active and fed.validation_group:
+        lines.append(_groups_line(fed, inputs))
     if name != fed.active and fed.label_column in table.columns:
         lines.append(f"{NOTE}column {fed.label_column!r} has the label column's name; it is a feature of "
                      f"party {name!r}")
     return lines
+
+
+def _groups_line(fed: Federation, inputs: PartyInput) -> str:
+    """[federation] validation_group: how many groups the labeled rows fall in (an unknown column is refused)."""
+    groups = group_codes(inputs.table, fed.validation_group, fed.path)[is_labeled(inputs.targets)]
+    return (f"  validation records: whole groups of {', '.join(fed.validation_group)} "
+            f"({np.unique(groups).size} groups among {groups.size} labeled rows)")
 
 
 def describe_prediction(fed: Federation, name: str, inputs: PartyInput, against: str = "the saved model") -> list[str]:

@@ -270,6 +270,7 @@ def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, com
             "protocol": protocol, "alignment": {"union_size": aligned.n + aligned.dropped, "records": aligned.n,
                                                 "rows_per_party": rows, "labeled": int(aligned.labeled.size),
                                                 "validation": int(aligned.validation.size),
+                                                "validation_group": list(fed.validation_group),
                                                 "overlap": overlap,
                                                 "dropped_no_observed_party": aligned.dropped,
                                                 "seconds": round(aligned.seconds, 3)},

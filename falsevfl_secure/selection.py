@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from .config import Stage
-from .methods.false_vfl_steps import forward_rounds, own_inputs, snis_output, trees_inputs
+from .methods.false_vfl_steps import forward_rounds, own_groups, own_inputs, snis_output, trees_inputs
 from .metrics import selection_loss
-from .model.trees import TreesHead
+from .model.trees import TreesHead, categorical_mask
 from .node import HostedData, Node
 
 
@@ -95,8 +95,9 @@ def fit_trees(node: Node, data: HostedData, validation: HostedData | None, best:
     if not node.active.present:
         return None
     role, cfg = node.active.get(), node.cfg
-    head = TreesHead(cfg.task, role.model.n_classes, cfg.seed)
-    head.fit(np.concatenate([t.get() for t in training]), data.y.get()[rows].cpu().numpy())
+    features = np.concatenate([t.get() for t in training])
+    head = TreesHead(cfg.task, role.model.n_classes, cfg.seed, categorical_mask(own_groups(node), features.shape[1]))
+    head.fit(features, data.y.get()[rows].cpu().numpy())
     if checked:
         network = torch.cat([snis_output(role, w.get(), own) for w, own, _ in checked])
         head.choose(network, np.concatenate([t.get() for _, _, t in checked]), validation.y.get())

@@ -14,7 +14,15 @@ from falsevfl_secure.bounds import latent_posterior
 from falsevfl_secure.config import Stage
 from falsevfl_secure.errors import InputError
 from falsevfl_secure.methods.false_vfl_steps import encoded_count, forward_rounds, trees_inputs
-from falsevfl_secure.model.trees import BAG, MAX_ITER, WEIGHTS, TreesHead, head_features
+from falsevfl_secure.model.trees import (
+    BAG,
+    MAX_CATEGORIES,
+    MAX_ITER,
+    WEIGHTS,
+    TreesHead,
+    categorical_mask,
+    head_features,
+)
 from falsevfl_secure.privacy import releases_per_row
 from falsevfl_secure.train import fit, predict_split
 
@@ -174,3 +182,34 @@ def test_the_trees_see_nan_exactly_where_the_active_party_observes_no_value(seed
     assert np.array_equal(np.isnan(out[:, :d]), ~seen.numpy())
     assert np.array_equal(out[:, :d][seen.numpy()], x.double().numpy()[seen.numpy()])
     assert np.array_equal(out[:, d:d + 3], loc.double().numpy()) and np.array_equal(out[:, -1], n_observed.numpy())
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), b=st.integers(1, 30), widths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       numeric=st.integers(0, 3))
+def test_a_categorical_column_reaches_the_trees_as_its_category_code(seed, b, widths, numeric):
+    rng = np.random.default_rng(seed)
+    cells, groups, codes = [], [], []
+    for width in widths:  # one-hot groups, then numeric cells
+        code = rng.integers(0, width, b)
+        cells.append(np.eye(width)[code])
+        groups.append((sum(c.shape[1] for c in cells[:-1]), sum(c.shape[1] for c in cells)))
+        codes.append(code)
+    cells.append(rng.normal(size=(b, numeric)))
+    x = np.hstack(cells)
+    seen = np.ones_like(x, dtype=bool)
+    seen[rng.random(b) < 0.3] = False  # records the active party does not hold
+    out = head_features(torch.from_numpy(x), torch.from_numpy(seen), torch.zeros(b, 2), torch.ones(b), tuple(groups))
+    g = len(groups)
+    assert out.shape == (b, g + numeric + 3)
+    for j, code in enumerate(codes):
+        assert np.array_equal(np.isnan(out[:, j]), ~seen[:, 0])
+        assert np.array_equal(out[seen[:, 0], j], code[seen[:, 0]])
+    assert np.array_equal(out[seen[:, 0], g:g + numeric], x[seen[:, 0], x.shape[1] - numeric:])
+    mask = categorical_mask(tuple(groups) + ((0, MAX_CATEGORIES + 1),), g + 1 + numeric + 3)
+    assert mask[:g].all() and not mask[g:].any()  # a column past the trees' categories is read as a number
+
+
+def test_trees_fitted_on_a_single_class_predict_it_with_certainty():
+    head = TreesHead("classification", 3, seed=0).fit(np.random.default_rng(0).normal(size=(6, 3)), np.full(6, 2))
+    assert np.allclose(head.predict(np.zeros((2, 3))).numpy(), [[0, 0, 1], [0, 0, 1]])

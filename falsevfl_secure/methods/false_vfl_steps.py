@@ -235,7 +235,13 @@ def trees_inputs(node: Node, batch: Batch, weighted: Active[Weighted]) -> Active
     cells = node.cells(batch).get(a)
     seen = batch.held[a].bool().unsqueeze(-1) & (torch.ones_like(batch.x[a], dtype=torch.bool) if cells is None
                                                  else cells.bool())
-    return Active(head_features(batch.x[a], seen, weighted.get().loc, batch.n_observed.get()))
+    return Active(head_features(batch.x[a], seen, weighted.get().loc, batch.n_observed.get(), own_groups(node)))
+
+
+def own_groups(node: Node) -> tuple[tuple[int, int], ...]:
+    """The one-hot cell groups of the active party's categorical columns (none where every cell is numeric)."""
+    layout = node.parties[node.cfg.active_index].model.layout
+    return layout.groups if layout is not None else ()
 
 
 def head_output(role: ActiveRole, weighted: Weighted, own: Tensor | None, trees_input) -> Tensor:

@@ -24,23 +24,41 @@ WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of the blend, chosen o
 UNCHOSEN = 0.5  # without validation records
 SAVED = "trees.npz"  # the trees' training rows, in the active party's own folder: `predict` refits them
 MAX_ITER = 500
+MAX_CATEGORIES = 254  # HistGradientBoosting's bins per feature, less the one for a missing value
 BAG = 5  # models averaged, each early-stopped on its own tenth: on ames and flights the mean of five scored
 # like a single model with a tuned learning rate, without the tuning (README "Real tables")
 
 
-def head_features(x: Tensor, seen: Tensor, loc: Tensor, n_observed: Tensor) -> np.ndarray:
-    """(B, d + d_h + 1) float64: the active party's block (NaN in a cell it does not observe: trees split on
+def head_features(x: Tensor, seen: Tensor, loc: Tensor, n_observed: Tensor,
+                  groups: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
+    """(B, g + d' + d_h + 1) float64: the code of each categorical column (its one-hot `groups` of cells,
+    [start, stop)), the active party's other cells (NaN in a cell it does not observe: trees split on
     missingness), the posterior mean, and how many parties hold the record."""
     block = torch.where(seen, x.to(torch.float64), torch.full_like(x, float("nan"), dtype=torch.float64))
-    return torch.cat([block, loc.to(torch.float64), n_observed.to(torch.float64).view(-1, 1)], dim=-1).cpu().numpy()
+    grouped = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
+    codes = []
+    for start, stop in groups:  # a one-hot group read as one category code: trees split sets of categories
+        grouped[start:stop] = True
+        code = x[:, start:stop].argmax(dim=-1).to(torch.float64)
+        codes.append(torch.where(seen[:, start], code, torch.full_like(code, float("nan"))).view(-1, 1))
+    parts = [*codes, block[:, ~grouped], loc.to(torch.float64), n_observed.to(torch.float64).view(-1, 1)]
+    return torch.cat(parts, dim=-1).cpu().numpy()
+
+
+def categorical_mask(groups: tuple[tuple[int, int], ...], width: int) -> np.ndarray:
+    """Which of `head_features`' columns scikit-learn reads as categories: the leading codes, up to the
+    categories its trees take (MAX_CATEGORIES; a code past it is read as a number)."""
+    mask = np.zeros(width, dtype=bool)
+    mask[:len(groups)] = [stop - start <= MAX_CATEGORIES for start, stop in groups]
+    return mask
 
 
 class TreesHead:
     """HistGradientBoosting on `head_features` (the mean of BAG models), and its share of the blend with the
     discriminator."""
 
-    def __init__(self, task: str, n_classes: int, seed: int) -> None:
-        self.task, self.n_classes, self.seed = task, n_classes, seed
+    def __init__(self, task: str, n_classes: int, seed: int, categorical: np.ndarray | None = None) -> None:
+        self.task, self.n_classes, self.seed, self.categorical = task, n_classes, seed, categorical
         self.weight, self.scores, self.models = UNCHOSEN, {}, []
         self.features = self.y = None
 
@@ -51,8 +69,9 @@ class TreesHead:
         kind = HistGradientBoostingClassifier if self.task == "classification" else HistGradientBoostingRegressor
         stop = _can_stop_early(self.task, y)
         # the seeds differ only in the tenth each model stops on: without early stopping one model is all
-        self.models = [kind(max_iter=MAX_ITER, early_stopping=stop, random_state=self.seed + i)
-                       for i in range(BAG if stop else 1)]
+        cats = self.categorical if self.categorical is not None and self.categorical.any() else None
+        self.models = [kind(max_iter=MAX_ITER, early_stopping=stop, random_state=self.seed + i,
+                            categorical_features=cats) for i in range(BAG if stop else 1)]
         with warnings.catch_warnings():  # convergence chatter is not the user's business here
             warnings.simplefilter("ignore")
             for model in self.models:
@@ -68,7 +87,8 @@ class TreesHead:
         if self.task != "classification":
             return model.predict(features)
         out = np.zeros((features.shape[0], self.n_classes))
-        out[:, model.classes_] = model.predict_proba(features)
+        # trees fitted on one class still give two columns, the first that class's (scikit-learn)
+        out[:, model.classes_] = model.predict_proba(features)[:, :len(model.classes_)]
         return out
 
     def blend(self, network: Tensor, features: np.ndarray) -> Tensor:
@@ -92,7 +112,8 @@ class TreesHead:
     def save(self, folder: Path | str) -> None:
         """Its training rows and weight (the active party's own values; owner-only) for `predict` to refit."""
         buffer = io.BytesIO()
-        np.savez(buffer, features=self.features, y=self.y, weight=np.float64(self.weight))
+        categorical = np.zeros(self.features.shape[1], bool) if self.categorical is None else self.categorical
+        np.savez(buffer, features=self.features, y=self.y, weight=np.float64(self.weight), categorical=categorical)
         atomic_write(Path(folder) / SAVED, buffer.getvalue(), private=True)
 
     @classmethod
@@ -102,7 +123,9 @@ class TreesHead:
             raise InputError(f"{Path(folder) / SAVED} is missing: the model was trained with head = "
                              "\"network+trees\" and its trees are refitted from that file; train again")
         with np.load(Path(folder) / SAVED, allow_pickle=False) as saved:
-            head = cls(task, n_classes, seed).fit(saved["features"], saved["y"])
+            if "categorical" not in saved.files:  # one-hot cells, as trees read them before their codes
+                raise InputError(f"{Path(folder) / SAVED} holds trees' rows of an earlier version; train again")
+            head = cls(task, n_classes, seed, saved["categorical"]).fit(saved["features"], saved["y"])
             head.weight = float(saved["weight"])
         return head
 

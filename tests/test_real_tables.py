@@ -254,7 +254,7 @@ def test_validation_holds_out_whole_groups_of_the_active_partys_column(tmp_path,
             for kind in ("labeled", "validation")}
     assert rows["validation"].size and not np.intersect1d(groups[rows["labeled"]], groups[rows["validation"]]).size
     labeled = rows["labeled"].size + rows["validation"].size
-    assert abs(rows["validation"].size - 0.2 * labeled) <= 7  # within one group of the share asked for
+    assert 0.2 * labeled - 7 <= rows["validation"].size <= round(0.2 * labeled)  # up to the share, within a group
     for result in results[1:]:  # the passive parties receive the positions, as without groups
         assert np.array_equal(result.validation, active.validation)
 
@@ -270,8 +270,11 @@ def test_a_validation_group_that_names_no_column_of_the_active_partys_table_is_o
     code, out, err = cli("check", "--config", str(written.path))  # check says so before any run
     assert code != 0 and "validation_group names 'dya'" in err and "Traceback" not in err
     edit(written.path, ', "dya"]', "]")
+    code, out, err = cli("check", "--config", str(written.path))  # two values: each labeled record's would show
+    assert code != 0 and "fall in 2 groups of smoker; holding out whole groups needs at least 20" in err
+    edit(written.path, '"smoker"', f'"{written.columns["clinic"][0]}"')  # a measurement: many values
     code, out, err = cli("check", "--config", str(written.path))
-    assert code == 0 and re.search(r"validation records: whole groups of smoker \(2 groups among \d+ labeled", out)
+    assert code == 0 and re.search(r"validation records: whole groups of \S+ \(\d{2,} groups among \d+ labeled", out)
     refused("federation file")
 
 

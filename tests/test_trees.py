@@ -114,16 +114,33 @@ def inputs_of(node, data, rows=None) -> np.ndarray:
 def test_predict_refits_the_same_trees_from_the_saved_rows_and_a_missing_file_is_one_error(tmp_path):
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(400, 4)), rng.normal(size=400)
+    x[:, 0] = rng.integers(0, 5, 400)  # a category code: the trees split sets of its values
     x[rng.random(x.shape) < 0.2] = np.nan
-    head = TreesHead("regression", 1, seed=7).fit(x, y)
+    y += np.isin(x[:, 0], [1, 3])
+    categorical = np.array([True, False, False, False])
+    head = TreesHead("regression", 1, seed=7, categorical=categorical).fit(x, y)
     head.weight = 0.75
     head.save(tmp_path)
-    loaded = TreesHead.load(tmp_path, "regression", 1, seed=7)
-    assert loaded.weight == 0.75
+    loaded = TreesHead.load(tmp_path, "regression", 1, seed=7, groups=((0, 5),))
+    assert loaded.weight == 0.75 and np.array_equal(loaded.categorical, categorical)
     assert torch.equal(loaded.predict(x), head.predict(x))
+    assert all(m.is_categorical_[0] for m in loaded.models)
     assert (tmp_path / "trees.npz").stat().st_mode & 0o077 == 0  # the active party's own rows: owner only
     with pytest.raises(InputError, match="trees.npz is missing"):
-        TreesHead.load(tmp_path / "elsewhere", "regression", 1, seed=7)
+        TreesHead.load(tmp_path / "elsewhere", "regression", 1, seed=7, groups=())
+
+
+def test_trees_saved_before_category_codes_load_only_where_the_model_has_no_categorical_column(tmp_path):
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(300, 3)), rng.normal(size=300)
+    np.savez(tmp_path / "trees.npz", features=x, y=y, weight=np.float64(0.5))  # an earlier version's file
+    loaded = TreesHead.load(tmp_path, "regression", 1, seed=1, groups=())
+    assert not loaded.categorical.any() and loaded.weight == 0.5
+    with pytest.raises(InputError, match="another layout than this model's; train again"):
+        TreesHead.load(tmp_path, "regression", 1, seed=1, groups=((0, 2),))
+    np.savez(tmp_path / "trees.npz", features=x, y=y, weight=np.float64(0.5), categorical=np.zeros(5, bool))
+    with pytest.raises(InputError, match="another layout"):
+        TreesHead.load(tmp_path, "regression", 1, seed=1, groups=())
 
 
 def test_the_trees_pass_counts_as_one_more_release_of_each_training_row():
@@ -199,13 +216,22 @@ def test_a_categorical_column_reaches_the_trees_as_its_category_code(seed, b, wi
     x = np.hstack(cells)
     seen = np.ones_like(x, dtype=bool)
     seen[rng.random(b) < 0.3] = False  # records the active party does not hold
+    held = seen[:, 0].copy()
+    known = [held.copy() for _ in groups]
+    for j, (start, stop) in enumerate(groups):
+        missing = rng.random(b) < 0.2  # a missing cell in a held record: unobserved, or filled with shares
+        seen[missing, start:stop] = rng.random() < 0.5
+        x[missing, start:stop] = rng.dirichlet(np.ones(stop - start), missing.sum()) if stop - start > 1 else 0.0
+        unseen = rng.random(b) < 0.1  # a category the encoding never saw: every cell 0
+        x[unseen, start:stop] = 0.0
+        known[j] &= ~missing & ~unseen
     out = head_features(torch.from_numpy(x), torch.from_numpy(seen), torch.zeros(b, 2), torch.ones(b), tuple(groups))
     g = len(groups)
     assert out.shape == (b, g + numeric + 3)
     for j, code in enumerate(codes):
-        assert np.array_equal(np.isnan(out[:, j]), ~seen[:, 0])
-        assert np.array_equal(out[seen[:, 0], j], code[seen[:, 0]])
-    assert np.array_equal(out[seen[:, 0], g:g + numeric], x[seen[:, 0], x.shape[1] - numeric:])
+        assert np.array_equal(np.isnan(out[:, j]), ~known[j])  # a code exactly where one category is known
+        assert np.array_equal(out[known[j], j], code[known[j]])
+    assert np.array_equal(out[held, g:g + numeric], x[held, x.shape[1] - numeric:])
     mask = categorical_mask(tuple(groups) + ((0, MAX_CATEGORIES + 1),), g + 1 + numeric + 3)
     assert mask[:g].all() and not mask[g:].any()  # a column past the trees' categories is read as a number
 

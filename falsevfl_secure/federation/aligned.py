@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +35,14 @@ from ..data.encoding import EncodedBlock
 from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
-from ..randomness import PublicStream, public_rng
+from ..randomness import KeyStream, PublicStream, RoleSecret, public_rng
 from ..secure import frames
 from ..secure.align import MAX_IDS, Alignment, align
 from ..secure.errors import SecureMessageError
 from ..secure.identity import sign, verify
 
 _BLOBS = 5
+GROUPS = "validation groups"  # the purpose of the active party's stream that orders them
 ALIGNMENT_FILE = "alignment.npz"  # a passive party's place in the shared order, with its own checkpoints
 
 
@@ -53,6 +55,7 @@ class Policy:
     seed: int = 0
     max_ids: int = MAX_IDS  # the alignment's bound on every party's list (threat_models/alignment.toml)
     groups: np.ndarray | None = None  # per row of the active party's table, its validation group (`group_codes`)
+    group_draw: KeyStream | None = None  # the active party's own stream for which groups (None: fresh entropy)
 
 
 @dataclass(frozen=True)
@@ -179,23 +182,40 @@ def _hold_out(rows: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]
     count = min(int(round(policy.validation_fraction * rows.size)), max(rows.size - 1, 0))
     if count == 0:
         return rows, rows[:0]
-    draw = public_rng(policy.seed, PublicStream.VALIDATION)
     if policy.groups is not None:
-        mask = _whole_groups(policy.groups[rows], count, draw)
+        mask = _whole_groups(policy.groups[rows], count, policy.group_draw or RoleSecret.fresh().stream(GROUPS))
     else:
         mask = np.zeros(rows.size, dtype=bool)
-        mask[draw.permutation(rows.size)[:count]] = True
+        mask[public_rng(policy.seed, PublicStream.VALIDATION).permutation(rows.size)[:count]] = True
     return rows[~mask], rows[mask]
 
 
-def _whole_groups(codes: np.ndarray, count: int, draw) -> np.ndarray:
-    """Which rows to hold out: whole groups in a public random order, as many as bring the rows held out
-    closest to `count`, always leaving one group to train on (none held out where there is one group)."""
+def _whole_groups(codes: np.ndarray, count: int, draw: KeyStream) -> np.ndarray:
+    """Which rows to hold out: whole groups in an order only the active party knows (its own stream: every
+    party learns the held-out rows, and a public order would tell them which groups, hence the values),
+    each taken where it still fits within `count` rows."""
     names, inverse, sizes = np.unique(codes, return_inverse=True, return_counts=True)
-    order = draw.permutation(names.size)
-    taken = np.cumsum(sizes[order])
-    chosen = min(int(np.argmin(np.abs(taken - count))) + 1, names.size - 1)
-    return np.isin(inverse.reshape(-1), order[:chosen])
+    held, chosen = 0, np.zeros(names.size, dtype=bool)
+    for group in np.argsort(draw.words(names.size), kind="stable"):
+        if held + sizes[group] <= count:
+            chosen[group], held = True, held + sizes[group]
+    return chosen[inverse.reshape(-1)]
+
+
+def validation_groups(table: PartyTable, labeled: np.ndarray, fed) -> np.ndarray | None:
+    """`group_codes` of the active party's rows for [federation] validation_group, refused where its labeled
+    rows fall in fewer than 2 / validation_fraction groups: a few groups would make the held-out records an
+    uneven share, and tell every party which of a few groups each labeled record is in."""
+    codes = group_codes(table, fed.validation_group, fed.path)
+    if codes is None or fed.validation_fraction == 0:
+        return codes
+    present, least = np.unique(codes[labeled]).size, math.ceil(2 / fed.validation_fraction)
+    if present < least:
+        raise InputError(f"{fed.path}: [federation] validation_group: the labeled records fall in {present} groups "
+                         f"of {', '.join(fed.validation_group)}; holding out whole groups needs at least {least} at "
+                         f"validation_fraction = {fed.validation_fraction:g} (fewer would tell every party which "
+                         "of a few groups each labeled record is in): name finer columns or remove validation_group")
+    return codes
 
 
 def group_codes(table: PartyTable, columns: tuple[str, ...], path: Path) -> np.ndarray | None:

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import FalseVflError, InputError
 from ..secure import identity
 from ..transport.protocols import protocol_named
-from .aligned import group_codes, is_labeled
+from .aligned import is_labeled, validation_groups
 from .config import AGGREGATOR, Federation
 from .inputs import PartyInput, prediction_input, read_prediction_table, read_training_table
 from .store import load_manifest
@@ -174,7 +174,8 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
 
 def _groups_line(fed: Federation, inputs: PartyInput) -> str:
     """[federation] validation_group: how many groups the labeled rows fall in (an unknown column is refused)."""
-    groups = group_codes(inputs.table, fed.validation_group, fed.path)[is_labeled(inputs.targets)]
+    labeled = np.flatnonzero(is_labeled(inputs.targets))
+    groups = validation_groups(inputs.table, labeled, fed)[labeled]
     return (f"  validation records: whole groups of {', '.join(fed.validation_group)} "
             f"({np.unique(groups).size} groups among {groups.size} labeled rows)")
 

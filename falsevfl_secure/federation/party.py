@@ -29,6 +29,7 @@ from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write, staged, write_json
 from ..methods import build_node, method_for
+from ..methods.false_vfl_steps import own_groups
 from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
@@ -42,13 +43,13 @@ from .aligned import (
     Placed,
     Policy,
     align_table,
-    group_codes,
     ids_in_order,
     is_labeled,
     load_alignment,
     party_view,
     place_block,
     save_alignment,
+    validation_groups,
 )
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
@@ -176,15 +177,15 @@ def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoint
         return load_alignment(checkpoints, role.session.id)
     aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
                           policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids,
-                                        _groups(role, fed, inputs)))
+                                        _groups(role, fed, inputs, labeled_rows)))
     if not role.is_active and fed.on_party_loss == "continue":
         save_alignment(checkpoints, aligned, role.session.id)
     return aligned
 
 
-def _groups(role, fed: Federation, inputs: PartyInput) -> np.ndarray | None:
+def _groups(role, fed: Federation, inputs: PartyInput, labeled_rows) -> np.ndarray | None:
     """At the active party: the validation group of each row of its own table ([federation] validation_group)."""
-    return group_codes(inputs.table, fed.validation_group, fed.path) if role.is_active else None
+    return validation_groups(inputs.table, labeled_rows, fed) if role.is_active else None
 
 
 def _still_out(events: list[dict]) -> list[dict]:
@@ -297,7 +298,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
                       own_extra=0 if scores is None else scores.shape[1])
     load_weights(model_dir, node, rank)
     if role.is_active and node.method.fits_trees and cfg.train.epochs > 0:  # as `fit` fitted them
-        node.active.get().trees = TreesHead.load(model_dir, fed.task, n_classes, cfg.seed)
+        node.active.get().trees = TreesHead.load(model_dir, fed.task, n_classes, cfg.seed, own_groups(node))
     keys = record_keys(node.parties[rank].randomness.secret, ids_in_order(loaded.table.ids, aligned))
     hosted = host_split(party_view(placed, aligned, rank, None, record_keys=keys), device)
     if scores is not None:

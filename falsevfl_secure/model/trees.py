@@ -39,8 +39,11 @@ def head_features(x: Tensor, seen: Tensor, loc: Tensor, n_observed: Tensor,
     codes = []
     for start, stop in groups:  # a one-hot group read as one category code: trees split sets of categories
         grouped[start:stop] = True
-        code = x[:, start:stop].argmax(dim=-1).to(torch.float64)
-        codes.append(torch.where(seen[:, start], code, torch.full_like(code, float("nan"))).view(-1, 1))
+        cells = x[:, start:stop]
+        # a code only where the cells are one category (not a missing cell's filled shares, nor all zero)
+        known = seen[:, start] & ((cells == 1).sum(dim=-1) == 1) & ((cells == 0).sum(dim=-1) == stop - start - 1)
+        code = cells.argmax(dim=-1).to(torch.float64)
+        codes.append(torch.where(known, code, torch.full_like(code, float("nan"))).view(-1, 1))
     parts = [*codes, block[:, ~grouped], loc.to(torch.float64), n_observed.to(torch.float64).view(-1, 1)]
     return torch.cat(parts, dim=-1).cpu().numpy()
 
@@ -117,16 +120,25 @@ class TreesHead:
         atomic_write(Path(folder) / SAVED, buffer.getvalue(), private=True)
 
     @classmethod
-    def load(cls, folder: Path | str, task: str, n_classes: int, seed: int) -> TreesHead:
+    def load(cls, folder: Path | str, task: str, n_classes: int, seed: int,
+             groups: tuple[tuple[int, int], ...]) -> TreesHead:
         """The same trees as in training (a deterministic refit of the saved rows), with the chosen weight."""
-        if not (Path(folder) / SAVED).is_file():
-            raise InputError(f"{Path(folder) / SAVED} is missing: the model was trained with head = "
-                             "\"network+trees\" and its trees are refitted from that file; train again")
-        with np.load(Path(folder) / SAVED, allow_pickle=False) as saved:
-            if "categorical" not in saved.files:  # one-hot cells, as trees read them before their codes
-                raise InputError(f"{Path(folder) / SAVED} holds trees' rows of an earlier version; train again")
-            head = cls(task, n_classes, seed, saved["categorical"]).fit(saved["features"], saved["y"])
-            head.weight = float(saved["weight"])
+        path = Path(folder) / SAVED
+        if not path.is_file():
+            raise InputError(f"{path} is missing: the model was trained with head = \"network+trees\" and its "
+                             "trees are refitted from that file; train again")
+        with np.load(path, allow_pickle=False) as saved:
+            features, y, weight = saved["features"], saved["y"], float(saved["weight"])
+            if "categorical" in saved.files:
+                categorical = saved["categorical"]
+            elif not groups:  # saved before the trees read category codes: without categories, the same columns
+                categorical = np.zeros(features.shape[1], dtype=bool)
+            else:
+                categorical = None
+        if categorical is None or categorical.shape != (features.shape[1],):
+            raise InputError(f"{path} holds trees' rows of another layout than this model's; train again")
+        head = cls(task, n_classes, seed, categorical).fit(features, y)
+        head.weight = weight
         return head
 
 

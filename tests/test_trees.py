@@ -31,7 +31,7 @@ def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)).mean())
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**16), n_classes=st.integers(2, 4))
 def test_the_blend_is_the_weighted_mixture_and_validation_picks_its_best_weight(seed, n_classes):
     rng = np.random.default_rng(seed)
@@ -175,7 +175,7 @@ def test_the_trees_predict_the_mean_of_models_stopped_on_different_tenths():
     assert head.record()["models"] == BAG and head.record()["trees"] == sum(m.n_iter_ for m in alone)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**16), n=st.integers(5, 80), n_classes=st.integers(2, 10))
 def test_trees_fit_rare_classes_and_few_rows_where_early_stopping_cannot_stratify(seed, n, n_classes):
     rng = np.random.default_rng(seed)

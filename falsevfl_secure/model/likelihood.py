@@ -84,7 +84,8 @@ def _typed_cells(x: Tensor, mean: Tensor, std: Tensor, masks: dict[str, Tensor])
     log-probability of x > 0.5, and x * logit for a categorical cell (its group's normaliser comes after)."""
     z = (x - mean) / std
     gaussian = -0.5 * (z * z) - std.log() - 0.5 * math.log(2 * math.pi)
-    bernoulli = (x > 0.5).to(mean.dtype) * mean - F.softplus(mean)
+    # log sigmoid(+-logit) as -softplus(-+logit): x * l - softplus(l) loses exp(-20) where softplus turns linear
+    bernoulli = -F.softplus(torch.where(x > 0.5, -mean, mean))
     out = torch.where(masks["numeric"], gaussian, torch.zeros_like(gaussian))
     out = torch.where(masks["binary"], bernoulli, out)
     return torch.where(masks["categorical"], x * mean, out)

@@ -5,8 +5,8 @@ Every release of a row in a summed round, and every DP-SGD update of a party's n
 clipped to the round's norm C (the sensitivity under adding or removing the party's block of the record)
 and the revealed sum carries noise of standard deviation z C from the honest parties (transport.ciphers
 .noise). A row is released once per summed round each time its batch runs: 3 times per stage-1 epoch
-(posterior, likelihood, latent_grad) plus once in its party's DP-SGD update, 2 per stage-2 epoch and per
-prediction (posterior, likelihood). The
+(posterior, likelihood, latent_grad) plus once in its party's DP-SGD update, 2 per stage-2 epoch (2 in all
+with `stage2_pass = "once"`, which runs stage 2's rounds once) and per prediction (posterior, likelihood). The
 releases compose without subsampling amplification: every party knows which rows are in each batch (the
 public order), so a row's releases are not hidden among others; they are R self-composed Gaussian events,
 accounted with dp-accounting's privacy loss distributions (PLD).
@@ -37,15 +37,17 @@ RELEASES = {"pretrain": 4, "train": 2, "predict": 2}
 
 
 def releases_per_row(cfg: Config, predictions: int = 1, tests: int = 0) -> int:
-    """The most times any row is released: every stage-1 epoch, every stage-2 epoch, the trees' pass (`head =
-    "network+trees"`) and `predictions` prediction passes of the training rows (the validation pass; in a
-    federation every later prediction run, as the same records may come back); or `tests` passes of records
-    that never train (a simulation's test rows under each test pattern), whichever is more."""
+    """The most times any row is released: every stage-1 epoch, every stage-2 epoch (once in all with
+    `stage2_pass = "once"`), the trees' pass (`head = "network+trees"`) and `predictions` prediction passes
+    of the training rows (the validation pass; in a federation every later prediction run, as the same records
+    may come back); or `tests` passes of records that never train (a simulation's test rows under each test
+    pattern), whichever is more."""
     # With one importance sample (kappa 1) a row's likelihood, centred over its samples, is exactly 0 at every
     # party: stage 1's likelihood round then releases nothing about it.
     stage1 = RELEASES["pretrain"] - (1 if cfg.kappa == 1 else 0)
     trees = 1 if cfg.options.get("head") == "network+trees" and cfg.train.epochs else 0  # the trees' pass
-    training = (stage1 * cfg.pretrain.epochs + RELEASES["train"] * cfg.train.epochs
+    stage2 = min(cfg.train.epochs, 1) if cfg.options.get("stage2_pass") == "once" else cfg.train.epochs
+    training = (stage1 * cfg.pretrain.epochs + RELEASES["train"] * stage2
                 + RELEASES["predict"] * (predictions + trees))
     return max(training, RELEASES["predict"] * tests)
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .cached_stage import Stage2Cache, cached_epoch
 from .config import Stage
 from .errors import InputError
 from .network.network import PartyLost
@@ -81,9 +82,14 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
     desc = f"{node.method.label} stage {int(stage)}"
     bar = tqdm(range(start_epoch, settings.epochs), desc=desc, disable=not progress, initial=start_epoch,
                total=settings.epochs, unit="ep")
+    cached = stage is Stage.TRAIN and node.method.caches_stage2 and start_epoch < settings.epochs
+    cache = Stage2Cache(node, data) if cached else None  # collective: stage 2's one pass of rounds
     for epoch in bar:
-        losses = _epoch_steps(node, data, stage, epoch, optimizers)
-        node.method.end_epoch(node, stage)
+        if cache is None:
+            losses = _epoch_steps(node, data, stage, epoch, optimizers)
+            node.method.end_epoch(node, stage)
+        else:
+            losses = cached_epoch(node, data, cache, epoch, optimizers)
         history.append(_epoch_mean(losses, stage, epoch))
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if on_epoch_end is not None:

@@ -7,7 +7,10 @@ come from the encodings:
 - plain: same floats summed in the same order -> float32 rounding only (1e-5 relative).
 - mpc and he: both reveal the exact sum of the addends' fixed-point encodings (2^-16 grid; he rounds
   every decryption onto it), so a sum of K terms is off by at most K * 2^-17 ~ K * 7.6e-6 absolute per
-  round; through the loss that is ~1e-3 relative for our batch sizes.
+  round; through the loss that is ~1e-3 relative for our batch sizes. A gradient element that is the
+  cancelling sum of large per-sample terms keeps the error of those terms, not its own size: a sharp
+  decoder (std 0.05, cells up to 10) turns a 2^-16 shift of z into 0.15 % of a tensor's largest entry, which
+  can be 3 % of a small entry. So each entry also gets NORMWISE x its tensor's largest magnitude.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from falsevfl_secure.transport import PROTOCOLS
 
 TOLERANCE = {"plain": dict(rtol=1e-4, atol=1e-5), "mpc": dict(rtol=2e-2, atol=2e-3),
              "he": dict(rtol=2e-2, atol=2e-3)}
+NORMWISE = {"plain": 0.0, "mpc": 2e-3, "he": 2e-3}
 
 
 def make_job(parties: int, variant: str, batch: int, kappa: int, seed: int, p_missing: float, stage: str,
@@ -51,7 +55,8 @@ def check_equal(sessions, protocol: str, job: StepJob) -> None:
         values = {name: g for r in reports.values() for name, g in r.get(key, {}).items()}
         assert set(values) == set(reference.get(key, {}))
         for name, g in reference.get(key, {}).items():
-            np.testing.assert_allclose(values[name], g, err_msg=name, **tol)
+            atol = tol["atol"] + NORMWISE[protocol] * float(np.abs(g).max(initial=0.0))
+            np.testing.assert_allclose(values[name], g, err_msg=name, rtol=tol["rtol"], atol=atol)
     table = method_for(job.config).rounds
     end = table.epoch_end.get(job.stage, ()) if job.epoch_end else ()
     expected = [r.name for r in (*table.step(job.stage), *end)]

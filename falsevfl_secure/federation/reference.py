@@ -141,14 +141,19 @@ def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str
     return model
 
 
-def own_scores(placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int) -> np.ndarray:
+def own_scores(placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int,
+               others: tuple = ()) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
     """(n, e) float32: the active party's own trees' score of every record of the shared order, out of fold
-    on its labeled training rows (so stage 2 never reads a score fitted to the row's own label)."""
+    on its labeled training rows (so stage 2 never reads a score fitted to the row's own label). With
+    `others` (blocks placed alike: a simulation's test splits), also each one's score by the full fit."""
     features = _features(placed.x, placed.observed, placed.held, "hgb")
     full = _fitted(features[labeled], y[labeled], task, seed)
     out = _score_columns(full, features, task, n_classes)
     out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed)
-    return out.astype(np.float32)
+    if not others:
+        return out.astype(np.float32)
+    scored = [_score_columns(full, _features(o.x, o.observed, o.held, "hgb"), task, n_classes) for o in others]
+    return out.astype(np.float32), [s.astype(np.float32) for s in scored]
 
 
 def save_own_rows(model_dir, placed, y: np.ndarray, labeled: np.ndarray) -> None:

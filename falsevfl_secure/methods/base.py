@@ -177,6 +177,7 @@ class Method:
     reads_posterior_mean: ClassVar[bool] = False
     fits_trees: ClassVar[bool] = False
     encodes_missing_blocks: ClassVar[bool] = False
+    caches_stage2: ClassVar[bool] = False  # stage 2 runs its rounds once and trains from what they left
 
     def check(self, cfg: Config) -> None:
         """Refuse a configuration this method cannot train (a privacy budget where it is not `private`)."""

@@ -61,6 +61,10 @@ class FalseVfl(Method):
                        "discriminator blended with the active party's trees on the posterior mean and its block"),
         # "skip": a party that does not hold a row adds nothing (the posterior over the holders, the paper's
         # Eq. (1)); "zeros": MIWAE's convention, the missing block encoded as zeros, every party in the posterior.
+        # "once": the generative part is frozen in stage 2, so its rounds run once and every epoch trains the
+        # discriminator on what they left (cached_stage.py): under DP two releases per row, not two per epoch.
+        "stage2_pass": Option(("every_epoch", "once"), "stage 2 runs its rounds every epoch with new latent "
+                              "samples (the paper), or once, every epoch training on that pass's samples"),
         "encode_missing": Option(("skip", "zeros"), "FALSE-VFL's posterior over the parties holding a row "
                                  "(skip) or all, missing blocks encoded as zeros (MIWAE's convention)"),
     }
@@ -99,6 +103,10 @@ class FalseVfl(Method):
     @property
     def fits_trees(self) -> bool:
         return self.settings["head"] == "network+trees"
+
+    @property
+    def caches_stage2(self) -> bool:
+        return self.settings["stage2_pass"] == "once"
 
     @property
     def encodes_missing_blocks(self) -> bool:

@@ -196,7 +196,7 @@ def own_inputs(node: Node, batch: Batch, weighted: Active[Weighted]) -> Tensor |
     return torch.cat(own, dim=-1)
 
 
-def _conditional_loss(role: ActiveRole, weighted: Weighted, y: Tensor, own: Tensor | None,
+def conditional_loss(role: ActiveRole, weighted: Weighted, y: Tensor, own: Tensor | None,
                       n_observed: Tensor) -> Tensor:
     log_w, h = weighted.log_w, weighted.h
     bound = conditional_bound(log_w, role.model.label_log_prob(h, y, own))
@@ -212,7 +212,7 @@ def stage2_loss(node: Node, batch: Batch) -> Active[Tensor]:
     label-dependent value reaches a passive party."""
     with torch.no_grad():
         weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.TRAIN)
-    return apply(_conditional_loss, node.active, weighted, batch.y, own_inputs(node, batch, weighted),
+    return apply(conditional_loss, node.active, weighted, batch.y, own_inputs(node, batch, weighted),
                  batch.n_observed)
 
 

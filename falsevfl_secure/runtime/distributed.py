@@ -19,6 +19,7 @@ import numpy as np
 
 from ..checkpoint import KEEP, progress_key
 from ..config import Config, Stage
+from ..errors import InputError
 from ..fsio import atomic_write
 from ..methods import build_node, method_for
 from ..node import Node, resolve_device
@@ -114,6 +115,9 @@ def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], 
     (tests only) fixes each party's secret, handed to that party's process alone."""
     proto = protocol_named(protocol)
     proto.check_parties(cfg.parties, allow_two_party_disclosure)
+    if method_for(cfg).reads_own_reference:
+        raise InputError("own_reference = true: the distributed simulation does not fit the active party's own "
+                         "trees; use the local runtime (plain) or a federation")
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="falsevfl-"))
     views = out_dir / "views" if audit else None
     job = Job(cfg, proto.name, tuple(test_patterns), None if checkpoint_dir is None else str(checkpoint_dir), resume,

@@ -9,15 +9,18 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+import torch
+
 from ..config import Config
 from ..data import TEST_PATTERNS
 from ..methods import build_node
 from ..node import resolve_device
+from ..placement import Active
 from ..randomness import RoleSecret
 from ..train import EpochHook, evaluate, fit, host_split
 from ..transport import LocalTransport
 from .records import RunResult
-from .simulated import run_result, simulated_role
+from .simulated import own_reference, run_result, simulated_role
 
 
 def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progress: bool = True,
@@ -30,12 +33,23 @@ def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progr
     cfg.validate()
     device = resolve_device(cfg.device)
     role = simulated_role(cfg, test_patterns, range(cfg.parties), with_labels=True)
-    node = build_node(cfg, role.widths, role.n_classes, LocalTransport(cfg.parties, cfg.active_index), device, secrets)
-    trained = fit(node, host_split(role.train, device, role.n_classes), checkpoint_dir, resume, progress,
-                  after_epoch=after_epoch)
+    scores = own_reference(cfg, role)  # the active party's own trees, an input of its discriminator
+    node = build_node(cfg, role.widths, role.n_classes, LocalTransport(cfg.parties, cfg.active_index), device, secrets,
+                      own_extra=0 if scores is None else scores[0].shape[1])
+    trained = fit(node, hosted(role.train, device, role.n_classes, scores and scores[0]), checkpoint_dir, resume,
+                  progress, after_epoch=after_epoch)
     began = time.perf_counter()
-    accuracy = {p: evaluate(node, host_split(v, device, role.n_classes)).get() for p, v in role.tests.items()}
+    accuracy = {p: evaluate(node, hosted(v, device, role.n_classes, scores and scores[1][p])).get()
+                for p, v in role.tests.items()}
     if keep is not None:
         keep.append(node)
     return run_result(cfg, role, accuracy, trained, time.perf_counter() - start, time.perf_counter() - began,
                       "plain", "local", str(device), node.transport.log.table(), timed=False)
+
+
+def hosted(view, device, n_classes: int, scores) -> object:
+    """A split as the node holds it, with the active party's own trees' score where it has one."""
+    data = host_split(view, device, n_classes)
+    if scores is not None:
+        data.own_extra = Active(torch.from_numpy(scores).to(device))
+    return data

@@ -18,6 +18,36 @@ from .records import RunResult
 
 
 @dataclass
+class ActiveBlock:
+    """The active party's block of one split, as its own reference model reads it (federation/reference.py)."""
+
+    x: np.ndarray
+    observed: np.ndarray
+    held: np.ndarray
+
+    @classmethod
+    def of(cls, view: PartyView, a: int) -> ActiveBlock:
+        x, held = view.blocks[a]
+        observed = (view.observed or {}).get(a)
+        return cls(x, np.ones(x.shape, bool) if observed is None else observed, held)
+
+
+def own_reference(cfg: Config, role: SimulatedRole) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+    """With `own_reference`: the active party's own trees' score of its training rows (out of fold on the
+    labeled ones) and of every test split's rows (the trees fitted on all labeled rows); None otherwise."""
+    from ..federation.reference import own_scores
+    from ..methods import method_for
+
+    if not method_for(cfg).reads_own_reference:
+        return None
+    a, patterns = cfg.active_index, list(role.tests)
+    train, scores = own_scores(ActiveBlock.of(role.train, a), role.train.labels.y, role.train.labeled_index,
+                               cfg.task, role.n_classes, cfg.seed, tuple(ActiveBlock.of(role.tests[p], a)
+                                                                         for p in patterns))
+    return train, dict(zip(patterns, scores, strict=True))
+
+
+@dataclass
 class SimulatedRole:
     train: PartyView
     tests: dict[str, PartyView]

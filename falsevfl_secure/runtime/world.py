@@ -194,6 +194,8 @@ class World:
                 proc.terminate()
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in self.procs:
+            if proc.pid is None:
+                continue  # start() failed before this one began: nothing to reap
             proc.join(max(0.05, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()

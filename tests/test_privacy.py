@@ -53,6 +53,37 @@ def test_the_exact_fallback_path_matches_the_pmf_too(monkeypatch):
     assert goodness_of_fit(draws, 5) > 1e-4
 
 
+@pytest.mark.parametrize("margin", [2.0**-50, 0.2])  # shipped; and most draws through the exact path
+def test_the_one_pass_geometric_count_has_its_exact_law(monkeypatch, margin):
+    monkeypatch.setattr(dg, "COUNT_MARGIN", margin)
+    draws = dg.geometric_exp1(20_000 if margin < 0.1 else 3_000, stream(4))
+    support = np.arange(8)
+    expected = np.exp(-support) * (1 - math.exp(-1)) * draws.size
+    expected[-1] = draws.size - expected[:-1].sum()  # P(V >= 7) pooled
+    observed = np.array([(np.minimum(draws, 7) == k).sum() for k in support])
+    assert draws.min() >= 0 and chisquare(observed, expected).pvalue > 1e-4
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 30), st.integers(-3, 3), st.integers(0, 255))
+def test_a_count_on_a_boundary_is_decided_by_the_real_u_it_extends(k, offset, seed):
+    """U's first 53 bits straddle exp(-k): the count must be what U itself, extended by the next stream word,
+    says against a 300-bit exp(-k) (independent: mpmath at high precision)."""
+    import mpmath
+
+    head = int(mpmath.floor(mpmath.exp(-k) * 2**53)) + offset
+    spare = stream(seed)
+    extension = int(KeyStream(bytes([seed]) * 32).words(1)[0])
+    got = dg._exact_count(head, spare)
+    with mpmath.workprec(300):
+        u = (mpmath.mpf(head) * 2**64 + extension) / mpmath.mpf(2) ** 117
+        expected = int(sum(1 for j in range(1, 60) if u < mpmath.exp(-j)))
+    if spare.position == 8:  # one more word decided it: the count is that 117-bit U's
+        assert got == expected
+    else:
+        assert spare.position == 0 and got == expected  # the 53 bits alone decided it
+
+
 @pytest.mark.parametrize("variance", [2**20, 2**32, 2**44])
 def test_large_variances_have_the_right_moments(variance):
     draws = dg.discrete_gaussian(variance, 40_000, stream(1)).astype(np.float64)
@@ -353,3 +384,59 @@ def test_under_dp_only_the_means_travel_and_each_holder_counts_precision_one():
     shrunk = ActiveModel(3, 2, 8, 4, 8, unit_precision=True, noise_var=3.0, signal_var=1.0)
     loc, _ = shrunk.latent_moments(noised, torch.tensor([1, 2, 3, 4]))
     assert torch.allclose(loc[0], noised[0, :3] * 0.25) and torch.allclose(loc[3], noised[3, :3] * (4 / 7) / 4)
+
+
+class _FixedDraws:
+    """FALSE-VFL-II's imputation draws, fixed (the same in every pass of the reference below)."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)  # test data only
+        self.cache: dict = {}
+
+    def normal(self, shape, dtype, device):
+        if shape not in self.cache:
+            self.cache[shape] = torch.randn(shape, generator=self.gen, dtype=dtype)
+        return self.cache[shape]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(["I", "II"]), st.integers(1, 9), st.integers(1, 4), st.floats(1e-3, 1e3),
+       st.floats(0.05, 20.0), st.integers(0, 2**16))
+def test_ghost_clipping_is_each_rows_own_gradient_clipped_then_averaged(variant, rows, samples, scale, clip, seed):
+    """Against independent truth: each row's gradient by its own backward pass, clipped to `clip`, averaged."""
+    from falsevfl_secure.model.party import PartyModel
+    from falsevfl_secure.model.private_sgd import GRADIENT_GRID, PrivateGradients
+
+    gen = torch.Generator().manual_seed(seed)  # test weights and data: not secret here
+    torch.manual_seed(seed)
+    model = PartyModel(5, 3, 16, variant, 0.05, 8, cell_mask=True).double()
+    x = torch.randn(rows, 5, generator=gen, dtype=torch.float64) * scale
+    held = torch.rand(rows, generator=gen) < 0.8
+    observed = torch.rand(rows, 5, generator=gen) < 0.7
+    h = torch.randn(samples, rows, 3, generator=gen, dtype=torch.float64)
+    up_post = torch.randn(rows, 6, generator=gen, dtype=torch.float64)
+    up_lik = torch.randn(samples, rows, generator=gen, dtype=torch.float64)
+    draws = _FixedDraws(seed)
+
+    def per_row_terms():
+        post = model.posterior_contribution(x, held, observed) * up_post
+        lik = model.log_likelihood_contribution(h, x, held, draws, observed) * up_lik
+        return (post.sum(1) + lik.sum(0)) / rows  # (B,): each row's share of the mean loss
+
+    params = list(model.parameters())
+    width = sum(p.numel() for p in params)
+    limit = max(clip - math.sqrt(width) / (2 * GRADIENT_GRID), 0.0)
+    expected = torch.zeros(width, dtype=torch.float64)
+    for i in range(rows):
+        grads = torch.autograd.grad(per_row_terms()[i] * rows, params, allow_unused=True)
+        flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads,
+                                                                                                 strict=True)])
+        expected += flat * min(1.0, limit / max(float(flat.norm()), 1e-300))
+    expected /= rows
+    private = PrivateGradients(model, clip, 1e-20, stream(seed % 256))
+    model.zero_grad()
+    per_row_terms().sum().backward()
+    private.privatize()
+    got = torch.cat([p.grad.reshape(-1) for p in params])
+    # the grid's rounding and its unit-variance noise (the smallest the sampler draws): a few grid steps
+    torch.testing.assert_close(got, expected, rtol=0, atol=8.0 / GRADIENT_GRID)

@@ -123,7 +123,7 @@ def test_a_local_simulation_feeds_the_active_partys_own_trees_and_the_distribute
     from falsevfl_secure.runtime.local import run_local
     from falsevfl_secure.runtime.simulated import own_reference
 
-    cfg = replace(small(), options={**small().options, "own_reference": True})
+    cfg = replace(small(), max_rows=200, options={**small().options, "own_reference": True})
     role = simulated_role(cfg, ("mcar:0", "mcar:0.5"), range(cfg.parties), with_labels=True)
     train, tests = own_reference(cfg, role)
     labeled, (x, held) = role.train.labeled_index, role.train.blocks[cfg.active_index]

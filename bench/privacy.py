@@ -136,29 +136,35 @@ def _mean(records: list[dict], epsilon: str, name: str) -> float:
 
 
 def plot(records: list[dict], path: Path) -> None:
+    """Per dataset: accuracy and the label attack against epsilon, with the dataset's own baselines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    finite = sorted({float(r["epsilon"]) for r in records if str(r["epsilon"]) not in ("reference", "inf")})
-    keys = [*(str(e) for e in finite), "inf"]
-    xs = [*finite, max(finite, default=1.0) * 4]  # the last point: the same schedule without DP
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     panels = (("mean_accuracy", "accuracy (mean of 7 test patterns) %", "active_alone_mean", "active party alone"),
               ("label_attack_latent", "passive party's label attack on h %", "label_attack_own",
                "attacker's own features"))
-    for ax, (name, title, base, base_label) in zip(axes, panels, strict=True):
-        present = [(x, k) for x, k in zip(xs, keys, strict=True) if any(str(r["epsilon"]) == k for r in records)]
-        ax.plot([x for x, _ in present], [_mean(records, k, name) for _, k in present], "o-", label="FALSE-VFL-I, DP")
-        ax.axhline(float(np.mean([r[base] for r in records])), ls="--", c="gray", label=base_label)
-        if name == "mean_accuracy" and any(r["epsilon"] == "reference" for r in records):
-            ax.axhline(_mean(records, "reference", name), ls=":", c="black", label="preset, no DP")
-        ax.set_xscale("log")
-        ax.set_xticks([x for x, _ in present], [("no DP" if k == "inf" else f"{float(k):g}") for _, k in present])
-        ax.set_xlabel("epsilon per row (delta 1e-5)")
-        ax.set_title(title)
-        ax.legend()
+    finite = sorted({float(r["epsilon"]) for r in records if str(r["epsilon"]) not in ("reference", "inf")})
+    keys = [*(str(e) for e in finite), "inf"]
+    xs = [*finite, max(finite, default=1.0) * 4]  # the last point: the same schedule without DP
+    for i, dataset in enumerate(sorted({r["dataset"] for r in records})):
+        colour, mine = f"C{i}", [r for r in records if r["dataset"] == dataset]
+        for ax, (name, title, base, base_label) in zip(axes, panels, strict=True):
+            present = [(x, k) for x, k in zip(xs, keys, strict=True) if any(str(r["epsilon"]) == k for r in mine)]
+            ax.plot([x for x, _ in present], [_mean(mine, k, name) for _, k in present], "o-", c=colour,
+                    label=f"{dataset}: FALSE-VFL-I, DP")
+            ax.axhline(float(np.mean([r[base] for r in mine])), ls="--", c=colour, alpha=0.6,
+                       label=f"{dataset}: {base_label}")
+            if name == "mean_accuracy" and any(r["epsilon"] == "reference" for r in mine):
+                ax.axhline(_mean(mine, "reference", name), ls=":", c=colour, label=f"{dataset}: preset, no DP")
+            ax.set_xscale("log")
+            ax.set_xticks(xs, [("no DP" if k == "inf" else f"{float(k):g}") for k in keys])
+            ax.set_xlabel("epsilon per row (delta 1e-5)")
+            ax.set_title(title)
+    for ax in axes:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -114,6 +114,11 @@ class Node:
         for gradients in self.private.values():
             gradients.privatize()
 
+    def forget_private(self) -> None:
+        """Drop what DP-SGD's hooks kept of a step that will not update (abandoned, or a probe)."""
+        for gradients in self.private.values():
+            gradients.reset()
+
     def cells(self, batch: Batch) -> dict[int, Tensor]:
         """The observed-cell masks the party models see: the batch's under cell_handling "mask"; none
         under "mean", where the empty cells are the mean-imputed values of the data and count as observed."""
@@ -178,7 +183,7 @@ class HostedData:
     observed: dict[int, Tensor] = field(default_factory=dict)
     record_keys: np.ndarray | None = None
     patterns: np.ndarray | None = None  # public (N, K) holders, where public (see `PartyView`)
-    # The active party's extra inputs to its discriminator (N, e), values of its own (federation/reference.py)
+    # The active party's extra inputs to its discriminator (N, e), values of its own (reference.py)
     own_extra: Active[Tensor] = field(default_factory=Active.absent)
     dropped: set[int] = field(default_factory=set)  # parties that left a run that goes on without them
     _holders: tuple | None = field(default=None, repr=False)  # (patterns, n_observed) before any party left

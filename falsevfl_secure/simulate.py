@@ -155,6 +155,10 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
     if args.steps_per_epoch is not None:
         cfg = replace(cfg, train=replace(cfg.train, steps_per_epoch=args.steps_per_epoch))
     cfg = privacy_of(args, cfg).validate()
+    if cfg.privacy.enabled and (args.audit or args.resume):  # a probe restores the noise streams; a resume repeats
+        raise InputError(f"--{'audit' if args.audit else 'resume'} is refused under a privacy budget: it would "
+                         "release rows again (the probe step with noise drawn twice, a resumed epoch's rows anew), "
+                         "which the budget does not count")
     method_for(cfg)  # a budget refused for a method that it does not cover
     protocol.check_parties(cfg.parties, args.allow_two_party_disclosure)
     if cfg.privacy.enabled:  # the noise every party adds, stated once; then each party's own budget checked

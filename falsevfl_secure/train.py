@@ -53,6 +53,7 @@ def _step(node: Node, batch: Batch, stage: Stage, optimizers: dict) -> Active[Te
     adjoint rounds and its own local losses); the loss at the active party."""
     for opt in optimizers.values():
         opt.zero_grad(set_to_none=True)
+    node.forget_private()  # nothing of an earlier, abandoned step joins this one's rows
     objective = node.method.loss(node, batch, stage)
     node.transport.backward(objective.active, list(objective.local.values()))
     node.privatize()
@@ -119,6 +120,7 @@ def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimiz
                 raise
             for opt in optimizers.values():
                 opt.zero_grad(set_to_none=True)
+            node.forget_private()
             node.transport.abandon()
             index = handler(lost, (int(stage), epoch, index if batches is not None else -1))  # -1: before a step
             data.set_dropped(handler.lost)  # from now on they hold no row
@@ -159,6 +161,7 @@ def probe_step(node: Node, data: HostedData) -> None:
         objective = node.method.loss(node, max(stage_batches(node, data, stage, 0), key=lambda b: b.size), stage)
         node.transport.backward(objective.active, list(objective.local.values()))
         node.method.end_epoch(node, stage)
+    node.forget_private()
     for module, state in zip(node.modules(), saved, strict=True):
         module.load_state_dict(state)
         module.zero_grad(set_to_none=True)
@@ -282,6 +285,9 @@ def _rejoin(node: Node, checkpointers: list, optimizers: dict, stage: Stage, epo
     if node.cfg.privacy.enabled:  # its noise streams would restart at the checkpoint: noise drawn twice
         raise InputError("--rejoin: a party cannot come back to a run under a privacy budget (its noise streams "
                          "would restart at its checkpoint and repeat noise it already released)")
+    if stage is Stage.TRAIN and node.method.caches_stage2:  # stage 2's one pass is over: nothing to rejoin
+        raise InputError("--rejoin: stage 2 runs its rounds once (stage2_pass = \"once\"): a party cannot come "
+                         "back during it")
     for c in checkpointers:
         if c.available():
             saved = max(c.available(), key=progress_key)
@@ -295,6 +301,10 @@ def _resume(node: Node, checkpointers: list, optimizers: dict, agree: Agree | No
     """Restore every hosted party from the latest epoch all parties completed; the epochs to start from."""
     from .checkpoint import progress_key, restore_party
 
+    if node.cfg.privacy.enabled:  # the interrupted epoch (and a cached stage 2's pass) would run its rounds again
+        raise InputError("--resume: a run under a privacy budget cannot resume: the interrupted epoch's rows (with "
+                         "stage2_pass = \"once\" every labeled row, and the validation records) would be released "
+                         "again, which the budget does not count; train again from the start")
     common = set.intersection(*(set(c.available()) for c in checkpointers)) if checkpointers else set()
     common = agree(common) if agree is not None else common
     if not common:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from falsevfl_secure import privacy
+from falsevfl_secure import cached_stage, privacy
 from falsevfl_secure.cached_stage import Stage2Cache, cached_epoch
 from falsevfl_secure.config import PrivacyConfig, Stage
 from falsevfl_secure.errors import InputError
@@ -116,7 +116,7 @@ def test_the_budget_counts_stage_two_once_and_refuses_the_same_epochs_run_every_
         privacy.check_budget(replace(every, privacy=budget), "party 1")
 
 
-def test_a_local_simulation_feeds_the_active_partys_own_trees_and_the_distributed_one_refuses(tmp_path):
+def test_a_local_simulation_feeds_the_active_partys_own_trees_and_the_distributed_one_refuses(tmp_path, monkeypatch):
     from sklearn.ensemble import HistGradientBoostingClassifier
 
     from falsevfl_secure.runtime.distributed import run_distributed
@@ -137,9 +137,22 @@ def test_a_local_simulation_feeds_the_active_partys_own_trees_and_the_distribute
     # A training row's own label never reaches its own score (out of fold).
     assert not np.allclose(train[labeled], np.log(np.clip(trees.predict_proba(
         np.where(held[labeled, None], x[labeled], np.nan)), 1e-6, 1)), atol=1e-3)
+    # The discriminator reads them: its own inputs end with each row's score.
+    seen = []
+    monkeypatch.setattr(cached_stage, "own_inputs", lambda *a: seen.append(own_inputs(*a)) or seen[-1])
     nodes: list = []
-    result = run_local(cfg, ("mcar:0",), progress=False, keep=nodes)
-    own = nodes[0].active.get().model.own_inputs
-    assert own == 2 * x.shape[1] + 1 + role.n_classes and 0 <= result.accuracy["mcar:0"] <= 100
+    run_local(cfg, ("mcar:0",), progress=False, keep=nodes)
+    assert nodes[0].active.get().model.own_inputs == 2 * x.shape[1] + 1 + role.n_classes
+    cached_rows = np.concatenate([labeled[i:i + cfg.eval_batch_size] for i in range(0, len(labeled),
+                                                                                    cfg.eval_batch_size)])
+    np.testing.assert_allclose(torch.cat(seen)[:, -role.n_classes:].numpy(), train[cached_rows], rtol=1e-6)
     with pytest.raises(InputError, match="own_reference = true: the distributed simulation"):
         run_distributed(cfg, "plain", ("mcar:0",), progress=False, out_dir=tmp_path)
+
+
+def test_a_party_cannot_rejoin_a_stage_two_that_ran_its_rounds_once():
+    from falsevfl_secure.train import _rejoin
+
+    node, _ = hosted(small())
+    with pytest.raises(InputError, match="stage 2 runs its rounds once"):
+        _rejoin(node, [], {}, Stage.TRAIN, 1)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from sklearn import metrics as skm
 
 from falsevfl_secure.config import AUTO_BATCH, AUTO_EPOCHS, Config, Stage, StageConfig, sized_schedule
-from falsevfl_secure.federation.reference import fit_reference, lift_lines, lift_report
 from falsevfl_secure.methods import make_config
 from falsevfl_secure.metrics import classification_metrics, expected_calibration_error
+from falsevfl_secure.reference import fit_reference, lift_lines, lift_report
 
 
 def test_ece_of_a_hand_computed_example():
@@ -112,7 +112,7 @@ def test_stage_two_keeps_its_best_epoch_on_the_validation_records():
 
 
 def test_the_active_partys_own_trees_score_each_training_row_out_of_fold_and_refit_the_same_at_predict(tmp_path):
-    from falsevfl_secure.federation.reference import own_scores, refit_scores, save_own_rows
+    from falsevfl_secure.reference import own_scores, refit_scores, save_own_rows
 
     placed, x = _placed(300, 3)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)

@@ -335,8 +335,8 @@ def _two_party_cause(fed, present: list[str], text: str) -> str | None:
 
 
 def _summarise(fed, args: argparse.Namespace) -> None:
+    from ..reference import lift_lines
     from .quality import trees_lines, validation_summary
-    from .reference import lift_lines
 
     if args.command == "predict":
         print(_predictions_summary(Path(args.out)))

@@ -36,6 +36,7 @@ from ..node import resolve_device
 from ..placement import Active
 from ..privacy import LEDGER, TRAINING_PREDICTIONS, charge_prediction, check_budget
 from ..randomness import record_keys
+from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split
 from .aligned import (
@@ -54,7 +55,6 @@ from .aligned import (
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
 from .quality import trees_lines, validation_summary, validation_table
-from .reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from .store import Manifest, load_weights, save_model
 
 __all__ = ["PartyInput", "federation_program", "overlap_line", "predictions_csv", "read_inputs",

@@ -91,6 +91,14 @@ class FalseVfl(Method):
         if cfg.privacy.enabled and self.settings["latent_broadcast"] != "samples":
             raise InputError("privacy: latent_broadcast = \"moments\" is refused under a privacy budget (every "
                              "party would learn the exact posterior); use \"samples\"")
+        # The unit is one party's block of a record, added or removed: a party that does not hold a row must add
+        # nothing for it. FALSE-VFL-II's missingness term and MIWAE's zero blocks add a value there, so removing
+        # a block swaps one clipped value for another (sensitivity 2C, not the C the accounting assumes).
+        if cfg.privacy.enabled and (self.settings["variant"] == "II" or self.encodes_missing_blocks):
+            raise InputError("privacy: FALSE-VFL-II and encode_missing = \"zeros\" are refused under a privacy "
+                             "budget: a party adds a value for a row it does not hold, so removing its block "
+                             "changes a release by up to twice the clip; use FALSE-VFL-I with encode_missing = "
+                             "\"skip\"")
 
     @property
     def reads_own_reference(self) -> bool:

@@ -52,6 +52,8 @@ class _Layer:
         self.calls = []
         if not done:
             return None
+        if len({a.shape[1] for a, _ in done}) > 1:
+            raise RuntimeError("DP-SGD: one layer's calls in a step disagree on the batch size")
         return torch.cat([a for a, _ in done]), torch.cat([g for _, g in done])
 
     @property
@@ -83,6 +85,12 @@ class PrivateGradients:
             raise ValueError(f"DP-SGD has no per-row gradient for {uncovered} (use cell_handling = \"mean\")")
         self.clip, self.multiplier, self.stream = clip, multiplier, stream
 
+    def reset(self) -> None:
+        """Forget what the hooks kept: a step that was abandoned (a party left) or a probe never updates, and
+        its records must not join the next step's rows (a row would then count twice in one clip)."""
+        for layer in self.layers:
+            layer.calls = []
+
     def privatize(self) -> None:
         """Replace each parameter's gradient by the noised mean of the rows' clipped gradients."""
         taken = [(layer, layer.take()) for layer in self.layers]
@@ -90,9 +98,12 @@ class PrivateGradients:
         if not taken:
             return  # nothing trained this step (stage 2 freezes the party model)
         rows = taken[0][1][0].shape[1]
+        if any(a.shape[1] != rows for _, (a, _) in taken):
+            raise RuntimeError("DP-SGD: the party's layers disagree on the step's batch size")
         norms = sum(_row_sq_norms(a, g, layer.bias is not None) for layer, (a, g) in taken).sqrt() * rows
         width = sum(p.numel() for layer, _ in taken for p in (layer.module.weight, layer.bias) if p is not None)
-        limit = max(self.clip - math.sqrt(width) / (2 * GRADIENT_GRID), 0.0)  # within clip on the grid
+        # the rounded sum moves by at most |a_j| + 1 grid step per value when a row's a is added: sqrt(width) steps
+        limit = max(self.clip - math.sqrt(width) / GRADIENT_GRID, 0.0)
         scale = (limit / norms.clamp(min=1e-300)).clamp(max=1.0) * rows
         sums = []
         for layer, (a, g) in taken:
@@ -101,7 +112,7 @@ class PrivateGradients:
             sums += [weighted.sum((0, 1))] if layer.bias is not None else []
         total = torch.round(torch.cat(sums) * GRADIENT_GRID).to(torch.int64)
         variance = math.ceil((self.multiplier * self.clip * GRADIENT_GRID) ** 2)
-        noise = torch.from_numpy(discrete_gaussian(variance, total.numel(), self.stream))
+        noise = torch.from_numpy(discrete_gaussian(variance, total.numel(), self.stream)).to(total.device)
         self._assign(taken, (total + noise).double() / GRADIENT_GRID / rows)
 
     @staticmethod

@@ -19,7 +19,7 @@ from .records import RunResult
 
 @dataclass
 class ActiveBlock:
-    """The active party's block of one split, as its own reference model reads it (federation/reference.py)."""
+    """The active party's block of one split, as its own reference model reads it (reference.py)."""
 
     x: np.ndarray
     observed: np.ndarray
@@ -35,8 +35,8 @@ class ActiveBlock:
 def own_reference(cfg: Config, role: SimulatedRole) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
     """With `own_reference`: the active party's own trees' score of its training rows (out of fold on the
     labeled ones) and of every test split's rows (the trees fitted on all labeled rows); None otherwise."""
-    from ..federation.reference import own_scores
     from ..methods import method_for
+    from ..reference import own_scores
 
     if not method_for(cfg).reads_own_reference:
         return None

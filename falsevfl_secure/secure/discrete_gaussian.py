@@ -16,6 +16,7 @@ torch's or Python's generators.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -27,7 +28,7 @@ from ..randomness import KeyStream
 MARGIN = 2.0**-45  # relative bound on the float64 evaluation of gamma; larger margins only slow it down
 # Each proposal's acceptance, a little below the measured (0.63 and 0.66-0.75): one pass fills most calls
 LAPLACE_ACCEPTANCE, GAUSSIAN_ACCEPTANCE = 0.6, 0.62
-COUNT_MARGIN = 2.0**-50  # relative bound on numpy's exp(-k) in `geometric_exp1` (within an ulp or two)
+COUNT_MARGIN = 0.0  # extra relative margin on exp(-k) in `geometric_exp1` (its bounds are rigorous; tests widen it)
 _U53 = 2.0**-53
 
 
@@ -101,12 +102,26 @@ def geometric_exp1(n: int, stream: KeyStream) -> np.ndarray:
     margin; elsewhere (about 2^-40 per draw) more bits of U decide it against mpmath intervals."""
     u53 = stream.words(n) >> np.uint64(11)
     low, high = u53.astype(np.float64) * _U53, (u53.astype(np.float64) + 1) * _U53
-    v = np.floor(-np.log(np.maximum((low + high) / 2, _U53))).astype(np.int64)
-    below = (high <= np.exp(-v.astype(np.float64)) * (1 - COUNT_MARGIN)) | (v == 0)  # U < exp(-v), certainly
-    above = low >= np.exp(-(v + 1).astype(np.float64)) * (1 + COUNT_MARGIN)  # U >= exp(-(v + 1)), certainly
+    v = np.floor(-np.log(np.maximum((low + high) / 2, _U53))).clip(0, COUNTS - 2).astype(np.int64)
+    below_exp, above_exp = _exp_bounds()
+    below = (high <= below_exp[v] * (1 - COUNT_MARGIN)) | (v == 0)  # U < exp(-v), certainly
+    above = low >= above_exp[v + 1] * (1 + COUNT_MARGIN)  # U >= exp(-(v + 1)), certainly
     for i in np.flatnonzero(~(below & above)):
         v[i] = _exact_count(int(u53[i]), stream)
     return v
+
+
+COUNTS = 40  # U >= 2^-53, so the count is at most 36: exp(-k) for k < 40 covers every draw
+
+
+@functools.cache
+def _exp_bounds() -> tuple[np.ndarray, np.ndarray]:
+    """float64 values below and above exp(-k), k = 0..COUNTS-1, from mpmath's interval arithmetic: the fast
+    path's comparisons then rest on no float library's rounding."""
+    bounds = [_exp_interval(Fraction(k), 80) for k in range(COUNTS)]
+    below = np.array([float(low) for low, _ in bounds]) * (1 - 2.0**-52)  # float() rounds to nearest: step off
+    above = np.array([float(high) for _, high in bounds]) * (1 + 2.0**-52)
+    return below, above
 
 
 def _exact_count(head: int, stream: KeyStream) -> int:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fsio import atomic_write
-from ..metrics import primary, task_metrics
+from .fsio import atomic_write
+from .metrics import primary, task_metrics
 
 MODELS = ("linear", "hgb")
 

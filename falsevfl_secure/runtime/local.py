@@ -17,7 +17,7 @@ from ..methods import build_node
 from ..node import resolve_device
 from ..placement import Active
 from ..randomness import RoleSecret
-from ..train import EpochHook, evaluate, fit, host_split
+from ..train import EpochHook, HostedData, evaluate, fit, host_split
 from ..transport import LocalTransport
 from .records import RunResult
 from .simulated import own_reference, run_result, simulated_role
@@ -47,7 +47,7 @@ def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progr
                       "plain", "local", str(device), node.transport.log.table(), timed=False)
 
 
-def hosted(view, device, n_classes: int, scores) -> object:
+def hosted(view, device, n_classes: int, scores) -> HostedData:
     """A split as the node holds it, with the active party's own trees' score where it has one."""
     data = host_split(view, device, n_classes)
     if scores is not None:

@@ -156,3 +156,22 @@ def test_a_party_cannot_rejoin_a_stage_two_that_ran_its_rounds_once():
     node, _ = hosted(small())
     with pytest.raises(InputError, match="stage 2 runs its rounds once"):
         _rejoin(node, [], {}, Stage.TRAIN, 1)
+
+
+def test_a_distributed_mpc_run_with_one_pass_of_stage_two_under_a_budget(tmp_path):
+    """Every party in its own process, masks on the sums, noise under a budget: stage 2's one pass and the
+    epochs after it (only the active party trains) end with every pattern scored and each party's epsilon."""
+    import contextlib
+    import io
+    import json
+
+    from falsevfl_secure import simulate
+
+    out = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = simulate.main(["--protocol", "mpc", "--max-rows", "300", "--pretrain-epochs", "1", "--train-epochs",
+                              "4", "--stage2-pass", "once", "--epsilon", "3", "--quiet", "--out", str(out)])
+    result = json.loads((out / "result.json").read_text())
+    assert code == 0 and result["config"]["options"]["stage2_pass"] == "once" and len(result["accuracy"]) == 7
+    assert all(p["epsilon"] <= 3.0 for p in result["privacy"])
+    assert result["losses"]["train"] and all(math.isfinite(v) for v in result["losses"]["train"])

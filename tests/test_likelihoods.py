@@ -171,3 +171,37 @@ def test_cross_entropy_of_a_group_is_its_softmax():
     x = torch.tensor([[0.0, 0.0, 1.0]])
     got = cell_log_likelihood(CellLayout.from_kinds([("categorical", 0, 3)]), x, logits, torch.ones(1, 3), None)
     assert math.isclose(float(got), float(torch.log_softmax(logits, -1)[0, 2]), rel_tol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cols=columns, seed=st.integers(0, 2**31))
+def test_a_typed_decoder_emits_a_std_for_gaussian_cells_only_and_is_read_in_kind_order(cols, seed):
+    """The decoder's numbers, kind ordered (module docstring), scored against torch.distributions column by
+    column; FALSE-VFL-II's stand-ins are the Gaussian cells' draws and the other kinds' probabilities."""
+    from falsevfl_secure.model.likelihood import cell_means
+    from falsevfl_secure.model.party import PartyModel, likelihood_terms
+
+    gen = torch.Generator().manual_seed(seed)
+    layout = layout_of(cols)
+    x, observed, _, _ = draw_block(cols, 5, gen, 1.0)
+    model = PartyModel(layout.width, 3, 8, layout=layout).double()
+    first, std = model.decode(torch.randn(2, 5, 3, generator=gen, dtype=torch.float64))
+    n_gaussian = sum(kind == "numeric" for kind, _ in cols)
+    assert model.decoder[-1].out_features == (2 * layout.width if layout.all_gaussian else layout.width + n_gaussian)
+    mean = layout.in_columns(first) if not layout.all_gaussian else first  # column order
+    full_std = torch.ones_like(mean)
+    full_std[..., list(layout.gaussian)] = std
+    got = likelihood_terms(first, std, x, torch.ones(5, dtype=torch.bool), observed=observed, layout=layout)
+    for s in range(2):
+        torch.testing.assert_close(got[s], expected_log_likelihood(cols, x, observed, mean[s], full_std[s]))
+    noise = torch.randn(first.shape, generator=gen, dtype=torch.float64)
+    stand_in, start = cell_means(layout, first, std, noise), 0
+    noise_at = noise if layout.all_gaussian else layout.in_columns(noise)
+    for kind, width in cols:
+        cells = slice(start, start + width)
+        if kind == "numeric":
+            expected = mean[..., cells] + full_std[..., cells] * noise_at[..., cells]
+        else:
+            expected = torch.sigmoid(mean[..., cells]) if kind == "binary" else torch.softmax(mean[..., cells], -1)
+        torch.testing.assert_close(stand_in[..., cells], expected)
+        start += width

@@ -1,15 +1,17 @@
 """A party's decoder likelihood p(x^k | h), one distribution per column kind.
 
 A party's block is its encoded table: a standardised numeric column is one cell, a binary column (two
-values in training) one cell, a categorical column one one-hot group of cells. The decoder emits two
-numbers per cell (its output shape does not depend on the kinds, so checkpoints and batched parties
-stay as they were); how they are read depends on the cell's kind:
+values in training) one cell, a categorical column one one-hot group of cells. How the decoder's output
+is read depends on the layout:
 
-- Gaussian (numeric): N(x; mean, std^2), std = softplus(raw) + floor (the paper's choice for every cell);
-- Bernoulli (binary): the encoding writes a two-valued column as 0 (the smaller value) and 1 (the larger);
-  the first number is the logit of 1; the second is unused;
-- categorical (one-hot group): the first numbers of the group's cells are the logits of a softmax over
-  the group; the second numbers are unused.
+- every cell Gaussian (the paper's model, every `simulate` dataset): a mean and a std per cell,
+  N(x; mean, std^2), std = softplus(raw) + floor;
+- typed (a table with binary or categorical columns): one number per cell in the layout's kind order
+  (the Gaussian cells' means, the binary cells' logits, the categorical groups' logits) and then a std per
+  Gaussian cell only. A Bernoulli cell's number is the logit of 1 (the encoding writes a two-valued
+  column as 0, the smaller value, and 1); a categorical group's numbers are the logits of a softmax over
+  the group. Kind order makes every kind one contiguous slice (no per-cell mask or gather over the S x B
+  samples); the x and observed blocks, S times smaller, are put in that order instead.
 
 An unobserved cell adds exactly 0 and passes no gradient; a group counts as observed when its first cell
 is (the encoding marks a group's cells together). The layout is the party's own (derived from its own
@@ -39,7 +41,7 @@ class CellLayout:
     gaussian: tuple[int, ...]
     binary: tuple[int, ...] = ()
     groups: tuple[tuple[int, int], ...] = ()
-    _masks: dict = field(default_factory=dict, compare=False, repr=False)
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def numeric(cls, width: int) -> CellLayout:
@@ -63,62 +65,106 @@ class CellLayout:
     def all_gaussian(self) -> bool:
         return not self.binary and not self.groups
 
-    def masks(self, device: torch.device) -> dict[str, Tensor]:
-        """(width,) bool masks of the Gaussian, Bernoulli and categorical cells on `device` (made once)."""
-        if device not in self._masks:
-            kinds = torch.zeros(self.width, dtype=torch.long)
-            kinds[list(self.binary)] = 1
-            for a, b in self.groups:
-                kinds[a:b] = 2
-            self._masks[device] = {name: (kinds == i).to(device) for i, name in enumerate(KINDS)}
-        return self._masks[device]
+    @property
+    def decoder_width(self) -> int:
+        """The numbers the decoder emits per sample and row (see the module's docstring)."""
+        return 2 * self.width if self.all_gaussian else self.width + len(self.gaussian)
+
+    @property
+    def ordered_groups(self) -> tuple[tuple[int, int], ...]:
+        """The categorical groups' [start, stop) in kind order: after the Gaussian and binary cells."""
+        start, out = len(self.gaussian) + len(self.binary), []
+        for a, b in self.groups:
+            out.append((start, start + b - a))
+            start += b - a
+        return tuple(out)
+
+    def order(self, device: torch.device) -> Tensor:
+        """(width,) the cells in kind order: Gaussian, binary, then each group's cells (made once per device)."""
+        if ("order", device) not in self._cache:
+            cells = [*self.gaussian, *self.binary, *(c for a, b in self.groups for c in range(a, b))]
+            self._cache["order", device] = torch.tensor(cells, dtype=torch.long, device=device)
+        return self._cache["order", device]
+
+    def in_order(self, values: Tensor) -> Tensor:
+        """A block (..., width) in column order put in kind order."""
+        return values.index_select(-1, self.order(values.device))
+
+    def in_columns(self, values: Tensor) -> Tensor:
+        """A block (..., width) in kind order put back in column order."""
+        if ("columns", values.device) not in self._cache:
+            self._cache["columns", values.device] = torch.argsort(self.order(values.device))
+        return values.index_select(-1, self._cache["columns", values.device])
 
 
 def _where(mask: Tensor | None, cells: Tensor) -> Tensor:
     return cells if mask is None else torch.where(mask, cells, torch.zeros_like(cells))
 
 
-def _typed_cells(x: Tensor, mean: Tensor, std: Tensor, masks: dict[str, Tensor]) -> Tensor:
-    """Each cell's own term, elementwise over the whole block (masks and slices, no gather: a gather's
-    copies and scatters cost more than the arithmetic here): the Gaussian log-density, the Bernoulli
-    log-probability of x > 0.5, and x * logit for a categorical cell (its group's normaliser comes after)."""
-    z = (x - mean) / std
-    gaussian = -0.5 * (z * z) - std.log() - 0.5 * math.log(2 * math.pi)
-    # log sigmoid(+-logit) as -softplus(-+logit): x * l - softplus(l) loses exp(-20) where softplus turns linear
-    bernoulli = -F.softplus(torch.where(x > 0.5, -mean, mean))
-    out = torch.where(masks["numeric"], gaussian, torch.zeros_like(gaussian))
-    out = torch.where(masks["binary"], bernoulli, out)
-    return torch.where(masks["categorical"], x * mean, out)
+def read_decoder(layout: CellLayout | None, decoded: Tensor, min_std: float) -> tuple[Tensor, Tensor]:
+    """(first, std) from the decoder's output: every cell's mean or logits, (..., width), and the std of
+    the Gaussian cells (all of them for an all-Gaussian layout) with a floor, so that the likelihood of
+    standardised data cannot diverge by collapsing a variance."""
+    if layout is None or layout.all_gaussian:
+        first, raw_std = decoded.chunk(2, dim=-1)
+    else:
+        first, raw_std = decoded[..., :layout.width], decoded[..., layout.width:]
+    return first, F.softplus(raw_std) + min_std
 
 
-def _normalisers(layout: CellLayout, logit: Tensor, observed: Tensor | None) -> Tensor | float:
-    """The sum over the observed categorical groups of logsumexp(the group's logits), a slice per group."""
-    total = 0.0
-    for start, stop in layout.groups:
-        normaliser = torch.logsumexp(logit[..., start:stop], dim=-1)
-        total = total + _where(None if observed is None else observed[..., start], normaliser)
+def _kind_terms(layout: CellLayout, x: Tensor, first: Tensor, std: Tensor, observed: Tensor | None) -> Tensor:
+    """The summed log-likelihood with x, observed and first in kind order, std of the Gaussian cells. Split,
+    not sliced: a split's backward is one concatenation, a slice's a zero-filled tensor per slice."""
+    sizes = [len(layout.gaussian), len(layout.binary), sum(b - a for a, b in layout.groups)]
+    (mean, logit, logits), (xg, xb, xc) = first.split(sizes, -1), x.split(sizes, -1)
+    seen = [None] * 3 if observed is None else observed.split(sizes, -1)
+    total = torch.zeros((), dtype=first.dtype, device=first.device)
+    if sizes[0]:
+        z = (xg - mean) / std
+        total = total + _where(seen[0], -0.5 * (z * z) - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+    if sizes[1]:
+        # log sigmoid(+-logit) as -softplus(-+logit): x * l - softplus(l) loses exp(-20) where softplus turns linear
+        total = total - _where(seen[1], F.softplus(torch.where(xb > 0.5, -logit, logit))).sum(-1)
+    if sizes[2]:
+        # x . logits over the one-hot cells (x zeroed where unobserved on the (B, d) block, before it
+        # broadcasts over the samples), then each observed group's normaliser
+        total = total + (_where(seen[2], xc) * logits).sum(-1)
+        widths = [b - a for a, b in layout.groups]
+        normalisers = torch.stack([torch.logsumexp(group, -1) for group in logits.split(widths, -1)], -1)
+        firsts = None if observed is None else seen[2][..., [a - sizes[0] - sizes[1] for a, _ in layout.ordered_groups]]
+        total = total - _where(firsts, normalisers).sum(-1)
     return total
+
+
+def decoded_log_likelihood(layout: CellLayout | None, x: Tensor, observed: Tensor | None, first: Tensor,
+                           std: Tensor) -> Tensor:
+    """log p(x_obs | h) summed over the last axis from `read_decoder`'s (first, std); x and `observed`
+    in column order (`observed` None: every cell observed)."""
+    if layout is None or layout.all_gaussian:
+        return diagonal_gaussian_log_prob(x, first, std) if observed is None else \
+            observed_gaussian_log_prob(x, first, std, observed)
+    return _kind_terms(layout, layout.in_order(x), first, std, None if observed is None else layout.in_order(observed))
 
 
 def cell_log_likelihood(layout: CellLayout | None, x: Tensor, mean: Tensor, std: Tensor,
                         observed: Tensor | None) -> Tensor:
-    """log p(x_obs | h) summed over the last axis; `mean` doubles as the logits of non-Gaussian cells.
-    `observed` None: every cell observed. An all-Gaussian layout computes exactly what it always did."""
+    """log p(x_obs | h) summed over the last axis, with every tensor in column order: `mean` (..., width)
+    doubles as the logits of non-Gaussian cells, whose `std` is not read. An all-Gaussian layout computes
+    exactly the paper's Gaussian."""
     if layout is None or layout.all_gaussian:
-        return diagonal_gaussian_log_prob(x, mean, std) if observed is None else \
-            observed_gaussian_log_prob(x, mean, std, observed)
-    cells = _where(observed, _typed_cells(x, mean, std, layout.masks(mean.device)))
-    return cells.sum(-1) - _normalisers(layout, mean, observed)
+        return decoded_log_likelihood(layout, x, observed, mean, std)
+    gaussian = torch.tensor(layout.gaussian, dtype=torch.long, device=std.device)
+    return decoded_log_likelihood(layout, x, observed, layout.in_order(mean), std.index_select(-1, gaussian))
 
 
-def cell_means(layout: CellLayout | None, mean: Tensor, std: Tensor, noise: Tensor) -> Tensor:
-    """A stand-in for the values a party lacks (FALSE-VFL-II's imputation): Gaussian cells a reparameterised
+def cell_means(layout: CellLayout | None, first: Tensor, std: Tensor, noise: Tensor) -> Tensor:
+    """A stand-in, in column order, for the values a party lacks (FALSE-VFL-II's imputation) from
+    `read_decoder`'s (first, std) and standard normal `noise` (..., width): Gaussian cells a reparameterised
     draw mean + std * noise; Bernoulli and categorical cells their expected one-hot value (the decoder's
     probabilities: a binary cell is encoded 0/1), not a draw."""
-    draw = mean + std * noise
     if layout is None or layout.all_gaussian:
-        return draw
-    out = torch.where(layout.masks(mean.device)["binary"], torch.sigmoid(mean), draw)
-    for start, stop in layout.groups:
-        out = torch.cat([out[..., :start], torch.softmax(mean[..., start:stop], dim=-1), out[..., stop:]], dim=-1)
-    return out
+        return first + std * noise
+    g, b = len(layout.gaussian), len(layout.binary)
+    parts = [first[..., :g] + std * noise[..., :g], torch.sigmoid(first[..., g:g + b])]
+    parts += [torch.softmax(first[..., start:stop], dim=-1) for start, stop in layout.ordered_groups]
+    return layout.in_columns(torch.cat(parts, dim=-1))

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..randomness import KeyStream, RecordNoise, SharedNoise
-from .likelihood import CellLayout, cell_log_likelihood, cell_means
+from .likelihood import CellLayout, cell_means, decoded_log_likelihood, read_decoder
 from .mlp import mlp
 
 MIN_PRECISION = 1e-3
@@ -51,18 +51,18 @@ def posterior_terms(encoded: Tensor, held: Tensor) -> Tensor:
     return torch.where(held.unsqueeze(-1), contribution, torch.zeros_like(contribution))
 
 
-def decoder_gaussian(decoded: Tensor, min_std: float) -> tuple[Tensor, Tensor]:
-    """Mean and standard deviation of p(x^k | h) from the decoder output; the std has a floor so
-    that the likelihood of standardised data cannot diverge by collapsing a variance."""
-    mean, raw_std = decoded.chunk(2, dim=-1)
-    return mean, F.softplus(raw_std) + min_std
+def decoder_gaussian(decoded: Tensor, min_std: float, layout: CellLayout | None = None) -> tuple[Tensor, Tensor]:
+    """(first, std) of p(x^k | h) from the decoder output, read per `layout` (model/likelihood.py): every
+    cell's mean or logits and the Gaussian cells' std, which has a floor so that the likelihood of
+    standardised data cannot diverge by collapsing a variance."""
+    return read_decoder(layout, decoded, min_std)
 
 
-def likelihood_terms(mean: Tensor, std: Tensor, x: Tensor, held: Tensor,
+def likelihood_terms(first: Tensor, std: Tensor, x: Tensor, held: Tensor,
                      indicator: Callable[[Tensor], Tensor] | None = None, noise: Tensor | None = None,
                      observed: Tensor | None = None, layout: CellLayout | None = None) -> Tensor:
-    """One party's term of the summed log-likelihood, (..., S, B), from the decoder's (mean, std) of shape
-    (..., S, B, d) read per cell kind by `layout` (None: every cell Gaussian, N(mean, std^2)), its block x
+    """One party's term of the summed log-likelihood, (..., S, B), from the decoder's (first, std)
+    (`decoder_gaussian`; `layout` None: every cell Gaussian, N(first, std^2), both (..., S, B, d)), its block x
     (..., B, d), held rows (..., B) and observed cells (..., B, d) (None: every cell of a held row).
 
     FALSE-VFL-I: log p(x^k_obs | h_j), summed over the observed cells of held rows; 0 elsewhere.
@@ -73,12 +73,12 @@ def likelihood_terms(mean: Tensor, std: Tensor, x: Tensor, held: Tensor,
     """
     x_s, held_s = impute_cells(x, observed).unsqueeze(-3), held.unsqueeze(-2)  # broadcast over the S samples
     observed_s = None if observed is None else observed.unsqueeze(-3)
-    log_lik = cell_log_likelihood(layout, x_s, mean, std, observed_s)
+    log_lik = decoded_log_likelihood(layout, x_s, observed_s, first, std)
     present = held_s.unsqueeze(-1) if observed is None else held_s.unsqueeze(-1) & observed_s
     term = torch.where(held_s, log_lik, torch.zeros_like(log_lik))
     if indicator is None:
         return term
-    imputed = cell_means(layout, mean, std, noise)
+    imputed = cell_means(layout, first, std, noise)
     x_full = torch.where(present, x_s.expand_as(imputed), imputed)
     logit = indicator(x_full).squeeze(-1)
     # m = 1 means "missing": log p(m=1|x) = log sigmoid(logit), log p(m=0|x) = log sigmoid(-logit).
@@ -131,7 +131,7 @@ class PartyModel(nn.Module):
         self.min_decoder_std = min_decoder_std
         self.unit_precision = unit_precision  # under DP: only the means travel, every party's precision is 1
         self.encoder = mlp([n_features, hidden, 2 * h_dim])
-        self.decoder = mlp([h_dim, hidden, 2 * n_features])
+        self.decoder = mlp([h_dim, hidden, 2 * n_features if self.layout is None else self.layout.decoder_width])
         self.indicator = (
             mlp([n_features, indicator_hidden, indicator_hidden, 1]) if variant == "II" else None
         )
@@ -162,8 +162,8 @@ class PartyModel(nn.Module):
         return terms
 
     def decode(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and standard deviation of p(x^k | h)."""
-        return decoder_gaussian(self.decoder(h), self.min_decoder_std)
+        """(first, std) of p(x^k | h): every cell's mean or logits and the Gaussian cells' std (`decoder_gaussian`)."""
+        return decoder_gaussian(self.decoder(h), self.min_decoder_std, self.layout)
 
     def log_likelihood_contribution(self, h: Tensor, x: Tensor, held: Tensor, noise: Noise | None = None,
                                     observed: Tensor | None = None) -> Tensor:

@@ -110,7 +110,7 @@ class PartyStack:
             return out.reshape(n_parties, n_samples, batch, out.shape[-1])
 
         mean, std = decoder_gaussian(per_sample([m.decoder for m in self.parties.values()], hs),
-                                     self.min_decoder_std)
+                                     self.min_decoder_std, self.layout)
         indicator = noise = None
         if self.has_indicator:
             noise = torch.stack([noises[k].normal(tuple(mean.shape[1:]), mean.dtype, mean.device)

@@ -4,6 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ARGS    ?=
+# make test: pytest-xdist workers (two: CI's cores; most of the suite's wall time is real processes waiting on
+# each other, so two workers share the cores; a `timed` test runs alone, tests/conftest.py). 0: one process.
+WORKERS ?= 2
 
 .PHONY: simulate federation test bench lint venv clean
 
@@ -36,7 +39,7 @@ federation: $(STAMP)
 	$(BIN)/python -m falsevfl_secure.federation score --predictions runs/federation/predictions.csv --truth runs/federation/truth.csv
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider $(ARGS)
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(WORKERS) $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/accuracy.py --dataset digits --train mcar:0.2 --variant I --seeds 0 --preset quick --out runs/bench

@@ -9,10 +9,13 @@ so the numbers behind each privacy claim are printed by the run that checks them
 from __future__ import annotations
 
 import collections
+import fcntl
+import json
 import os
 import shutil
 import signal
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +99,44 @@ def terminal_ctrl_c():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(autouse=True)
+def machine_share(request):
+    """Under pytest-xdist (`make test` runs two workers), a test marked `timed` (its assertion bounds a wall
+    time, process start-up included) runs with no other test beside it; others share the machine.
+
+    A fair readers-writer lock over two flock files of this run: every test passes the turnstile, then holds
+    the room shared; a timed test holds the turnstile (no new test starts) until the room is its own."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"falsevfl-tests-{run}"
+    folder.mkdir(exist_ok=True)
+    timed = request.node.get_closest_marker("timed") is not None
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "room", "a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if timed else fcntl.LOCK_SH)
+        if not timed:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # both files close (and unlock) after the test
+
+
+def pytest_sessionfinish(session) -> None:
+    """An xdist worker hands its reports to the controller (`pytest_testnodedown`)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["attacks"] = json.dumps(session.config.stash.get(ATTACKS, []))
+        out["refused"] = json.dumps(dict(session.config.stash.get(REFUSED, {})))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """The controller merges each worker's attack and bad-input reports into its own."""
+    out = getattr(node, "workeroutput", {})
+    node.config.stash.setdefault(ATTACKS, []).extend(tuple(line) for line in json.loads(out.get("attacks", "[]")))
+    node.config.stash.setdefault(REFUSED, collections.Counter()).update(json.loads(out.get("refused", "{}")))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

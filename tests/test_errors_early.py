@@ -120,6 +120,7 @@ def trained(tmp_path_factory) -> Path:
 # -- check: the key against the own pin, every pin, the tables; in seconds -------------------------------
 
 
+@pytest.mark.timed
 def test_check_refuses_another_roles_key_file_naming_whose_it_is(tmp_path, refused):
     config = demo(tmp_path)
     key_file(config, "lab").write_bytes(key_file(config, "insurer").read_bytes())
@@ -128,6 +129,7 @@ def test_check_refuses_another_roles_key_file_naming_whose_it_is(tmp_path, refus
     refused("federation key")
 
 
+@pytest.mark.timed
 def test_check_refuses_a_key_file_that_is_no_key(tmp_path, refused):
     config = demo(tmp_path)
     key_file(config, "lab").write_text("not a key\n")
@@ -136,6 +138,7 @@ def test_check_refuses_a_key_file_that_is_no_key(tmp_path, refused):
     refused("federation key")
 
 
+@pytest.mark.timed
 def test_check_refuses_a_mistyped_own_pin_and_a_peer_pin_that_is_no_key(tmp_path, refused):
     config = demo(tmp_path)
     text = config.read_text()
@@ -149,6 +152,7 @@ def test_check_refuses_a_mistyped_own_pin_and_a_peer_pin_that_is_no_key(tmp_path
     refused("federation key")
 
 
+@pytest.mark.timed
 def test_check_refuses_one_key_pinned_for_two_roles(tmp_path, refused):
     config = demo(tmp_path)
     config.write_text(config.read_text().replace(pin_of(config, "clinic"), pin_of(config, "insurer")))
@@ -157,6 +161,7 @@ def test_check_refuses_one_key_pinned_for_two_roles(tmp_path, refused):
     refused("federation key")
 
 
+@pytest.mark.timed
 def test_check_shows_a_decimal_comma_in_seconds(tmp_path, refused):
     config = demo(tmp_path)
     set_cell(tmp_path / "lab" / "train.csv", 2, 1, '"1,5"')
@@ -168,6 +173,7 @@ def test_check_shows_a_decimal_comma_in_seconds(tmp_path, refused):
 # -- train and predict: their own files first, before anything connects --------------------------------
 
 
+@pytest.mark.timed
 def test_train_with_a_bad_table_stops_in_seconds_with_one_line(tmp_path, refused):
     config = demo(tmp_path)
     set_cell(tmp_path / "lab" / "train.csv", 2, 1, "abc")
@@ -177,6 +183,7 @@ def test_train_with_a_bad_table_stops_in_seconds_with_one_line(tmp_path, refused
     refused("federation input")
 
 
+@pytest.mark.timed
 def test_train_with_another_roles_key_stops_before_connecting(tmp_path, refused):
     """Before: the party connected, and the peers' words came back after the join timeout."""
     config = demo(tmp_path)

@@ -171,6 +171,7 @@ def _populate(hs) -> tuple[list[str], str, list[int], subprocess.Popen]:
     return names, tag, [registered.pid, stray.pid], stray
 
 
+@pytest.mark.timed
 def test_teardown_leaves_nothing():
     t0 = time.monotonic()
     with hosts(3) as hs:

@@ -109,6 +109,7 @@ def test_documented_preset_names_load(tmp_path, preset, dataset, epochs):
 # ---------------------------------------------------------------------------------------------- check
 
 
+@pytest.mark.timed
 def test_check_reads_messy_sklearn_tables_in_about_a_second(tmp_path):
     written = write_federation(tmp_path, Spec(dataset="wine", missing=0.15, categorical=True, ids="mixed",
                                               extra={"id_pattern": MIXED_PATTERN}))
@@ -135,6 +136,7 @@ def test_check_of_one_party_names_the_bad_cell_without_starting_anything(tmp_pat
     refused("federation check")
 
 
+@pytest.mark.timed
 def test_train_and_predict_check_every_table_before_launching(tmp_path, refused):
     # Issue 22, problems 7 and 8: table problems surfaced after every party process started (11 to 45 s),
     # and the launcher cut the message at 300 characters.

@@ -97,7 +97,11 @@ def party_state(node: Node, party: int, optimizers: dict) -> dict:
 def restore_party(node: Node, party: int, state: dict, optimizers: dict) -> None:
     role = node.parties[party]
     for name, module in node.method.checkpoint_modules(node, party).items():
-        module.load_state_dict(state[name])
+        try:
+            module.load_state_dict(state[name])
+        except (RuntimeError, KeyError) as error:  # shapes of another build (e.g. an older decoder format)
+            raise InputError(f"party {party}: its checkpoint's {name} does not fit this build's networks "
+                             f"({str(error).splitlines()[0]}); train again without --resume") from error
     role.randomness.load(RoleSecret.from_tensor(state["secret"]), state["streams"])
     for name, opt_state in state["optimizers"].items():
         if name in optimizers:

@@ -83,7 +83,7 @@ class PrivacyConfig:
     noise_multiplier: float = 0.0
     collusion: int = 0
     # Per-row L2 clip norms of the summed rounds: the posterior's natural parameters, the likelihood's
-    # log-densities centred over the samples, the latent gradient's two moments (`privacy.propose_clips`).
+    # log-densities centred over the samples, the latent gradient's two moments (no helper proposes them yet).
     # Defaults: per-row norms measured on digits (h_dim 32: medians after 10 epochs; the gradient between its
     # median at the start, 18, and after 10 epochs, 131; README "Output privacy").
     clip_posterior: float = 6.0

@@ -102,3 +102,26 @@ def test_distributed_run_interrupted_by_ctrl_c_resumes_to_the_same_parameters(tm
     run_distributed(cfg, "plain", PATTERNS, progress=False, out_dir=tmp_path / "resumed",
                     checkpoint_dir=tmp_path / "b", resume=True)
     assert_same_states(final_states(tmp_path / "a", 2), final_states(tmp_path / "b", 2))
+
+
+def test_a_checkpoint_whose_networks_have_other_shapes_is_refused_with_one_line(tmp_path):
+    """A checkpoint of another build (an older decoder format: other output widths) under the same settings:
+    resuming from it is an InputError naming the party and the module, not torch's size-mismatch traceback."""
+    from falsevfl_secure.errors import InputError
+
+    cfg = small_config()
+
+    def killer(stage, epoch, optimizers):
+        if (int(stage), epoch) == (1, 0):
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, after_epoch=killer, secrets=SECRETS)
+    store = Checkpointer(tmp_path, 0)
+    progress = (Stage.PRETRAIN, 0)  # the last stage-1 epoch it completed
+    state = store.load(progress)
+    name = next(k for k in state["party_module"] if k.startswith("decoder") and k.endswith("weight"))
+    state["party_module"][name] = state["party_module"][name][:-1]  # one output fewer
+    store.save(progress, state)
+    with pytest.raises(InputError, match="party 0: its checkpoint's party_module does not fit"):
+        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, resume=True)

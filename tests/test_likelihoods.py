@@ -205,3 +205,16 @@ def test_a_typed_decoder_emits_a_std_for_gaussian_cells_only_and_is_read_in_kind
             expected = torch.sigmoid(mean[..., cells]) if kind == "binary" else torch.softmax(mean[..., cells], -1)
         torch.testing.assert_close(stand_in[..., cells], expected)
         start += width
+
+
+def test_a_group_counts_as_observed_by_its_first_cell_alone():
+    """The encoding marks a group's cells together; where a mask says otherwise, the first cell decides."""
+    layout = CellLayout.from_kinds([("numeric", 0, 1), ("categorical", 1, 4), ("binary", 4, 5), ("categorical", 5, 7)])
+    x = torch.tensor([[0.5, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]])
+    mean = torch.tensor([[0.1, 2.0, -1.0, 0.5, 0.3, 1.5, -0.5]])
+    std = torch.full((1, 7), 0.7)
+    first_only = torch.tensor([[True, True, False, False, True, False, True]])  # group 1 by its first cell only
+    expected = (Normal(0.1, 0.7).log_prob(torch.tensor(0.5))
+                + Categorical(logits=mean[0, 1:4]).log_prob(torch.tensor(1))
+                + Bernoulli(logits=torch.tensor(0.3)).log_prob(torch.tensor(1.0)))  # group 2's first cell unobserved
+    torch.testing.assert_close(cell_log_likelihood(layout, x, mean, std, first_only)[0], expected)

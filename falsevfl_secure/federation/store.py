@@ -126,4 +126,5 @@ def load_weights(model_dir: Path, node: Node, rank: int) -> None:
         if "secret" in state:
             role.randomness.load(RoleSecret.from_tensor(state["secret"]), {})
     except Exception as error:  # a missing, foreign or corrupt file: torch raises several types here
-        raise InputError(f"{path}: not this party's saved model ({type(error).__name__})") from error
+        raise InputError(f"{path}: not this party's saved model, or one of an older build whose networks have "
+                         f"other shapes (train again) ({type(error).__name__})") from error

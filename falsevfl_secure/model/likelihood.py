@@ -86,6 +86,16 @@ class CellLayout:
             self._cache["order", device] = torch.tensor(cells, dtype=torch.long, device=device)
         return self._cache["order", device]
 
+    def group_firsts(self, device: torch.device, per_cell: bool = False) -> Tensor:
+        """Each group's first cell ((groups,); `per_cell`: for each categorical cell, (cells,)), counted from
+        the first categorical cell in kind order: a group is observed where its first cell is."""
+        if ("firsts", per_cell, device) not in self._cache:
+            offset, firsts = len(self.gaussian) + len(self.binary), []
+            for a, b in self.ordered_groups:
+                firsts += [a - offset] * (b - a if per_cell else 1)
+            self._cache["firsts", per_cell, device] = torch.tensor(firsts, dtype=torch.long, device=device)
+        return self._cache["firsts", per_cell, device]
+
     def in_order(self, values: Tensor) -> Tensor:
         """A block (..., width) in column order put in kind order."""
         return values.index_select(-1, self.order(values.device))
@@ -126,13 +136,14 @@ def _kind_terms(layout: CellLayout, x: Tensor, first: Tensor, std: Tensor, obser
         # log sigmoid(+-logit) as -softplus(-+logit): x * l - softplus(l) loses exp(-20) where softplus turns linear
         total = total - _where(seen[1], F.softplus(torch.where(xb > 0.5, -logit, logit))).sum(-1)
     if sizes[2]:
-        # x . logits over the one-hot cells (x zeroed where unobserved on the (B, d) block, before it
-        # broadcasts over the samples), then each observed group's normaliser
-        total = total + (_where(seen[2], xc) * logits).sum(-1)
+        # x . logits over the one-hot cells (x zeroed where its group is unobserved, on the (B, d) block
+        # before it broadcasts over the samples), then each observed group's normaliser
+        firsts = [None] * 2 if observed is None else \
+            [seen[2].index_select(-1, layout.group_firsts(observed.device, cells)) for cells in (True, False)]
+        total = total + (_where(firsts[0], xc) * logits).sum(-1)
         widths = [b - a for a, b in layout.groups]
         normalisers = torch.stack([torch.logsumexp(group, -1) for group in logits.split(widths, -1)], -1)
-        firsts = None if observed is None else seen[2][..., [a - sizes[0] - sizes[1] for a, _ in layout.ordered_groups]]
-        total = total - _where(firsts, normalisers).sum(-1)
+        total = total - _where(firsts[1], normalisers).sum(-1)
     return total
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -72,7 +73,8 @@ def test_a_count_on_a_boundary_is_decided_by_the_real_u_it_extends(k, offset, se
     says against a 300-bit exp(-k) (independent: mpmath at high precision)."""
     import mpmath
 
-    head = int(mpmath.floor(mpmath.exp(-k) * 2**53)) + offset
+    with mpmath.workprec(300):  # offset 0: the true floor, so U's 53 bits straddle exp(-k)
+        head = int(mpmath.floor(mpmath.exp(-k) * 2**53)) + offset
     spare = stream(seed)
     extension = int(KeyStream(bytes([seed]) * 32).words(1)[0])
     got = dg._exact_count(head, spare)
@@ -83,6 +85,25 @@ def test_a_count_on_a_boundary_is_decided_by_the_real_u_it_extends(k, offset, se
         assert got == expected
     else:
         assert spare.position == 0 and got == expected  # the 53 bits alone decided it
+    assert offset != 0 or spare.position == 8  # a straddling head is never decided by its 53 bits
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**20), st.integers(1, 2**10), st.integers(64, 320))
+def test_the_exact_paths_bounds_bracket_exp_at_their_precision(numerator, denominator, precision):
+    """Found by the boundary test: both ends were rounded to one double (above exp(-1)), so a U between the
+    two was decided wrongly. Each end must lie on its side of exp(-gamma) at 600 bits, the two within a
+    relative (gamma + 1) 2^-(prec-4) of each other."""
+    import mpmath
+
+    gamma = Fraction(numerator, denominator)
+    low, high = dg._exp_interval(gamma, precision)
+    with mpmath.workprec(600):
+        gamma_ = mpmath.mpf(numerator) / denominator
+        truth = mpmath.exp(-gamma_)
+        low_, high_ = (mpmath.mpf(f.numerator) / f.denominator for f in (low, high))
+        assert low_ <= truth <= high_ and (numerator == 0 or low_ < truth < high_)
+        assert high_ - low_ <= truth * (gamma_ + 1) * mpmath.mpf(2) ** (4 - precision)  # -gamma carries its rounding
 
 
 @pytest.mark.parametrize("variance", [2**20, 2**32, 2**44])

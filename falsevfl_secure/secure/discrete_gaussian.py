@@ -81,16 +81,16 @@ def _exp_interval(gamma: Fraction, precision: int) -> tuple[Fraction, Fraction]:
     iv, saved = mpmath.iv, mpmath.iv.prec
     iv.prec = precision
     try:
-        p = iv.exp(-iv.mpf(gamma.numerator) / gamma.denominator)
-        return _fraction(p.a), _fraction(p.b)
+        low, high = iv.exp(-iv.mpf(gamma.numerator) / gamma.denominator)._mpi_
+        return _fraction(low), _fraction(high)
     finally:
         iv.prec = saved
 
 
-def _fraction(x) -> Fraction:
-    import mpmath
-
-    sign, mantissa, exponent, _ = mpmath.mpf(x)._mpf_
+def _fraction(raw: tuple) -> Fraction:
+    """The exact value of one raw mpmath endpoint (sign, mantissa, exponent, bits): read as it is, never
+    through `mpmath.mpf`, which would round it to the global 53-bit context (both ends to one double)."""
+    sign, mantissa, exponent, _ = raw
     value = Fraction(mantissa) * (Fraction(2) ** exponent)
     return -value if sign else value
 

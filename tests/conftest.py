@@ -28,11 +28,18 @@ CACHE_ENV = "FALSEVFL_CACHE"  # data/cache.py's (not imported here: the test pro
 _CACHE: list[str] = []
 
 
+LOCKS_ENV = "FALSEVFL_TEST_LOCKS"  # the folder of `machine_share`'s lock files, made by the xdist controller
+
+
 def pytest_configure(config):
-    """One dataset cache for the session (its processes share it), never the user's own."""
+    """One dataset cache for the session (its processes share it), never the user's own; with xdist, one
+    folder for the workers' lock files (`machine_share`; the workers inherit both through the environment)."""
     if CACHE_ENV not in os.environ:
         _CACHE.append(tempfile.mkdtemp(prefix="falsevfl-cache-"))
         os.environ[CACHE_ENV] = _CACHE[0]
+    if LOCKS_ENV not in os.environ and getattr(config.option, "numprocesses", None):
+        _CACHE.append(tempfile.mkdtemp(prefix="falsevfl-test-locks-"))
+        os.environ[LOCKS_ENV] = _CACHE[-1]
 
 
 def pytest_unconfigure(config):
@@ -108,12 +115,10 @@ def machine_share(request):
 
     A fair readers-writer lock over two flock files of this run: every test passes the turnstile, then holds
     the room shared; a timed test holds the turnstile (no new test starts) until the room is its own."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    if "PYTEST_XDIST_WORKER" not in os.environ or LOCKS_ENV not in os.environ:
         yield
         return
-    folder = Path(tempfile.gettempdir()) / f"falsevfl-tests-{run}"
-    folder.mkdir(exist_ok=True)
+    folder = Path(os.environ[LOCKS_ENV])
     timed = request.node.get_closest_marker("timed") is not None
     with open(folder / "turnstile", "a") as turnstile, open(folder / "room", "a") as room:
         fcntl.flock(turnstile, fcntl.LOCK_EX)

@@ -51,18 +51,11 @@ def posterior_terms(encoded: Tensor, held: Tensor) -> Tensor:
     return torch.where(held.unsqueeze(-1), contribution, torch.zeros_like(contribution))
 
 
-def decoder_gaussian(decoded: Tensor, min_std: float, layout: CellLayout | None = None) -> tuple[Tensor, Tensor]:
-    """(first, std) of p(x^k | h) from the decoder output, read per `layout` (model/likelihood.py): every
-    cell's mean or logits and the Gaussian cells' std, which has a floor so that the likelihood of
-    standardised data cannot diverge by collapsing a variance."""
-    return read_decoder(layout, decoded, min_std)
-
-
 def likelihood_terms(first: Tensor, std: Tensor, x: Tensor, held: Tensor,
                      indicator: Callable[[Tensor], Tensor] | None = None, noise: Tensor | None = None,
                      observed: Tensor | None = None, layout: CellLayout | None = None) -> Tensor:
     """One party's term of the summed log-likelihood, (..., S, B), from the decoder's (first, std)
-    (`decoder_gaussian`; `layout` None: every cell Gaussian, N(first, std^2), both (..., S, B, d)), its block x
+    (`likelihood.read_decoder`; `layout` None: every cell Gaussian, N(first, std^2), both (..., S, B, d)), its block x
     (..., B, d), held rows (..., B) and observed cells (..., B, d) (None: every cell of a held row).
 
     FALSE-VFL-I: log p(x^k_obs | h_j), summed over the observed cells of held rows; 0 elsewhere.
@@ -162,8 +155,8 @@ class PartyModel(nn.Module):
         return terms
 
     def decode(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """(first, std) of p(x^k | h): every cell's mean or logits and the Gaussian cells' std (`decoder_gaussian`)."""
-        return decoder_gaussian(self.decoder(h), self.min_decoder_std, self.layout)
+        """(first, std) of p(x^k | h): every cell's mean or logits and the Gaussian cells' std (`read_decoder`)."""
+        return read_decoder(self.layout, self.decoder(h), self.min_decoder_std)
 
     def log_likelihood_contribution(self, h: Tensor, x: Tensor, held: Tensor, noise: Noise | None = None,
                                     observed: Tensor | None = None) -> Tensor:

@@ -4,7 +4,7 @@ The local runtime simulates every party in one process. Calling K small networks
 other wastes the machine (K kernel launches per layer on a GPU, K thin products on a CPU), so here
 the K same-shaped party networks run as one batched matrix product per layer (`torch.baddbmm` over
 a leading party axis). The formulas after the networks are the ones `PartyModel` uses
-(`posterior_terms`, `decoder_gaussian`, `likelihood_terms`), applied with that leading axis.
+(`posterior_terms`, `likelihood.read_decoder`, `likelihood_terms`), applied with that leading axis.
 
 What stays separate: each party owns its parameters (its own optimiser and checkpoint). The
 weights are stacked afresh in every call and `torch.stack` is differentiable, so the gradients
@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .party import Noise, PartyModel, decoder_gaussian, impute_cells, likelihood_terms, posterior_terms
+from .likelihood import read_decoder
+from .party import Noise, PartyModel, impute_cells, likelihood_terms, posterior_terms
 
 
 def stacked_mlp(mlps: Sequence[nn.Sequential], x: Tensor) -> Tensor:
@@ -109,8 +110,8 @@ class PartyStack:
             out = stacked_mlp(mlps, inputs.reshape(n_parties, n_samples * batch, inputs.shape[-1]))
             return out.reshape(n_parties, n_samples, batch, out.shape[-1])
 
-        mean, std = decoder_gaussian(per_sample([m.decoder for m in self.parties.values()], hs),
-                                     self.min_decoder_std, self.layout)
+        mean, std = read_decoder(self.layout, per_sample([m.decoder for m in self.parties.values()], hs),
+                                 self.min_decoder_std)
         indicator = noise = None
         if self.has_indicator:
             noise = torch.stack([noises[k].normal(tuple(mean.shape[1:]), mean.dtype, mean.device)

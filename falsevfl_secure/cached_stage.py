@@ -70,4 +70,5 @@ def cached_epoch(node: Node, data: HostedData, cache: Stage2Cache, epoch: int, o
         for opt in optimizers.values():
             opt.step()
         losses.append((Active(loss.detach()), len(rows)))
+    node.transport.working()  # the parties waiting for the next pass see the epoch done
     return losses

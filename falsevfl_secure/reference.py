@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -122,14 +123,17 @@ def _score_columns(model, features: np.ndarray, task: str, n_classes: int) -> np
     return logp[:, 1:] - logp[:, :1] if n_classes == 2 else logp
 
 
-def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int, seed: int) -> np.ndarray:
-    """Each labeled row's score from trees that never saw it (K folds in row order, public)."""
+def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int, seed: int,
+                 each: Callable[[], None] = lambda: None) -> np.ndarray:
+    """Each labeled row's score from trees that never saw it (K folds in row order, public); `each` after
+    every fold (the party's progress, so peers waiting on it see it work)."""
     out = np.zeros((len(y), 1 if task != "classification" or n_classes == 2 else n_classes))
     folds = np.array_split(np.arange(len(y)), min(FOLDS, max(len(y), 1)))
     for fold in folds:
         rest = np.setdiff1d(np.arange(len(y)), fold)
         if fold.size and rest.size:
             out[fold] = _score_columns(_fitted(features[rest], y[rest], task, seed), features[fold], task, n_classes)
+        each()
     return out
 
 
@@ -142,14 +146,17 @@ def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str
 
 
 def own_scores(placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int,
-               others: tuple = ()) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
+               others: tuple = (), each: Callable[[], None] = lambda: None
+               ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
     """(n, e) float32: the active party's own trees' score of every record of the shared order, out of fold
     on its labeled training rows (so stage 2 never reads a score fitted to the row's own label). With
-    `others` (blocks placed alike: a simulation's test splits), also each one's score by the full fit."""
+    `others` (blocks placed alike: a simulation's test splits), also each one's score by the full fit.
+    `each` after every fit."""
     features = _features(placed.x, placed.observed, placed.held, "hgb")
     full = _fitted(features[labeled], y[labeled], task, seed)
+    each()
     out = _score_columns(full, features, task, n_classes)
-    out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed)
+    out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed, each)
     if not others:
         return out.astype(np.float32)
     scored = [_score_columns(full, _features(o.x, o.observed, o.held, "hgb"), task, n_classes) for o in others]

@@ -97,7 +97,7 @@ def fit_trees(node: Node, data: HostedData, validation: HostedData | None, best:
     role, cfg = node.active.get(), node.cfg
     features = np.concatenate([t.get() for t in training])
     head = TreesHead(cfg.task, role.model.n_classes, cfg.seed, categorical_mask(own_groups(node), features.shape[1]))
-    head.fit(features, data.y.get()[rows].cpu().numpy())
+    head.fit(features, data.y.get()[rows].cpu().numpy(), node.transport.working)
     if checked:
         network = torch.cat([snis_output(role, w.get(), own) for w, own, _ in checked])
         head.choose(network, np.concatenate([t.get() for _, _, t in checked]), validation.y.get())

@@ -64,6 +64,16 @@ def test_stage_two_carries_each_labeled_row_once_in_all_not_once_per_epoch(monke
         assert marks[(Stage.TRAIN, 2)] == marks[(Stage.TRAIN, 0)]
 
 
+def test_the_active_party_shows_its_progress_after_every_cached_epoch(monkeypatch):
+    # The other parties wait for its next pass meanwhile, bounded from its last progress (RECV_TIMEOUT_S).
+    cfg = small("once")
+    node, data = hosted(cfg)
+    calls, marks = [], []
+    monkeypatch.setattr(LocalTransport, "working", lambda self: calls.append(len(marks)))
+    fit(node, data, progress=False, after_epoch=lambda stage, epoch, _: marks.append((stage, epoch)))
+    assert calls == [cfg.pretrain.epochs + e for e in range(cfg.train.epochs)], (calls, marks)
+
+
 def test_the_cache_holds_what_the_rounds_gave_and_epochs_follow_the_papers_bound():
     cfg = small()
     node, data = hosted(cfg, secrets(cfg))

@@ -117,7 +117,9 @@ def test_the_active_partys_own_trees_score_each_training_row_out_of_fold_and_ref
     placed, x = _placed(300, 3)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
     labeled = np.arange(0, 300, 2)
-    scores = own_scores(placed, y, labeled, "classification", 2, 0)
+    fits = []
+    scores = own_scores(placed, y, labeled, "classification", 2, 0, each=lambda: fits.append(1))
+    assert len(fits) == 1 + 5  # the full fit and 5 folds: the party's progress after each (RECV_TIMEOUT_S)
     assert scores.shape == (300, 1) and scores.dtype == np.float32
     assert skm.roc_auc_score(y[labeled], scores[labeled, 0]) > 0.8  # informative, though out of fold
     flipped = y.copy()

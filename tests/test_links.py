@@ -146,6 +146,32 @@ def _wait_for_party0(role) -> str:
     return "left"
 
 
+def _works_alone(role, advancing: bool) -> str:
+    """The active party works alone for 6 s between passes (advancing each second, or not) and then sends; a
+    passive party waits for it with a 3 s limit, counted from the active party's last progress."""
+    if role.is_active:
+        for _ in range(6):
+            time.sleep(1.0)
+            if advancing:
+                role.network.advanced()
+        for name in role.peers.names[:-1]:
+            role.network.send(name, "barrier", b"done")
+        return "sent"
+    return role.network.recv(role.peers.names[-1], "barrier", limit_s=3.0).decode()
+
+
+@pytest.mark.parametrize("advancing", [True, False])
+def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_path, advancing):
+    # A cached stage 2 or the active party's tree fits run longer than RECV_TIMEOUT_S on a large table: while
+    # its heartbeat shows progress the wait goes on; a peer that heartbeats without progress is still named.
+    ended = _world(tmp_path, "plain", 3, _works_alone, (advancing,)).start().outcomes(60)
+    if advancing:
+        assert ended[0] == {"ok": "done"} and ended[1] == {"ok": "done"}, ended
+    else:
+        assert "party0 waited 3 s for 'barrier' from party2, which made no progress" in ended[0].get("error", ""), \
+            ended[0]
+
+
 # -- helpers ------------------------------------------------------------------------------------------
 
 

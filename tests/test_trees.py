@@ -51,7 +51,9 @@ def test_trees_that_fit_and_a_network_that_does_not_get_the_whole_weight_and_the
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2000, 2))
     y = np.where(x[:, 0] * x[:, 1] > 0, 2.0, -2.0)  # an interaction trees split on
-    head = TreesHead("regression", 1, seed=0).fit(x[:1500], y[:1500])
+    fits = []
+    head = TreesHead("regression", 1, seed=0).fit(x[:1500], y[:1500], each=lambda: fits.append(1))
+    assert len(fits) == len(head.models) > 1  # the party's progress after every fit (network.RECV_TIMEOUT_S)
     head.choose(torch.zeros(500, dtype=torch.float64), x[1500:], torch.from_numpy(y[1500:]))
     assert head.weight == 1.0
     head.choose(torch.from_numpy(y[1500:]), x[1500:], torch.from_numpy(y[1500:]))

@@ -208,7 +208,8 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
     score, an input of its discriminator only)."""
     device, rank = resolve_device(cfg.device), role.rank
     model_dir = staged(fed.party(role.spec.name).model_dir)  # the rows its trees fit on join the staged model
-    scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes) if role.is_active else None
+    scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes, role.network.advanced) \
+        if role.is_active else None
     node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device,
                       layouts={rank: CellLayout.from_kinds(inputs.encoding.kinds())},
                       own_extra=0 if scores is None else scores.shape[1])
@@ -227,14 +228,15 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
 
 
 def _own_scores(fed: Federation, cfg, model_dir: Path, placed: Placed, aligned: Aligned, targets: np.ndarray,
-                n_classes: int) -> np.ndarray | None:
+                n_classes: int, each) -> np.ndarray | None:
     """With `own_reference`: the active party's own trees' score of every record (out of fold on its labeled
-    training rows), and the rows they were fitted on kept in its own folder for `predict`."""
+    training rows), and the rows they were fitted on kept in its own folder for `predict`; `each` after
+    every fit (its progress, which the parties waiting on it see)."""
     if not method_for(cfg).reads_own_reference:
         return None
     y = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y
     save_own_rows(model_dir, placed, y, aligned.labeled)
-    return own_scores(placed, y, aligned.labeled, fed.task, n_classes, cfg.seed)
+    return own_scores(placed, y, aligned.labeled, fed.task, n_classes, cfg.seed, each=each)
 
 
 def _validation_data(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray | None, device):

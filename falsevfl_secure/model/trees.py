@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,8 @@ class TreesHead:
         self.weight, self.scores, self.models = UNCHOSEN, {}, []
         self.features = self.y = None
 
-    def fit(self, features: np.ndarray, y: np.ndarray) -> TreesHead:
+    def fit(self, features: np.ndarray, y: np.ndarray, each: Callable[[], None] = lambda: None) -> TreesHead:
+        """The models on the labeled rows; `each` after every fit (progress peers waiting on this party see)."""
         # scikit-learn is imported here: at module level it costs every command half a second
         from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
@@ -79,6 +81,7 @@ class TreesHead:
             warnings.simplefilter("ignore")
             for model in self.models:
                 model.fit(features, y)
+                each()
         self.features, self.y = features, y
         return self
 

@@ -42,7 +42,9 @@ from .wire import Refused
 
 HEARTBEAT_S = 1.0
 STALL_S = 10.0
-RECV_TIMEOUT_S = 900.0  # set-up steps and waits on a peer that is itself waiting: deadlines cover the rounds
+# Set-up steps and waits on a peer that is itself waiting or working alone (deadlines cover the rounds): counted
+# from the peer's last progress, so a peer that heartbeats and advances through its declared work is not stalled.
+RECV_TIMEOUT_S = 900.0
 CLOSE_TIMEOUT_S = 30.0
 # A round's deadline: DEADLINE_FACTOR times the slowest round this role has measured, at least DEADLINE_MIN_S
 # (the first rounds, before any measurement, get DEADLINE_MIN_S).
@@ -377,8 +379,9 @@ class Network:
         if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
             raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
         now, link = time.monotonic(), self.links.get(src)
-        if now - began > limit_s:
-            raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}")
+        if now - max(began, link.progressed_at if link is not None else began) > limit_s:
+            raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}, which made no "
+                               "progress meanwhile")
         if link is None or self.round is None or link.waiting_on or link.last_round is None:
             return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
         if now - max(began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
@@ -393,8 +396,13 @@ class Network:
 
     def between_passes(self) -> None:
         """This role finished a pass of rounds: until the next, it does work of its own (its peers then wait
-        on it without a round deadline, up to RECV_TIMEOUT_S)."""
+        on it without a round deadline, up to RECV_TIMEOUT_S from its last progress)."""
         self.round = None
+
+    def advanced(self) -> None:
+        """This role finished one unit of its own work between passes (an epoch of a cached stage 2, one of
+        its tree fits): its heartbeat shows the progress, so a peer waiting on it gets RECV_TIMEOUT_S again."""
+        self.progress += 1
 
     def _arrived(self, link: Link, envelope: wire.Envelope) -> None:
         """Every envelope from every link, on that link's reader thread; a malformed one ends the run."""

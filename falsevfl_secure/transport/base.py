@@ -22,7 +22,8 @@ class Transport(Protocol):
     pass in every process (only the active party has a loss), together with the process's own local
     losses (a party's self-supervised objective, which never leaves it). `use` binds the method's round
     table: every message is checked against it. `use_noise` puts each hosted party's differential-privacy
-    stage (`ciphers.noise`) before its sums. `log` counts every round's traffic.
+    stage (`ciphers.noise`) before its sums. `working` tells waiting peers the role's own work advances. `log`
+    counts every round's traffic.
     """
 
     log: CommLog
@@ -36,6 +37,10 @@ class Transport(Protocol):
     def broadcast(self, round: Round, value: Active[Tensor], shape: tuple[int, ...]) -> dict[int, Tensor]: ...
 
     def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None: ...
+
+    def working(self) -> None:
+        """One unit of this role's own work between passes is done (a cached epoch, a tree fit): peers
+        waiting on it across processes see it progress."""
 
 
 def nbytes(t: Tensor) -> int:

@@ -156,6 +156,10 @@ class DistributedTransport:
         self.validator.reset()
         self._token, self._shapes = None, {}
 
+    def working(self) -> None:
+        """One unit of this role's own work between passes is done (`Network.advanced`)."""
+        self.network.advanced()
+
     def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None:
         """Run the adjoint rounds of the last forward pass (every role: the same Functions' backward),
         together with this process's own local losses (`local`: objectives that never leave it)."""

@@ -90,6 +90,9 @@ class LocalTransport:
         """Forget the pass in flight (a party left during it): the next round opens a new pass."""
         self.validator.reset()
 
+    def working(self) -> None:
+        """One unit of work between passes is done: no peer waits on it in one process."""
+
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         parties = tuple(sorted(contributions))
         values = [contributions[k] for k in parties]

@@ -63,7 +63,7 @@ def step_gflop(cfg: Config, width: int, batch: int) -> float:
     """Matrix-product FLOPs of one stage-1 step (forward + backward = 3x forward, 2 FLOPs a MAC)."""
     party = batch * linear_macs([width, cfg.party_hidden, 2 * cfg.h_dim])
     party += cfg.kappa * batch * linear_macs([cfg.h_dim, cfg.party_hidden, 2 * width])
-    if cfg.variant == "II":
+    if cfg.options.get("variant") == "II":
         party += cfg.kappa * batch * linear_macs([width, cfg.indicator_hidden, cfg.indicator_hidden, 1])
     active = cfg.kappa * batch * (linear_macs([cfg.h_dim, cfg.global_hidden, cfg.global_hidden, 2 * cfg.z_dim])
                                   + linear_macs([cfg.z_dim, cfg.global_hidden, cfg.global_hidden, 2 * cfg.h_dim]))

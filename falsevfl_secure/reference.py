@@ -85,8 +85,24 @@ def lift_report(task: str, federation: np.ndarray, references: dict[str, dict], 
             "lift": round(float(lift), 6), "records": int(len(truth))}
 
 
-def lift_lines(report: dict) -> list[str]:
-    """The lines `train` prints: the comparison, then a `warning:` line where the federation did not pay."""
+def _untried(config: dict) -> str:
+    """What to try where the federation did not pay, leaving out what the run's settings (`Config.to_dict`)
+    already did."""
+    options = config.get("options", {})
+    tries = [("preset = \"auto\" (more steps)", config.get("auto_schedule")),
+             ("discriminator_inputs = \"latent+mean+own\"", options.get("discriminator_inputs") == "latent+mean+own"),
+             ("class_weight = \"balanced\" for rare classes", config.get("class_weight") == "balanced")]
+    text = "Try " + ", ".join(t for t, done in tries if not done) + ", and c" if any(not d for _, d in tries) else "C"
+    text += "heck with `federation check` that the parties' IDs line up"
+    if config.get("method", "false-vfl") != "plugvfl":
+        text += ("; method = \"plugvfl\" often fits tables better, but sends every party label-dependent gradients "
+                 "(threat_models/labels.toml)")
+    return text
+
+
+def lift_lines(report: dict, config: dict | None = None) -> list[str]:
+    """The lines `train` prints: the comparison, then a `warning:` line where the federation did not pay, with
+    what to try that the run's settings (`config`, as `Config.to_dict` writes them) did not."""
     name, best = report["metric"], report["best_active_alone"]
     fed, ref = report["federation"][name], report["active_alone"][best][name]
     label = {"linear": "linear model", "hgb": "gradient-boosted trees"}[best]
@@ -95,11 +111,8 @@ def lift_lines(report: dict) -> list[str]:
     perfect = ref == (1.0 if name == "roc_auc" else 0.0)  # nothing left to beat
     if not report["lift"] > 0 and not perfect:
         lines.append(f"warning: the federation does not beat the active party's own {label} ({name} {fed:.4f} "
-                     f"against {ref:.4f}): the other parties' columns did not pay on this run. Try preset = \"auto\" "
-                     "(more steps), discriminator_inputs = \"latent+mean+own\", class_weight = \"balanced\" for rare "
-                     "classes, and check with `federation check` that the parties' IDs line up; method = \"plugvfl\" "
-                     "often fits tables better, but sends every party label-dependent gradients "
-                     "(threat_models/labels.toml)")
+                     f"against {ref:.4f}): the other parties' columns did not pay on this run. "
+                     f"{_untried(config or {})}")
     if "predicted_classes" in report["federation"] and report["federation"]["predicted_classes"] == 1:
         lines.append("warning: the federation predicts one class for every validation record (accuracy "
                      f"{100 * report['federation']['accuracy']:.1f} %, balanced accuracy "

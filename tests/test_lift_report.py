@@ -59,6 +59,11 @@ def test_the_reference_learns_from_the_active_partys_own_columns_and_the_lift_co
     lines = lift_lines(report)
     assert lines[0].startswith("lift: federation roc_auc 0.5000")
     assert sum(line.startswith("warning: ") for line in lines) == 2  # no lift, and one class for every record
+    assert 'Try preset = "auto"' in lines[1] and 'method = "plugvfl"' in lines[1]
+    tried = make_config("digits", "auto", class_weight="balanced").to_dict()  # what a run did is not suggested
+    said = lift_lines(report, tried)[1]
+    assert "preset" not in said and "discriminator_inputs" not in said and "class_weight" not in said, said
+    assert "Check with `federation check`" in said and 'method = "plugvfl"' in said
     better = lift_report("classification", np.stack([1 - y[rows], y[rows]], 1).astype(float), refs, y[rows])
     assert better["lift"] >= 0 and not any(line.startswith("warning") for line in lift_lines(better))
 

@@ -351,7 +351,8 @@ def _summarise(fed, args: argparse.Namespace) -> None:
     print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
         f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}" for name, o in alignment["overlap"].items()))
     print(validation_summary(record["validation"]))
-    for line in [*trees_lines(record.get("trees")), *(lift_lines(record["lift"]) if record.get("lift") else ())]:
+    lift = lift_lines(record["lift"], record.get("config")) if record.get("lift") else []
+    for line in [*trees_lines(record.get("trees")), *lift]:
         print(line)
 
 

@@ -159,7 +159,8 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         for event in _still_out(lost):
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
-        for line in [validation_summary(validation), *trees_lines(trained.trees), *(lift_lines(lift) if lift else ())]:
+        said = lift_lines(lift, cfg.to_dict()) if lift else []
+        for line in [validation_summary(validation), *trees_lines(trained.trees), *said]:
             print(line, flush=True)
 
 

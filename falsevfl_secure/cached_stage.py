@@ -17,6 +17,7 @@ from torch import Tensor
 from .config import Stage
 from .methods.false_vfl_steps import Weighted, conditional_loss, forward_rounds, own_inputs
 from .node import HostedData, Node
+from .passes import each_batch
 from .placement import Active
 
 
@@ -46,13 +47,14 @@ class Stage2Cache:
 def _forward_pass(node: Node, data: HostedData, rows: np.ndarray) -> list[tuple]:
     """The forward rounds of stage 2 over `rows` in evaluation batches; per batch, at the active party, the
     weights and samples, its own inputs, the labels and the holders per row."""
-    size, out = node.cfg.eval_batch_size, []
-    for start in range(0, len(rows), size):
-        batch = data.batch(rows[start:start + size])
+
+    def run(batch):
         weighted = forward_rounds(node, batch, node.cfg.kappa, Stage.TRAIN)
         if node.active.present:
-            out.append((weighted.get(), own_inputs(node, batch, weighted), batch.y.get(), batch.n_observed.get()))
-    return out
+            return weighted.get(), own_inputs(node, batch, weighted), batch.y.get(), batch.n_observed.get()
+        return None
+
+    return [p for p in each_batch(node, data, rows, run, (int(Stage.TRAIN), 0)) if p is not None]
 
 
 def cached_epoch(node: Node, data: HostedData, cache: Stage2Cache, epoch: int, optimizers: dict) -> list:

@@ -93,11 +93,8 @@ def _untried(config: dict) -> str:
              ("discriminator_inputs = \"latent+mean+own\"", options.get("discriminator_inputs") == "latent+mean+own"),
              ("class_weight = \"balanced\" for rare classes", config.get("class_weight") == "balanced")]
     text = "Try " + ", ".join(t for t, done in tries if not done) + ", and c" if any(not d for _, d in tries) else "C"
-    text += "heck with `federation check` that the parties' IDs line up"
-    if config.get("method", "false-vfl") != "plugvfl":
-        text += ("; method = \"plugvfl\" often fits tables better, but sends every party label-dependent gradients "
-                 "(threat_models/labels.toml)")
-    return text
+    return text + ("heck with `federation check` that the parties' IDs line up; method = \"plugvfl\" often fits "
+                   "tables better, but sends every party label-dependent gradients (threat_models/labels.toml)")
 
 
 def lift_lines(report: dict, config: dict | None = None) -> list[str]:

@@ -27,22 +27,25 @@ from .methods.false_vfl_steps import forward_rounds, own_groups, own_inputs, sni
 from .metrics import selection_loss
 from .model.trees import TreesHead, categorical_mask
 from .node import HostedData, Node
+from .passes import each_batch
 
 
 @torch.no_grad()
-def forward_once(node: Node, data: HostedData, rows: np.ndarray | None = None, trees_only: bool = False) -> list:
+def forward_once(node: Node, data: HostedData, rows: np.ndarray | None = None, trees_only: bool = False,
+                 where: tuple[int, int] = (int(Stage.TRAIN), 0)) -> list:
     """Collective: the forward rounds of `rows` (default: all) in evaluation batches, as in a prediction;
     per batch what the active party keeps: the weights and samples, its discriminator's own inputs and its
-    trees' inputs (`trees_only`: these alone, without the S samples per row a large table cannot hold)."""
-    size, rows = node.cfg.eval_batch_size, np.arange(data.n) if rows is None else np.asarray(rows)
+    trees' inputs (`trees_only`: these alone, without the S samples per row a large table cannot hold). A party
+    lost meanwhile is left out (`passes.each_batch`; `where`: the (stage, epoch) its announcement names)."""
+    rows = np.arange(data.n) if rows is None else np.asarray(rows)
     node.restart_noise(Stage.PREDICT)
-    out = []
-    for start in range(0, len(rows), size):
-        batch = data.batch(rows[start:start + size])
+
+    def run(batch):
         weighted = forward_rounds(node, batch, node.cfg.predict_samples, Stage.PREDICT)
         trees = trees_inputs(node, batch, weighted) if node.method.fits_trees else None
-        out.append(trees if trees_only else (weighted, own_inputs(node, batch, weighted), trees))
-    return out
+        return trees if trees_only else (weighted, own_inputs(node, batch, weighted), trees)
+
+    return each_batch(node, data, rows, run, where)
 
 
 class BestEpoch:
@@ -89,9 +92,10 @@ def fit_trees(node: Node, data: HostedData, validation: HostedData | None, best:
     rounds `best` kept where stage 2 `selects`, else one pass of them). What was fitted (None where this
     process has no label side)."""
     rows = node.method.rows(Stage.TRAIN, data)
-    training = forward_once(node, data, rows, trees_only=True)
+    after = (int(Stage.TRAIN), node.cfg.train.epochs)  # what a loss during these passes is announced at
+    training = forward_once(node, data, rows, trees_only=True, where=after)
     fresh = validation is not None and validation.n and not selects  # the same decision at every party
-    checked = forward_once(node, validation) if fresh else best._cached if best is not None else None
+    checked = forward_once(node, validation, where=after) if fresh else best._cached if best is not None else None
     if not node.active.present:
         return None
     role, cfg = node.active.get(), node.cfg

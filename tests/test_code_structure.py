@@ -17,7 +17,7 @@ LAYERS: dict[str, int] = {
     "network": 2,
     "transport": 3,
     "node": 4, "methods": 4,
-    "train": 5, "checkpoint": 5, "selection": 5, "cached_stage": 5, "reference": 5,
+    "train": 5, "checkpoint": 5, "selection": 5, "cached_stage": 5, "passes": 5, "reference": 5,
     "audit": 6,
     "runtime": 7,
     "simulate": 8, "report": 8, "federation": 8, "cli": 8,

@@ -47,6 +47,25 @@ def test_a_run_goes_on_without_a_party_that_crashed_mid_epoch(tmp_path, protocol
     assert abs(accuracy - reference[0]) <= 3.0, (accuracy, reference[0])  # percentage points
 
 
+ONCE = CONFIG.with_options(stage2_pass="once")
+IN_THE_PASS = Crash(party=1, epoch=6, step=0, steps_per_epoch=11)  # as stage 2's one pass starts (6 epochs of 11)
+
+
+def test_a_party_lost_during_the_one_pass_of_stage_two_is_left_out_and_the_pass_goes_on(tmp_path):
+    # Every role runs the batch in flight again without it (a pass keeps every row), as the local reference does.
+    reference = local_run(ONCE, IN_THE_PASS)
+    ended = distributed_run(tmp_path, "plain", ONCE, IN_THE_PASS)
+    active = ended[ONCE.active_index]
+    assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
+    events = active["ok"]["events"]
+    assert [(e["party"], e["stage"], e["epoch"], e["resumed_at"]) for e in events] == \
+           [("party1", int(Stage.TRAIN), 0, 0)], events
+    losses = active["ok"]["losses"]
+    np.testing.assert_allclose(losses["pretrain"], reference[1]["pretrain"], rtol=LOSS_RTOL["plain"])
+    np.testing.assert_allclose(losses["train"], reference[1]["train"], rtol=1e-4)
+    assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
+
+
 @pytest.mark.parametrize("line, words", [('on_party_loss = "maybe"', 'must be "stop" or "continue"'),
                                          ("min_parties = 1", "must be an integer in 2..4"),
                                          ("min_parties = 5", "must be an integer in 2..4")])

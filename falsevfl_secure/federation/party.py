@@ -159,9 +159,14 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         for event in _still_out(lost):
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
-        said = lift_lines(lift, cfg.to_dict()) if lift else []
-        for line in [validation_summary(validation), *trees_lines(trained.trees), *said]:
-            print(line, flush=True)
+        _say(validation, trained.trees, lift, cfg.to_dict())
+
+
+def _say(validation: dict | None, trees: dict | None, lift: dict | None, config: dict) -> None:
+    """The active party's lines after training: the validation table, the trees, the lift and its warnings."""
+    said = lift_lines(lift, config) if lift else []
+    for line in [validation_summary(validation), *trees_lines(trees), *said]:
+        print(line, flush=True)
 
 
 def _save(out: Path, node, rank: int, manifest: Manifest) -> None:

@@ -83,7 +83,8 @@ class PrivacyConfig:
     noise_multiplier: float = 0.0
     collusion: int = 0
     # Per-row L2 clip norms of the summed rounds: the posterior's natural parameters, the likelihood's
-    # log-densities centred over the samples, the latent gradient's two moments (no helper proposes them yet).
+    # log-densities centred over the samples, the latent gradient's two moments (`federation propose-clips`
+    # proposes them from a party's own rows, with DP: clip_proposal.py).
     # Defaults: per-row norms measured on digits (h_dim 32: medians after 10 epochs; the gradient between its
     # median at the start, 18, and after 10 epochs, 131; README "Output privacy").
     clip_posterior: float = 6.0

@@ -61,11 +61,16 @@ def gaussian_delta(multiplier: float, epsilon: float) -> float:
     return float(norm.cdf(a - epsilon * multiplier) - math.exp(epsilon + norm.logcdf(-a - epsilon * multiplier)))
 
 
-def epsilon_of(multiplier: float, releases: int, delta: float) -> float:
-    """epsilon after `releases` self-composed Gaussian events of `multiplier` (dp-accounting, PLD)."""
+def epsilon_of(multiplier: float, releases: int, delta: float, earlier: tuple[float, ...] = ()) -> float:
+    """epsilon after `releases` self-composed Gaussian events of `multiplier` (dp-accounting, PLD), and one
+    Gaussian event of each multiplier in `earlier` (the party's clip proposals): Gaussian mechanisms compose
+    exactly into one whose 1 / multiplier^2 is the sum of theirs (Dong, Roth and Su 2022, Corollary 3.3)."""
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
+    if earlier:
+        inverse = releases / multiplier**2 + sum(1 / e**2 for e in earlier)
+        return epsilon_of(inverse**-0.5, 1, delta)
     if releases == 0:
         return 0.0
     if multiplier / math.sqrt(releases) < 0.1:  # next to no noise: PLD's grid would take gigabytes
@@ -115,28 +120,32 @@ class Spent:
     epsilon: float
     delta: float
     budget: float
+    proposals: tuple[float, ...] = ()  # the multipliers of the party's clip proposals (clip_proposal.py)
 
     def to_dict(self) -> dict:
         return {"party": self.party, "releases_per_row": self.releases, "noise_multiplier": self.multiplier,
                 "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
+                "clip_proposals": list(self.proposals),
                 "covers": "the summed rounds, the parties' own networks (DP-SGD) and everything computed from them; "
                           "not the alignment's membership, the record counts or a party's own data at itself"}
 
 
-def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0) -> Spent:
-    """Party `party`'s epsilon for this schedule, from its own configuration."""
+def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0, proposals: tuple[float, ...] = ()) -> Spent:
+    """Party `party`'s epsilon for this schedule and its clip proposals, from its own configuration and ledger."""
     privacy, releases = cfg.privacy, releases_per_row(cfg, predictions, tests)
     z = noise_multiplier(cfg, predictions, tests)
-    return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta), privacy.delta, privacy.epsilon)
+    return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, tuple(proposals)), privacy.delta,
+                 privacy.epsilon, tuple(proposals))
 
 
-def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0) -> Spent | None:
-    """Refuse a schedule that would spend more than `party`'s budget (before anything is sent); what it
-    spends otherwise (None without a budget)."""
+def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0,
+                 proposals: tuple[float, ...] = ()) -> Spent | None:
+    """Refuse a schedule that would spend more than `party`'s budget with its clip proposals (before anything is
+    sent); what it spends otherwise (None without a budget)."""
     privacy = cfg.privacy
     if not privacy.enabled:
         return None
-    used = spent(cfg, party, predictions, tests)
+    used = spent(cfg, party, predictions, tests, proposals)
     if privacy.max_releases_per_row and used.releases > privacy.max_releases_per_row:
         raise InputError(f"{party}: the schedule releases each row up to {used.releases} times, more than its "
                          f"max_releases_per_row = {privacy.max_releases_per_row}")
@@ -144,8 +153,15 @@ def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0) 
         raise InputError(f"{party}: the schedule would spend epsilon = {used.epsilon:.3g} per row (delta "
                          f"{privacy.delta:g}, {used.releases} releases at noise multiplier {used.multiplier:.3g}), "
                          f"more than its budget epsilon = {privacy.epsilon:g}; shorten the schedule or raise the "
-                         "noise")
+                         "noise" + _proposals_note(proposals))
     return used
+
+
+def _proposals_note(proposals: tuple[float, ...]) -> str:
+    if not proposals:
+        return ""
+    return (f" (its {len(proposals)} clip proposal(s) count too: a calibrated noise_multiplier spends the whole "
+            "budget on training, so set noise_multiplier, agreed by every party, to leave them room)")
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far
@@ -163,6 +179,24 @@ def read_ledger(folder: Path) -> dict:
                          "record, so nothing runs until it is restored") from error
 
 
+def proposals(folder: Path) -> tuple[float, ...]:
+    """The noise multipliers of the clip proposals in a party's own ledger (clip_proposal.py)."""
+    return tuple(float(z) for z in read_ledger(folder).get("clip_proposals", []))
+
+
+def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) -> float:
+    """Before a clip proposal is released: refuse it when it alone would take `party` past its own budget; else
+    record it in the ledger first; the epsilon of the proposals so far."""
+    earlier = (*proposals(folder), multiplier)
+    epsilon = epsilon_of(multiplier, 0, cfg.privacy.delta, earlier)
+    if epsilon > cfg.privacy.epsilon:
+        raise InputError(f"{party}: its clip proposals would spend epsilon = {epsilon:.3g} (delta "
+                         f"{cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}; raise "
+                         "--multiplier")
+    write_json(Path(folder) / LEDGER, {**read_ledger(folder), "clip_proposals": list(earlier)})
+    return epsilon
+
+
 def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
     """Before a prediction run: refuse it when it would take `party` past its own budget; else record it in
     the ledger first (a run that fails later has still spent it) and return what the rows have spent then."""
@@ -170,7 +204,7 @@ def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
         return None
     ledger = read_ledger(folder)
     runs = int(ledger.get("prediction_runs", 0)) + 1
-    used = check_budget(cfg, party, TRAINING_PREDICTIONS + runs)
+    used = check_budget(cfg, party, TRAINING_PREDICTIONS + runs, proposals=proposals(folder))
     write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), "prediction_runs": runs})
     return used
 

@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     "transport": 3,
     "node": 4, "methods": 4,
     "train": 5, "checkpoint": 5, "selection": 5, "cached_stage": 5, "passes": 5, "reference": 5,
-    "audit": 6,
+    "audit": 6, "clip_proposal": 6,
     "runtime": 7,
     "simulate": 8, "report": 8, "federation": 8, "cli": 8,
 }

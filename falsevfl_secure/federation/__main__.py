@@ -34,7 +34,7 @@ import numpy as np
 
 from ..cli import guarded
 from ..errors import InputError, PartyFailure
-from ..privacy import LEDGER, read_ledger
+from ..privacy import LEDGER, epsilon_of, read_ledger
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
 from .config import AGGREGATOR, load_federation
@@ -71,12 +71,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     privacy = commands.add_parser("privacy", help="what a party's rows spent of its own privacy budget ([privacy])")
     privacy.add_argument("--config", required=True, help="the party's own federation.toml")
     privacy.add_argument("--party", required=True, help="the party (its own ledger, in its model folder)")
+    _propose_options(commands.add_parser(
+        "propose-clips", help="propose the [privacy] clip norms from a party's own rows, released with DP"))
     score = commands.add_parser("score", help="accuracy, or RMSE, MAE and R^2, of a predictions CSV against the truth")
     score.add_argument("--predictions", required=True)
     score.add_argument("--truth", required=True)
     score.add_argument("--id-column", default="id", help="the truth's ID column (default id)")
     score.add_argument("--label-column", default="label", help="the truth's label column (default label)")
     return parser.parse_args(argv)
+
+
+def _propose_options(propose: argparse.ArgumentParser) -> None:
+    propose.add_argument("--config", required=True, help="the party's own federation.toml (its [privacy] budget)")
+    propose.add_argument("--party", required=True, help="the party (its own training table and ledger)")
+    propose.add_argument("--epochs", type=int, default=3, help="stage-1 epochs of the stand-in on its own rows")
+    propose.add_argument("--quantile", type=float, default=0.5, help="the share of rows a clip should not cut")
+    propose.add_argument("--multiplier", type=float, default=8.0,
+                         help="noise multiplier of the histograms' release (its epsilon joins the party's ledger)")
+    propose.add_argument("--records", type=int, default=None,
+                         help="records of the shared order, if known (sizes the stand-in's batch as training will)")
 
 
 def _demo_options(demo: argparse.ArgumentParser) -> None:
@@ -447,20 +460,54 @@ def privacy(args: argparse.Namespace) -> int:
         print(f"{args.party}: no privacy budget in {fed.path} (no [privacy] epsilon): nothing is noised")
         return 0
     ledger = read_ledger(fed.party(args.party).model_dir)
-    if not ledger:
-        print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; nothing spent yet "
-              f"(no {LEDGER} in {fed.party(args.party).model_dir})")
+    proposed = ledger.get("clip_proposals", [])
+    if "epsilon" not in ledger:
+        epsilon = epsilon_of(1.0, 0, budget.delta, tuple(proposed)) if proposed else 0.0
+        spent = f"its {len(proposed)} clip proposal(s) spent epsilon = {epsilon:.3g}" if proposed else \
+            f"nothing spent yet (no {LEDGER} in {fed.party(args.party).model_dir})"
+        print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; {spent}")
         return 0
     print(f"{args.party}: epsilon = {ledger['epsilon']:.3g} per row of its budget {budget.epsilon:g} (delta "
           f"{ledger['delta']:g}): {ledger['releases_per_row']} releases per row at noise multiplier "
-          f"{ledger['noise_multiplier']:g}, {ledger.get('prediction_runs', 0)} prediction run(s) since training")
+          f"{ledger['noise_multiplier']:g}, {len(proposed)} clip proposal(s) before it, "
+          f"{ledger.get('prediction_runs', 0)} prediction run(s) since training")
+    return 0
+
+
+def propose_clips(args: argparse.Namespace) -> int:
+    """The clip norms from the party's own rows (clip_proposal.py), charged to its own ledger before release."""
+    from ..clip_proposal import NAMES, measure_norms, quantile, release
+    from ..model.likelihood import CellLayout
+    from ..privacy import charge_proposal
+    from ..randomness import RoleSecret
+    from .inputs import read_training_table
+
+    fed = load_federation(args.config)
+    me = fed.party(args.party)
+    if not fed.model.privacy.enabled:
+        raise InputError(f"{fed.path}: no [privacy] epsilon: a clip proposal is released under the party's budget")
+    if args.epochs < 1 or not 0 < args.quantile < 1 or not args.multiplier > 0:
+        raise InputError("propose-clips: --epochs >= 1, --quantile in (0, 1) and --multiplier > 0")
+    inputs = read_training_table(fed, args.party)
+    held = inputs.block.held
+    norms = measure_norms(fed.model, inputs.block.x[held], inputs.block.observed[held],
+                          CellLayout.from_kinds(inputs.encoding.kinds()), args.epochs, records=args.records,
+                          progress=True)
+    me.model_dir.mkdir(parents=True, exist_ok=True)
+    epsilon = charge_proposal(fed.model, args.party, me.model_dir, args.multiplier)  # before anything is shown
+    counts = release(norms, args.multiplier, RoleSecret.fresh().stream("clip-proposal"))
+    print(f"# {args.party}: the {args.quantile:g} quantile of its rows' norms, released with noise multiplier "
+          f"{args.multiplier:g} (its clip proposals so far: epsilon = {epsilon:.3g} at delta "
+          f"{fed.model.privacy.delta:g}); agree on one value per line with the other parties")
+    for name in NAMES:
+        print(f"clip_{name} = {quantile(counts[name], args.quantile):.3g}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = {"demo": demo, "keygen": keygen, "check": check, "train": run, "predict": run,
-               "score": score, "privacy": privacy}[args.command]
+               "score": score, "privacy": privacy, "propose-clips": propose_clips}[args.command]
     return guarded(lambda: command(args))
 
 

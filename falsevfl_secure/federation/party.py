@@ -34,7 +34,7 @@ from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
-from ..privacy import LEDGER, TRAINING_PREDICTIONS, charge_prediction, check_budget
+from ..privacy import LEDGER, TRAINING_PREDICTIONS, charge_prediction, check_budget, proposals
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
@@ -129,7 +129,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
-    spent = check_budget(cfg, name, TRAINING_PREDICTIONS)  # its own budget, before any sum is sent
+    spent = check_budget(cfg, name, TRAINING_PREDICTIONS, proposals=proposals(me.model_dir))  # before any sum
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
     if role.is_active:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "

@@ -84,6 +84,7 @@ class PrivateGradients:
         if uncovered:
             raise ValueError(f"DP-SGD has no per-row gradient for {uncovered} (use cell_handling = \"mean\")")
         self.clip, self.multiplier, self.stream = clip, multiplier, stream
+        self.seen: list[Tensor] | None = None  # a list: each step's row norms are kept there (clip_proposal.py)
 
     def reset(self) -> None:
         """Forget what the hooks kept: a step that was abandoned (a party left) or a probe never updates, and
@@ -101,6 +102,8 @@ class PrivateGradients:
         if any(a.shape[1] != rows for _, (a, _) in taken):
             raise RuntimeError("DP-SGD: the party's layers disagree on the step's batch size")
         norms = sum(_row_sq_norms(a, g, layer.bias is not None) for layer, (a, g) in taken).sqrt() * rows
+        if self.seen is not None:
+            self.seen.append(norms.detach().cpu())
         width = sum(p.numel() for layer, _ in taken for p in (layer.module.weight, layer.bias) if p is not None)
         # the rounded sum moves by at most |a_j| + 1 grid step per value when a row's a is added: sqrt(width) steps
         limit = max(self.clip - math.sqrt(width) / GRADIENT_GRID, 0.0)

@@ -7,9 +7,10 @@ is started and kept alive; every (batch, stage) cell then runs `--warmup` unreco
 protocol and `--repeats` timed rounds in which the protocols take turns (plain, mpc, he, plain, ...),
 so a drift of the machine's load hits every protocol alike and the ratios are measured side by side.
 The job is a synthetic split with Isolet's shapes (77 features per party, d_h 128, d_z 64, hidden
-widths 256, kappa 10, float32). The parties start each step together (a barrier) and a step's time
-is the longest any role spent in it (the critical path), measured inside the workers, so process
-start-up, key agreement and CKKS key generation are not counted. Bytes are what one passive party
+widths 256, kappa 10, float32), or with `--shape tables` a table's as `preset = "auto"` builds it (10
+encoded columns per party, d_h 32, d_z 16, hidden 128 / 64). The parties start each step together (a
+barrier) and a step's time is the longest any role spent in it (the critical path), measured inside the
+workers, so process start-up, key agreement and CKKS key generation are not counted. Bytes are what one passive party
 sent plus received in the step. On one machine all K (K + 1) processes share its cores, so a step
 also pays for every party's work one after the other; with one host per party it would not.
 
@@ -55,7 +56,12 @@ from falsevfl_secure.transport.rounds import POSTERIOR  # noqa: E402
 from falsevfl_secure.transport.views import Entry, View  # noqa: E402
 
 STAGES = ("pretrain", "train", "predict")
-WIDTH = 77  # Isolet's features per party
+# The job's shapes (`--shape`): Isolet's (77 features per party, the paper's widths), or a table's as the
+# federation's `preset = "auto"` builds it (10 encoded columns per party, the digits widths: issue 26's
+# "3 parties and ~30 encoded columns").
+SHAPES = {"isolet": dict(width=77, h_dim=128, z_dim=64, party_hidden=256, global_hidden=256, discriminator_hidden=256),
+          "tables": dict(width=10, h_dim=32, z_dim=16, party_hidden=128, global_hidden=64, discriminator_hidden=128)}
+SHAPE = dict(SHAPES["isolet"])  # main() sets the one asked for
 
 
 def make_job(parties: int, batch: int, stage: str, seed: int = 0, record: bool = False,
@@ -64,11 +70,11 @@ def make_job(parties: int, batch: int, stage: str, seed: int = 0, record: bool =
     party's secret drawn afresh, as in a real run. `private`: under a privacy budget (the noise stage before
     every sum, DP-SGD of the party networks; the noise multiplier stated, 1.0)."""
     privacy = PrivacyConfig(epsilon=8.0, noise_multiplier=1.0) if private else PrivacyConfig()
-    cfg = Config(dataset="synthetic", parties=parties, h_dim=128, z_dim=64, party_hidden=256, global_hidden=256,
-                 discriminator_hidden=256, kappa=10, predict_samples=10,
+    widths = {k: v for k, v in SHAPE.items() if k != "width"}
+    cfg = Config(dataset="synthetic", parties=parties, **widths, kappa=10, predict_samples=10,
                  pretrain=StageConfig(5e-4, batch, 1), train=StageConfig(2e-4, batch, 1), seed=seed,
                  options={"latent_broadcast": latent_broadcast}, privacy=privacy)
-    split = dict(n=batch, parties=parties, width=WIDTH, p_missing=0.2, seed=seed, n_classes=26)
+    split = dict(n=batch, parties=parties, width=SHAPE["width"], p_missing=0.2, seed=seed, n_classes=26)
     return StepJob(cfg, split, tuple(range(batch)), Stage[stage.upper()], secret_seed=None, record=record)
 
 
@@ -331,6 +337,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--latent-broadcast", choices=["samples", "moments"], default="samples",
                    help="FALSE-VFL's latent round (moments: the measured alternative, not the default)")
     p.add_argument("--no-audit", action="store_true", help="skip the recorded-view audit")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="isolet",
+                   help="the job's widths: Isolet's, or a 10-column-per-party table's (preset auto)")
     p.add_argument("--out", default="runs/overhead")
     p.add_argument("--readme", default=None, help="rewrite this file's generated section <!-- results:NAME:... -->, "
                    "NAME the --out folder's name")
@@ -340,6 +348,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    SHAPE.update(SHAPES[args.shape])
     if args.ciphers:
         return cipher_table(args)
     if args.privacy:

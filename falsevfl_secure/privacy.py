@@ -61,15 +61,18 @@ def gaussian_delta(multiplier: float, epsilon: float) -> float:
     return float(norm.cdf(a - epsilon * multiplier) - math.exp(epsilon + norm.logcdf(-a - epsilon * multiplier)))
 
 
-def epsilon_of(multiplier: float, releases: int, delta: float, earlier: tuple[float, ...] = ()) -> float:
-    """epsilon after `releases` self-composed Gaussian events of `multiplier` (dp-accounting, PLD), and one
-    Gaussian event of each multiplier in `earlier` (the party's clip proposals): Gaussian mechanisms compose
+Event = tuple[float, int]  # (noise multiplier, releases of a row): Gaussian events in a party's ledger
+
+
+def epsilon_of(multiplier: float, releases: int, delta: float, earlier: tuple[Event, ...] = ()) -> float:
+    """epsilon after `releases` self-composed Gaussian events of `multiplier` (dp-accounting, PLD), and the
+    `earlier` events (the party's clip proposals, its earlier models' releases): Gaussian mechanisms compose
     exactly into one whose 1 / multiplier^2 is the sum of theirs (Dong, Roth and Su 2022, Corollary 3.3)."""
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
     if earlier:
-        inverse = releases / multiplier**2 + sum(1 / e**2 for e in earlier)
+        inverse = (releases / multiplier**2 if releases else 0.0) + sum(r / z**2 for z, r in earlier)
         return epsilon_of(inverse**-0.5, 1, delta)
     if releases == 0:
         return 0.0
@@ -120,32 +123,34 @@ class Spent:
     epsilon: float
     delta: float
     budget: float
-    proposals: tuple[float, ...] = ()  # the multipliers of the party's clip proposals (clip_proposal.py)
+    earlier: tuple[Event, ...] = ()  # what the rows spent before this model: clip proposals, earlier models
 
     def to_dict(self) -> dict:
+        """The ledger's entry (`epsilon` composes `earlier` with this model's releases)."""
         return {"party": self.party, "releases_per_row": self.releases, "noise_multiplier": self.multiplier,
                 "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
-                "clip_proposals": list(self.proposals),
+                "earlier": [list(e) for e in self.earlier], "clip_proposals": [],
                 "covers": "the summed rounds, the parties' own networks (DP-SGD) and everything computed from them; "
                           "not the alignment's membership, the record counts or a party's own data at itself"}
 
 
-def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0, proposals: tuple[float, ...] = ()) -> Spent:
-    """Party `party`'s epsilon for this schedule and its clip proposals, from its own configuration and ledger."""
+def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0, earlier: tuple[Event, ...] = ()) -> Spent:
+    """Party `party`'s epsilon for this schedule after its `earlier` releases, from its own file and ledger."""
     privacy, releases = cfg.privacy, releases_per_row(cfg, predictions, tests)
     z = noise_multiplier(cfg, predictions, tests)
-    return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, tuple(proposals)), privacy.delta,
-                 privacy.epsilon, tuple(proposals))
+    earlier = tuple((float(m), int(r)) for m, r in earlier)
+    return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta,
+                 privacy.epsilon, earlier)
 
 
 def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0,
-                 proposals: tuple[float, ...] = ()) -> Spent | None:
-    """Refuse a schedule that would spend more than `party`'s budget with its clip proposals (before anything is
+                 earlier: tuple[Event, ...] = ()) -> Spent | None:
+    """Refuse a schedule that would take `party` past its budget after its `earlier` releases (before anything is
     sent); what it spends otherwise (None without a budget)."""
     privacy = cfg.privacy
     if not privacy.enabled:
         return None
-    used = spent(cfg, party, predictions, tests, proposals)
+    used = spent(cfg, party, predictions, tests, earlier)
     if privacy.max_releases_per_row and used.releases > privacy.max_releases_per_row:
         raise InputError(f"{party}: the schedule releases each row up to {used.releases} times, more than its "
                          f"max_releases_per_row = {privacy.max_releases_per_row}")
@@ -153,15 +158,16 @@ def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0,
         raise InputError(f"{party}: the schedule would spend epsilon = {used.epsilon:.3g} per row (delta "
                          f"{privacy.delta:g}, {used.releases} releases at noise multiplier {used.multiplier:.3g}), "
                          f"more than its budget epsilon = {privacy.epsilon:g}; shorten the schedule or raise the "
-                         "noise" + _proposals_note(proposals))
+                         "noise" + _earlier_note(earlier))
     return used
 
 
-def _proposals_note(proposals: tuple[float, ...]) -> str:
-    if not proposals:
+def _earlier_note(earlier: tuple[Event, ...]) -> str:
+    if not earlier:
         return ""
-    return (f" (its {len(proposals)} clip proposal(s) count too: a calibrated noise_multiplier spends the whole "
-            "budget on training, so set noise_multiplier, agreed by every party, to leave them room)")
+    return (f" (with what its rows spent before, in its ledger: {sum(r for _, r in earlier)} releases of its clip "
+            "proposals and earlier models; a calibrated noise_multiplier spends the whole budget on this schedule "
+            "alone)")
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far
@@ -179,22 +185,38 @@ def read_ledger(folder: Path) -> dict:
                          "record, so nothing runs until it is restored") from error
 
 
-def proposals(folder: Path) -> tuple[float, ...]:
-    """The noise multipliers of the clip proposals in a party's own ledger (clip_proposal.py)."""
-    return tuple(float(z) for z in read_ledger(folder).get("clip_proposals", []))
+def before_model(ledger: dict) -> tuple[Event, ...]:
+    """What a ledger's rows spent before its current model: earlier models' releases and the clip proposals."""
+    return (*(tuple(e) for e in ledger.get("earlier", [])), *((float(z), 1) for z in ledger.get("clip_proposals", [])))
+
+
+def all_spent(ledger: dict) -> tuple[Event, ...]:
+    """Every release a ledger records: before its model, and the model's training and prediction runs."""
+    model = ((float(ledger["noise_multiplier"]), int(ledger["releases_per_row"])),) if "releases_per_row" in ledger \
+        else ()
+    return (*before_model(ledger), *model)
 
 
 def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) -> float:
-    """Before a clip proposal is released: refuse it when it alone would take `party` past its own budget; else
-    record it in the ledger first; the epsilon of the proposals so far."""
-    earlier = (*proposals(folder), multiplier)
-    epsilon = epsilon_of(multiplier, 0, cfg.privacy.delta, earlier)
+    """Before a clip proposal is released: refuse it when it would take `party` past its own budget with what its
+    ledger records; else record it there first; the epsilon of everything the ledger records then."""
+    ledger = read_ledger(folder)
+    epsilon = epsilon_of(multiplier, 1, cfg.privacy.delta, all_spent(ledger))
     if epsilon > cfg.privacy.epsilon:
-        raise InputError(f"{party}: its clip proposals would spend epsilon = {epsilon:.3g} (delta "
-                         f"{cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}; raise "
-                         "--multiplier")
-    write_json(Path(folder) / LEDGER, {**read_ledger(folder), "clip_proposals": list(earlier)})
+        raise InputError(f"{party}: with this clip proposal its rows would have spent epsilon = {epsilon:.3g} "
+                         f"(delta {cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}; "
+                         "raise --multiplier")
+    write_json(Path(folder) / LEDGER, {**ledger, "clip_proposals": [*ledger.get("clip_proposals", []), multiplier]})
     return epsilon
+
+
+def charge_training(cfg: Config, party: str, folder: Path) -> tuple[Spent | None, dict]:
+    """Before training: refuse a schedule that would take `party` past its budget after everything its ledger
+    records (an earlier model's releases of the same rows count: retraining does not reset them); what it spends
+    and the new model's ledger entry."""
+    earlier = all_spent(read_ledger(folder)) if cfg.privacy.enabled else ()
+    used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=earlier)
+    return used, ({} if used is None else {**used.to_dict(), "prediction_runs": 0})
 
 
 def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
@@ -204,7 +226,7 @@ def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
         return None
     ledger = read_ledger(folder)
     runs = int(ledger.get("prediction_runs", 0)) + 1
-    used = check_budget(cfg, party, TRAINING_PREDICTIONS + runs, proposals=proposals(folder))
+    used = check_budget(cfg, party, TRAINING_PREDICTIONS + runs, earlier=before_model(ledger))
     write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), "prediction_runs": runs})
     return used
 

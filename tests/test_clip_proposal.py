@@ -113,19 +113,38 @@ def test_the_ledger_counts_each_proposal_and_training_composes_them(tmp_path):
     assert first == pytest.approx(privacy.epsilon_of(8.0, 1, CFG.privacy.delta), rel=1e-3)
     assert privacy.charge_proposal(CFG, "lab", tmp_path, 8.0) == pytest.approx(
         privacy.epsilon_of(8.0 / math.sqrt(2), 1, CFG.privacy.delta), rel=1e-6)
-    assert privacy.proposals(tmp_path) == (8.0, 8.0)
+    assert privacy.all_spent(privacy.read_ledger(tmp_path)) == ((8.0, 1), (8.0, 1))
     base = replace(CFG, pretrain=replace(CFG.pretrain, epochs=4), train=replace(CFG.train, epochs=4))
-    alone, both = privacy.spent(base, "lab"), privacy.spent(base, "lab", proposals=(8.0, 8.0))
+    alone, both = privacy.spent(base, "lab"), privacy.spent(base, "lab", earlier=((8.0, 1), (8.0, 1)))
     z_eff = (alone.releases / alone.multiplier**2 + 2 / 64) ** -0.5  # Gaussian mechanisms compose into one
     assert both.epsilon == pytest.approx(privacy.epsilon_of(z_eff, 1, CFG.privacy.delta), rel=1e-9)
-    assert both.epsilon > alone.epsilon and both.to_dict()["clip_proposals"] == [8.0, 8.0]
+    assert both.epsilon > alone.epsilon and both.to_dict()["earlier"] == [[8.0, 1], [8.0, 1]]
     tight = replace(base, privacy=replace(base.privacy, epsilon=alone.epsilon * 1.0001))
     assert privacy.check_budget(tight, "lab").epsilon <= tight.privacy.epsilon
-    with pytest.raises(InputError, match="clip proposal"):
-        privacy.check_budget(tight, "lab", proposals=(8.0, 8.0))  # the proposals leave no room: refused
+    with pytest.raises(InputError, match="clip proposals and earlier models"):
+        privacy.charge_training(tight, "lab", tmp_path)  # the proposals in its ledger leave no room: refused
     with pytest.raises(InputError, match="raise --multiplier"):
         privacy.charge_proposal(replace(CFG, privacy=replace(CFG.privacy, epsilon=0.1)), "lab", tmp_path / "x", 1.0)
     assert not (tmp_path / "x" / privacy.LEDGER).exists()  # refused before anything is recorded or released
+
+
+def test_retraining_the_same_rows_spends_again_and_is_refused_past_the_budget(tmp_path):
+    # Before, each training wrote a fresh ledger: a party could retrain as often as it liked within one budget.
+    base = replace(CFG, pretrain=replace(CFG.pretrain, epochs=4), train=replace(CFG.train, epochs=4))
+    once = privacy.spent(base, "lab")
+    budget = replace(base, privacy=replace(base.privacy, epsilon=once.epsilon * 1.3))  # room for one training
+    used, entry = privacy.charge_training(budget, "lab", tmp_path)
+    assert used.epsilon == pytest.approx(once.epsilon) and entry["earlier"] == []
+    privacy.write_json(tmp_path / privacy.LEDGER, entry)  # what `train` leaves in the party's model folder
+    privacy.charge_prediction(budget, "lab", tmp_path)  # one prediction run since
+    with pytest.raises(InputError, match="earlier models"):
+        privacy.charge_training(budget, "lab", tmp_path)
+    roomy = replace(base, privacy=replace(base.privacy, epsilon=once.epsilon * 3))
+    again, entry = privacy.charge_training(roomy, "lab", tmp_path)
+    before = (once.multiplier, once.releases + 2)  # the first model's training, validation pass and one run
+    assert entry["earlier"] == [list(before)]
+    assert again.epsilon == pytest.approx(privacy.epsilon_of(once.multiplier, once.releases, base.privacy.delta,
+                                                             (before,)), rel=1e-9)
 
 
 def test_propose_clips_prints_one_line_per_clip_and_charges_the_partys_own_ledger(tmp_path, capsys):

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..cli import guarded
 from ..errors import InputError, PartyFailure
-from ..privacy import LEDGER, epsilon_of, read_ledger
+from ..privacy import LEDGER, all_spent, before_model, epsilon_of, read_ledger
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
 from .config import AGGREGATOR, load_federation
@@ -460,17 +460,18 @@ def privacy(args: argparse.Namespace) -> int:
         print(f"{args.party}: no privacy budget in {fed.path} (no [privacy] epsilon): nothing is noised")
         return 0
     ledger = read_ledger(fed.party(args.party).model_dir)
-    proposed = ledger.get("clip_proposals", [])
-    if "epsilon" not in ledger:
-        epsilon = epsilon_of(1.0, 0, budget.delta, tuple(proposed)) if proposed else 0.0
-        spent = f"its {len(proposed)} clip proposal(s) spent epsilon = {epsilon:.3g}" if proposed else \
-            f"nothing spent yet (no {LEDGER} in {fed.party(args.party).model_dir})"
-        print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; {spent}")
+    events = all_spent(ledger)
+    if not events:
+        print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; nothing spent yet "
+              f"(no {LEDGER} in {fed.party(args.party).model_dir})")
         return 0
-    print(f"{args.party}: epsilon = {ledger['epsilon']:.3g} per row of its budget {budget.epsilon:g} (delta "
-          f"{ledger['delta']:g}): {ledger['releases_per_row']} releases per row at noise multiplier "
-          f"{ledger['noise_multiplier']:g}, {len(proposed)} clip proposal(s) before it, "
-          f"{ledger.get('prediction_runs', 0)} prediction run(s) since training")
+    epsilon = epsilon_of(1.0, 0, budget.delta, events)
+    model = (f"its model: {ledger['releases_per_row']} releases per row at noise multiplier "
+             f"{ledger['noise_multiplier']:g}, {ledger.get('prediction_runs', 0)} prediction run(s) since training; "
+             if "releases_per_row" in ledger else "no model trained under it yet; ")
+    before = before_model(ledger)
+    print(f"{args.party}: epsilon = {epsilon:.3g} per row of its budget {budget.epsilon:g} (delta {budget.delta:g}): "
+          f"{model}before it {sum(r for _, r in before)} release(s) (clip proposals, earlier models)")
     return 0
 
 

@@ -34,7 +34,7 @@ from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
-from ..privacy import LEDGER, TRAINING_PREDICTIONS, charge_prediction, check_budget, proposals
+from ..privacy import LEDGER, charge_prediction, charge_training
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
@@ -129,7 +129,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
-    spent = check_budget(cfg, name, TRAINING_PREDICTIONS, proposals=proposals(me.model_dir))  # before any sum
+    spent, entry = charge_training(cfg, name, me.model_dir)  # its own budget and ledger, before any sum is sent
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
     if role.is_active:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
@@ -145,7 +145,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
-    _ledger(out, name, spent)
+    _ledger(out, name, spent, entry)
     if role.is_active:
         validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
@@ -200,11 +200,11 @@ def _still_out(events: list[dict]) -> list[dict]:
     return [e for e in last.values() if e["how"] != "rejoined"]
 
 
-def _ledger(out: Path, name: str, spent) -> None:
+def _ledger(out: Path, name: str, spent, entry: dict) -> None:
     """A party's own privacy ledger, in its own (staged) model folder, and its line (with a budget only)."""
     if spent is None:
         return
-    write_json(out / LEDGER, {**spent.to_dict(), "prediction_runs": 0})
+    write_json(out / LEDGER, entry)
     print(f"privacy: {name} spent epsilon = {spent.epsilon:.3g} per row (delta {spent.delta:g}, {spent.releases} "
           f"releases at noise multiplier {spent.multiplier:g})", flush=True)
 

@@ -26,9 +26,11 @@ from tqdm.auto import tqdm
 from .cached_stage import Stage2Cache, cached_epoch
 from .config import Stage
 from .errors import InputError
+from .model.trees import BAG
 from .network.network import PartyLost
 from .node import Batch, HostedData, Node, host_split
 from .placement import Active, apply
+from .reference import FOLDS
 
 EpochHook = Callable[[Stage, int, dict], None]
 __all__ = ["EpochHook", "Fit", "HostedData", "evaluate", "fit", "host_split", "optimizers_for", "predict_split",
@@ -213,6 +215,12 @@ def time_split(total: float, rounds: float, waiting: float) -> dict[str, float]:
 Agree = Callable[[set], set]  # combines the resumable epochs across processes (distributed runtime)
 
 
+def solo_work_units(cfg) -> int:
+    """The most units of its own work (`Transport.working`) the active party shows between two passes: a cached
+    stage 2's epochs, its trees' fits, its own trees' fits (the full one and each fold)."""
+    return cfg.train.epochs + BAG + FOLDS + 1
+
+
 def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, resume: bool = False,
         progress: bool = True, agree: Agree | None = None, after_epoch: EpochHook | None = None,
         validation: HostedData | None = None, rejoin: tuple[int, int] | None = None) -> Fit:
@@ -224,6 +232,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     from .selection import BestEpoch
 
     checkpointers = [Checkpointer(checkpoint_dir, k) for k in node.parties] if checkpoint_dir is not None else []
+    node.transport.allow_work(solo_work_units(node.cfg))  # its waits on a party working alone, from its own file
     node.method.prepare(node, data)
     optimizers = {stage: optimizers_for(node, stage) for stage in (Stage.PRETRAIN, Stage.TRAIN)}
     start = _resume(node, checkpointers, optimizers, agree) if resume else {Stage.PRETRAIN: 0, Stage.TRAIN: 0}

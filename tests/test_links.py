@@ -146,30 +146,33 @@ def _wait_for_party0(role) -> str:
     return "left"
 
 
-def _works_alone(role, advancing: bool) -> str:
-    """The active party works alone for 6 s between passes (advancing each second, or not) and then sends; a
-    passive party waits for it with a 3 s limit, counted from the active party's last progress."""
+def _works_alone(role, units: int, allowed: int) -> str:
+    """The active party works alone for 6 s between passes, showing `units` units of progress spread over it,
+    then sends; a passive party waits for it with a 3 s limit counted from its last progress, for at most
+    `allowed` units (its own schedule's)."""
     if role.is_active:
-        for _ in range(6):
+        for second in range(6):
             time.sleep(1.0)
-            if advancing:
+            if second * units // 6 != (second + 1) * units // 6:
                 role.network.advanced()
         for name in role.peers.names[:-1]:
             role.network.send(name, "barrier", b"done")
         return "sent"
+    role.network.allow_work(allowed)
     return role.network.recv(role.peers.names[-1], "barrier", limit_s=3.0).decode()
 
 
-@pytest.mark.parametrize("advancing", [True, False])
-def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_path, advancing):
+@pytest.mark.parametrize("units, allowed", [(6, 6), (0, 6), (6, 2)])
+def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_path, units, allowed):
     # A cached stage 2 or the active party's tree fits run longer than RECV_TIMEOUT_S on a large table: while
-    # its heartbeat shows progress the wait goes on; a peer that heartbeats without progress is still named.
-    ended = _world(tmp_path, "plain", 3, _works_alone, (advancing,)).start().outcomes(60)
-    if advancing:
+    # its heartbeat shows progress the wait goes on; a peer that heartbeats without progress, or shows more
+    # units than the waiting role's own schedule allows (a peer that would stall it forever), is named.
+    ended = _world(tmp_path, "plain", 3, _works_alone, (units, allowed)).start().outcomes(60)
+    if units <= allowed and units:
         assert ended[0] == {"ok": "done"} and ended[1] == {"ok": "done"}, ended
     else:
-        assert "party0 waited 3 s for 'barrier' from party2, which made no progress" in ended[0].get("error", ""), \
-            ended[0]
+        assert "party0 waited 3 s for 'barrier' from party2, which made no progress it could count" in \
+            ended[0].get("error", ""), ended[0]
 
 
 # -- helpers ------------------------------------------------------------------------------------------

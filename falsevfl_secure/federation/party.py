@@ -38,7 +38,7 @@ from ..privacy import LEDGER, charge_prediction, charge_training
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
-from ..train import fit, host_split, predict_split
+from ..train import fit, host_split, predict_split, solo_work_units
 from .aligned import (
     Aligned,
     Placed,
@@ -213,6 +213,7 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
     """This party's node, its training data and validation records (the active party's with its own trees'
     score, an input of its discriminator only)."""
     device, rank = resolve_device(cfg.device), role.rank
+    role.network.allow_work(solo_work_units(cfg))  # the active party's own trees' fits come first
     model_dir = staged(fed.party(role.spec.name).model_dir)  # the rows its trees fit on join the staged model
     scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes, role.network.advanced) \
         if role.is_active else None

@@ -64,6 +64,7 @@ class Link:
         self.peer, self._on_envelope, self._on_closed = peer, on_envelope, on_closed
         self.last_seen, self.last_round = time.monotonic(), None
         self.progress, self.progressed_at, self.waiting_on = 0, self.last_seen, None
+        self.advances = 0  # heartbeats that showed progress (a wait counts them against its allowance)
         self._outbound: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.queued = 0
@@ -73,7 +74,7 @@ class Link:
     def heard(self, round: str | None, progress: int, waiting_on: str | None) -> None:
         """A heartbeat: the peer's round, rounds entered and whom it waits on."""
         if progress != self.progress:
-            self.progress, self.progressed_at = progress, time.monotonic()
+            self.progress, self.progressed_at, self.advances = progress, time.monotonic(), self.advances + 1
         self.last_round, self.waiting_on = round, waiting_on
 
     def put(self, messages: list[bytes]) -> int:

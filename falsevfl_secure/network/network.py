@@ -147,6 +147,7 @@ class Network:
         self.bounds: dict[str, tuple[int, int]] = dict(SETUP)
         self._rounds_declared = False
         self.slowest = 0.0  # the longest wait for a round's frame on a peer that was not waiting itself
+        self.work_units = 0  # the most units of its own work a peer may show in one wait (`allow_work`)
         # Per sender, bounded where frames arrive: a declared tag, at most its depth waiting (`_queued`, `allow`).
         self._mail: dict[str, deque] = defaultdict(deque)
         self._queued: dict[tuple[str, str], int] = defaultdict(int)  # (sender, tag) -> frames waiting
@@ -297,13 +298,14 @@ class Network:
 
     def recv_any(self, src: str, expecting: str = "a frame", limit_s: float = RECV_TIMEOUT_S) -> tuple[str, bytes]:
         """The next frame from `src` and its tag (a role that follows another's lead, e.g. the aggregator)."""
-        began = time.monotonic()
+        began, link = time.monotonic(), self.links.get(src)
+        start = (began, link.advances if link is not None else 0)
         with self._cond:
             self.waiting_on, excused = src, False
             try:
                 while not self._mail[src]:  # frames that came before a loss are still read: the runs stay repeatable
                     self._raise_if_lost(src, expecting)
-                    excused = self._check_wait(src, expecting, began, limit_s) or excused
+                    excused = self._check_wait(src, expecting, start, limit_s) or excused
                     self._cond.wait(0.5)
             finally:
                 self.waiting_on = None
@@ -373,15 +375,18 @@ class Network:
                     return dropped
                 self._cond.wait(0.5)
 
-    def _check_wait(self, src: str, expecting: str, began: float, limit_s: float = RECV_TIMEOUT_S) -> bool:
-        """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round)."""
+    def _check_wait(self, src: str, expecting: str, start: tuple[float, int], limit_s: float = RECV_TIMEOUT_S) -> bool:
+        """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round).
+        `start`: when the wait began and how many advances `src` had shown then."""
         self._raise_if_aborted()
         if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
             raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
-        now, link = time.monotonic(), self.links.get(src)
-        if now - max(began, link.progressed_at if link is not None else began) > limit_s:
+        (began, advances), now, link = start, time.monotonic(), self.links.get(src)
+        # its progress restarts the limit for as many units of work as this role's own schedule allows
+        counted = link is not None and 0 < link.advances - advances <= self.work_units
+        if now - max(began, link.progressed_at if counted else began) > limit_s:
             raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}, which made no "
-                               "progress meanwhile")
+                               "progress it could count meanwhile")
         if link is None or self.round is None or link.waiting_on or link.last_round is None:
             return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
         if now - max(began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
@@ -398,6 +403,11 @@ class Network:
         """This role finished a pass of rounds: until the next, it does work of its own (its peers then wait
         on it without a round deadline, up to RECV_TIMEOUT_S from its last progress)."""
         self.round = None
+
+    def allow_work(self, units: int) -> None:
+        """From this role's own schedule: the most units of its own work (`advanced`) a peer may show while this
+        role waits on it once; beyond them its progress no longer extends the wait."""
+        self.work_units = max(0, int(units))
 
     def advanced(self) -> None:
         """This role finished one unit of its own work between passes (an epoch of a cached stage 2, one of

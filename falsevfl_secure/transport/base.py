@@ -42,6 +42,9 @@ class Transport(Protocol):
         """One unit of this role's own work between passes is done (a cached epoch, a tree fit): peers
         waiting on it across processes see it progress."""
 
+    def allow_work(self, units: int) -> None:
+        """The most units of such work a peer may show while this role waits on it once (from its own file)."""
+
 
 def nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()

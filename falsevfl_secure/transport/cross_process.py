@@ -160,6 +160,10 @@ class DistributedTransport:
         """One unit of this role's own work between passes is done (`Network.advanced`)."""
         self.network.advanced()
 
+    def allow_work(self, units: int) -> None:
+        """How many units of a peer's own work one wait on it accepts (`Network.allow_work`)."""
+        self.network.allow_work(units)
+
     def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None:
         """Run the adjoint rounds of the last forward pass (every role: the same Functions' backward),
         together with this process's own local losses (`local`: objectives that never leave it)."""

@@ -93,6 +93,9 @@ class LocalTransport:
     def working(self) -> None:
         """One unit of work between passes is done: no peer waits on it in one process."""
 
+    def allow_work(self, units: int) -> None:
+        """No peer waits across processes here."""
+
     def aggregate(self, round: Round, contributions: Mapping[int, Tensor]) -> Active[Tensor]:
         parties = tuple(sorted(contributions))
         values = [contributions[k] for k in parties]

@@ -1,16 +1,18 @@
 """A party's proposal of the [privacy] clip norms from its own rows, itself released with differential privacy.
 
 A clip bounds how far one row moves each release, so it should sit near the rows' norms; chosen by looking at
-the private rows in clear, it would disclose them, uncounted. Here a party measures, on a stand-in of its
-training that runs in its own process (its block as the only rows of a two-party FALSE-VFL node, stage 1 for a
-few epochs, its networks trained on its own rows; nothing leaves the process), the per-row norm of each of its
-contributions in the last epoch: the three summed rounds and its DP-SGD gradient. It releases only a histogram
-of each over public bins, every count with discrete Gaussian noise from its own secret stream: adding or
-removing a row moves one count of each of the four histograms by 1 (L2 sensitivity 2), so the noise of standard
-deviation 2 x `multiplier` makes the release one Gaussian mechanism of that multiplier, which the party's own
-ledger records and every later budget check composes with its training (privacy.py). The proposal, a quantile
-of each noisy histogram, is post-processing. The stand-in's norms are those of a model trained on this party's
-rows alone: the federation's differ (other parties join the posterior), so the proposal is a starting point.
+the private rows in clear, it would disclose them, uncounted. Here a party runs, in its own process, one
+stage-1 pass of a stand-in of its part (its block as the only rows of a two-party FALSE-VFL node, under DP's
+contributions, nothing clipped or noised, nothing leaving the process) at its networks' initial weights, which
+come from its own secret and never train on the rows: so each row's norm of each contribution (the three summed
+rounds and its DP-SGD gradient, the latent gradient scaled to the row's own) is a function of that row and of
+its own fresh draws alone. It releases only a histogram of each over public bins, every count with discrete
+Gaussian noise from its own secret stream: adding or removing a row moves one count of each of the four
+histograms by 1 (L2 sensitivity 2), so noise of standard deviation 2 x `multiplier` makes the release one
+Gaussian mechanism of that multiplier, which the party's own ledger records and every later budget check
+composes with its training (privacy.py). The proposal, a quantile of each noisy histogram, is post-processing.
+Norms at the initial weights are not those of a trained model (a gradient's median on digits: 18 at the start,
+131 after 10 epochs), so the proposal is a starting point.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .node import HostedData
 from .placement import Active
 from .randomness import KeyStream, RoleSecret
 from .secure.discrete_gaussian import discrete_gaussian
-from .train import optimizers_for, run_stage
+from .train import run_stage
 from .transport import LocalTransport
 from .transport.rounds import Round
 
@@ -51,7 +53,9 @@ class _Recorder:
         if self.on and round.name in self.norms:
             moved = value.detach().reshape(1, -1) if round.batch_axis is None else value.detach().movedim(
                 round.batch_axis, 0)
-            self.norms[round.name].append(moved.reshape(moved.shape[0], -1).double().norm(dim=1))
+            norms = moved.reshape(moved.shape[0], -1).double().norm(dim=1)
+            # the gradient of a batch mean is 1 / B of the row's own: scaled back, no other row moves it
+            self.norms[round.name].append(norms * (moved.shape[0] if round.name == "latent_grad" else 1))
         return value
 
 
@@ -60,42 +64,40 @@ class _Passing:
         return value
 
 
-def stand_in(cfg: Config, rows: int, epochs: int) -> Config:
+def stand_in(cfg: Config, rows: int) -> Config:
     """The party's own model settings as a two-party node (the party and an active party holding no row),
     stage 1 only, under DP's contributions (centred likelihoods, unit precisions) with nothing clipped or noised."""
     loose = dict(clip_posterior=LOOSE, clip_likelihood=LOOSE, clip_latent_grad=LOOSE, clip_gradient=LOOSE)
     privacy = replace(cfg.privacy, epsilon=cfg.privacy.epsilon or 1.0, noise_multiplier=1e-12, collusion=0, **loose)
     sized = sized_schedule(cfg, rows, 0)
     return replace(sized, parties=2, active_party=1, privacy=privacy,
-                   pretrain=replace(sized.pretrain, epochs=epochs), train=replace(sized.train, epochs=0))
+                   pretrain=replace(sized.pretrain, epochs=1), train=replace(sized.train, epochs=0))
 
 
-def measure_norms(cfg: Config, x: np.ndarray, observed: np.ndarray, layout: CellLayout | None, epochs: int,
-                  secret: RoleSecret | None = None, records: int | None = None,
+def measure_norms(cfg: Config, x: np.ndarray, observed: np.ndarray, layout: CellLayout | None,
+                  secrets: dict[int, RoleSecret] | None = None, records: int | None = None,
                   progress: bool = False) -> dict[str, np.ndarray]:
-    """Each row's norm of the party's contribution to every summed round and of its DP-SGD gradient, in the last
-    of `epochs` stage-1 epochs of the stand-in (one norm per row and name). `records`: the shared order's size,
-    where known, so the stand-in's batch is training's (the latent gradient of a batch mean scales with 1 / B)."""
+    """Each row's norm of the party's contribution to every summed round and of its DP-SGD gradient, from one
+    stage-1 pass at the initial weights (no optimiser step: no row moves another's norm). The latent gradient of
+    a batch mean is scaled by its batch's size to the row's own, then divided by the batch training will use
+    (`records`: the shared order's size where known, else the party's rows). `secrets`: tests' (the party 0,
+    the stand-in's active party 1); a run draws fresh ones."""
     n, width = x.shape
-    run = stand_in(cfg, records or n, epochs)
+    run = stand_in(cfg, n)
     transport, recorder = LocalTransport(2, 1), _Recorder()
     node = build_node(run, {0: width, 1: 1}, 2, transport, torch.device("cpu"),
-                      {0: secret} if secret is not None else None, {0: layout} if layout is not None else None)
+                      secrets, {0: layout} if layout is not None else None)
     transport.use_noise({0: recorder, 1: _Passing()})
-    gradients, seen = node.private[0], []
+    gradients = node.private[0]
+    gradients.seen, recorder.on = [], True
     data = HostedData(n, {0: torch.from_numpy(x), 1: torch.zeros(n, 1)},
                       {0: torch.ones(n, dtype=torch.bool), 1: torch.zeros(n, dtype=torch.bool)},
                       Active(torch.ones(n)), Active(torch.zeros(n, dtype=torch.long)), np.arange(0),
                       observed={} if observed.all() else {0: torch.from_numpy(observed)})
-
-    def last(on: bool) -> None:
-        recorder.on, gradients.seen = on, seen if on else None
-
-    last(epochs == 1)
-    run_stage(node, data, Stage.PRETRAIN, optimizers_for(node, Stage.PRETRAIN), progress=progress,
-              on_epoch_end=lambda stage, epoch, _: last(epoch == epochs - 2))
-    return {**{name: torch.cat(recorder.norms[name]).numpy() for name in ROUNDS},
-            "gradient": torch.cat(seen).numpy()}
+    run_stage(node, data, Stage.PRETRAIN, {}, progress=progress)  # no optimiser: the weights stay initial
+    norms = {name: torch.cat(recorder.norms[name]).numpy() for name in ROUNDS}
+    norms["latent_grad"] = norms["latent_grad"] / sized_schedule(cfg, records or n, 0).pretrain.batch_size
+    return {**norms, "gradient": torch.cat(gradients.seen).numpy()}
 
 
 def release(norms: dict[str, np.ndarray], multiplier: float, stream: KeyStream) -> dict[str, np.ndarray]:

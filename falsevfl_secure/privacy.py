@@ -216,7 +216,11 @@ def charge_training(cfg: Config, party: str, folder: Path) -> tuple[Spent | None
     and the new model's ledger entry."""
     earlier = all_spent(read_ledger(folder)) if cfg.privacy.enabled else ()
     used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=earlier)
-    return used, ({} if used is None else {**used.to_dict(), "prediction_runs": 0})
+    if used is None:
+        return None, {}
+    entry = {**used.to_dict(), "prediction_runs": 0}
+    write_json(Path(folder) / LEDGER, entry)  # first: a run that fails later (a peer ends it) has still spent it
+    return used, entry
 
 
 def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:

@@ -33,22 +33,30 @@ def _block(n: int = 300, width: int = 6, seed: int = 0) -> tuple[np.ndarray, np.
     return rng.normal(size=(n, width)).astype(np.float32), rng.random((n, width)) > 0.1
 
 
-def test_the_first_batchs_posterior_norms_are_the_initial_encoders_rows():
-    # Independent of the stand-in's loop: the same secret's initial party model, called on the first public batch.
+def test_the_posterior_norms_are_the_initial_encoders_rows_and_no_row_moves_another():
+    # The DP argument: each row's norms are a function of that row (and the party's own draws) alone, so adding,
+    # removing or changing one row moves one count per histogram. Independent truth: the same secret's initial
+    # party model, called on the rows in the public batch order.
     x, observed = _block()
     secret = RoleSecret.for_tests(3, 0)
-    norms = measure_norms(CFG, x, observed, None, 1, secret)
+    secrets = {0: secret, 1: RoleSecret.for_tests(3, 1)}
+    norms = measure_norms(CFG, x, observed, None, secrets)
     assert all(norms[name].shape == (len(x),) and (norms[name] > 0).all() for name in NAMES), norms
-    run = stand_in(CFG, len(x), 1)
+    run = stand_in(CFG, len(x))
     node = build_node(run, {0: x.shape[1], 1: 1}, 2, LocalTransport(2, 1), torch.device("cpu"), {0: secret})
     data = HostedData(len(x), {0: torch.from_numpy(x)}, {0: torch.ones(len(x), dtype=torch.bool)}, Active.absent(),
                       Active.absent(), np.arange(0))
-    first = node.method.plan(Stage.PRETRAIN, data, 0, run.seed, run.pretrain.batch_size)[0]
-    model = node.parties[0].model
+    order = np.concatenate(node.method.plan(Stage.PRETRAIN, data, 0, run.seed, run.pretrain.batch_size))
     with torch.no_grad():
-        expected = model.posterior_contribution(torch.from_numpy(x[first]), torch.ones(len(first), dtype=torch.bool),
-                                                torch.from_numpy(observed[first])).double().norm(dim=1).numpy()
-    np.testing.assert_allclose(norms["posterior"][:len(first)], expected, rtol=1e-5)
+        expected = node.parties[0].model.posterior_contribution(
+            torch.from_numpy(x[order]), torch.ones(len(x), dtype=torch.bool), torch.from_numpy(observed[order]))
+    np.testing.assert_allclose(norms["posterior"], expected.double().norm(dim=1).numpy(), rtol=1e-5)
+    changed = x.copy()
+    changed[order[0]] = 40.0  # an outlier row, first in the order
+    moved = measure_norms(CFG, changed, observed, None, secrets)
+    for name in NAMES:
+        assert moved[name][0] != pytest.approx(norms[name][0]), name
+        np.testing.assert_allclose(moved[name][1:], norms[name][1:], rtol=1e-9, err_msg=name)
 
 
 def _exact(monkeypatch) -> None:
@@ -153,10 +161,10 @@ def test_propose_clips_prints_one_line_per_clip_and_charges_the_partys_own_ledge
     config.write_text(config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 6.0\n")
     capsys.readouterr()
     active = [line.split('"')[1] for line in config.read_text().splitlines() if line.startswith("active")][0]
-    assert main(["propose-clips", "--config", str(config), "--party", active, "--epochs", "1"]) == 0
+    assert main(["propose-clips", "--config", str(config), "--party", active]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("clip_")]
     assert [line.split(" = ")[0] for line in lines] == [f"clip_{name}" for name in NAMES]
     assert all(float(line.split(" = ")[1]) > 0 for line in lines)
     assert len(privacy.read_ledger(tmp_path / active / "model")["clip_proposals"]) == 1
     assert main(["propose-clips", "--config", str(config), "--party", active, "--quantile", "1.5"]) == 2
-    assert "error: propose-clips: --epochs >= 1" in capsys.readouterr().err
+    assert "error: propose-clips: --quantile in (0, 1)" in capsys.readouterr().err

@@ -84,7 +84,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _propose_options(propose: argparse.ArgumentParser) -> None:
     propose.add_argument("--config", required=True, help="the party's own federation.toml (its [privacy] budget)")
     propose.add_argument("--party", required=True, help="the party (its own training table and ledger)")
-    propose.add_argument("--epochs", type=int, default=3, help="stage-1 epochs of the stand-in on its own rows")
     propose.add_argument("--quantile", type=float, default=0.5, help="the share of rows a clip should not cut")
     propose.add_argument("--multiplier", type=float, default=8.0,
                          help="noise multiplier of the histograms' release (its epsilon joins the party's ledger)")
@@ -487,18 +486,17 @@ def propose_clips(args: argparse.Namespace) -> int:
     me = fed.party(args.party)
     if not fed.model.privacy.enabled:
         raise InputError(f"{fed.path}: no [privacy] epsilon: a clip proposal is released under the party's budget")
-    if args.epochs < 1 or not 0 < args.quantile < 1 or not args.multiplier > 0:
-        raise InputError("propose-clips: --epochs >= 1, --quantile in (0, 1) and --multiplier > 0")
+    if not 0 < args.quantile < 1 or not args.multiplier > 0:
+        raise InputError("propose-clips: --quantile in (0, 1) and --multiplier > 0")
     inputs = read_training_table(fed, args.party)
     held = inputs.block.held
     norms = measure_norms(fed.model, inputs.block.x[held], inputs.block.observed[held],
-                          CellLayout.from_kinds(inputs.encoding.kinds()), args.epochs, records=args.records,
-                          progress=True)
+                          CellLayout.from_kinds(inputs.encoding.kinds()), records=args.records)
     me.model_dir.mkdir(parents=True, exist_ok=True)
     epsilon = charge_proposal(fed.model, args.party, me.model_dir, args.multiplier)  # before anything is shown
     counts = release(norms, args.multiplier, RoleSecret.fresh().stream("clip-proposal"))
     print(f"# {args.party}: the {args.quantile:g} quantile of its rows' norms, released with noise multiplier "
-          f"{args.multiplier:g} (its clip proposals so far: epsilon = {epsilon:.3g} at delta "
+          f"{args.multiplier:g} (its ledger now: epsilon = {epsilon:.3g} at delta "
           f"{fed.model.privacy.delta:g}); agree on one value per line with the other parties")
     for name in NAMES:
         print(f"clip_{name} = {quantile(counts[name], args.quantile):.3g}")

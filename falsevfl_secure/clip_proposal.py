@@ -43,14 +43,14 @@ LOOSE = 1e6  # the stand-in's clips: nothing is clipped, so the norms are the ro
 
 
 class _Recorder:
-    """The stand-in's noise stage at the party: it keeps each row's norm of each summed round while `on`, and
-    passes the value on unchanged (nothing leaves the process)."""
+    """The stand-in's noise stage at the party: it keeps each row's norm of each summed round and passes the
+    value on unchanged (nothing leaves the process)."""
 
     def __init__(self) -> None:
-        self.on, self.norms = False, {name: [] for name in ROUNDS}
+        self.norms = {name: [] for name in ROUNDS}
 
     def apply(self, round: Round, value: Tensor, n_addends: int) -> Tensor:
-        if self.on and round.name in self.norms:
+        if round.name in self.norms:
             moved = value.detach().reshape(1, -1) if round.batch_axis is None else value.detach().movedim(
                 round.batch_axis, 0)
             norms = moved.reshape(moved.shape[0], -1).double().norm(dim=1)
@@ -75,8 +75,7 @@ def stand_in(cfg: Config, rows: int) -> Config:
 
 
 def measure_norms(cfg: Config, x: np.ndarray, observed: np.ndarray, layout: CellLayout | None,
-                  secrets: dict[int, RoleSecret] | None = None, records: int | None = None,
-                  progress: bool = False) -> dict[str, np.ndarray]:
+                  secrets: dict[int, RoleSecret] | None = None, records: int | None = None) -> dict[str, np.ndarray]:
     """Each row's norm of the party's contribution to every summed round and of its DP-SGD gradient, from one
     stage-1 pass at the initial weights (no optimiser step: no row moves another's norm). The latent gradient of
     a batch mean is scaled by its batch's size to the row's own, then divided by the batch training will use
@@ -89,12 +88,12 @@ def measure_norms(cfg: Config, x: np.ndarray, observed: np.ndarray, layout: Cell
                       secrets, {0: layout} if layout is not None else None)
     transport.use_noise({0: recorder, 1: _Passing()})
     gradients = node.private[0]
-    gradients.seen, recorder.on = [], True
+    gradients.seen = []
     data = HostedData(n, {0: torch.from_numpy(x), 1: torch.zeros(n, 1)},
                       {0: torch.ones(n, dtype=torch.bool), 1: torch.zeros(n, dtype=torch.bool)},
                       Active(torch.ones(n)), Active(torch.zeros(n, dtype=torch.long)), np.arange(0),
                       observed={} if observed.all() else {0: torch.from_numpy(observed)})
-    run_stage(node, data, Stage.PRETRAIN, {}, progress=progress)  # no optimiser: the weights stay initial
+    run_stage(node, data, Stage.PRETRAIN, {}, progress=False)  # no optimiser: the weights stay initial
     norms = {name: torch.cat(recorder.norms[name]).numpy() for name in ROUNDS}
     norms["latent_grad"] = norms["latent_grad"] / sized_schedule(cfg, records or n, 0).pretrain.batch_size
     return {**norms, "gradient": torch.cat(gradients.seen).numpy()}

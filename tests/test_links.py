@@ -170,9 +170,9 @@ def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_p
     ended = _world(tmp_path, "plain", 3, _works_alone, (units, allowed)).start().outcomes(60)
     if units <= allowed and units:
         assert ended[0] == {"ok": "done"} and ended[1] == {"ok": "done"}, ended
-    else:
-        assert "party0 waited 3 s for 'barrier' from party2, which made no progress it could count" in \
-            ended[0].get("error", ""), ended[0]
+    else:  # both passive parties wait: whichever gives up first names the active party and ends the run
+        said = "waited 3 s for 'barrier' from party2, which made no progress it could count"
+        assert any(f"party{k} {said}" in ended[k].get("error", "") for k in (0, 1)), ended
 
 
 # -- helpers ------------------------------------------------------------------------------------------

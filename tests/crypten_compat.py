@@ -21,6 +21,7 @@ def reveal_with_crypten(shares: list[torch.Tensor], precision: int = 16) -> tupl
     # still swapping PRNG seeds in init_thread could take a faster thread's reveal message and fail, leaving
     # the others at CrypTen's barrier forever. So every thread finishes init_thread before any reveals.
     set_up = threading.Barrier(len(shares))
+    _order_crypten_seed_broadcast()
 
     def party(rank: int) -> None:
         try:
@@ -50,3 +51,22 @@ def _abort_crypten_barrier() -> None:
 
     if InProcessCommunicator.barrier is not None:
         InProcessCommunicator.barrier.abort()
+
+
+def _order_crypten_seed_broadcast() -> None:
+    """CrypTen's `init_thread` races with three or more threads: rank 0 broadcasts the global seed into every
+    mailbox as soon as it has its own neighbour's seed, so rank 2 can find the broadcast (a bare tensor)
+    before rank 1's (rank, seed) pair and fail unpacking it. A barrier at the broadcast's entry lets every
+    thread's seed exchange finish first (each thread's exchange precedes its broadcast call)."""
+    from crypten.communicator.in_process_communicator import InProcessCommunicator
+
+    original = InProcessCommunicator.broadcast
+    if getattr(original, "ordered", False):
+        return
+
+    def broadcast(self, tensor, src, async_op=False):
+        self.barrier.wait(timeout=60)
+        return original(self, tensor, src, async_op)
+
+    broadcast.ordered = True
+    InProcessCommunicator.broadcast = broadcast

@@ -225,13 +225,31 @@ def charge_training(cfg: Config, party: str, folder: Path) -> tuple[Spent | None
 
 def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
     """Before a prediction run: refuse it when it would take `party` past its own budget; else record it in
-    the ledger first (a run that fails later has still spent it) and return what the rows have spent then."""
+    the ledger first (a run that fails later has still spent it) and return what the rows have spent then. The
+    run noises at the multiplier its model was trained at, as recorded (a calibrated multiplier recomputed from
+    the file's unsized schedule is another number), and adds one prediction's releases to those recorded."""
     if not cfg.privacy.enabled:
         return None
-    ledger = read_ledger(folder)
-    runs = int(ledger.get("prediction_runs", 0)) + 1
-    used = check_budget(cfg, party, TRAINING_PREDICTIONS + runs, earlier=before_model(ledger))
-    write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), "prediction_runs": runs})
+    ledger, privacy = read_ledger(folder), cfg.privacy
+    if "releases_per_row" not in ledger:
+        raise InputError(f"{party}: its privacy ledger ({Path(folder) / LEDGER}) records no training of this model; "
+                         "a model trained without it cannot be accounted, so it does not predict under a budget")
+    z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + RELEASES["predict"]
+    if privacy.noise_multiplier > 0 and not math.isclose(privacy.noise_multiplier, z, rel_tol=1e-9):
+        raise InputError(f"{party}: its file's noise_multiplier = {privacy.noise_multiplier:g} differs from the "
+                         f"{z:g} its model was trained at (its ledger); predict with the trained one")
+    if privacy.max_releases_per_row and releases > privacy.max_releases_per_row:
+        raise InputError(f"{party}: one more prediction run would release each row {releases} times, more than "
+                         f"its max_releases_per_row = {privacy.max_releases_per_row}")
+    earlier = before_model(ledger)
+    used = Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta, privacy.epsilon,
+                 earlier)
+    if used.epsilon > privacy.epsilon * (1 + 1e-9):
+        raise InputError(f"{party}: one more prediction run would spend epsilon = {used.epsilon:.3g} per row (delta "
+                         f"{privacy.delta:g}, {releases} releases at noise multiplier {z:.3g}), more than its "
+                         f"budget epsilon = {privacy.epsilon:g}" + _earlier_note(earlier))
+    write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), "prediction_runs": ledger.get("prediction_runs", 0)
+                                       + 1})
     return used
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -331,12 +332,43 @@ def test_a_longer_schedule_or_one_more_prediction_is_refused_by_the_partys_own_f
     # A budget that fits training, its validation pass and three prediction runs: the fourth is refused.
     budget = privacy.spent(base, "clinic", privacy.TRAINING_PREDICTIONS + 3).epsilon * (1 + 1e-6)
     tight = replace(base, privacy=replace(base.privacy, epsilon=budget))
+    with pytest.raises(InputError, match="records no training of this model"):
+        privacy.charge_prediction(tight, "clinic", tmp_path)  # nothing to add a prediction's releases to
+    privacy.charge_training(tight, "clinic", tmp_path)
     for _ in range(3):
         privacy.charge_prediction(tight, "clinic", tmp_path)
-    with pytest.raises(InputError, match="clinic: the schedule would spend epsilon"):
+    with pytest.raises(InputError, match="clinic: one more prediction run would spend epsilon"):
         privacy.charge_prediction(tight, "clinic", tmp_path)
     ledger = privacy.read_ledger(tmp_path)
     assert ledger["prediction_runs"] == 3 and ledger["epsilon"] <= budget
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(1, 30), st.integers(0, 12), st.integers(1, 30), st.integers(1, 4))
+def test_a_prediction_run_adds_its_releases_at_the_multiplier_the_model_was_trained_at(
+        trained_epochs, stage2, file_epochs, runs):
+    """Review finding: a prediction recomputed the ledger from the file's (unsized) schedule, so under a
+    calibrated multiplier a 792-release ledger at epsilon 15.4 became 12 releases at epsilon 1.33, and the run
+    noised at that recomputed multiplier. Now each run adds 2 releases to the trained ones at the trained multiplier
+    (a federation states it: `noise_multiplier` > 0)."""
+    import tempfile
+
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=1e3, noise_multiplier=5.0))
+    trained = replace(base, pretrain=replace(base.pretrain, epochs=trained_epochs),
+                      train=replace(base.train, epochs=stage2))
+    unsized = replace(base, pretrain=replace(base.pretrain, epochs=file_epochs))  # what the file says
+    with tempfile.TemporaryDirectory() as folder:
+        used, _ = privacy.charge_training(trained, "lab", Path(folder))
+        for run in range(1, runs + 1):
+            now = privacy.charge_prediction(unsized, "lab", Path(folder))
+            assert (now.multiplier, now.releases) == (used.multiplier, used.releases + 2 * run)
+            # the closed form: R Gaussian releases of z are one of z / sqrt(R)
+            single = privacy.epsilon_of(used.multiplier / math.sqrt(now.releases), 1, base.privacy.delta)
+            assert now.epsilon == pytest.approx(single, rel=1e-3)
+            assert privacy.read_ledger(Path(folder))["prediction_runs"] == run
+        explicit = replace(base, privacy=replace(base.privacy, noise_multiplier=used.multiplier * 2))
+        with pytest.raises(InputError, match="differs from the"):
+            privacy.charge_prediction(explicit, "lab", Path(folder))
 
 
 # -- DP-SGD of a party's own networks, and the unit precision --------------------------------------------

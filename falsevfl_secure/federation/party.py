@@ -299,7 +299,9 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
-    charge_prediction(cfg, name, model_dir)  # its own budget, before any sum is sent
+    used = charge_prediction(cfg, name, model_dir)  # its own budget, before any sum is sent
+    if used is not None:  # noised at the multiplier it was trained at, as its ledger records
+        cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=used.multiplier))
     scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed) \
         if role.is_active and method_for(cfg).reads_own_reference else None
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,

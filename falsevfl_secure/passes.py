@@ -18,21 +18,25 @@ def each_batch(node: Node, data: HostedData, rows: np.ndarray, run: Callable[[Ba
                where: tuple[int, int]) -> list[T]:
     """`run(batch)` for each evaluation batch of `rows`, at every role alike. A party lost during one: every role
     runs that batch again without it (a pass keeps every row, where a training step is abandoned) and it holds no
-    row from then on; `where` ((stage, epoch)) is what the loss's announcement names."""
+    row from then on; `where` ((stage, epoch)) is what the loss's announcement names. While losses are tolerated
+    the pass ends with the active party's word (`pass_done`): no role leaves it while a batch may still rerun."""
     handler = getattr(node.transport, "on_party_lost", None) if node.method.survives_party_loss else None
     if handler is not None:
         data.set_dropped(handler.lost)  # a party lost before this pass holds none of its rows
-    size, out, index = node.cfg.eval_batch_size, [], 0
+    size, out, index = node.cfg.eval_batch_size, {}, 0
     starts = range(0, len(rows), size)
-    while index < len(starts):
+    while True:
         try:
-            out.append(run(data.batch(rows[starts[index]:starts[index] + size])))
+            if index < len(starts):
+                out[index] = run(data.batch(rows[starts[index]:starts[index] + size]))  # a rerun replaces it
+                index += 1
+                continue
+            if handler is not None:
+                handler.pass_done(where, len(starts))
+            return [out[i] for i in range(len(starts))]
         except PartyLost as lost:
             if handler is None:
                 raise
             node.transport.abandon()
-            index = handler(lost, (*where, index - 1))  # announced as resuming at this batch
+            index = max(0, handler(lost, (*where, index - 1)))  # announced as resuming at this batch
             data.set_dropped(handler.lost)
-            continue
-        index += 1
-    return out

@@ -21,7 +21,7 @@ from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.world import World
 from falsevfl_secure.transport.in_process import LocalTransport
 from falsevfl_secure.transport.protocols import protocol_named
-from falsevfl_secure.transport.rounds import POSTERIOR
+from falsevfl_secure.transport.rounds import LIKELIHOOD, POSTERIOR
 
 CPU = torch.device("cpu")
 PATTERN = "mcar:0.2"
@@ -35,6 +35,7 @@ class Crash:
     epoch: int
     step: int
     steps_per_epoch: int
+    round: int = 0  # of the step's three forward rounds: 0 the posterior term, 2 the likelihood term (the last)
 
     @property
     def step_index(self) -> int:
@@ -93,7 +94,7 @@ def _crash_in(transport, crash: Crash) -> None:
     def counted(forward):
         def run(round, *args):
             count[0] += 1
-            if count[0] == 3 * crash.step_index + 1:
+            if count[0] == 3 * crash.step_index + 1 + crash.round:
                 os._exit(3)
             return forward(round, *args)
         return run
@@ -135,8 +136,9 @@ class LosingTransport(LocalTransport):
 
     def aggregate(self, round, contributions):
         self.sums += round is POSTERIOR
-        if round is POSTERIOR and self.sums == self.crash.step_index + 1 and not self.on_party_lost.lost:
-            raise PartyLost(blame=Blame(f"party{self.crash.party}", "left", "posterior"))
+        noticed = POSTERIOR if self.crash.round == 0 else LIKELIHOOD  # the round the party did not send
+        if round is noticed and self.sums == self.crash.step_index + 1 and not self.on_party_lost.lost:
+            raise PartyLost(blame=Blame(f"party{self.crash.party}", "left", noticed.name))
         return super().aggregate(round, contributions)
 
 
@@ -154,6 +156,9 @@ class _Abandon:
         self.lost = {self.party}
         _drop(self.splits, self.party)
         return position[2] + 1
+
+    def pass_done(self, where: tuple[int, int], batches: int) -> None:
+        pass  # one process: no party can be ahead of another
 
     def at_epoch(self, stage: int, epoch: int) -> list[str]:
         if (stage, epoch) != self.rejoin or not self.lost:

@@ -66,6 +66,24 @@ def test_a_party_lost_during_the_one_pass_of_stage_two_is_left_out_and_the_pass_
     assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
 
 
+# Its likelihood term of the pass's one batch (400 labeled rows, batches of 500): every other party has sent its
+# last frame of the pass when the active party notices.
+AT_THE_PASS_END = Crash(party=1, epoch=6, step=0, steps_per_epoch=11, round=2)
+
+
+def test_a_party_lost_in_the_last_round_of_a_pass_is_left_out_and_no_party_has_gone_on(tmp_path):
+    # Review finding: the other parties had gone on to stage 2's epochs while the active party reran the batch
+    # without the lost party; they resumed at the wrong place. Now a pass ends with the active party's word.
+    reference = local_run(ONCE, AT_THE_PASS_END)
+    ended = distributed_run(tmp_path, "plain", ONCE, AT_THE_PASS_END)
+    active = ended[ONCE.active_index]
+    assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
+    assert [(e["party"], e["stage"], e["epoch"], e["resumed_at"]) for e in active["ok"]["events"]] == \
+           [("party1", int(Stage.TRAIN), 0, 0)], active["ok"]["events"]
+    np.testing.assert_allclose(active["ok"]["losses"]["train"], reference[1]["train"], rtol=1e-4)
+    assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
+
+
 @pytest.mark.parametrize("line, words", [('on_party_loss = "maybe"', 'must be "stop" or "continue"'),
                                          ("min_parties = 1", "must be an integer in 2..4"),
                                          ("min_parties = 5", "must be an integer in 2..4")])

@@ -120,6 +120,21 @@ class PartyLoss:
         raise PartyFailure(f"the active party resumes at stage {theirs[0]} epoch {theirs[1]}, ahead of "
                            f"{role.spec.name} (stage {ours[0]} epoch {ours[1]})")
 
+    # -- at every forward pass's end ------------------------------------------------------------------
+
+    def pass_done(self, where: tuple[int, int], batches: int) -> None:
+        """After a forward pass (passes.each_batch): the active party's word that every batch is in. Without it a
+        party could start the next pass or epoch while the active party reruns this pass's last batch without a
+        lost party, and resume there at the wrong batch (review finding)."""
+        peers, word = self.role.peers, json.dumps({"stage": where[0], "epoch": where[1], "batches": batches}).encode()
+        if self.role.is_active:
+            for k in peers.alive:
+                if k != peers.rank:
+                    peers.send(k, "pass-done", word)
+        elif peers.recv(peers.active_index, "pass-done") != word:
+            raise ProtocolError(f"the active party ended a pass {self.role.spec.name} is not in (it ends stage "
+                                f"{where[0]} epoch {where[1]}'s pass of {batches} batches)")
+
     # -- at every epoch's start: parties that come back -------------------------------------------------
 
     def at_epoch(self, stage: int, epoch: int) -> list[str]:

@@ -230,26 +230,40 @@ def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
     the file's unsized schedule is another number), and adds one prediction's releases to those recorded."""
     if not cfg.privacy.enabled:
         return None
-    ledger, privacy = read_ledger(folder), cfg.privacy
+    ledger = read_ledger(folder)
     if "releases_per_row" not in ledger:
         raise InputError(f"{party}: its privacy ledger ({Path(folder) / LEDGER}) records no training of this model; "
                          "a model trained without it cannot be accounted, so it does not predict under a budget")
-    z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + RELEASES["predict"]
-    if privacy.noise_multiplier > 0 and not math.isclose(privacy.noise_multiplier, z, rel_tol=1e-9):
-        raise InputError(f"{party}: its file's noise_multiplier = {privacy.noise_multiplier:g} differs from the "
+    z = float(ledger["noise_multiplier"])
+    if cfg.privacy.noise_multiplier > 0 and not math.isclose(cfg.privacy.noise_multiplier, z, rel_tol=1e-9):
+        raise InputError(f"{party}: its file's noise_multiplier = {cfg.privacy.noise_multiplier:g} differs from the "
                          f"{z:g} its model was trained at (its ledger); predict with the trained one")
+    return _charge_more(cfg, party, folder, ledger, "prediction_runs", "one more prediction run")
+
+
+def charge_rerun(cfg: Config, party: str, folder: Path) -> Spent:
+    """During training, when a forward pass runs a batch again without a lost party (passes.each_batch): its
+    rows are released once more (the abandoned try may have revealed a sum). Recorded first; past `party`'s own
+    budget it is refused, and that party's run ends (naming it) rather than release them uncounted."""
+    return _charge_more(cfg, party, folder, read_ledger(folder), "reruns", "running a batch again without a lost party")
+
+
+def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: str, what: str) -> Spent:
+    """One more forward pass of some rows (RELEASES["predict"] releases each) at the model's recorded multiplier,
+    composed with everything the ledger records; written to the ledger first, refused past the budget."""
+    privacy = cfg.privacy
+    z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + RELEASES["predict"]
     if privacy.max_releases_per_row and releases > privacy.max_releases_per_row:
-        raise InputError(f"{party}: one more prediction run would release each row {releases} times, more than "
-                         f"its max_releases_per_row = {privacy.max_releases_per_row}")
+        raise InputError(f"{party}: {what} would release each row {releases} times, more than its "
+                         f"max_releases_per_row = {privacy.max_releases_per_row}")
     earlier = before_model(ledger)
     used = Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta, privacy.epsilon,
                  earlier)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
-        raise InputError(f"{party}: one more prediction run would spend epsilon = {used.epsilon:.3g} per row (delta "
+        raise InputError(f"{party}: {what} would spend epsilon = {used.epsilon:.3g} per row (delta "
                          f"{privacy.delta:g}, {releases} releases at noise multiplier {z:.3g}), more than its "
                          f"budget epsilon = {privacy.epsilon:g}" + _earlier_note(earlier))
-    write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), "prediction_runs": ledger.get("prediction_runs", 0)
-                                       + 1})
+    write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), counter: int(ledger.get(counter, 0)) + 1})
     return used
 
 

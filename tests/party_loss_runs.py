@@ -83,7 +83,8 @@ def party_program(role, cfg_json: str, crash: list | None, checkpoints: str | No
     test.drop_parties(role.peers.lost)  # its records are predicted from the others
     accuracy = evaluate(node, test)
     events = role.losses.events if role.losses is not None else []
-    return {"accuracy": accuracy.get() if accuracy.present else None, "events": events, "losses": trained.losses}
+    return {"accuracy": accuracy.get() if accuracy.present else None, "events": events, "losses": trained.losses,
+            "reruns": role.losses.reruns if role.losses is not None else 0}
 
 
 def _crash_in(transport, crash: Crash) -> None:
@@ -150,7 +151,7 @@ class _Abandon:
     def __init__(self, party: int, splits: list, rejoin: tuple[int, int] | None = None) -> None:
         self.party, self.splits, self.lost, self.rejoin = party, splits, set(), rejoin
         self.held = [split.held[party] for split in splits]
-        self.node, self.saved, self.optimizers = None, None, None
+        self.node, self.saved, self.optimizers, self.reruns = None, None, None, 0
 
     def __call__(self, lost, position) -> int:
         self.lost = {self.party}
@@ -159,6 +160,9 @@ class _Abandon:
 
     def pass_done(self, where: tuple[int, int], batches: int) -> None:
         pass  # one process: no party can be ahead of another
+
+    def rerun(self) -> None:
+        self.reruns += 1  # a pass's batch runs again without the party (each party's ledger would count it)
 
     def at_epoch(self, stage: int, epoch: int) -> list[str]:
         if (stage, epoch) != self.rejoin or not self.lost:

@@ -82,6 +82,8 @@ def test_a_party_lost_in_the_last_round_of_a_pass_is_left_out_and_no_party_has_g
            [("party1", int(Stage.TRAIN), 0, 0)], active["ok"]["events"]
     np.testing.assert_allclose(active["ok"]["losses"]["train"], reference[1]["train"], rtol=1e-4)
     assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
+    # every party still in the run counts the batch run again (under a budget its own ledger is charged for it)
+    assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
 
 
 @pytest.mark.parametrize("line, words", [('on_party_loss = "maybe"', 'must be "stop" or "continue"'),

@@ -371,6 +371,38 @@ def test_a_prediction_run_adds_its_releases_at_the_multiplier_the_model_was_trai
             privacy.charge_prediction(explicit, "lab", Path(folder))
 
 
+def test_a_batch_run_again_without_a_lost_party_is_charged_to_each_partys_own_ledger(tmp_path):
+    """Review finding: a forward pass that runs a batch again without a lost party released its rows once more,
+    uncounted. Each party's handler now charges its own ledger (2 releases at the trained multiplier) first, and
+    a party past its budget ends its run there, naming itself."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.federation.party import _charge
+    from falsevfl_secure.runtime.losses import PartyLoss
+
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=8.0, noise_multiplier=6.0))
+    base = replace(base, pretrain=replace(base.pretrain, epochs=10), train=replace(base.train, epochs=10))
+    trained = privacy.spent(base, "lab")
+    room = privacy.epsilon_of(trained.multiplier, trained.releases + 2, base.privacy.delta) * (1 + 1e-6)
+    cfg = replace(base, privacy=replace(base.privacy, epsilon=room))  # room for exactly one batch run again
+    role = SimpleNamespace(spec=SimpleNamespace(name="lab"))
+    role.losses = PartyLoss(role)
+    assert _charge(role, cfg, tmp_path).epsilon == pytest.approx(trained.epsilon)
+    role.losses.rerun()
+    ledger = privacy.read_ledger(tmp_path)
+    assert (ledger["reruns"], ledger["releases_per_row"], ledger["noise_multiplier"]) == \
+           (1, trained.releases + 2, trained.multiplier)
+    assert ledger["epsilon"] == pytest.approx(room / (1 + 1e-6), rel=1e-9)
+    with pytest.raises(InputError, match="lab: running a batch again without a lost party would spend epsilon"):
+        role.losses.rerun()
+    assert privacy.read_ledger(tmp_path)["reruns"] == 1  # refused before it is recorded or released
+    unbudgeted = SimpleNamespace(spec=SimpleNamespace(name="lab"))
+    unbudgeted.losses = PartyLoss(unbudgeted)
+    assert _charge(unbudgeted, make_config("digits", "quick"), tmp_path / "x") is None
+    unbudgeted.losses.rerun()
+    assert not (tmp_path / "x" / privacy.LEDGER).exists()
+
+
 # -- DP-SGD of a party's own networks, and the unit precision --------------------------------------------
 
 def _party_step(x: torch.Tensor, held: torch.Tensor, clip: float, multiplier: float, key: int = 0):

@@ -19,6 +19,7 @@ import io
 import sys
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
-from ..privacy import LEDGER, charge_prediction, charge_training
+from ..privacy import LEDGER, charge_prediction, charge_rerun, charge_training, read_ledger
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
@@ -129,7 +130,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
-    spent, entry = charge_training(cfg, name, me.model_dir)  # its own budget and ledger, before any sum is sent
+    spent = _charge(role, cfg, me.model_dir)  # its own budget and ledger, before any sum is sent
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
     if role.is_active:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
@@ -145,7 +146,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
-    _ledger(out, name, spent, entry)
+    spent = _ledger(out, name, spent, me.model_dir)
     if role.is_active:
         validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
@@ -160,6 +161,15 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
         _say(validation, trained.trees, lift, cfg.to_dict())
+
+
+def _charge(role, cfg, folder: Path):
+    """Under a privacy budget: what this party's training spends, recorded in its own ledger and refused past it;
+    a pass's batch run again without a lost party is charged to it too (privacy.charge_rerun)."""
+    spent, _ = charge_training(cfg, role.spec.name, folder)
+    if spent is not None and role.losses is not None:
+        role.losses.on_rerun = partial(charge_rerun, cfg, role.spec.name, folder)
+    return spent
 
 
 def _say(validation: dict | None, trees: dict | None, lift: dict | None, config: dict) -> None:
@@ -200,13 +210,17 @@ def _still_out(events: list[dict]) -> list[dict]:
     return [e for e in last.values() if e["how"] != "rejoined"]
 
 
-def _ledger(out: Path, name: str, spent, entry: dict) -> None:
-    """A party's own privacy ledger, in its own (staged) model folder, and its line (with a budget only)."""
+def _ledger(out: Path, name: str, spent, live: Path):
+    """A party's own privacy ledger, as its live copy now records it (with any batch a pass ran again), in its own
+    (staged) model folder, and its line (with a budget only); what its rows spent."""
     if spent is None:
-        return
+        return None
+    entry = read_ledger(live)
     write_json(out / LEDGER, entry)
+    spent = replace(spent, releases=int(entry["releases_per_row"]), epsilon=float(entry["epsilon"]))
     print(f"privacy: {name} spent epsilon = {spent.epsilon:.3g} per row (delta {spent.delta:g}, {spent.releases} "
           f"releases at noise multiplier {spent.multiplier:g})", flush=True)
+    return spent
 
 
 def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligned: Aligned, targets, n_classes):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 from ..errors import FalseVflError, PartyFailure, ProtocolError
 from ..network.handshake import pair_keys
@@ -47,6 +48,8 @@ class PartyLoss:
         self.version = version  # membership changes so far (a loss, a return): each re-keys under its own purpose
         self.keyed = version  # the last version this party keyed its masks under: it only ever grows
         self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
+        self.on_rerun: Callable[[], object] | None = None  # under a privacy budget: its own ledger's charge
+        self.reruns = 0  # batches of forward passes run again without a lost party
 
     @property
     def lost(self) -> set[int]:
@@ -120,7 +123,15 @@ class PartyLoss:
         raise PartyFailure(f"the active party resumes at stage {theirs[0]} epoch {theirs[1]}, ahead of "
                            f"{role.spec.name} (stage {ours[0]} epoch {ours[1]})")
 
-    # -- at every forward pass's end ------------------------------------------------------------------
+    # -- in a forward pass ----------------------------------------------------------------------------
+
+    def rerun(self) -> None:
+        """A pass runs a batch again without a lost party: under a privacy budget this party's own ledger counts
+        the rows' extra release first, and past its budget its run ends here (privacy.charge_rerun)."""
+        self.reruns += 1
+        if self.on_rerun is not None:
+            self.on_rerun()
+
 
     def pass_done(self, where: tuple[int, int], batches: int) -> None:
         """After a forward pass (passes.each_batch): the active party's word that every batch is in. Without it a

@@ -24,7 +24,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .cached_stage import Stage2Cache, cached_epoch
-from .config import Stage
+from .config import AUTO_EPOCHS, Stage
 from .errors import InputError
 from .model.trees import BAG
 from .network.network import PartyLost
@@ -215,10 +215,12 @@ def time_split(total: float, rounds: float, waiting: float) -> dict[str, float]:
 Agree = Callable[[set], set]  # combines the resumable epochs across processes (distributed runtime)
 
 
-def solo_work_units(cfg) -> int:
-    """The most units of its own work (`Transport.working`) the active party shows between two passes: a cached
-    stage 2's epochs, its trees' fits, its own trees' fits (the full one and each fold)."""
-    return cfg.train.epochs + BAG + FOLDS + 1
+def solo_work_units(cfg, sized: bool = True) -> int:
+    """The most units of its own work (`Transport.working`) the active party shows in a run: a cached stage 2's
+    epochs, its trees' fits, its own trees' fits (the full one and each fold). `sized` False: for the largest
+    schedule an unsized `cfg` may become (the he aggregator knows no record counts)."""
+    epochs = AUTO_EPOCHS[Stage.TRAIN][1] if not sized and cfg.auto_schedule else cfg.train.epochs
+    return epochs + BAG + FOLDS + 1
 
 
 def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, resume: bool = False,

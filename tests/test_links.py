@@ -146,33 +146,55 @@ def _wait_for_party0(role) -> str:
     return "left"
 
 
-def _works_alone(role, units: int, allowed: int) -> str:
-    """The active party works alone for 6 s between passes, showing `units` units of progress spread over it,
-    then sends; a passive party waits for it with a 3 s limit counted from its last progress, for at most
-    `allowed` units (its own schedule's)."""
+def _works_alone(role, units: int, allowed: int, waits: int = 1) -> str:
+    """The active party works alone for 6 s between passes, `waits` times, showing `units` units of progress
+    spread over each, then sends; a passive party waits for it each time with a 3 s limit counted from its last
+    progress, for at most `allowed` units in all (its own schedule's). The he aggregator, when there is one,
+    waits on the passive parties, which wait on the active party."""
+    if not role.is_party:
+        role.network.allow_work(allowed)
+        return "".join(role.network.recv(name, "barrier", limit_s=3.0).decode() for name in role.peers.names[:2]
+                       for _ in range(waits))
     if role.is_active:
-        for second in range(6):
-            time.sleep(1.0)
-            if second * units // 6 != (second + 1) * units // 6:
-                role.network.advanced()
-        for name in role.peers.names[:-1]:
-            role.network.send(name, "barrier", b"done")
+        for _ in range(waits):
+            for second in range(6):
+                time.sleep(1.0)
+                if second * units // 6 != (second + 1) * units // 6:
+                    role.network.advanced()
+            for name in role.peers.names[:role.peers.n_parties - 1]:
+                role.network.send(name, "barrier", b"done")
         return "sent"
     role.network.allow_work(allowed)
-    return role.network.recv(role.peers.names[-1], "barrier", limit_s=3.0).decode()
+    got = [role.network.recv(role.peers.names[role.peers.n_parties - 1], "barrier", limit_s=3.0) for _ in range(waits)]
+    for _ in range(waits if "aggregator" in role.peers.names else 0):
+        role.network.send("aggregator", "barrier", b"d")
+    return got[-1].decode()
 
 
-@pytest.mark.parametrize("units, allowed", [(6, 6), (0, 6), (6, 2)])
-def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_path, units, allowed):
+@pytest.mark.parametrize("units, allowed, waits", [(6, 6, 1), (0, 6, 1), (6, 2, 1), (3, 6, 2), (3, 4, 2)])
+def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_path, units, allowed, waits):
     # A cached stage 2 or the active party's tree fits run longer than RECV_TIMEOUT_S on a large table: while
     # its heartbeat shows progress the wait goes on; a peer that heartbeats without progress, or shows more
-    # units than the waiting role's own schedule allows (a peer that would stall it forever), is named.
-    ended = _world(tmp_path, "plain", 3, _works_alone, (units, allowed)).start().outcomes(60)
-    if units <= allowed and units:
+    # units in all than the waiting role's own schedule allows (review finding: the allowance was per wait, so
+    # a peer could stall every wait (units + 1) x the limit), is named.
+    ended = _world(tmp_path, "plain", 3, _works_alone, (units, allowed, waits)).start().outcomes(60)
+    if units * waits <= allowed and units:
         assert ended[0] == {"ok": "done"} and ended[1] == {"ok": "done"}, ended
     else:  # both passive parties wait: whichever gives up first names the active party and ends the run
         said = "waited 3 s for 'barrier' from party2, which made no progress it could count"
         assert any(f"party{k} {said}" in ended[k].get("error", "") for k in (0, 1)), ended
+
+
+@pytest.mark.parametrize("units", [6, 0])
+def test_the_he_aggregator_counts_the_progress_of_the_party_its_peer_waits_on(tmp_path, units):
+    # Review finding: the aggregator waits on passive parties that wait on the active party working alone; they
+    # show no progress of their own, so it gave up after the limit however the active party progressed.
+    ended = _world(tmp_path, "he", 3, _works_alone, (units, 6)).start().outcomes(60)
+    if units:
+        assert ended[:2] == [{"ok": "done"}, {"ok": "done"}] and ended[3] == {"ok": "dd"}, ended
+    else:  # no progress anywhere: the first role to give up names whom it waited on and ends the run
+        said = [e["error"] for e in ended if "waited 3 s for 'barrier' from party" in e.get("error", "")]
+        assert said and all("which made no progress it could count" in e for e in said), ended
 
 
 # -- helpers ------------------------------------------------------------------------------------------

@@ -100,6 +100,7 @@ def federation_program(role, config: str, command: str, options: dict):
     aggregator has none: it serves its protocol)."""
     fed = load_federation(config)
     if not role.is_party:
+        role.network.allow_work(solo_work_units(fed.model, sized=False))  # its waits, from its own file
         role.serve_helper()
         return None
     if role.session.left_out:

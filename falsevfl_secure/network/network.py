@@ -147,7 +147,8 @@ class Network:
         self.bounds: dict[str, tuple[int, int]] = dict(SETUP)
         self._rounds_declared = False
         self.slowest = 0.0  # the longest wait for a round's frame on a peer that was not waiting itself
-        self.work_units = 0  # the most units of its own work a peer may show in one wait (`allow_work`)
+        self.work_units = 0  # the most units of its own work a peer may show in this role's waits (`allow_work`)
+        self._credited: dict[str, int] = defaultdict(int)  # units each peer used up in waits past the limit
         # Per sender, bounded where frames arrive: a declared tag, at most its depth waiting (`_queued`, `allow`).
         self._mail: dict[str, deque] = defaultdict(deque)
         self._queued: dict[tuple[str, str], int] = defaultdict(int)  # (sender, tag) -> frames waiting
@@ -298,8 +299,8 @@ class Network:
 
     def recv_any(self, src: str, expecting: str = "a frame", limit_s: float = RECV_TIMEOUT_S) -> tuple[str, bytes]:
         """The next frame from `src` and its tag (a role that follows another's lead, e.g. the aggregator)."""
-        began, link = time.monotonic(), self.links.get(src)
-        start = (began, link.advances if link is not None else 0)
+        began = time.monotonic()
+        start = (began, {peer: link.advances for peer, link in list(self.links.items())})
         with self._cond:
             self.waiting_on, excused = src, False
             try:
@@ -309,6 +310,7 @@ class Network:
                     self._cond.wait(0.5)
             finally:
                 self.waiting_on = None
+                self._credit(start, limit_s)
             if self._notice is not None and self._mail[src][0][0] == "lost":
                 raise PartyLost(notice=self._notice)  # every earlier frame was read: now the announcement
             waited = time.monotonic() - began
@@ -375,16 +377,15 @@ class Network:
                     return dropped
                 self._cond.wait(0.5)
 
-    def _check_wait(self, src: str, expecting: str, start: tuple[float, int], limit_s: float = RECV_TIMEOUT_S) -> bool:
+    def _check_wait(self, src: str, expecting: str, start: tuple[float, dict[str, int]],
+                    limit_s: float = RECV_TIMEOUT_S) -> bool:
         """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round).
-        `start`: when the wait began and how many advances `src` had shown then."""
+        `start`: when the wait began and how many advances each linked peer had shown then."""
         self._raise_if_aborted()
         if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
             raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
-        (began, advances), now, link = start, time.monotonic(), self.links.get(src)
-        # its progress restarts the limit for as many units of work as this role's own schedule allows
-        counted = link is not None and 0 < link.advances - advances <= self.work_units
-        if now - max(began, link.progressed_at if counted else began) > limit_s:
+        began, now, link = start[0], time.monotonic(), self.links.get(src)
+        if now - self._counted_progress(src, start) > limit_s:
             raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}, which made no "
                                "progress it could count meanwhile")
         if link is None or self.round is None or link.waiting_on or link.last_round is None:
@@ -393,6 +394,31 @@ class Network:
             self._fault(Blame(src, "stuck", link.last_round, f"none for {self.deadline_s:.0f} s"))
             self._raise_if_aborted()
         return False
+
+    def _counted_progress(self, src: str, start: tuple[float, dict[str, int]]) -> float:
+        """When `src` last showed progress a wait on it may count (else when the wait began): its own, or that of
+        the peer it says it waits on (the he aggregator waits on passive parties that wait on the active party
+        working alone), while that peer's advances since the wait began stay within what is left of the units
+        this role's own schedule allows it in the whole run (`allow_work`)."""
+        (began, seen), link = start, self.links.get(src)
+        latest = began
+        for peer in {src, link.waiting_on} if link is not None else ():
+            other = self.links.get(peer)
+            shown = other.advances - seen.get(peer, other.advances) if other is not None else 0
+            if 0 < shown <= self.work_units - self._credited[peer]:
+                latest = max(latest, other.progressed_at)
+        return latest
+
+    def _credit(self, start: tuple[float, dict[str, int]], limit_s: float) -> None:
+        """After a wait that outlasted `limit_s`: every peer's advances during it are used up from its allowance (a
+        peer that keeps showing progress extends this role's waits by at most its schedule's units in all)."""
+        began, seen = start
+        if time.monotonic() - began <= limit_s:
+            return
+        for peer, advances in seen.items():
+            link = self.links.get(peer)
+            if link is not None:
+                self._credited[peer] += max(0, link.advances - advances)
 
     def enter(self, round_name: str) -> None:
         """The round this role is in (heartbeats carry it, so a stall is reported with it)."""
@@ -405,8 +431,8 @@ class Network:
         self.round = None
 
     def allow_work(self, units: int) -> None:
-        """From this role's own schedule: the most units of its own work (`advanced`) a peer may show while this
-        role waits on it once; beyond them its progress no longer extends the wait."""
+        """From this role's own schedule: the most units of its own work (`advanced`) a peer may show in all while
+        this role waits on it past RECV_TIMEOUT_S; beyond them its progress no longer extends a wait."""
         self.work_units = max(0, int(units))
 
     def advanced(self) -> None:

@@ -43,7 +43,7 @@ class Transport(Protocol):
         waiting on it across processes see it progress."""
 
     def allow_work(self, units: int) -> None:
-        """The most units of such work a peer may show while this role waits on it once (from its own file)."""
+        """The most units of such work a peer may show in all while this role waits on it (from its own file)."""
 
 
 def nbytes(t: Tensor) -> int:

@@ -161,7 +161,7 @@ class DistributedTransport:
         self.network.advanced()
 
     def allow_work(self, units: int) -> None:
-        """How many units of a peer's own work one wait on it accepts (`Network.allow_work`)."""
+        """How many units of a peer's own work this role's waits accept in all (`Network.allow_work`)."""
         self.network.allow_work(units)
 
     def backward(self, loss: Active[Tensor], local: Sequence[Tensor] = ()) -> None:

@@ -151,15 +151,22 @@ def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0,
     if not privacy.enabled:
         return None
     used = spent(cfg, party, predictions, tests, earlier)
-    if privacy.max_releases_per_row and used.releases > privacy.max_releases_per_row:
-        raise InputError(f"{party}: the schedule releases each row up to {used.releases} times, more than its "
-                         f"max_releases_per_row = {privacy.max_releases_per_row}")
+    _check_cap(privacy, party, "the schedule", used.releases, earlier)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
         raise InputError(f"{party}: the schedule would spend epsilon = {used.epsilon:.3g} per row (delta "
                          f"{privacy.delta:g}, {used.releases} releases at noise multiplier {used.multiplier:.3g}), "
                          f"more than its budget epsilon = {privacy.epsilon:g}; shorten the schedule or raise the "
                          "noise" + _earlier_note(earlier))
     return used
+
+
+def _check_cap(privacy, party: str, what: str, releases: int, earlier: tuple[Event, ...]) -> None:
+    """`max_releases_per_row` caps every release of a row the party's ledger records, not one model's."""
+    total = releases + sum(r for _, r in earlier)
+    if privacy.max_releases_per_row and total > privacy.max_releases_per_row:
+        before = f" ({total - releases} of them before this model, in its ledger)" if earlier else ""
+        raise InputError(f"{party}: {what} would release each row up to {total} times{before}, more than its "
+                         f"max_releases_per_row = {privacy.max_releases_per_row}")
 
 
 def _earlier_note(earlier: tuple[Event, ...]) -> str:
@@ -253,10 +260,8 @@ def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: s
     composed with everything the ledger records; written to the ledger first, refused past the budget."""
     privacy = cfg.privacy
     z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + RELEASES["predict"]
-    if privacy.max_releases_per_row and releases > privacy.max_releases_per_row:
-        raise InputError(f"{party}: {what} would release each row {releases} times, more than its "
-                         f"max_releases_per_row = {privacy.max_releases_per_row}")
     earlier = before_model(ledger)
+    _check_cap(privacy, party, what, releases, earlier)
     used = Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta, privacy.epsilon,
                  earlier)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):

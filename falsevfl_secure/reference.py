@@ -91,7 +91,8 @@ def _untried(config: dict) -> str:
     options = config.get("options", {})
     tries = [("preset = \"auto\" (more steps)", config.get("auto_schedule")),
              ("discriminator_inputs = \"latent+mean+own\"", options.get("discriminator_inputs") == "latent+mean+own"),
-             ("class_weight = \"balanced\" for rare classes", config.get("class_weight") == "balanced")]
+             ("class_weight = \"balanced\" for rare classes",
+              config.get("class_weight") == "balanced" or config.get("task") == "regression")]
     text = "Try " + ", ".join(t for t, done in tries if not done) + ", and c" if any(not d for _, d in tries) else "C"
     return text + ("heck with `federation check` that the parties' IDs line up; method = \"plugvfl\" often fits "
                    "tables better, but sends every party label-dependent gradients (threat_models/labels.toml)")

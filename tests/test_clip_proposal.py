@@ -155,7 +155,7 @@ def test_retraining_the_same_rows_spends_again_and_is_refused_past_the_budget(tm
                                                              (before,)), rel=1e-9)
 
 
-def test_propose_clips_prints_one_line_per_clip_and_charges_the_partys_own_ledger(tmp_path, capsys):
+def test_propose_clips_prints_one_line_per_clip_and_charges_the_partys_own_ledger(tmp_path, capsys, monkeypatch):
     assert main(["demo", "--dataset", "wine", "--parties", "3", "--out", str(tmp_path)]) == 0
     config = tmp_path / "federation.toml"
     config.write_text(config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 6.0\n")
@@ -168,3 +168,8 @@ def test_propose_clips_prints_one_line_per_clip_and_charges_the_partys_own_ledge
     assert len(privacy.read_ledger(tmp_path / active / "model")["clip_proposals"]) == 1
     assert main(["propose-clips", "--config", str(config), "--party", active, "--quantile", "1.5"]) == 2
     assert "error: propose-clips: --quantile in (0, 1)" in capsys.readouterr().err
+    # Noise that leaves no positive count (few rows, a large multiplier) proposes nothing, never "nan".
+    monkeypatch.setattr(clip_proposal, "release", lambda norms, z, stream: {n: -np.ones(len(EDGES)) for n in NAMES})
+    assert main(["propose-clips", "--config", str(config), "--party", active]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and out.count("no proposal (the noise left no positive count") == len(NAMES), out

@@ -64,6 +64,8 @@ def test_the_reference_learns_from_the_active_partys_own_columns_and_the_lift_co
     said = lift_lines(report, tried)[1]
     assert "preset" not in said and "discriminator_inputs" not in said and "class_weight" not in said, said
     assert "Check with `federation check`" in said and 'method = "plugvfl"' in said
+    regression = {**make_config("digits", "quick").to_dict(), "task": "regression"}  # no classes to weigh
+    assert "class_weight" not in lift_lines(report, regression)[1] and "preset" in lift_lines(report, regression)[1]
     better = lift_report("classification", np.stack([1 - y[rows], y[rows]], 1).astype(float), refs, y[rows])
     assert better["lift"] >= 0 and not any(line.startswith("warning") for line in lift_lines(better))
 

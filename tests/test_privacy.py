@@ -178,6 +178,13 @@ def test_a_schedule_past_a_partys_budget_is_refused_before_it_starts():
         privacy.check_budget(capped, "hospital")
     fits = replace(capped, privacy=replace(capped.privacy, max_releases_per_row=0))
     assert privacy.check_budget(fits, "hospital").epsilon <= 8.0
+    # The cap counts every release the ledger records (review finding: it capped each model alone).
+    releases = privacy.releases_per_row(fits, privacy.TRAINING_PREDICTIONS)
+    room = replace(fits, privacy=replace(fits.privacy, epsilon=1e3, noise_multiplier=5.0,
+                                         max_releases_per_row=releases + 3))
+    assert privacy.check_budget(room, "hospital", earlier=((5.0, 3),)).releases == releases
+    with pytest.raises(InputError, match=f"up to {releases + 4} times \\(4 of them before this model"):
+        privacy.check_budget(room, "hospital", earlier=((5.0, 3), (9.0, 1)))
 
 
 def test_baselines_are_refused_under_a_budget():

@@ -499,7 +499,9 @@ def propose_clips(args: argparse.Namespace) -> int:
           f"{args.multiplier:g} (its ledger now: epsilon = {epsilon:.3g} at delta "
           f"{fed.model.privacy.delta:g}); agree on one value per line with the other parties")
     for name in NAMES:
-        print(f"clip_{name} = {quantile(counts[name], args.quantile):.3g}")
+        value = quantile(counts[name], args.quantile)
+        print(f"clip_{name} = {value:.3g}" if value == value else  # NaN: the noise left no positive count
+              f"# clip_{name}: no proposal (the noise left no positive count; more rows or a larger --multiplier)")
     return 0
 
 

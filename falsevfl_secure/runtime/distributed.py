@@ -24,7 +24,7 @@ from ..fsio import atomic_write
 from ..methods import build_node, method_for
 from ..node import Node, resolve_device
 from ..randomness import RoleSecret
-from ..train import HostedData, evaluate, fit, host_split, probe_step
+from ..train import HostedData, evaluate, fit, host_split, probe_step, solo_work_units
 from ..transport.accounting import merge_tables
 from ..transport.protocols import protocol_named
 from ..transport.views import load_view, save_view
@@ -43,6 +43,7 @@ def simulated_program(role: Role, job: Job, progress: bool, secret: RoleSecret |
             path = Path(job.views_dir) / f"rank{role.rank}.npz"
             role.membership.on_recorded = lambda view: save_view(path, view)
             role.membership.recorded_rounds = method_for(job.config).probe_sums()
+        role.network.allow_work(solo_work_units(job.config))  # its waits on parties that wait on the active one
         role.serve_helper()
         return {"communication": []}
     cfg, rank, start = job.config, role.rank, time.perf_counter()

@@ -146,17 +146,20 @@ def _wait_for_party0(role) -> str:
     return "left"
 
 
-def _works_alone(role, units: int, allowed: int, waits: int = 1) -> str:
-    """The active party works alone for 6 s between passes, `waits` times, showing `units` units of progress
-    spread over each, then sends; a passive party waits for it each time with a 3 s limit counted from its last
-    progress, for at most `allowed` units in all (its own schedule's). The he aggregator, when there is one,
-    waits on the passive parties, which wait on the active party."""
+def _works_alone(role, units: int, allowed: int, waits: int = 1, aggregator_allowed: int | None = None) -> str:
+    """The active party enters a round (progress that is not work of its own), then works alone for 6 s between
+    passes, `waits` times, showing `units` units of its own work spread over each, then sends; a passive party
+    waits for it each time with a 3 s limit counted from its last unit, for at most `allowed` units in all (its
+    own schedule's). The he aggregator, when there is one, waits on the passive parties, which wait on the active
+    party, with its own allowance (`aggregator_allowed`, else `allowed`)."""
     if not role.is_party:
-        role.network.allow_work(allowed)
+        role.network.allow_work(allowed if aggregator_allowed is None else aggregator_allowed)
         return "".join(role.network.recv(name, "barrier", limit_s=3.0).decode() for name in role.peers.names[:2]
                        for _ in range(waits))
     if role.is_active:
         for _ in range(waits):
+            role.network.enter("posterior")  # a round's progress: it must not count as a unit of work
+            role.network.between_passes()
             for second in range(6):
                 time.sleep(1.0)
                 if second * units // 6 != (second + 1) * units // 6:
@@ -174,9 +177,9 @@ def _works_alone(role, units: int, allowed: int, waits: int = 1) -> str:
 @pytest.mark.parametrize("units, allowed, waits", [(6, 6, 1), (0, 6, 1), (6, 2, 1), (3, 6, 2), (3, 4, 2)])
 def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_path, units, allowed, waits):
     # A cached stage 2 or the active party's tree fits run longer than RECV_TIMEOUT_S on a large table: while
-    # its heartbeat shows progress the wait goes on; a peer that heartbeats without progress, or shows more
-    # units in all than the waiting role's own schedule allows (review finding: the allowance was per wait, so
-    # a peer could stall every wait (units + 1) x the limit), is named.
+    # its heartbeat shows units of its own work the wait goes on; a peer that heartbeats without them, or shows
+    # more units in all than the waiting role's own schedule allows, is named. Review finding: the allowance
+    # was per wait (a peer could stall every wait (units + 1) x the limit): (3, 4, 2) is named now.
     ended = _world(tmp_path, "plain", 3, _works_alone, (units, allowed, waits)).start().outcomes(60)
     if units * waits <= allowed and units:
         assert ended[0] == {"ok": "done"} and ended[1] == {"ok": "done"}, ended
@@ -185,14 +188,41 @@ def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_p
         assert any(f"party{k} {said}" in ended[k].get("error", "") for k in (0, 1)), ended
 
 
-@pytest.mark.parametrize("units", [6, 0])
-def test_the_he_aggregator_counts_the_progress_of_the_party_its_peer_waits_on(tmp_path, units):
+def test_only_a_peers_own_work_counts_against_the_allowance_not_the_rounds_it_enters():
+    # Review finding: the allowance counted every heartbeat whose round count changed, so the rounds a party
+    # entered just before working alone used up units its schedule has for the work: an honest run of exactly
+    # its schedule's units could be named. Heartbeats carry the units of work apart now.
+    from falsevfl_secure.network.link import Link
+    from falsevfl_secure.network.network import Wait, _beat_of
+
+    assert _beat_of(b"posterior\t7\tparty2\t3") == ("posterior", 7, "party2", 3)
+    assert _beat_of(b"posterior\t7\t") == ("posterior", 7, None, 0)  # no work field: none shown
+    assert _beat_of(b"a\tb\tc\td\te") == (None, 0, None, 0)  # malformed: no progress of any kind
+    link = Link("party2", lambda *a: None, lambda *a: None)
+    wait = Wait.of({"party2": link})
+    for rounds in range(1, 40):  # a peer busy in rounds shows progress, never work
+        link.heard("posterior", rounds, None, 0)
+    assert wait.shown("party2", link) == 0 and link.progress == 39
+    link.heard(None, 40, None, 1)
+    link.heard(None, 41, None, 2)
+    assert wait.shown("party2", link) == 2 and link.worked_at >= wait.began
+    again = Link("party2", lambda *a: None, lambda *a: None)  # a party that linked again counts from its return
+    again.heard(None, 1, None, 1)
+    assert wait.shown("party2", again) == 1
+
+
+@pytest.mark.parametrize("units, aggregator_allowed", [(6, 6), (6, 2), (0, 6)])
+def test_the_he_aggregator_counts_the_work_of_the_party_its_peer_waits_on(tmp_path, units, aggregator_allowed):
     # Review finding: the aggregator waits on passive parties that wait on the active party working alone; they
-    # show no progress of their own, so it gave up after the limit however the active party progressed.
-    ended = _world(tmp_path, "he", 3, _works_alone, (units, 6)).start().outcomes(60)
-    if units:
+    # show no work of their own, so it gave up after the limit however the active party progressed. It counts the
+    # active party's units now, within its own allowance.
+    ended = _world(tmp_path, "he", 3, _works_alone, (units, 6, 1, aggregator_allowed)).start().outcomes(60)
+    if units and units <= aggregator_allowed:
         assert ended[:2] == [{"ok": "done"}, {"ok": "done"}] and ended[3] == {"ok": "dd"}, ended
-    else:  # no progress anywhere: the first role to give up names whom it waited on and ends the run
+    elif units:  # the passive parties' allowance holds; the aggregator's own does not
+        assert "aggregator waited 3 s for 'barrier' from party0, which made no progress it could count" in \
+            ended[3].get("error", ""), ended
+    else:  # no work anywhere: the first role to give up names whom it waited on and ends the run
         said = [e["error"] for e in ended if "waited 3 s for 'barrier' from party" in e.get("error", "")]
         assert said and all("which made no progress it could count" in e for e in said), ended
 

@@ -64,17 +64,19 @@ class Link:
         self.peer, self._on_envelope, self._on_closed = peer, on_envelope, on_closed
         self.last_seen, self.last_round = time.monotonic(), None
         self.progress, self.progressed_at, self.waiting_on = 0, self.last_seen, None
-        self.advances = 0  # heartbeats that showed progress (a wait counts them against its allowance)
+        self.work, self.worked_at = 0, self.last_seen  # units of its own work it showed, and when the last came
         self._outbound: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.queued = 0
         self.held = False  # its reader waits for room (this role is behind, not the peer): no stall
         self.open = True
 
-    def heard(self, round: str | None, progress: int, waiting_on: str | None) -> None:
-        """A heartbeat: the peer's round, rounds entered and whom it waits on."""
+    def heard(self, round: str | None, progress: int, waiting_on: str | None, work: int = 0) -> None:
+        """A heartbeat: the peer's round, rounds entered, whom it waits on and units of its own work done."""
         if progress != self.progress:
-            self.progress, self.progressed_at, self.advances = progress, time.monotonic(), self.advances + 1
+            self.progress, self.progressed_at = progress, time.monotonic()
+        if work != self.work:
+            self.work, self.worked_at = work, time.monotonic()
         self.last_round, self.waiting_on = round, waiting_on
 
     def put(self, messages: list[bytes]) -> int:

@@ -15,14 +15,15 @@ and the hub holds a relayed sender back while the receiver's queue is full. So n
 memory by more than its declared frames.
 
 Liveness. Both ends of every link send a heartbeat each `HEARTBEAT_S` naming the round they are in, how many
-rounds they have entered and whether they are waiting on someone. A peer silent for `STALL_S` is stalled, a
-link that closes without a goodbye means its peer left, and a peer that heartbeats but delivers nothing in a
-round for `deadline_s` (while not itself waiting on someone) is stuck: each ends the run at this role, which
-tells every peer it is linked to (`ABORT`, flooded onward once), so every role fails naming the role and
-round. An ABORT carries only who, how and in which round: never a value, never another role's error text,
-and it is believed only as its sender's word (`Blame.by`). `close()` is a goodbye barrier, so a role leaves
-only when everybody is done with it. A lost party may link to a hub again (`returning`: what its earlier process
-left here is dropped); only the active party readmits it, at an epoch's start (runtime/losses.py).
+rounds they have entered, whether they are waiting on someone and how many units of their own work between passes
+they have done (a wait past `RECV_TIMEOUT_S` counts those, within its own schedule's allowance). A peer silent for
+`STALL_S` is stalled, a link that closes without a goodbye means its peer left, and a peer that heartbeats but
+delivers nothing in a round for `deadline_s` (while not itself waiting on someone) is stuck: each ends the run at
+this role, which tells every peer it is linked to (`ABORT`, flooded onward once), so every role fails naming the
+role and round. An ABORT carries only who, how and in which round: never a value, never another role's error text,
+and it is believed only as its sender's word (`Blame.by`). `close()` is a goodbye barrier, so a role leaves only
+when everybody is done with it. A lost party may link to a hub again (`returning`: what its earlier process left
+here is dropped); only the active party readmits it, at an epoch's start (runtime/losses.py).
 """
 
 from __future__ import annotations
@@ -68,6 +69,26 @@ ACKS = ("epoch-ack", "bounds-ack")
 # starts its step while the active party still builds its model): until then, one frame of each, this large.
 EARLY = ("posterior", "embedding", "subsets", "cross_view")
 EARLY_BYTES = 32 << 20
+
+
+@dataclass
+class Wait:
+    """One wait on a peer: when it began, each linked peer's link and units of work then, and the latest time
+    a unit of work counted for it (`Network._counted_work`)."""
+
+    began: float
+    seen: dict[str, tuple[Link, int]]
+    latest: float
+
+    @classmethod
+    def of(cls, links: dict[str, Link]) -> Wait:
+        now = time.monotonic()
+        return cls(now, {peer: (link, link.work) for peer, link in list(links.items())}, now)
+
+    def shown(self, peer: str, link: Link) -> int:
+        """Units `peer` showed since the wait began (all of a link opened since: a party that linked again)."""
+        then, work = self.seen.get(peer, (link, link.work))
+        return link.work - (work if then is link else 0)
 
 
 @dataclass(frozen=True)
@@ -142,6 +163,7 @@ class Network:
         self.traffic: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # tag -> [bytes sent, bytes received]
         self.round: str | None = None
         self.progress = 0  # rounds entered so far (heartbeats carry it: a peer that advances is not stuck)
+        self.work = 0  # units of its own work between passes so far (`advanced`; heartbeats carry it too)
         self.waiting_on: str | None = None  # the peer `recv` waits on (heartbeats say so: it is not stuck itself)
         self.waited = 0.0  # seconds `recv` spent blocked until a frame arrived (the transport's timing split)
         self.bounds: dict[str, tuple[int, int]] = dict(SETUP)
@@ -299,18 +321,18 @@ class Network:
 
     def recv_any(self, src: str, expecting: str = "a frame", limit_s: float = RECV_TIMEOUT_S) -> tuple[str, bytes]:
         """The next frame from `src` and its tag (a role that follows another's lead, e.g. the aggregator)."""
-        began = time.monotonic()
-        start = (began, {peer: link.advances for peer, link in list(self.links.items())})
+        wait = Wait.of(self.links)
+        began = wait.began
         with self._cond:
             self.waiting_on, excused = src, False
             try:
                 while not self._mail[src]:  # frames that came before a loss are still read: the runs stay repeatable
                     self._raise_if_lost(src, expecting)
-                    excused = self._check_wait(src, expecting, start, limit_s) or excused
+                    excused = self._check_wait(src, expecting, wait, limit_s) or excused
                     self._cond.wait(0.5)
             finally:
                 self.waiting_on = None
-                self._credit(start, limit_s)
+                self._credit(wait, limit_s)
             if self._notice is not None and self._mail[src][0][0] == "lost":
                 raise PartyLost(notice=self._notice)  # every earlier frame was read: now the announcement
             waited = time.monotonic() - began
@@ -377,48 +399,47 @@ class Network:
                     return dropped
                 self._cond.wait(0.5)
 
-    def _check_wait(self, src: str, expecting: str, start: tuple[float, dict[str, int]],
-                    limit_s: float = RECV_TIMEOUT_S) -> bool:
-        """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round).
-        `start`: when the wait began and how many advances each linked peer had shown then."""
+    def _check_wait(self, src: str, expecting: str, wait: Wait, limit_s: float = RECV_TIMEOUT_S) -> bool:
+        """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round)."""
         self._raise_if_aborted()
         if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
             raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
-        began, now, link = start[0], time.monotonic(), self.links.get(src)
-        if now - self._counted_progress(src, start) > limit_s:
+        now, link = time.monotonic(), self.links.get(src)
+        if now - self._counted_work(src, wait) > limit_s:
             raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}, which made no "
                                "progress it could count meanwhile")
         if link is None or self.round is None or link.waiting_on or link.last_round is None:
             return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
-        if now - max(began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
+        if now - max(wait.began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
             self._fault(Blame(src, "stuck", link.last_round, f"none for {self.deadline_s:.0f} s"))
             self._raise_if_aborted()
         return False
 
-    def _counted_progress(self, src: str, start: tuple[float, dict[str, int]]) -> float:
-        """When `src` last showed progress a wait on it may count (else when the wait began): its own, or that of
-        the peer it says it waits on (the he aggregator waits on passive parties that wait on the active party
-        working alone), while that peer's advances since the wait began stay within what is left of the units
-        this role's own schedule allows it in the whole run (`allow_work`)."""
-        (began, seen), link = start, self.links.get(src)
-        latest = began
+    def _counted_work(self, src: str, wait: Wait) -> float:
+        """When `src` last showed a unit of its own work (`advanced`) this wait may count, else when the wait
+        began: its own, or that of the peer it says it waits on (the he aggregator waits on passive parties that
+        wait on the active party working alone), while that peer's units since the wait began stay within what
+        is left of those this role's own schedule allows it in the whole run (`allow_work`); past that, none
+        counts. Else never earlier than a time it counted before in this wait (whom a peer waits on changes
+        between its receives)."""
+        link = self.links.get(src)
         for peer in {src, link.waiting_on} if link is not None else ():
             other = self.links.get(peer)
-            shown = other.advances - seen.get(peer, other.advances) if other is not None else 0
-            if 0 < shown <= self.work_units - self._credited[peer]:
-                latest = max(latest, other.progressed_at)
-        return latest
+            shown = wait.shown(peer, other) if other is not None else 0
+            if shown > self.work_units - self._credited[peer]:
+                return wait.began  # more units than its schedule has: a peer that would stall this role
+            if shown > 0:
+                wait.latest = max(wait.latest, other.worked_at)
+        return wait.latest
 
-    def _credit(self, start: tuple[float, dict[str, int]], limit_s: float) -> None:
-        """After a wait that outlasted `limit_s`: every peer's advances during it are used up from its allowance (a
-        peer that keeps showing progress extends this role's waits by at most its schedule's units in all)."""
-        began, seen = start
-        if time.monotonic() - began <= limit_s:
+    def _credit(self, wait: Wait, limit_s: float) -> None:
+        """After a wait that outlasted `limit_s`: every peer's units of work during it are used up from its
+        allowance (a peer extends this role's waits by at most its schedule's units in all)."""
+        if time.monotonic() - wait.began <= limit_s:
             return
-        for peer, advances in seen.items():
-            link = self.links.get(peer)
-            if link is not None:
-                self._credited[peer] += max(0, link.advances - advances)
+        for peer in wait.seen:
+            if (link := self.links.get(peer)) is not None:
+                self._credited[peer] += max(0, wait.shown(peer, link))
 
     def enter(self, round_name: str) -> None:
         """The round this role is in (heartbeats carry it, so a stall is reported with it)."""
@@ -439,6 +460,7 @@ class Network:
         """This role finished one unit of its own work between passes (an epoch of a cached stage 2, one of
         its tree fits): its heartbeat shows the progress, so a peer waiting on it gets RECV_TIMEOUT_S again."""
         self.progress += 1
+        self.work += 1
 
     def _arrived(self, link: Link, envelope: wire.Envelope) -> None:
         """Every envelope from every link, on that link's reader thread; a malformed one ends the run."""
@@ -522,7 +544,7 @@ class Network:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            state = f"{self.round or ''}\t{self.progress}\t{self.waiting_on or ''}"
+            state = f"{self.round or ''}\t{self.progress}\t{self.waiting_on or ''}\t{self.work}"
             beat = wire.encode(wire.Envelope(wire.Kind.HEARTBEAT, self.me, "", "", state.encode("ascii", "replace")))
             now = time.monotonic()
             for link in list(self.links.values()):
@@ -626,11 +648,13 @@ def _blame_of(payload: bytes, sender: str) -> Blame:
         return Blame(sender, "failed", None, "a malformed abort")
 
 
-def _beat_of(payload: bytes) -> tuple[str | None, int, str | None]:
-    """(round, rounds entered, the peer it waits on) of a heartbeat; a malformed one reads as no progress."""
+def _beat_of(payload: bytes) -> tuple[str | None, int, str | None, int]:
+    """(round, rounds entered, the peer it waits on, units of its own work) of a heartbeat; a malformed one reads
+    as no progress."""
     fields = payload.decode("ascii", "replace").split("\t")
-    round, progress, waiting = (fields + ["", "0", ""])[:3] if len(fields) <= 3 else ("", "0", "")
-    return round or None, int(progress) if progress.isdigit() else 0, waiting or None
+    round, progress, waiting, work = (fields + ["", "0", "", "0"])[:4] if len(fields) <= 4 else ("", "0", "", "0")
+    count = [int(v) if v.isdigit() else 0 for v in (progress, work)]
+    return round or None, count[0], waiting or None, count[1]
 
 
 def _notice_of(payload: bytes) -> dict:

@@ -40,4 +40,4 @@ def each_batch(node: Node, data: HostedData, rows: np.ndarray, run: Callable[[Ba
             node.transport.abandon()
             index = max(0, handler(lost, (*where, index - 1)))  # announced as resuming at this batch
             data.set_dropped(handler.lost)
-            handler.rerun()  # its rows are released once more: a party under a budget counts it first
+            handler.rerun(where)  # its rows are released once more: a party under a budget counts it first

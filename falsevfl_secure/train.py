@@ -29,6 +29,7 @@ from .errors import InputError
 from .model.trees import BAG
 from .network.network import PartyLost
 from .node import Batch, HostedData, Node, host_split
+from .passes import each_batch
 from .placement import Active, apply
 from .reference import FOLDS
 
@@ -176,9 +177,8 @@ def predict_split(node: Node, data: HostedData) -> Active[Tensor]:
     record keys a row's prediction does not depend on the batch it is in or on earlier predictions (up to
     the float rounding of batched products); without, the roles' prediction streams restart here."""
     node.restart_noise(Stage.PREDICT)
-    size = node.cfg.eval_batch_size
-    outputs = [node.method.predict(node, data.batch(np.arange(start, min(start + size, data.n))))
-               for start in range(0, data.n, size)]
+    outputs = each_batch(node, data, np.arange(data.n), lambda batch: node.method.predict(node, batch),
+                         (int(Stage.PREDICT), 0))  # a party lost meanwhile is left out, as in every pass
     return Active(torch.cat([o.get() for o in outputs])) if node.active.present else Active.absent()
 
 

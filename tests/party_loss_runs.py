@@ -161,7 +161,7 @@ class _Abandon:
     def pass_done(self, where: tuple[int, int], batches: int) -> None:
         pass  # one process: no party can be ahead of another
 
-    def rerun(self) -> None:
+    def rerun(self, where: tuple[int, int]) -> None:
         self.reruns += 1  # a pass's batch runs again without the party (each party's ledger would count it)
 
     def at_epoch(self, stage: int, epoch: int) -> list[str]:

@@ -86,6 +86,23 @@ def test_a_party_lost_in_the_last_round_of_a_pass_is_left_out_and_no_party_has_g
     assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
 
 
+IN_THE_PREDICTION = Crash(party=1, epoch=6, step=1, steps_per_epoch=11)  # as the test records' prediction starts
+
+
+def test_a_party_lost_as_the_prediction_starts_is_left_out_and_the_prediction_goes_on(tmp_path):
+    # Review finding: a prediction (the test records here, the validation records in `federation train`) was not
+    # a pass that survives a loss: a party that died after stage 2's last batch ended the whole run.
+    reference = local_run(ONCE, IN_THE_PREDICTION)
+    ended = distributed_run(tmp_path, "plain", ONCE, IN_THE_PREDICTION)
+    active = ended[ONCE.active_index]
+    assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
+    assert [(e["party"], e["stage"], e["epoch"], e["resumed_at"]) for e in active["ok"]["events"]] == \
+           [("party1", int(Stage.PREDICT), 0, 0)], active["ok"]["events"]
+    np.testing.assert_allclose(active["ok"]["losses"]["train"], reference[1]["train"], rtol=1e-4)
+    assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
+    assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
+
+
 @pytest.mark.parametrize("line, words", [('on_party_loss = "maybe"', 'must be "stop" or "continue"'),
                                          ("min_parties = 1", "must be an integer in 2..4"),
                                          ("min_parties = 5", "must be an integer in 2..4")])

@@ -395,18 +395,22 @@ def test_a_batch_run_again_without_a_lost_party_is_charged_to_each_partys_own_le
     role = SimpleNamespace(spec=SimpleNamespace(name="lab"))
     role.losses = PartyLoss(role)
     assert _charge(role, cfg, tmp_path).epsilon == pytest.approx(trained.epsilon)
-    role.losses.rerun()
+    role.losses.at = (2, 0)  # the loss was announced in stage 2's pass
+    role.losses.rerun((2, 1))  # a pass after the announced step: its batch in flight was dropped unsummed
+    assert "reruns" not in privacy.read_ledger(tmp_path)
+    role.losses.rerun((2, 0))
     ledger = privacy.read_ledger(tmp_path)
     assert (ledger["reruns"], ledger["releases_per_row"], ledger["noise_multiplier"]) == \
            (1, trained.releases + 2, trained.multiplier)
     assert ledger["epsilon"] == pytest.approx(room / (1 + 1e-6), rel=1e-9)
     with pytest.raises(InputError, match="lab: running a batch again without a lost party would spend epsilon"):
-        role.losses.rerun()
+        role.losses.rerun((2, 0))
     assert privacy.read_ledger(tmp_path)["reruns"] == 1  # refused before it is recorded or released
     unbudgeted = SimpleNamespace(spec=SimpleNamespace(name="lab"))
     unbudgeted.losses = PartyLoss(unbudgeted)
     assert _charge(unbudgeted, make_config("digits", "quick"), tmp_path / "x") is None
-    unbudgeted.losses.rerun()
+    unbudgeted.losses.at = (2, 0)
+    unbudgeted.losses.rerun((2, 0))
     assert not (tmp_path / "x" / privacy.LEDGER).exists()
 
 

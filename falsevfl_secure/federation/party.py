@@ -314,9 +314,8 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
-    used = charge_prediction(cfg, name, model_dir)  # its own budget, before any sum is sent
-    if used is not None:  # noised at the multiplier it was trained at, as its ledger records
-        cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=used.multiplier))
+    if charge_prediction(cfg, name, model_dir) is not None and role.losses is not None:  # its own budget, first
+        role.losses.on_rerun = partial(charge_rerun, cfg, name, model_dir)  # and a batch run again without a party
     scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed) \
         if role.is_active and method_for(cfg).reads_own_reference else None
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,

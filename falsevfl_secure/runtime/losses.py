@@ -50,6 +50,7 @@ class PartyLoss:
         self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
         self.on_rerun: Callable[[], object] | None = None  # under a privacy budget: its own ledger's charge
         self.reruns = 0  # batches of forward passes run again without a lost party
+        self.at: tuple[int, int] | None = None  # the (stage, epoch) of the last loss announced: where a step resumes
 
     @property
     def lost(self) -> set[int]:
@@ -73,6 +74,7 @@ class PartyLoss:
         self._check_policy(losses[0])
         self.version += 1
         stage, epoch, index = position
+        self.at = (stage, epoch)
         notice = {"lost": sorted(peers.names[k] for k in peers.lost), "stage": stage, "epoch": epoch,
                   "index": index + 1}
         others = [name for k, name in enumerate(peers.names) if k not in peers.lost and k != peers.rank]
@@ -116,8 +118,12 @@ class PartyLoss:
             peers.send(k, "lost-ack", b"")
         self._record([], notice)
         ours, theirs = tuple(position), (notice["stage"], notice["epoch"], notice["index"])
+        self.at = theirs[:2]
         if theirs[:2] == ours[:2]:
-            return max(ours[2], theirs[2])
+            if not ours[2] <= theirs[2] <= ours[2] + 1:  # a step every role is in, or the next
+                raise ProtocolError(f"the active party resumes at step {theirs[2]}, where {role.spec.name} is at "
+                                    f"step {ours[2]} of stage {ours[0]} epoch {ours[1]}")
+            return theirs[2]
         if theirs[:2] < ours[:2]:
             return ours[2]  # it abandoned the previous epoch's last step; this role redoes its current one
         raise PartyFailure(f"the active party resumes at stage {theirs[0]} epoch {theirs[1]}, ahead of "
@@ -125,9 +131,13 @@ class PartyLoss:
 
     # -- in a forward pass ----------------------------------------------------------------------------
 
-    def rerun(self) -> None:
-        """A pass runs a batch again without a lost party: under a privacy budget this party's own ledger counts
-        the rows' extra release first, and past its budget its run ends here (privacy.charge_rerun)."""
+    def rerun(self, where: tuple[int, int]) -> None:
+        """A pass at `where` runs a batch again without a lost party: under a privacy budget this party's own
+        ledger counts the rows' extra release first, and past its budget its run ends here (privacy.charge_rerun).
+        Nothing runs again where the loss was announced in an earlier step (this role's frames of the batch it
+        was in were dropped unsummed: it runs that batch once)."""
+        if self.at != tuple(where):
+            return
         self.reruns += 1
         if self.on_rerun is not None:
             self.on_rerun()

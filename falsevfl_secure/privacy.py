@@ -127,7 +127,8 @@ class Spent:
 
     def to_dict(self) -> dict:
         """The ledger's entry (`epsilon` composes `earlier` with this model's releases)."""
-        return {"party": self.party, "releases_per_row": self.releases, "noise_multiplier": self.multiplier,
+        return {"ledger_version": LEDGER_VERSION, "party": self.party, "releases_per_row": self.releases,
+                "noise_multiplier": self.multiplier,
                 "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
                 "earlier": [list(e) for e in self.earlier], "clip_proposals": [],
                 "covers": "the summed rounds, the parties' own networks (DP-SGD) and everything computed from them; "
@@ -178,6 +179,7 @@ def _earlier_note(earlier: tuple[Event, ...]) -> str:
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far
+LEDGER_VERSION = 2  # 1 (unstated): a prediction run recounted the releases from the file's schedule
 
 
 def read_ledger(folder: Path) -> dict:
@@ -186,10 +188,16 @@ def read_ledger(folder: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text())
+        ledger = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: the party's privacy ledger cannot be read ({error}); it is its budget's only "
                          "record, so nothing runs until it is restored") from error
+    if "ledger_version" not in ledger and int(ledger.get("prediction_runs", 0)) > 0:
+        raise InputError(f"{path}: written by an earlier version, whose prediction runs recounted the releases "
+                         "from the file's schedule and may understate what the rows spent; set its releases_per_row "
+                         "to the trained schedule's plus 2 per prediction run and add \"ledger_version\": 2, or "
+                         "remove it (the party's own decision)")
+    return ledger
 
 
 def before_model(ledger: dict) -> tuple[Event, ...]:
@@ -208,12 +216,14 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) ->
     """Before a clip proposal is released: refuse it when it would take `party` past its own budget with what its
     ledger records; else record it there first; the epsilon of everything the ledger records then."""
     ledger = read_ledger(folder)
+    _check_cap(cfg.privacy, party, "a clip proposal", 1, all_spent(ledger))
     epsilon = epsilon_of(multiplier, 1, cfg.privacy.delta, all_spent(ledger))
     if epsilon > cfg.privacy.epsilon:
         raise InputError(f"{party}: with this clip proposal its rows would have spent epsilon = {epsilon:.3g} "
                          f"(delta {cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}; "
                          "raise --multiplier")
-    write_json(Path(folder) / LEDGER, {**ledger, "clip_proposals": [*ledger.get("clip_proposals", []), multiplier]})
+    write_json(Path(folder) / LEDGER, {**ledger, "ledger_version": LEDGER_VERSION,
+                                       "clip_proposals": [*ledger.get("clip_proposals", []), multiplier]})
     return epsilon
 
 

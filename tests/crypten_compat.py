@@ -40,6 +40,7 @@ def reveal_with_crypten(shares: list[torch.Tensor], precision: int = 16) -> tupl
     for thread in threads:
         thread.join(timeout=120)
     if errors:
+        _reset_crypten_mailboxes()  # a broken barrier would fail the next reveal in this process at once
         raise errors[0]
     assert not any(thread.is_alive() for thread in threads), "CrypTen's reveal did not finish within 120 s"
     assert all(torch.equal(out[r][0], out[0][0]) for r in out)  # every party reveals the same integers
@@ -70,3 +71,10 @@ def _order_crypten_seed_broadcast() -> None:
 
     broadcast.ordered = True
     InProcessCommunicator.broadcast = broadcast
+
+
+def _reset_crypten_mailboxes() -> None:
+    """CrypTen keeps its in-process mailboxes and barrier on the class: the next `init_thread` makes new ones."""
+    from crypten.communicator.in_process_communicator import InProcessCommunicator
+
+    InProcessCommunicator.mailbox = InProcessCommunicator.barrier = None

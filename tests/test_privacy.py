@@ -414,6 +414,25 @@ def test_a_batch_run_again_without_a_lost_party_is_charged_to_each_partys_own_le
     assert not (tmp_path / "x" / privacy.LEDGER).exists()
 
 
+def test_a_ledger_an_earlier_version_recounted_is_refused_and_the_cap_holds_for_clip_proposals(tmp_path):
+    # Review findings: a prediction run of the earlier version rewrote releases_per_row from the file's schedule,
+    # so such a ledger may understate what the rows spent; and a clip proposal skipped max_releases_per_row.
+    legacy = {"releases_per_row": 12, "noise_multiplier": 5.0, "epsilon": 1.3, "prediction_runs": 1}
+    privacy.write_json(tmp_path / privacy.LEDGER, legacy)
+    with pytest.raises(InputError, match="written by an earlier version"):
+        privacy.read_ledger(tmp_path)
+    privacy.write_json(tmp_path / privacy.LEDGER, {**legacy, "prediction_runs": 0})  # no run recounted it
+    assert privacy.read_ledger(tmp_path)["releases_per_row"] == 12
+    capped = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=1e3, noise_multiplier=5.0,
+                                                              max_releases_per_row=12))
+    with pytest.raises(InputError, match="a clip proposal would release each row up to 13 times"):
+        privacy.charge_proposal(capped, "lab", tmp_path, 8.0)
+    assert "clip_proposals" not in privacy.read_ledger(tmp_path)  # refused before it is recorded or released
+    roomy = replace(capped, privacy=replace(capped.privacy, max_releases_per_row=13))
+    privacy.charge_proposal(roomy, "lab", tmp_path, 8.0)
+    assert privacy.read_ledger(tmp_path)["ledger_version"] == privacy.LEDGER_VERSION
+
+
 # -- DP-SGD of a party's own networks, and the unit precision --------------------------------------------
 
 def _party_step(x: torch.Tensor, held: torch.Tensor, clip: float, multiplier: float, key: int = 0):

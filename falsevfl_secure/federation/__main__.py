@@ -466,12 +466,19 @@ def privacy(args: argparse.Namespace) -> int:
         return 0
     epsilon = epsilon_of(1.0, 0, budget.delta, events)
     model = (f"its model: {ledger['releases_per_row']} releases per row at noise multiplier "
-             f"{ledger['noise_multiplier']:g}, {ledger.get('prediction_runs', 0)} prediction run(s) since training; "
+             f"{ledger['noise_multiplier']:g}, {ledger.get('prediction_runs', 0)} prediction run(s) since training"
+             f"{_reruns(ledger)}; "
              if "releases_per_row" in ledger else "no model trained under it yet; ")
     before = before_model(ledger)
     print(f"{args.party}: epsilon = {epsilon:.3g} per row of its budget {budget.epsilon:g} (delta {budget.delta:g}): "
           f"{model}before it {sum(r for _, r in before)} release(s) (clip proposals, earlier models)")
     return 0
+
+
+def _reruns(ledger: dict) -> str:
+    """The batches a pass ran again without a lost party (each 2 more releases of its rows), where any."""
+    count = int(ledger.get("reruns", 0))
+    return f", {count} batch(es) run again without a lost party" if count else ""
 
 
 def propose_clips(args: argparse.Namespace) -> int:

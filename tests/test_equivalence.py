@@ -6,11 +6,12 @@ secret from the job's `secret_seed`, so they build the same models and draw the 
 come from the encodings:
 - plain: same floats summed in the same order -> float32 rounding only (1e-5 relative).
 - mpc and he: both reveal the exact sum of the addends' fixed-point encodings (2^-16 grid; he rounds
-  every decryption onto it), so a sum of K terms is off by at most K * 2^-17 ~ K * 7.6e-6 absolute per
-  round; through the loss that is ~1e-3 relative for our batch sizes. A gradient element that is the
-  cancelling sum of large per-sample terms keeps the error of those terms, not its own size: a sharp
-  decoder (std 0.05, cells up to 10) turns a 2^-16 shift of z into 0.15 % of a tensor's largest entry, which
-  can be 3 % of a small entry. So each entry also gets NORMWISE x its tensor's largest magnitude.
+  every decryption onto it). Their reference is the local step with each addend on that grid
+  (`local_reference(on_grid=True)`): a step can amplify a 2^-17 shift of the posterior a thousandfold (one
+  importance sample through a sharp decoder: seed 496 below moved a gradient entry by 0.015 of 0.67, 4.5x the
+  tolerance, against the ungridded reference, exactly as the gridded one does). What is left is float32
+  summation order and CKKS's error before the rounding: the tolerance keeps the margin it had (2e-2 relative,
+  2e-3 absolute, and NORMWISE x each tensor's largest magnitude for a cancelling sum of large terms).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure.config import Config, Stage, StageConfig
@@ -43,7 +44,7 @@ def make_job(parties: int, variant: str, batch: int, kappa: int, seed: int, p_mi
 
 
 def check_equal(sessions, protocol: str, job: StepJob) -> None:
-    reference = local_reference(job)
+    reference = local_reference(job, on_grid=protocol != "plain")
     reports = sessions(protocol, job.config.parties).run(job)
     tol = TOLERANCE[protocol]
     active = reports[job.config.parties - 1]
@@ -71,6 +72,7 @@ def equivalence_test(sessions, protocol: str, parties: int, max_examples: int):
     @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(variant=st.sampled_from(["I", "II"]), batch=st.integers(1, 24), kappa=st.integers(1, 6),
            seed=st.integers(0, 10_000), p=masks, stage=st.sampled_from(["pretrain", "train", "predict"]))
+    @example(variant="I", batch=11, kappa=1, seed=496, p=0.3, stage="pretrain")  # see the module docstring
     def run(variant, batch, kappa, seed, p, stage):
         torch.set_num_threads(1)
         check_equal(sessions, protocol, make_job(parties, variant, batch, kappa, seed, p, stage))

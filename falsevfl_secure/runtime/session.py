@@ -204,11 +204,12 @@ class StepSession:
         self.close()
 
 
-def local_reference(job: StepJob, record: View | None = None) -> dict:
-    """The same step in one process (the plaintext reference); `record` receives every contribution."""
+def local_reference(job: StepJob, record: View | None = None, on_grid: bool = False) -> dict:
+    """The same step in one process (the plaintext reference); `record` receives every contribution; `on_grid`:
+    each addend of a sum as mpc and he encode it (the exact sum of those is what they reveal)."""
     from ..transport.in_process import LocalTransport
 
     cfg = job.config
     node, data = build_step(job, list(range(cfg.parties)), True, LocalTransport(cfg.parties, cfg.active_index,
-                                                                                  record=record))
+                                                                                  record=record, on_grid=on_grid))
     return run_step(node, data, job)

@@ -16,6 +16,7 @@ from torch.autograd import Function
 
 from ..errors import ProtocolError
 from ..placement import Active
+from ..secure.fixed_point import round_to_grid
 from .accounting import CommLog
 from .base import nbytes
 from .moments import gradient_from_moments, sample_moments
@@ -64,8 +65,9 @@ class LocalTransport:
     runtime = "local"
 
     def __init__(self, n_parties: int, active_index: int, log: CommLog | None = None,
-                 record: View | None = None) -> None:
+                 record: View | None = None, on_grid: bool = False) -> None:
         self.n_parties, self.active_index = n_parties, active_index
+        self.on_grid = on_grid  # each addend as mpc and he encode it (the plain reference of their sums)
         self.log = log if log is not None else CommLog()
         self.record = record
         self.validator = MessageValidator(n_parties, active_index, self.protection)
@@ -76,11 +78,12 @@ class LocalTransport:
         self.stages = dict(stages)
 
     def noised(self, round: Round, parties: tuple[int, ...], values: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        """The contributions as the parties' noise stages leave them (the gradient passes straight through)."""
-        if not self.stages:
-            return values
-        return tuple(self.stages[k].apply(round, v, self.n_parties).to(v.dtype) for k, v in zip(parties, values,
-                                                                                                 strict=True))
+        """The contributions as the parties' noise stages leave them, on the fixed-point grid where `on_grid`
+        (the gradient passes straight through)."""
+        if self.stages:
+            values = tuple(self.stages[k].apply(round, v, self.n_parties).to(v.dtype)
+                           for k, v in zip(parties, values, strict=True))
+        return tuple(round_to_grid(v).to(v.dtype) for v in values) if self.on_grid else values
 
     def use(self, table: RoundTable, sizes=None) -> None:
         """Run the rounds of this method's table (the validator checks every message against it)."""

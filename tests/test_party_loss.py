@@ -67,39 +67,26 @@ def test_a_party_lost_during_the_one_pass_of_stage_two_is_left_out_and_the_pass_
 
 
 # Its likelihood term of the pass's one batch (400 labeled rows, batches of 500): every other party has sent its
-# last frame of the pass when the active party notices.
+# last frame of the pass when the active party notices. And as the test records' prediction starts.
 AT_THE_PASS_END = Crash(party=1, epoch=6, step=0, steps_per_epoch=11, round=2)
+IN_THE_PREDICTION = Crash(party=1, epoch=6, step=1, steps_per_epoch=11)
 
 
-def test_a_party_lost_in_the_last_round_of_a_pass_is_left_out_and_no_party_has_gone_on(tmp_path):
-    # Review finding: the other parties had gone on to stage 2's epochs while the active party reran the batch
-    # without the lost party; they resumed at the wrong place. Now a pass ends with the active party's word.
-    reference = local_run(ONCE, AT_THE_PASS_END)
-    ended = distributed_run(tmp_path, "plain", ONCE, AT_THE_PASS_END)
+@pytest.mark.parametrize("crash, stage", [(AT_THE_PASS_END, Stage.TRAIN), (IN_THE_PREDICTION, Stage.PREDICT)],
+                         ids=["last-round-of-a-pass", "as-a-prediction-starts"])
+def test_a_party_lost_at_a_passs_end_or_in_a_prediction_is_left_out_and_no_party_has_gone_on(tmp_path, crash, stage):
+    # Review findings: the other parties had gone on to stage 2's epochs while the active party reran the pass's
+    # batch without the lost party (now a pass ends with the active party's word); a prediction (the test records
+    # here, the validation records in `federation train`) was no pass that survives a loss (now it is one).
+    reference = local_run(ONCE, crash)
+    ended = distributed_run(tmp_path, "plain", ONCE, crash)
     active = ended[ONCE.active_index]
     assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
     assert [(e["party"], e["stage"], e["epoch"], e["resumed_at"]) for e in active["ok"]["events"]] == \
-           [("party1", int(Stage.TRAIN), 0, 0)], active["ok"]["events"]
+           [("party1", int(stage), 0, 0)], active["ok"]["events"]
     np.testing.assert_allclose(active["ok"]["losses"]["train"], reference[1]["train"], rtol=1e-4)
     assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
     # every party still in the run counts the batch run again (under a budget its own ledger is charged for it)
-    assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
-
-
-IN_THE_PREDICTION = Crash(party=1, epoch=6, step=1, steps_per_epoch=11)  # as the test records' prediction starts
-
-
-def test_a_party_lost_as_the_prediction_starts_is_left_out_and_the_prediction_goes_on(tmp_path):
-    # Review finding: a prediction (the test records here, the validation records in `federation train`) was not
-    # a pass that survives a loss: a party that died after stage 2's last batch ended the whole run.
-    reference = local_run(ONCE, IN_THE_PREDICTION)
-    ended = distributed_run(tmp_path, "plain", ONCE, IN_THE_PREDICTION)
-    active = ended[ONCE.active_index]
-    assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
-    assert [(e["party"], e["stage"], e["epoch"], e["resumed_at"]) for e in active["ok"]["events"]] == \
-           [("party1", int(Stage.PREDICT), 0, 0)], active["ok"]["events"]
-    np.testing.assert_allclose(active["ok"]["losses"]["train"], reference[1]["train"], rtol=1e-4)
-    assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
     assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
 
 

@@ -259,7 +259,7 @@ def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
 
 
 def charge_rerun(cfg: Config, party: str, folder: Path) -> Spent:
-    """During training, when a forward pass runs a batch again without a lost party (passes.each_batch): its
+    """During training or a prediction run, when a pass runs a batch again without a lost party (each_batch): its
     rows are released once more (the abandoned try may have revealed a sum). Recorded first; past `party`'s own
     budget it is refused, and that party's run ends (naming it) rather than release them uncounted."""
     return _charge_more(cfg, party, folder, read_ledger(folder), "reruns", "running a batch again without a lost party")

@@ -424,8 +424,9 @@ class Network:
         between its receives)."""
         link = self.links.get(src)
         for peer in {src, link.waiting_on} if link is not None else ():
-            other = self.links.get(peer)
-            shown = wait.shown(peer, other) if other is not None else 0
+            if (other := self.links.get(peer)) is None:
+                continue
+            shown = wait.shown(peer, other)
             if shown > self.work_units - self._credited[peer]:
                 return wait.began  # more units than its schedule has: a peer that would stall this role
             if shown > 0:

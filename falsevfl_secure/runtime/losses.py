@@ -142,7 +142,6 @@ class PartyLoss:
         if self.on_rerun is not None:
             self.on_rerun()
 
-
     def pass_done(self, where: tuple[int, int], batches: int) -> None:
         """After a forward pass (passes.each_batch): the active party's word that every batch is in. Without it a
         party could start the next pass or epoch while the active party reruns this pass's last batch without a

@@ -321,18 +321,19 @@ class Network:
 
     def recv_any(self, src: str, expecting: str = "a frame", limit_s: float = RECV_TIMEOUT_S) -> tuple[str, bytes]:
         """The next frame from `src` and its tag (a role that follows another's lead, e.g. the aggregator)."""
-        wait = Wait.of(self.links)
-        began = wait.began
+        began, wait = time.monotonic(), None
         with self._cond:
             self.waiting_on, excused = src, False
             try:
                 while not self._mail[src]:  # frames that came before a loss are still read: the runs stay repeatable
+                    wait = wait or Wait.of(self.links)  # only a wait that blocks counts the peers' work
                     self._raise_if_lost(src, expecting)
                     excused = self._check_wait(src, expecting, wait, limit_s) or excused
                     self._cond.wait(0.5)
             finally:
                 self.waiting_on = None
-                self._credit(wait, limit_s)
+                if wait is not None:
+                    self._credit(wait, limit_s)
             if self._notice is not None and self._mail[src][0][0] == "lost":
                 raise PartyLost(notice=self._notice)  # every earlier frame was read: now the announcement
             waited = time.monotonic() - began

@@ -31,9 +31,13 @@ from . import wire
 def _fewer_arenas() -> None:
     """glibc gives threads that allocate their own heap arenas and seldom returns their memory: under a flood
     of held-back frames gRPC's threads kept about 12 MiB more resident (tests/test_operations.py). Two arenas
-    (M_ARENA_MAX) bound that; not glibc: nothing to do."""
+    (M_ARENA_MAX) bound that; a fixed 1 MiB mmap threshold (M_MMAP_THRESHOLD) maps every frame of a MiB or
+    more apart, so freeing it returns it (glibc's sliding threshold heaped them after the first free, and
+    the heap kept about 6 MiB more). Not glibc: nothing to do."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(-8, 2)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, 2)
+        libc.mallopt(-3, 1 << 20)
     except (OSError, AttributeError):
         pass
 
@@ -43,9 +47,13 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC's own log lines would d
 import grpc  # noqa: E402  (the variable above must be set before gRPC's first import)
 
 METHOD = "/falsevfl.Link/Stream"
+# gRPC reads ahead of a held reader up to its stream window; its bandwidth-delay probe grew that window with a
+# loaded receiver (a flooded victim kept ~20 MiB more under CI load). A fixed 1 MiB window still fills 100
+# Mbit/s at an 80 ms RTT (bench/results/wan: 20 ms / 100 Mbit/s is the slowest fast link measured).
+_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20)]
 _OPTIONS = [("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0)]
+            ("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20)]
 _DIAL_OPTIONS = [*_OPTIONS, ("grpc.ssl_target_name_override", TLS_NAME),
                  ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000),
                  ("grpc.min_reconnect_backoff_ms", 200), ("grpc.enable_retries", 0)]
@@ -70,6 +78,7 @@ class Link:
         self.queued = 0
         self.held = False  # its reader waits for room (this role is behind, not the peer): no stall
         self.open = True
+        self.sent_all, self.ended = threading.Event(), threading.Event()  # gRPC took our last; the peer's ended
 
     def heard(self, round: str | None, progress: int, waiting_on: str | None, work: int = 0) -> None:
         """A heartbeat: the peer's round, rounds entered, whom it waits on and units of its own work done."""
@@ -93,6 +102,7 @@ class Link:
             with self._lock:
                 self.queued -= len(item)
             yield item
+        self.sent_all.set()
 
     def read(self, messages: Iterator[bytes]) -> None:
         """The reader thread: every message to the owner, then the reason the stream ended (None: cleanly)."""
@@ -106,6 +116,7 @@ class Link:
         except Exception as error:  # a malformed envelope from this peer ends its link
             reason = f"{type(error).__name__}: {error}"
         self.open = False
+        self.ended.set()
         self._on_closed(self, reason)
 
     def close(self) -> None:
@@ -162,7 +173,7 @@ class Hub:
     def stop(self, grace_s: float = 1.0) -> None:
         for link in list(self.links.values()):
             link.close()
-        self._server.stop(grace_s)
+        self._server.stop(grace_s).wait(grace_s + 1)  # the streams' last frames go out before this role exits
 
 
 def secure_channel(address: str, material: TlsMaterial) -> grpc.Channel:

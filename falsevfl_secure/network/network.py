@@ -47,6 +47,7 @@ STALL_S = 10.0
 # from the peer's last progress, so a peer that heartbeats and advances through its declared work is not stalled.
 RECV_TIMEOUT_S = 900.0
 CLOSE_TIMEOUT_S = 30.0
+LINGER_S = 1.0  # what leaving waits, at most, for its last frames to go out
 # A round's deadline: DEADLINE_FACTOR times the slowest round this role has measured, at least DEADLINE_MIN_S
 # (the first rounds, before any measurement, get DEADLINE_MIN_S).
 DEADLINE_MIN_S = 45.0
@@ -228,6 +229,8 @@ class Network:
                 self.returning.add(link.peer)
             self.links[link.peer] = link
             self._cond.notify_all()
+            if self._aborted is not None:  # linked after the run ended: told why, as the others were
+                link.put([self._abort_frame(self._aborted)])
 
     def forget(self, peer: str) -> None:
         """Drop the frames of a lost peer still waiting here (stale: it may come back, runtime/losses.py)."""
@@ -525,6 +528,8 @@ class Network:
         if envelope.src != link.peer and link.peer != self.plan.relay:
             raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")
         size, depth = self._bound(envelope, envelope.src)
+        if envelope.src == link.peer and self._reassembly.starts(envelope):
+            self._hold(link, (envelope.src, envelope.tag), depth)  # before its first byte: the sender keeps it
         whole = self._reassembly.add(envelope, size)
         if whole is None or self._leaving:
             return
@@ -587,10 +592,13 @@ class Network:
                 return
             self._aborted = blame
             self._cond.notify_all()
-        message = wire.encode(wire.Envelope(wire.Kind.ABORT, self.me, "", "", json.dumps(asdict(blame)).encode()))
+        message = self._abort_frame(blame)
         for peer, link in list(self.links.items()):
             if peer != flood_except and link.open:
                 link.put([message])
+
+    def _abort_frame(self, blame: Blame) -> bytes:
+        return wire.encode(wire.Envelope(wire.Kind.ABORT, self.me, "", "", json.dumps(asdict(blame)).encode()))
 
     @property
     def aborted(self) -> Blame | None:
@@ -613,10 +621,21 @@ class Network:
         self._stop.set()
         for link in list(self.links.values()):
             link.close()
+        self._linger()
         if self._hub is not None:
             self._hub.stop()
         for channel in self._channels:
             channel.close()
+
+    def _linger(self) -> None:
+        """Up to LINGER_S for the last frames (an abort's word) to leave: closing a channel ends its stream at
+        once, so a dialed link waits for its peer to end it, a served one for gRPC to take its last frame."""
+        dialed = {peer for peer, _ in self.plan.dial}
+        deadline = time.monotonic() + LINGER_S
+        for peer, link in list(self.links.items()):
+            done = link.ended if peer in dialed else link.sent_all
+            if not link.ended.is_set():
+                done.wait(max(0.0, deadline - time.monotonic()))
 
     def _goodbye(self) -> None:
         bye = wire.encode(wire.Envelope(wire.Kind.BYE, self.me, "", ""))

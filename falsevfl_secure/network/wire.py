@@ -137,6 +137,10 @@ class Reassembly:
         payload = parts[0] if len(parts) == 1 else b"".join(parts)
         return Envelope(envelope.kind, envelope.src, envelope.dst, tag, payload)
 
+    def starts(self, envelope: Envelope) -> bool:
+        """Whether the envelope is a frame's first fragment (nothing of its sender's is being joined)."""
+        return envelope.src not in self._open
+
     def forget(self, src: str) -> None:
         """Drop a sender's unfinished frame (a lost party's earlier process)."""
         self._open.pop(src, None)

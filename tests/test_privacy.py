@@ -56,37 +56,43 @@ def test_the_exact_fallback_path_matches_the_pmf_too(monkeypatch):
     assert goodness_of_fit(draws, 5) > 1e-4
 
 
-@pytest.mark.parametrize("margin", [0.0, 0.2])  # shipped; and most draws through the exact path
-def test_the_one_pass_geometric_count_has_its_exact_law(monkeypatch, margin):
+@pytest.mark.parametrize("t", [1, 3, 2**16 + 1])  # the scales of small and of DP-sized variances
+@pytest.mark.parametrize("margin", [2.0**-44, 0.05], ids=["shipped", "exact-path"])  # many draws bisected
+def test_the_geometric_count_has_its_exact_law(monkeypatch, t, margin):
+    """P(V >= k) = exp(-k / t): the counts binned into eight cells of equal probability (closed form)."""
     monkeypatch.setattr(dg, "COUNT_MARGIN", margin)
-    draws = dg.geometric_exp1(20_000 if margin < 0.1 else 3_000, stream(4))
-    support = np.arange(8)
-    expected = np.exp(-support) * (1 - math.exp(-1)) * draws.size
-    expected[-1] = draws.size - expected[:-1].sum()  # P(V >= 7) pooled
-    observed = np.array([(np.minimum(draws, 7) == k).sum() for k in support])
+    n = 20_000 if margin < 1e-6 else 3_000
+    draws = dg.geometric(t, n, stream(4))
+    quantiles = [math.ceil(-t * math.log(1 - q / 8)) for q in range(1, 8)]  # cell edges: P(V >= edge)
+    edges = np.unique([0, *quantiles])  # (small t: fewer, distinct edges)
+    tail = np.exp(-edges / t)  # P(V >= edge), exactly
+    expected = (tail - np.append(tail[1:], 0)) * n
+    cells = zip(edges, [*edges[1:], 2**62], strict=True)
+    observed = np.array([((draws >= lo) & (draws < hi)).sum() for lo, hi in cells])
     assert draws.min() >= 0 and chisquare(observed, expected).pvalue > 1e-4
 
 
-@settings(max_examples=20, deadline=None)
-@given(st.integers(1, 30), st.integers(-3, 3), st.integers(0, 255))
-def test_a_count_on_a_boundary_is_decided_by_the_real_u_it_extends(k, offset, seed):
-    """U's first 53 bits straddle exp(-k): the count must be what U itself, extended by the next stream word,
-    says against a 300-bit exp(-k) (independent: mpmath at high precision)."""
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 2, 7, 2**16 + 1, 2**22]), st.integers(1, 40), st.integers(-3, 3), st.integers(0, 255))
+def test_a_count_on_a_boundary_is_decided_by_the_real_u_it_extends(t, k, offset, seed):
+    """U's first 53 bits straddle exp(-k/t): the count must be what U itself, extended by the next stream
+    words, says against a 400-bit exp(-j/t) (independent: mpmath at high precision, the law's definition)."""
     import mpmath
 
-    with mpmath.workprec(300):  # offset 0: the true floor, so U's 53 bits straddle exp(-k)
-        head = int(mpmath.floor(mpmath.exp(-k) * 2**53)) + offset
+    k = k * max(1, t // 8)  # counts across the scale's range, not only its first few
+    with mpmath.workprec(400):  # offset 0: the true floor, so U's 53 bits straddle exp(-k/t)
+        head = min(max(0, int(mpmath.floor(mpmath.exp(-mpmath.mpf(k) / t) * 2**53)) + offset), 2**53 - 1)
     spare = stream(seed)
-    extension = int(KeyStream(bytes([seed]) * 32).words(1)[0])
-    got = dg._exact_count(head, spare)
-    with mpmath.workprec(300):
-        u = (mpmath.mpf(head) * 2**64 + extension) / mpmath.mpf(2) ** 117
-        expected = int(sum(1 for j in range(1, 60) if u < mpmath.exp(-j)))
-    if spare.position == 8:  # one more word decided it: the count is that 117-bit U's
-        assert got == expected
-    else:
-        assert spare.position == 0 and got == expected  # the 53 bits alone decided it
-    assert offset != 0 or spare.position == 8  # a straddling head is never decided by its 53 bits
+    got = int(dg._counts(t, np.array([head], np.uint64), spare)[0])
+    words = [int(w) for w in KeyStream(bytes([seed]) * 32).words(spare.position // 8)]
+    with mpmath.workprec(400):
+        u = mpmath.mpf(head)
+        for word in words:
+            u = u * 2**64 + word
+        u /= mpmath.mpf(2) ** (53 + 64 * len(words))
+        expected = int(mpmath.floor(-t * mpmath.log(u)))
+    assert got == expected, (got, expected, len(words))
+    assert offset != 0 or words  # a straddling head is never decided by its 53 bits
 
 
 @settings(max_examples=40, deadline=None)
@@ -115,12 +121,15 @@ def test_large_variances_have_the_right_moments(variance):
     assert abs(draws.var() / variance - 1) < 5 * math.sqrt(2 / draws.size)
 
 
-def test_uniform_below_has_no_modulo_bias():
-    bound = 3 * 2**60  # 2^64 mod bound is 2^60: a modulo would put 6/16 of the draws below 2^60, not 1/3
-    draws = dg.uniform_below(bound, 30_000, stream(2))
-    assert 0 <= draws.min() and draws.max() < bound
-    low = (draws < 2**60).mean()
-    assert abs(low - 1 / 3) < 5 * math.sqrt(2 / 9 / draws.size)
+def test_discrete_laplace_matches_its_pmf():
+    """P(y) = (1 - q) / (1 + q) q^|y|, q = exp(-1/t): the proposal the Gaussian accepts from, zero counted once."""
+    t, n = 3, 20_000
+    draws = dg.discrete_laplace(t, n, stream(2))
+    q, support = math.exp(-1 / t), np.arange(-12, 13)
+    expected = (1 - q) / (1 + q) * q ** np.abs(support) * n
+    expected[0] = expected[-1] = (q**12 / (1 + q)) * n  # the tails beyond +-12 pooled into the outer cells
+    observed = np.array([(np.clip(draws, -12, 12) == k).sum() for k in support])
+    assert abs(expected.sum() - n) < 1e-6 * n and chisquare(observed, expected).pvalue > 1e-4
 
 
 def test_draws_come_from_the_parties_own_key_only():

@@ -1,13 +1,15 @@
 """Exact discrete Gaussian noise from a party's secret AES-CTR stream, vectorised.
 
 The algorithm is Canonne, Kamath and Steinke's (NeurIPS 2020, "The Discrete Gaussian for Differential
-Privacy", Algorithms 1-3): a discrete Laplace proposal (a uniform remainder below t plus t times a geometric
-count), accepted with probability exp(-(|Y| - s2/t)^2 / (2 s2)). Every random decision is a Bernoulli of
-exp(-gamma) for an exact rational gamma, decided by comparing a uniform real with exp(-gamma): the real's
-first 53 bits against a float64 bound with a rigorous margin (no float decides a close call), and, in the
-rare case (about 2^-35 per decision) that the bits fall inside the margin, more bits against an mpmath
-interval of exp(-gamma) until they fall outside it. The output is therefore distributed exactly as the
-discrete Gaussian, not approximately.
+Privacy", Algorithm 3): a discrete Laplace proposal of scale t, accepted with probability
+exp(-(|Y| - s2/t)^2 / (2 s2)). The proposal's magnitude is one geometric count per uniform real U,
+floor(-t ln U), whose law P(V >= k) = P(U < exp(-k/t)) = exp(-k/t) is the discrete Laplace's (their
+Algorithm 2 builds it from a uniform remainder and an exp(-1) count, four draws and a 0.6 acceptance at the
+scales used here, where this one takes one draw and accepts nearly all). Every random decision compares a
+uniform real with exp(-gamma) for an exact rational gamma: the real's first 53 bits against float64 bounds
+with a rigorous margin (no float decides a close call), and, in the rare case that the bits fall inside the
+margin, more bits against mpmath intervals of exp(-gamma) until they fall outside them. The output is
+therefore distributed exactly as the discrete Gaussian, not approximately.
 
 Randomness comes from one of the party's own secret streams (`randomness.KeyStream`: AES-256-CTR under a
 key derived from its role secret, drawn from the operating system; tests inject one); never from numpy's,
@@ -16,7 +18,6 @@ torch's or Python's generators.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -26,25 +27,9 @@ import numpy as np
 from ..randomness import KeyStream
 
 MARGIN = 2.0**-45  # relative bound on the float64 evaluation of gamma; larger margins only slow it down
-# Each proposal's acceptance, a little below the measured (0.63 and 0.66-0.75): one pass fills most calls
-LAPLACE_ACCEPTANCE, GAUSSIAN_ACCEPTANCE = 0.6, 0.62
-COUNT_MARGIN = 0.0  # extra relative margin on exp(-k) in `geometric_exp1` (its bounds are rigorous; tests widen it)
+# The Gaussian proposal's acceptance, a little below the measured 0.66-0.75: one pass fills most calls
+GAUSSIAN_ACCEPTANCE = 0.62
 _U53 = 2.0**-53
-
-
-def uniform_below(bound: int, n: int, stream: KeyStream) -> np.ndarray:
-    """n uniform integers in [0, bound) (int64), by rejection: no modulo bias."""
-    if not 1 <= bound < 2**62:
-        raise ValueError(f"bound {bound} outside [1, 2^62)")
-    excess = 2**64 % bound  # the top `excess` words would favour small remainders
-    limit = np.uint64(2**64 - excess) if excess else None
-    out, todo = np.empty(n, np.int64), np.arange(n)
-    while todo.size:
-        words = stream.words(todo.size)
-        ok = words < limit if limit is not None else np.ones(words.size, bool)
-        out[todo[ok]] = (words[ok] % np.uint64(bound)).astype(np.int64)
-        todo = todo[~ok]
-    return out
 
 
 def bernoulli_exp(gamma: np.ndarray, error: np.ndarray, exact: Callable[[int], Fraction],
@@ -57,21 +42,21 @@ def bernoulli_exp(gamma: np.ndarray, error: np.ndarray, exact: Callable[[int], F
     high = np.exp(-np.maximum(gamma - error, 0.0)) * (1 + 2.0**-50)
     yes, no = u + _U53 <= low, u >= high
     for i in np.flatnonzero(~(yes | no)):
-        yes[i] = _exact_comparison(exact(int(i)), int(u53[i]), stream)
+        yes[i] = _below(exact(int(i)), [int(u53[i]), 53], stream)
     return yes
 
 
-def _exact_comparison(gamma: Fraction, head: int, stream: KeyStream) -> bool:
-    """U < exp(-gamma), with U's first 53 bits `head` and the rest drawn 64 at a time as needed."""
-    numerator, bits, precision = head, 53, 128
+def _below(gamma: Fraction, u: list[int], stream: KeyStream) -> bool:
+    """U < exp(-gamma), for the uniform real U whose known bits are `u` = [numerator, bits]: more bits are
+    drawn 64 at a time (and kept in `u`, so later comparisons read the same U) until the bits decide it."""
+    precision = u[1] + 75
     while True:
         low, high = _exp_interval(gamma, precision)
-        if Fraction(numerator + 1, 2**bits) <= low:
+        if Fraction(u[0] + 1, 2 ** u[1]) <= low:
             return True
-        if Fraction(numerator, 2**bits) >= high:
+        if Fraction(u[0], 2 ** u[1]) >= high:
             return False
-        numerator = (numerator << 64) | int(stream.words(1)[0])
-        bits, precision = bits + 64, precision + 64
+        u[0], u[1], precision = (u[0] << 64) | int(stream.words(1)[0]), u[1] + 64, precision + 64
 
 
 def _exp_interval(gamma: Fraction, precision: int) -> tuple[Fraction, Fraction]:
@@ -95,51 +80,44 @@ def _fraction(raw: tuple) -> Fraction:
     return -value if sign else value
 
 
-def geometric_exp1(n: int, stream: KeyStream) -> np.ndarray:
-    """n draws of V with P(V >= k) = exp(-k), exactly, in one pass: V = #{k >= 1 : U < exp(-k)} for one uniform
-    real U each (the number of Bernoulli(exp(-1)) successes before a failure, without drawing them one by one).
-    The float count floor(-ln U) is kept where U's 53-bit interval lies clear of exp(-V) and exp(-V-1) by the
-    margin; elsewhere (about 2^-40 per draw) more bits of U decide it against mpmath intervals."""
-    u53 = stream.words(n) >> np.uint64(11)
-    low, high = u53.astype(np.float64) * _U53, (u53.astype(np.float64) + 1) * _U53
-    v = np.floor(-np.log(np.maximum((low + high) / 2, _U53))).clip(0, COUNTS - 2).astype(np.int64)
-    below_exp, above_exp = _exp_bounds()
-    below = (high <= below_exp[v] * (1 - COUNT_MARGIN)) | (v == 0)  # U < exp(-v), certainly
-    above = low >= above_exp[v + 1] * (1 + COUNT_MARGIN)  # U >= exp(-(v + 1)), certainly
-    for i in np.flatnonzero(~(below & above)):
-        v[i] = _exact_count(int(u53[i]), stream)
+def geometric(t: int, n: int, stream: KeyStream) -> np.ndarray:
+    """n draws of V with P(V >= k) = exp(-k / t), exactly, one uniform real U each: V = floor(-t ln U). The
+    float count is kept where -t ln U over U's whole 53-bit interval, widened by the float error, has one
+    floor; elsewhere (about t 2^-52 / U per draw) more bits of U decide it against mpmath intervals."""
+    if not 1 <= t < 2**52:
+        raise ValueError(f"scale {t} outside [1, 2^52)")
+    return _counts(t, stream.words(n) >> np.uint64(11), stream)
+
+
+def _counts(t: int, u53: np.ndarray, stream: KeyStream) -> np.ndarray:
+    """floor(-t ln U) for each U whose first 53 bits are `u53` (the stream supplies more where they must)."""
+    low = u53.astype(np.float64) * _U53
+    with np.errstate(divide="ignore"):  # U's interval starts at 0: no upper end, decided below
+        most = np.floor(-t * np.log(low) * (1 + COUNT_MARGIN))  # the largest count U's interval allows
+    least = np.floor(-t * np.log(low + _U53) * (1 - COUNT_MARGIN))  # and the smallest
+    v = least.astype(np.int64)
+    for i in np.flatnonzero(most != least):
+        v[i] = _exact_geometric(t, int(u53[i]), int(least[i]), stream)
     return v
 
 
-COUNTS = 40  # U >= 2^-53, so the count is at most 36: exp(-k) for k < 40 covers every draw
+COUNT_MARGIN = 2.0**-44  # relative error allowed to numpy's log and the product (a few ulps; tests widen it)
 
 
-@functools.cache
-def _exp_bounds() -> tuple[np.ndarray, np.ndarray]:
-    """float64 values below and above exp(-k), k = 0..COUNTS-1, from mpmath's interval arithmetic: the fast
-    path's comparisons then rest on no float library's rounding."""
-    bounds = [_exp_interval(Fraction(k), 80) for k in range(COUNTS)]
-    below = np.array([float(low) for low, _ in bounds]) * (1 - 2.0**-52)  # float() rounds to nearest: step off
-    above = np.array([float(high) for _, high in bounds]) * (1 + 2.0**-52)
-    return below, above
-
-
-def _exact_count(head: int, stream: KeyStream) -> int:
-    """#{k >= 1 : U < exp(-k)} for U with first 53 bits `head`, more bits drawn 64 at a time (one real U for
-    every comparison) until each comparison from k = 1 up to the first failure is decided."""
-    numerator, bits, precision = head, 53, 128
-    while True:
-        count = 0
-        while True:
-            low, high = _exp_interval(Fraction(count + 1), precision)
-            if Fraction(numerator + 1, 2**bits) <= low:  # U < exp(-(count + 1))
-                count += 1
-            elif Fraction(numerator, 2**bits) >= high:  # U >= exp(-(count + 1)): V = count
-                return count
-            else:
-                break  # undecided at these bits: draw more
-        numerator = (numerator << 64) | int(stream.words(1)[0])
-        bits, precision = bits + 64, precision + 64
+def _exact_geometric(t: int, head: int, guess: int, stream: KeyStream) -> int:
+    """max{k : U < exp(-k / t)} for U with first 53 bits `head` (more drawn as needed), by bisection between
+    a k that U is below (V >= lo) and one it is not (V < hi), each decided exactly."""
+    u = [head, 53]
+    lo = max(0, guess - 1)
+    while lo > 0 and not _below(Fraction(lo, t), u, stream):
+        lo //= 2  # k = 0 always holds: U < 1
+    hi = max(lo + 1, guess + 2)
+    while _below(Fraction(hi, t), u, stream):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _below(Fraction(mid, t), u, stream) else (lo, mid)
+    return lo
 
 
 def _accepted(n: int, draw: Callable[[int], tuple[np.ndarray, np.ndarray]], rate: float) -> np.ndarray:
@@ -156,16 +134,15 @@ def _accepted(n: int, draw: Callable[[int], tuple[np.ndarray, np.ndarray]], rate
 
 
 def discrete_laplace(t: int, n: int, stream: KeyStream) -> np.ndarray:
-    """n draws of P(y) proportional to exp(-|y| / t), exactly (CKS Algorithm 2)."""
+    """n draws of P(y) proportional to exp(-|y| / t), exactly: a sign and a count V with P(V >= k) =
+    exp(-k / t); -0 is refused so zero comes once, not twice (acceptance 1 - (1 - exp(-1/t)) / 2)."""
 
     def draw(m: int) -> tuple[np.ndarray, np.ndarray]:
-        u = uniform_below(t, m, stream)
-        keep = bernoulli_exp(u / t, (u / t) * 2.0**-51, lambda i, u=u: Fraction(int(u[i]), t), stream)
-        x = u + t * geometric_exp1(m, stream)  # the count of Bernoulli(exp(-1)) successes before a failure
+        x = geometric(t, m, stream)
         negative = (stream.words(m) & np.uint64(1)).astype(bool)
-        return np.where(negative, -x, x), keep & ~(negative & (x == 0))  # zero only once, not as +0 and -0
+        return np.where(negative, -x, x), ~(negative & (x == 0))
 
-    return _accepted(n, draw, LAPLACE_ACCEPTANCE)
+    return _accepted(n, draw, 0.99 - (1 - math.exp(-1 / t)) / 2)
 
 
 def discrete_gaussian(variance: int, n: int, stream: KeyStream) -> np.ndarray:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -106,6 +107,15 @@ def terminal_ctrl_c():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(autouse=True)
+def denormals_restored():
+    """A run flushes denormal floats in its process (`node.flush_denormals`); hypothesis refuses to draw floats
+    where they are flushed, so each test leaves the pytest process as it found it."""
+    yield
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_flush_denormal(False)
 
 
 @pytest.fixture(autouse=True)

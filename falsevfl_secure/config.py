@@ -105,7 +105,7 @@ class PrivacyConfig:
 
     def check(self, parties: int) -> None:
         _need(math.isfinite(self.epsilon) and self.epsilon >= 0, f"privacy epsilon={self.epsilon}: >= 0 (0: off)")
-        _need(0 < self.delta < 1, f"privacy delta={self.delta}: in (0, 1)")
+        _need(1e-300 <= self.delta < 1, f"privacy delta={self.delta}: in [1e-300, 1)")  # no denormal: flushed
         _need(self.noise_multiplier >= 0, f"privacy noise_multiplier={self.noise_multiplier}: >= 0 (0: calibrated)")
         _need(isinstance(self.collusion, int) and 0 <= self.collusion <= parties - 2,
               f"privacy collusion={self.collusion}: an integer in 0..{parties - 2} (the noise of at least one "

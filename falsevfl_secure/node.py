@@ -33,7 +33,9 @@ def flush_denormals() -> None:
     """Floats below the smallest normal become zero on this thread and the threads it starts after (x86
     FTZ/DAZ; elsewhere nothing): under a privacy budget the noised sums drive some gradients down there, and
     float32 products over denormal numbers made a stage-1 backward 409 ms instead of 81 (bench/overhead.py
-    --privacy's step, one process). Every run builds its node through here, so every path computes alike."""
+    --privacy's step, one process). Each entry (`simulate`, every role's `run_role`) calls it before its first
+    product, and every run again where it resolves its device and builds its node (x86 keeps it per thread,
+    and a thread inherits it only when it starts)."""
     torch.set_flush_denormal(True)
 
 

@@ -198,8 +198,10 @@ def run(args: argparse.Namespace, cfg: Config, runtime: str, checkpoints: Path):
 
 
 def simulate(args: argparse.Namespace) -> int:
+    from .node import flush_denormals
     from .report import plot_result, print_result
 
+    flush_denormals()  # before any product: torch's worker threads, started later, inherit it
     cfg, runtime = configure(args)
     out = Path(args.out)
     checkpoints = Path(args.checkpoint_dir or out / "checkpoints")

@@ -528,6 +528,8 @@ class Network:
         if envelope.src != link.peer and link.peer != self.plan.relay:
             raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")
         size, depth = self._bound(envelope, envelope.src)
+        if self._aborted is not None:
+            return  # the run has ended: nothing more is read (a peer that caused the end cannot queue more)
         if envelope.src == link.peer and self._reassembly.starts(envelope):
             self._hold(link, (envelope.src, envelope.tag), depth)  # before its first byte: the sender keeps it
         whole = self._reassembly.add(envelope, size)

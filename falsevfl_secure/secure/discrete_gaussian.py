@@ -40,7 +40,7 @@ def bernoulli_exp(gamma: np.ndarray, error: np.ndarray, exact: Callable[[int], F
     u = u53.astype(np.float64) * _U53
     low = np.exp(-(gamma + error)) * (1 - 2.0**-50)  # exp within an ulp or two: 2^-50 is ample
     high = np.exp(-np.maximum(gamma - error, 0.0)) * (1 + 2.0**-50)
-    yes, no = u + _U53 <= low, u >= high
+    yes, no = u + _U53 <= low, (u >= high) & (u53 != 0)  # exp may underflow to 0: U's next bits decide
     for i in np.flatnonzero(~(yes | no)):
         yes[i] = _below(exact(int(i)), [int(u53[i]), 53], stream)
     return yes

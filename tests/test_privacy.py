@@ -128,6 +128,40 @@ def test_a_count_on_a_boundary_is_decided_by_the_real_u_it_extends(t, k, offset,
     assert offset != 0 or words  # a straddling head is never decided by its 53 bits
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 800), st.floats(0, 3) | st.floats(0, 2.0**-30), st.floats(-1, 1))
+def test_one_exp_brackets_exp_of_every_gamma_within_the_error(gamma, error, where):
+    """The Bernoulli's fast path: exp(-g) for any g >= 0 within `error` of `gamma` (here gamma + where x error,
+    at 400 bits; the exact gamma is a square, never negative) lies inside the two floats it compares U with,
+    whatever the error (up to 3) and magnitude."""
+    import mpmath
+
+    low, high = (float(b[0]) for b in dg.exp_bounds(np.array([gamma]), np.array([error])))
+    with mpmath.workprec(400):
+        truth = mpmath.exp(-max(mpmath.mpf(gamma) + mpmath.mpf(where) * mpmath.mpf(error), 0))
+        assert mpmath.mpf(low) <= truth <= mpmath.mpf(high), (low, float(truth), high)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([1, 3, 2**16 + 1, 2**26 + 1, 2**51]), st.integers(0, 2**53 - 1), st.floats(0, 1))
+def test_the_counts_float_bounds_hold_over_us_whole_interval(t, head, where):
+    """A count the float path decides (its two bounds agree) is floor(-t ln U) for every U in the head's
+    interval [head, head + 1) 2^-53 (here U at `where` along it, at 400 bits), and so the one U drawn."""
+    import mpmath
+
+    low = np.array([head], np.uint64)
+    class Refuse:  # the float path must decide alone or say it cannot: no stream words for this check
+        def words(self, n):
+            raise LookupError
+    try:
+        got = int(dg._counts(t, low, Refuse())[0])
+    except LookupError:
+        return  # a close call: the exact path decides it (tested against mpmath above)
+    with mpmath.workprec(400):
+        u = (mpmath.mpf(head) + mpmath.mpf(where) * (1 - mpmath.mpf(2) ** -300)) / mpmath.mpf(2) ** 53
+        assert got == int(mpmath.floor(-t * mpmath.log(u))), (got, head, where)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**20), st.integers(1, 2**10), st.integers(64, 320))
 def test_the_exact_paths_bounds_bracket_exp_at_their_precision(numerator, denominator, precision):

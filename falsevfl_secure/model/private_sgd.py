@@ -111,7 +111,8 @@ class PrivateGradients:
         sums = []
         for layer, (a, g) in taken:
             weighted = g * scale.view(1, -1, 1)
-            sums.append(torch.einsum("tbo,tbi->oi", weighted, a).reshape(-1))
+            flat = weighted.reshape(-1, weighted.shape[-1])  # sum_t (c G[t])^T A[t] as one product (einsum: 2x slower)
+            sums.append((flat.T @ a.reshape(-1, a.shape[-1])).reshape(-1))
             sums += [weighted.sum((0, 1))] if layer.bias is not None else []
         total = torch.round(torch.cat(sums) * GRADIENT_GRID).to(torch.int64)
         variance = math.ceil((self.multiplier * self.clip * GRADIENT_GRID) ** 2)

@@ -30,6 +30,9 @@ MARGIN = 2.0**-45  # relative bound on the float64 evaluation of gamma; larger m
 # The Gaussian proposal's acceptance, a little below the measured 0.66-0.75: one pass fills most calls
 GAUSSIAN_ACCEPTANCE = 0.62
 _U53 = 2.0**-53
+# Outputs per pass: a pass's dozens of temporaries then stay in cache and in malloc's free lists (a pass of a
+# million faulted fresh pages in for each of them and took twice as long)
+CHUNK = 2**15
 
 
 def bernoulli_exp(gamma: np.ndarray, error: np.ndarray, exact: Callable[[int], Fraction],
@@ -38,12 +41,22 @@ def bernoulli_exp(gamma: np.ndarray, error: np.ndarray, exact: Callable[[int], F
     rational `exact(i)`; a uniform real U is drawn lazily and the result is U < exp(-gamma_i)."""
     u53 = stream.words(gamma.size) >> np.uint64(11)
     u = u53.astype(np.float64) * _U53
-    low = np.exp(-(gamma + error)) * (1 - 2.0**-50)  # exp within an ulp or two: 2^-50 is ample
-    high = np.exp(-np.maximum(gamma - error, 0.0)) * (1 + 2.0**-50)
+    low, high = exp_bounds(gamma, error)
     yes, no = u + _U53 <= low, (u >= high) & (u53 != 0)  # exp may underflow to 0: U's next bits decide
     for i in np.flatnonzero(~(yes | no)):
         yes[i] = _below(exact(int(i)), [int(u53[i]), 53], stream)
     return yes
+
+
+def exp_bounds(gamma: np.ndarray, error: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Floats below and above exp(-g) for every g >= 0 within `error` of `gamma`, from one exp: exp(-e) >= 1 - e and
+    exp(e) <= 1 + 2e for e <= 1, numpy's exp within 2^-51 (tested), the products' roundings inside the 2^-49
+    and 2^-48 terms, 2^-1000 apart at least (a denormal exp's products round coarsely, or are flushed to 0);
+    an error of 1 or more gets no upper bound but 1."""
+    base = np.exp(-gamma)
+    low, high = base * (1 - error - 2.0**-49) - 2.0**-1000, base * (1 + 2 * error + 2.0**-48) + 2.0**-1000
+    np.putmask(high, error >= 1, 1.0)
+    return low, high
 
 
 def _below(gamma: Fraction, u: list[int], stream: KeyStream) -> bool:
@@ -91,14 +104,18 @@ def geometric(t: int, n: int, stream: KeyStream) -> np.ndarray:
 
 
 def _counts(t: int, u53: np.ndarray, stream: KeyStream) -> np.ndarray:
-    """floor(-t ln U) for each U whose first 53 bits are `u53` (the stream supplies more where they must)."""
+    """floor(-t ln U) for each U whose first 53 bits are `u53` (the stream supplies more where they must).
+    Over U's interval [low, low + 2^-53) the count lies between -t ln(low) and -t ln(low) - t 2^-53 / low
+    (ln(1 + y) <= y): one log bounds both ends."""
     low = u53.astype(np.float64) * _U53
-    with np.errstate(divide="ignore"):  # U's interval starts at 0: no upper end, decided below
-        most = np.floor(-t * np.log(low) * (1 + COUNT_MARGIN))  # the largest count U's interval allows
-    least = np.floor(-t * np.log(low + _U53) * (1 - COUNT_MARGIN))  # and the smallest
-    v = least.astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # U's interval starts at 0: no upper end, decided below
+        x = -t * np.log(low)
+        most = np.floor(x * (1 + COUNT_MARGIN))  # the largest count U's interval allows
+        least = np.floor(x * (1 - COUNT_MARGIN) - (t * _U53) / low * (1 + COUNT_MARGIN))  # and the smallest
+        v = least.astype(np.int64)
     for i in np.flatnonzero(most != least):
-        v[i] = _exact_geometric(t, int(u53[i]), int(least[i]), stream)
+        guess = least[i] if np.isfinite(least[i]) else t * 53 * math.log(2)  # U < 2^-53: V > 36.7 t
+        v[i] = _exact_geometric(t, int(u53[i]), max(int(guess), 0), stream)
     return v
 
 
@@ -136,34 +153,48 @@ def _accepted(n: int, draw: Callable[[int], tuple[np.ndarray, np.ndarray]], rate
     return out
 
 
+def _laplace_candidates(t: int, m: int, stream: KeyStream) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """m discrete Laplace candidates of scale t: (value, magnitude, kept). The magnitude is one geometric count
+    from a word's top 53 bits, the sign that word's lowest bit (independent of them); -0 is refused, so
+    zero comes once, not twice."""
+    words = stream.words(m)
+    size = _counts(t, words >> np.uint64(11), stream)
+    negative = (words & np.uint64(1)).astype(np.int64)
+    return size - 2 * negative * size, size, (size != 0) | (negative == 0)
+
+
+def _kept(t: int) -> float:
+    return 1 - (1 - math.exp(-1 / t)) / 2  # the share of Laplace candidates that are not -0
+
+
 def discrete_laplace(t: int, n: int, stream: KeyStream) -> np.ndarray:
     """n draws of P(y) proportional to exp(-|y| / t), exactly: a sign and a count V with P(V >= k) =
-    exp(-k / t); -0 is refused so zero comes once, not twice (acceptance 1 - (1 - exp(-1/t)) / 2)."""
-
-    def draw(m: int) -> tuple[np.ndarray, np.ndarray]:
-        x = geometric(t, m, stream)
-        negative = (stream.words(m) & np.uint64(1)).astype(bool)
-        return np.where(negative, -x, x), ~(negative & (x == 0))
-
-    return _accepted(n, draw, 0.99 - (1 - math.exp(-1 / t)) / 2)
+    exp(-k / t), -0 refused."""
+    if not 1 <= t < 2**52:
+        raise ValueError(f"scale {t} outside [1, 2^52)")
+    return _accepted(n, lambda m: _laplace_candidates(t, m, stream)[::2], 0.99 * _kept(t))
 
 
 def discrete_gaussian(variance: int, n: int, stream: KeyStream) -> np.ndarray:
     """n draws of the discrete Gaussian N_Z(0, variance) on the integers (int64), exactly (CKS Algorithm 3):
-    P(y) proportional to exp(-y^2 / (2 variance)); `variance` is a positive integer."""
+    P(y) proportional to exp(-y^2 / (2 variance)); `variance` is a positive integer. A candidate is kept when
+    the Laplace proposal keeps it and its Bernoulli accepts: one selection for both."""
     if not isinstance(variance, int) or variance < 1:
         raise ValueError(f"variance must be a positive integer, got {variance!r}")
     t = math.isqrt(variance) + 1
 
     def draw(m: int) -> tuple[np.ndarray, np.ndarray]:
-        y = discrete_laplace(t, m, stream)
-        size, centre = np.abs(y).astype(np.float64), variance / t
-        gamma = (size - centre) ** 2 / (2 * variance)
-        error = MARGIN * (1 + gamma + (size + centre) ** 2 / variance)
-        exact = lambda i, y=y: Fraction((abs(int(y[i])) * t - variance) ** 2, 2 * variance * t * t)  # noqa: E731
-        return y, bernoulli_exp(gamma, error, exact, stream)
+        y, size, kept = _laplace_candidates(t, m, stream)
+        magnitude, centre = size.astype(np.float64), variance / t
+        gamma = (magnitude - centre) ** 2 / (2 * variance)
+        error = MARGIN * (1 + gamma + (magnitude + centre) ** 2 / variance)
+        exact = lambda i: Fraction((int(size[i]) * t - variance) ** 2, 2 * variance * t * t)  # noqa: E731
+        return y, kept & bernoulli_exp(gamma, error, exact, stream)
 
-    return _accepted(n, draw, GAUSSIAN_ACCEPTANCE)
+    out, rate = np.empty(n, np.int64), GAUSSIAN_ACCEPTANCE * _kept(t)
+    for start in range(0, n, CHUNK):  # iid chunks: their concatenation is iid too
+        out[start:start + CHUNK] = _accepted(min(CHUNK, n - start), draw, rate)
+    return out
 
 
 def pmf(variance: int, support: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ grid steps; `tests/test_privacy.py` compares the two with dp-accounting's own di
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def gaussian_delta(multiplier: float, epsilon: float) -> float:
 Event = tuple[float, int]  # (noise multiplier, releases of a row): Gaussian events in a party's ledger
 
 
+@functools.lru_cache(maxsize=64)  # a PLD takes a second or so; a run asks for the same one at every check
 def epsilon_of(multiplier: float, releases: int, delta: float, earlier: tuple[Event, ...] = ()) -> float:
     """epsilon after `releases` self-composed Gaussian events of `multiplier` (dp-accounting, PLD), and the
     `earlier` events (the party's clip proposals, its earlier models' releases): Gaussian mechanisms compose

@@ -32,7 +32,7 @@ GAUSSIAN_ACCEPTANCE = 0.62
 _U53 = 2.0**-53
 # Outputs per pass: a pass's dozens of temporaries then stay in cache and in malloc's free lists (a pass of a
 # million faulted fresh pages in for each of them and took twice as long)
-CHUNK = 2**15
+CHUNK = 2**14
 
 
 def bernoulli_exp(gamma: np.ndarray, error: np.ndarray, exact: Callable[[int], Fraction],

@@ -187,7 +187,9 @@ def discrete_gaussian(variance: int, n: int, stream: KeyStream) -> np.ndarray:
         y, size, kept = _laplace_candidates(t, m, stream)
         magnitude, centre = size.astype(np.float64), variance / t
         gamma = (magnitude - centre) ** 2 / (2 * variance)
-        error = MARGIN * (1 + gamma + (magnitude + centre) ** 2 / variance)
+        # MARGIN (1 + gamma + (m + c)^2 / variance) bounds gamma's float error; (m + c)^2 <= 2 (m - c)^2 + 8 c^2
+        # makes that at most this, in two array operations instead of six
+        error = MARGIN * (1 + 8 * centre**2 / variance) + (5 * MARGIN) * gamma
         exact = lambda i: Fraction((int(size[i]) * t - variance) ** 2, 2 * variance * t * t)  # noqa: E731
         return y, kept & bernoulli_exp(gamma, error, exact, stream)
 

@@ -119,8 +119,8 @@ def _counts(t: int, u53: np.ndarray, stream: KeyStream) -> np.ndarray:
     return v
 
 
-# Relative error allowed to numpy's log and the product: 4x the 2^-50 that `bernoulli_exp` allows numpy's exp
-# (tests check both functions against mpmath on this machine, and widen this margin to exercise the exact path)
+# Relative error allowed to numpy's log and the products: numpy's log is within 2^-51 (tests check it against
+# mpmath on this machine, shift it by ULPs to exercise this margin, and widen it to exercise the exact path)
 COUNT_MARGIN = 2.0**-48
 
 
@@ -157,6 +157,8 @@ def _laplace_candidates(t: int, m: int, stream: KeyStream) -> tuple[np.ndarray, 
     """m discrete Laplace candidates of scale t: (value, magnitude, kept). The magnitude is one geometric count
     from a word's top 53 bits, the sign that word's lowest bit (independent of them); -0 is refused, so
     zero comes once, not twice."""
+    if not 1 <= t < 2**52:  # larger counts would not fit the float path's int64
+        raise ValueError(f"scale {t} outside [1, 2^52)")
     words = stream.words(m)
     size = _counts(t, words >> np.uint64(11), stream)
     negative = (words & np.uint64(1)).astype(np.int64)
@@ -170,8 +172,6 @@ def _kept(t: int) -> float:
 def discrete_laplace(t: int, n: int, stream: KeyStream) -> np.ndarray:
     """n draws of P(y) proportional to exp(-|y| / t), exactly: a sign and a count V with P(V >= k) =
     exp(-k / t), -0 refused."""
-    if not 1 <= t < 2**52:
-        raise ValueError(f"scale {t} outside [1, 2^52)")
     return _accepted(n, lambda m: _laplace_candidates(t, m, stream)[::2], 0.99 * _kept(t))
 
 

@@ -246,6 +246,16 @@ def test_discrete_laplace_matches_its_pmf():
     assert abs(expected.sum() - n) < 1e-6 * n and chisquare(observed, expected).pvalue > 1e-4
 
 
+@pytest.mark.parametrize("call", [lambda s: dg.discrete_gaussian(2**120, 3, s), lambda s: dg.geometric(2**52, 3, s),
+                                  lambda s: dg.geometric(0, 3, s), lambda s: dg.discrete_laplace(0, 3, s)],
+                         ids=["gaussian-2^120", "geometric-2^52", "geometric-0", "laplace-0"])
+def test_a_scale_outside_the_float_paths_range_is_refused(call):
+    """A count above 2^52 would overflow the float path's int64 (found by review: the Gaussian had lost the check),
+    a scale below 1 has no law: each entry refuses it in one ValueError, before any draw."""
+    with pytest.raises(ValueError, match="outside"):
+        call(stream(0))
+
+
 def test_draws_come_from_the_parties_own_key_only():
     a, b = dg.discrete_gaussian(100, 64, stream(7)), dg.discrete_gaussian(100, 64, stream(7))
     assert np.array_equal(a, b)  # the stream alone decides (what a checkpoint's position restores)

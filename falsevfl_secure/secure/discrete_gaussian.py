@@ -98,8 +98,6 @@ def geometric(t: int, n: int, stream: KeyStream) -> np.ndarray:
     float count is kept where -t ln U over U's whole 53-bit interval, widened by the float error, has one
     floor; elsewhere (where the interval or the margin meets an integer: about 2^-21 of the draws at the scales
     DP-SGD uses, t near 2^26; none in 2 million measured) more bits of U decide it against mpmath intervals."""
-    if not 1 <= t < 2**52:
-        raise ValueError(f"scale {t} outside [1, 2^52)")
     return _counts(t, stream.words(n) >> np.uint64(11), stream)
 
 
@@ -107,6 +105,7 @@ def _counts(t: int, u53: np.ndarray, stream: KeyStream) -> np.ndarray:
     """floor(-t ln U) for each U whose first 53 bits are `u53` (the stream supplies more where they must).
     Over U's interval [low, low + 2^-53) the count lies between -t ln(low) and -t ln(low) - t 2^-53 / low
     (ln(1 + y) <= y): one log bounds both ends."""
+    _check_scale(t)
     low = u53.astype(np.float64) * _U53
     with np.errstate(divide="ignore", invalid="ignore"):  # U's interval starts at 0: no upper end, decided below
         x = -t * np.log(low)
@@ -122,6 +121,11 @@ def _counts(t: int, u53: np.ndarray, stream: KeyStream) -> np.ndarray:
 # Relative error allowed to numpy's log and the products: numpy's log is within 2^-51 (tests check it against
 # mpmath on this machine, shift it by ULPs to exercise this margin, and widen it to exercise the exact path)
 COUNT_MARGIN = 2.0**-48
+
+
+def _check_scale(t: int) -> None:
+    if not 1 <= t < 2**52:  # larger counts would not fit the float path's int64
+        raise ValueError(f"scale {t} outside [1, 2^52)")
 
 
 def _exact_geometric(t: int, head: int, guess: int, stream: KeyStream) -> int:
@@ -157,8 +161,6 @@ def _laplace_candidates(t: int, m: int, stream: KeyStream) -> tuple[np.ndarray, 
     """m discrete Laplace candidates of scale t: (value, magnitude, kept). The magnitude is one geometric count
     from a word's top 53 bits, the sign that word's lowest bit (independent of them); -0 is refused, so
     zero comes once, not twice."""
-    if not 1 <= t < 2**52:  # larger counts would not fit the float path's int64
-        raise ValueError(f"scale {t} outside [1, 2^52)")
     words = stream.words(m)
     size = _counts(t, words >> np.uint64(11), stream)
     negative = (words & np.uint64(1)).astype(np.int64)
@@ -172,6 +174,7 @@ def _kept(t: int) -> float:
 def discrete_laplace(t: int, n: int, stream: KeyStream) -> np.ndarray:
     """n draws of P(y) proportional to exp(-|y| / t), exactly: a sign and a count V with P(V >= k) =
     exp(-k / t), -0 refused."""
+    _check_scale(t)  # before `_kept` divides by it
     return _accepted(n, lambda m: _laplace_candidates(t, m, stream)[::2], 0.99 * _kept(t))
 
 

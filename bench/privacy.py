@@ -43,10 +43,10 @@ from falsevfl_secure.runtime.local import run_local  # noqa: E402
 # The DP schedule (the best of the variants tried on digits, README "Output privacy"): few releases per row
 # (each stage-1 epoch releases a row three times with one importance sample; stage 2 runs its rounds once,
 # two releases in all), a narrow latent (less noise in all per row), and the discriminator reading the
-# active party's own block, the posterior mean it computes and its own trees' score (values it holds in
-# clear: no release). The clip norms are PrivacyConfig's defaults.
+# active party's own block, the posterior mean it computes and its own trees' and linear model's scores
+# (values it holds in clear: no release). The clip norms are PrivacyConfig's defaults.
 DP_MODE = dict(h_dim=8, z_dim=8, kappa=1, discriminator_inputs="latent+mean+own", own_reference=True,
-               stage2_pass="once")
+               own_reference_models="hgb+linear", stage2_pass="once")
 DP_EPOCHS = {"pretrain": (10, 128), "train": (20, 64)}  # (epochs, batch size)
 LABEL_ROWS, DRAWS = 40, 5
 

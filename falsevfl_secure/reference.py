@@ -119,14 +119,14 @@ def lift_lines(report: dict, config: dict | None = None) -> list[str]:
     return lines
 
 
-# -- the active party's own trees as inputs of its discriminator (`own_reference`) ------------------------
+# -- the active party's own models' scores as inputs of its discriminator (`own_reference`) ---------------
 
 FOLDS = 5
-SAVED = "own_reference.npz"  # the active party's own labeled rows, kept to refit its trees at `predict`
+SAVED = "own_reference.npz"  # the active party's own labeled rows, kept to refit its models at `predict`
 
 
 def _score_columns(model, features: np.ndarray, task: str, n_classes: int) -> np.ndarray:
-    """The trees' output as discriminator inputs: log-probabilities (classification; the logit for two
+    """A model's output as discriminator inputs: log-probabilities (classification; the logit for two
     classes), or the standardised prediction (regression)."""
     if task != "classification":
         return model.predict(features).reshape(-1, 1)
@@ -134,16 +134,17 @@ def _score_columns(model, features: np.ndarray, task: str, n_classes: int) -> np
     return logp[:, 1:] - logp[:, :1] if n_classes == 2 else logp
 
 
-def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int, seed: int,
+def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int, seed: int, kind: str,
                  each: Callable[[], None] = lambda: None) -> np.ndarray:
-    """Each labeled row's score from trees that never saw it (K folds in row order, public); `each` after
+    """Each labeled row's score from a `kind` model that never saw it (K folds in row order, public); `each` after
     every fold (the party's progress, so peers waiting on it see it work)."""
     out = np.zeros((len(y), 1 if task != "classification" or n_classes == 2 else n_classes))
     folds = np.array_split(np.arange(len(y)), min(FOLDS, max(len(y), 1)))
     for fold in folds:
         rest = np.setdiff1d(np.arange(len(y)), fold)
         if fold.size and rest.size:
-            out[fold] = _score_columns(_fitted(features[rest], y[rest], task, seed), features[fold], task, n_classes)
+            model = _fitted(features[rest], y[rest], task, seed, kind)
+            out[fold] = _score_columns(model, features[fold], task, n_classes)
         each()
     return out
 
@@ -157,35 +158,45 @@ def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str
 
 
 def own_scores(placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int,
-               others: tuple = (), each: Callable[[], None] = lambda: None
+               others: tuple = (), each: Callable[[], None] = lambda: None, kinds: tuple[str, ...] = ("hgb",)
                ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
-    """(n, e) float32: the active party's own trees' score of every record of the shared order, out of fold
-    on its labeled training rows (so stage 2 never reads a score fitted to the row's own label). With
-    `others` (blocks placed alike: a simulation's test splits), also each one's score by the full fit.
-    `each` after every fit."""
-    features = _features(placed.x, placed.observed, placed.held, "hgb")
-    full = _fitted(features[labeled], y[labeled], task, seed)
+    """(n, e) float32: the active party's own models' scores of every record of the shared order (`kinds` of
+    MODELS, their columns side by side), out of fold on its labeled training rows (so stage 2 never reads a
+    score fitted to the row's own label). With `others` (blocks placed alike: a simulation's test splits),
+    also each one's scores by the full fits. `each` after every fit."""
+    parts = [_own_kind(kind, placed, y, labeled, task, n_classes, seed, others, each) for kind in kinds]
+    out = np.hstack([train for train, _ in parts]).astype(np.float32)
+    if not others:
+        return out
+    return out, [np.hstack([scored[i] for _, scored in parts]).astype(np.float32) for i in range(len(others))]
+
+
+def _own_kind(kind: str, placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int,
+              others: tuple, each: Callable[[], None]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One model's scores: of the shared order (out of fold on the labeled rows) and of each of `others`."""
+    features = _features(placed.x, placed.observed, placed.held, kind)
+    full = _fitted(features[labeled], y[labeled], task, seed, kind)
     each()
     out = _score_columns(full, features, task, n_classes)
-    out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed, each)
-    if not others:
-        return out.astype(np.float32)
-    scored = [_score_columns(full, _features(o.x, o.observed, o.held, "hgb"), task, n_classes) for o in others]
-    return out.astype(np.float32), [s.astype(np.float32) for s in scored]
+    out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed, kind, each)
+    return out, [_score_columns(full, _features(o.x, o.observed, o.held, kind), task, n_classes) for o in others]
 
 
 def save_own_rows(model_dir, placed, y: np.ndarray, labeled: np.ndarray) -> None:
-    """Keep the labeled rows the trees were fitted on (the active party's own values, in its own folder)."""
+    """Keep the labeled rows the own models were fitted on (the active party's own values, in its own folder)."""
     buffer = io.BytesIO()
     np.savez(buffer, x=placed.x[labeled], observed=placed.observed[labeled], held=placed.held[labeled],
              y=y[labeled])
     atomic_write(Path(model_dir) / SAVED, buffer.getvalue(), private=True)
 
 
-def refit_scores(model_dir, placed, task: str, n_classes: int, seed: int) -> np.ndarray:
-    """At `predict`: the trees refitted on the saved rows (the same fit as in training), scoring `placed`."""
+def refit_scores(model_dir, placed, task: str, n_classes: int, seed: int, kinds: tuple[str, ...] = ("hgb",)
+                 ) -> np.ndarray:
+    """At `predict`: the models refitted on the saved rows (the same fits as in training), scoring `placed`."""
     with np.load(Path(model_dir) / SAVED, allow_pickle=False) as saved:
-        features = _features(saved["x"], saved["observed"], saved["held"], "hgb")
-        full = _fitted(features, saved["y"], task, seed)
-    return _score_columns(full, _features(placed.x, placed.observed, placed.held, "hgb"), task,
-                          n_classes).astype(np.float32)
+        rows = {key: saved[key] for key in ("x", "observed", "held", "y")}
+    columns = []
+    for kind in kinds:
+        full = _fitted(_features(rows["x"], rows["observed"], rows["held"], kind), rows["y"], task, seed, kind)
+        columns.append(_score_columns(full, _features(placed.x, placed.observed, placed.held, kind), task, n_classes))
+    return np.hstack(columns).astype(np.float32)

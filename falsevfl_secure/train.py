@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from .cached_stage import Stage2Cache, cached_epoch
 from .config import AUTO_EPOCHS, Stage
 from .errors import InputError
+from .methods import method_for
 from .model.trees import BAG
 from .network.network import PartyLost
 from .node import Batch, HostedData, Node, host_split
@@ -220,7 +221,7 @@ def solo_work_units(cfg, sized: bool = True) -> int:
     epochs, its trees' fits, its own trees' fits (the full one and each fold). `sized` False: for the largest
     schedule an unsized `cfg` may become (the he aggregator knows no record counts)."""
     epochs = AUTO_EPOCHS[Stage.TRAIN][1] if not sized and cfg.auto_schedule else cfg.train.epochs
-    return epochs + BAG + FOLDS + 1
+    return epochs + BAG + (FOLDS + 1) * max(len(method_for(cfg).own_reference_kinds), 1)
 
 
 def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, resume: bool = False,

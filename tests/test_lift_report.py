@@ -24,6 +24,8 @@ def test_ece_of_a_hand_computed_example():
     assert expected_calibration_error(p, y) == pytest.approx(expected)
 
 
+# a drawn prediction may name a class no drawn truth has: scikit-learn says so, and the metrics must still agree
+@pytest.mark.filterwarnings("ignore:y_pred contains classes not in y_true")
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(4, 60), classes=st.integers(2, 5), seed=st.integers(0, 2**31))
 def test_classification_metrics_agree_with_scikit_learn(n, classes, seed):
@@ -136,6 +138,51 @@ def test_the_active_partys_own_trees_score_each_training_row_out_of_fold_and_ref
     again = refit_scores(tmp_path, placed, "classification", 2, 0)
     unlabeled = np.setdiff1d(np.arange(300), labeled)
     np.testing.assert_allclose(again[unlabeled], scores[unlabeled], rtol=1e-5)
+
+
+def test_the_own_linear_models_score_joins_the_trees_out_of_fold_and_refits_the_same_at_predict(tmp_path):
+    """own_reference_models = "hgb+linear": the trees' column as before, then the logistic regression's logit,
+    which for an unlabeled row is that of scikit-learn's pipeline fitted on every labeled row (independent
+    fit), for a labeled row one fitted without it."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from falsevfl_secure.reference import own_scores, refit_scores, save_own_rows
+    from falsevfl_secure.train import solo_work_units
+
+    placed, x = _placed(300, 4)
+    y = (x[:, 0] - 0.5 * x[:, 2] + 0.3 * np.random.default_rng(2).normal(size=300) > 0).astype(np.int64)
+    labeled, unlabeled = np.arange(0, 300, 2), np.arange(1, 300, 2)
+    fits = []
+    scores = own_scores(placed, y, labeled, "classification", 2, 0, each=lambda: fits.append(1),
+                        kinds=("hgb", "linear"))
+    cfg = make_config("digits", "quick", discriminator_inputs="latent+own", own_reference=True,
+                      own_reference_models="hgb+linear")
+    assert len(fits) == 2 * (1 + 5) == solo_work_units(cfg) - cfg.train.epochs - 5  # every fit shows progress
+    assert scores.shape == (300, 2) and scores.dtype == np.float32
+    np.testing.assert_array_equal(scores[:, :1], own_scores(placed, y, labeled, "classification", 2, 0))
+    full = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x[labeled], y[labeled])
+    np.testing.assert_allclose(scores[unlabeled, 1], full.decision_function(x[unlabeled]), rtol=1e-4, atol=1e-4)
+    first, rest = labeled[:30], labeled[30:]  # 150 labeled rows, the first fold of five in row order
+    fold = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x[rest], y[rest])
+    np.testing.assert_allclose(scores[first, 1], fold.decision_function(x[first]), rtol=1e-4, atol=1e-4)
+    assert skm.roc_auc_score(y[labeled], scores[labeled, 1]) > 0.85  # informative, though out of fold
+    flipped = y.copy()
+    flipped[labeled[0]] = 1 - flipped[labeled[0]]  # a row's own label never reaches its own score
+    again = own_scores(placed, flipped, labeled, "classification", 2, 0, kinds=("hgb", "linear"))
+    # ... while the models of the other folds read it (the last row is in another fold: folds are in row order)
+    assert again[labeled[0], 1] == scores[labeled[0], 1] and again[labeled[-1], 1] != scores[labeled[-1], 1]
+    save_own_rows(tmp_path, placed, y, labeled)
+    np.testing.assert_allclose(refit_scores(tmp_path, placed, "classification", 2, 0, ("hgb", "linear"))[unlabeled],
+                               scores[unlabeled], rtol=1e-5)
+
+
+def test_the_own_linear_model_needs_own_reference():
+    from falsevfl_secure.errors import InputError
+
+    with pytest.raises(InputError, match='own_reference_models = "hgb\\+linear" needs own_reference = true'):
+        make_config("digits", "quick", own_reference_models="hgb+linear")
 
 
 @pytest.mark.parametrize(("device", "error"), [("cpu", None), ("auto", None), ("tpu", "choose auto, cpu or cuda"),

@@ -251,14 +251,16 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
 
 def _own_scores(fed: Federation, cfg, model_dir: Path, placed: Placed, aligned: Aligned, targets: np.ndarray,
                 n_classes: int, each) -> np.ndarray | None:
-    """With `own_reference`: the active party's own trees' score of every record (out of fold on its labeled
+    """With `own_reference`: the active party's own models' scores of every record (out of fold on its labeled
     training rows), and the rows they were fitted on kept in its own folder for `predict`; `each` after
     every fit (its progress, which the parties waiting on it see)."""
-    if not method_for(cfg).reads_own_reference:
+    method = method_for(cfg)
+    if not method.reads_own_reference:
         return None
     y = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y
     save_own_rows(model_dir, placed, y, aligned.labeled)
-    return own_scores(placed, y, aligned.labeled, fed.task, n_classes, cfg.seed, each=each)
+    return own_scores(placed, y, aligned.labeled, fed.task, n_classes, cfg.seed, each=each,
+                      kinds=method.own_reference_kinds)
 
 
 def _validation_data(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray | None, device):
@@ -316,8 +318,9 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
     if charge_prediction(cfg, name, model_dir) is not None and role.losses is not None:  # its own budget, first
         role.losses.on_rerun = partial(charge_rerun, cfg, name, model_dir)  # and a batch run again without a party
-    scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed) \
-        if role.is_active and method_for(cfg).reads_own_reference else None
+    kinds = method_for(cfg).own_reference_kinds
+    scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed, kinds) \
+        if role.is_active and kinds else None
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,
                       layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())},
                       own_extra=0 if scores is None else scores.shape[1])

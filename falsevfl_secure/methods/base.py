@@ -174,6 +174,7 @@ class Method:
     # mean, whether it fits its trees after stage 2 (selection.fit_trees), and where a party encodes the blocks
     # it does not hold (as zeros) instead of leaving them out
     reads_own_reference: ClassVar[bool] = False
+    own_reference_kinds: ClassVar[tuple[str, ...]] = ()  # which own models score the record (reference.MODELS)
     reads_posterior_mean: ClassVar[bool] = False
     fits_trees: ClassVar[bool] = False
     encodes_missing_blocks: ClassVar[bool] = False

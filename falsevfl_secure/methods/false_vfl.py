@@ -55,6 +55,10 @@ class FalseVfl(Method):
         # With latent+own or latent+mean+own: also the active party's own trees' score of the record (fitted on its
         # own columns and labels; out of fold on its training rows). A federation only.
         "own_reference": Option((False, True), "the discriminator also reads the active party's own trees"),
+        # Which own models score the record for own_reference: its trees, or its trees and its linear model
+        # (where a few labeled rows of many columns make the linear model the better one: Isolet's blocks).
+        "own_reference_models": Option(("hgb", "hgb+linear"), "with own_reference: the active party's own "
+                                       "trees' score, or its trees' and its linear model's"),
         # "network+trees": after stage 2 the active party also fits gradient-boosted trees on the posterior mean
         # and its own block, blended with the discriminator by validation (model/trees.py); its own values.
         "head": Option(("network", "network+trees"), "the label model: the discriminator (the paper), or the "
@@ -86,6 +90,8 @@ class FalseVfl(Method):
         if options["own_reference"] and options["discriminator_inputs"] == "latent":
             raise InputError("own_reference = true needs discriminator_inputs = \"latent+own\" or "
                              "\"latent+mean+own\" (the trees' score is an own input)")
+        if options["own_reference_models"] != "hgb" and not options["own_reference"]:
+            raise InputError(f"own_reference_models = \"{options['own_reference_models']}\" needs own_reference = true")
 
     def check(self, cfg: Config) -> None:
         if cfg.privacy.enabled and self.settings["latent_broadcast"] != "samples":
@@ -103,6 +109,11 @@ class FalseVfl(Method):
     @property
     def reads_own_reference(self) -> bool:
         return self.settings["own_reference"]
+
+    @property
+    def own_reference_kinds(self) -> tuple[str, ...]:
+        """The active party's own models (reference.MODELS) whose scores its discriminator reads."""
+        return tuple(self.settings["own_reference_models"].split("+")) if self.reads_own_reference else ()
 
     @property
     def reads_posterior_mean(self) -> bool:

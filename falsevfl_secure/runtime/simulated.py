@@ -33,17 +33,19 @@ class ActiveBlock:
 
 
 def own_reference(cfg: Config, role: SimulatedRole) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-    """With `own_reference`: the active party's own trees' score of its training rows (out of fold on the
-    labeled ones) and of every test split's rows (the trees fitted on all labeled rows); None otherwise."""
+    """With `own_reference`: the active party's own models' scores of its training rows (out of fold on the
+    labeled ones) and of every test split's rows (the models fitted on all labeled rows); None otherwise."""
     from ..methods import method_for
     from ..reference import own_scores
 
-    if not method_for(cfg).reads_own_reference:
+    method = method_for(cfg)
+    if not method.reads_own_reference:
         return None
     a, patterns = cfg.active_index, list(role.tests)
     train, scores = own_scores(ActiveBlock.of(role.train, a), role.train.labels.y, role.train.labeled_index,
                                cfg.task, role.n_classes, cfg.seed, tuple(ActiveBlock.of(role.tests[p], a)
-                                                                         for p in patterns))
+                                                                         for p in patterns),
+                               kinds=method.own_reference_kinds)
     return train, dict(zip(patterns, scores, strict=True))
 
 

@@ -56,7 +56,7 @@ class FalseVfl(Method):
         # own columns and labels; out of fold on its training rows). A federation only.
         "own_reference": Option((False, True), "the discriminator also reads the active party's own trees"),
         # Which own models score the record for own_reference: its trees, or its trees and its linear model
-        # (where a few labeled rows of many columns make the linear model the better one: Isolet's blocks).
+        # (which may suit a block of many numeric columns with few labels better than trees).
         "own_reference_models": Option(("hgb", "hgb+linear"), "with own_reference: the active party's own "
                                        "trees' score, or its trees' and its linear model's"),
         # "network+trees": after stage 2 the active party also fits gradient-boosted trees on the posterior mean

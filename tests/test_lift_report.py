@@ -148,7 +148,8 @@ def test_the_own_linear_models_score_joins_the_trees_out_of_fold_and_refits_the_
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from falsevfl_secure.reference import own_scores, refit_scores, save_own_rows
+    from falsevfl_secure.model.trees import BAG
+    from falsevfl_secure.reference import FOLDS, own_scores, refit_scores, save_own_rows
     from falsevfl_secure.train import solo_work_units
 
     placed, x = _placed(300, 4)
@@ -159,7 +160,7 @@ def test_the_own_linear_models_score_joins_the_trees_out_of_fold_and_refits_the_
                         kinds=("hgb", "linear"))
     cfg = make_config("digits", "quick", discriminator_inputs="latent+own", own_reference=True,
                       own_reference_models="hgb+linear")
-    assert len(fits) == 2 * (1 + 5) == solo_work_units(cfg) - cfg.train.epochs - 5  # every fit shows progress
+    assert len(fits) == 2 * (1 + FOLDS) == solo_work_units(cfg) - cfg.train.epochs - BAG  # each fit shows progress
     assert scores.shape == (300, 2) and scores.dtype == np.float32
     np.testing.assert_array_equal(scores[:, :1], own_scores(placed, y, labeled, "classification", 2, 0))
     full = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x[labeled], y[labeled])

@@ -328,7 +328,9 @@ def test_mismatched_forged_or_foreign_messages_are_refused(refused) -> None:
         (lambda: ckks.sum_encrypted(public, []), "no encrypted contributions"),
         (lambda: ckks.decrypt_tensors(secret, b"FVCK" + five[4:], [(5,)]), "bad magic"),
         (lambda: ckks.decrypt_tensors(secret, five[:4] + b"\x02" + five[5:], [(5,)]), "bad magic/version"),
-        (lambda: ckks.decrypt_tensors(secret, ckks._pack(5, [b"\x01" * 500]), [(5,)]), "not a valid CKKS message"),
+        (lambda: ckks.decrypt_tensors(secret, ckks._pack(5, [b"\x01" * ckks.min_ciphertext_bytes(public)]), [(5,)]),
+         "not a valid CKKS message"),
+        (lambda: ckks.decrypt_tensors(secret, ckks._pack(5, [b"\x01" * 500]), [(5,)]), "below the"),
         (lambda: ckks.decrypt_tensors(secret, ckks._pack(5 + PER, [one]), [(5 + PER,)]), "header says 1"),
         (lambda: ckks.decrypt_tensors(secret, ckks._pack(5, [one, one]), [(5,)]), "header says 2"),
         (lambda: ckks.decrypt_tensors(secret, ckks._pack(5, [scaled]), [(5,)]), "do not match"),
@@ -344,6 +346,63 @@ def test_mismatched_forged_or_foreign_messages_are_refused(refused) -> None:
     with pytest.raises(SecureParameterError, match="no secret key"):
         ckks.decrypt_tensors(public, five, [(5,)])
     refused("ciphertext (mismatched)")
+
+
+def _zeroed(ctx: ts.Context) -> bytes:
+    """A valid ciphertext whose coefficients are all zero, as SEAL serialises it (compressed: about 111 bytes
+    that load as 2 N coefficients per prime, 256 KiB here)."""
+    ciphertext = seal_tools(ctx).zero()
+    coefficients = ciphertext.dyn_array()
+    size = coefficients.size()
+    coefficients.resize(0, False)
+    coefficients.resize(size, True)
+    return save_ciphertext(ciphertext)
+
+
+def _raw_bytes(ctx: ts.Context) -> int:
+    """The memory a loaded fresh ciphertext holds: 2 polynomials of N coefficients per data prime, 8 bytes each."""
+    primes = ctx.seal_context().data.first_context_data().parms().coeff_modulus()
+    return 2 * PER * 8 * len(primes)  # N = PER here
+
+
+def test_a_message_cannot_make_its_receiver_hold_far_more_than_its_bytes(monkeypatch) -> None:
+    """The attack: a party packs compressed all-zero ciphertexts, each a hundred bytes on the wire and 256 KiB
+    once loaded, into a message its round's byte bound admits, declaring as many values as they carry. Against
+    a build without the floor the aggregator loads them all (memory ~2,000 times the message); the shipped one
+    refuses every ciphertext below the entropy of a valid one before loading any, so what it loads is at most
+    raw / floor (1.6) times the bytes it received, for honest messages of any size too."""
+    secret, public, _ = _contexts()
+    zeroed, honest = _zeroed(public), ckks.encrypt_tensors(public, [torch.ones(3)])
+    forged = ckks._pack(40 * PER, [zeroed] * 40)  # 40 ciphertexts in about 5 KB
+    assert len(forged) < ckks.message_bound(public, 1) / 40
+    loaded = []
+    spy = lambda tools, data: loaded.append(len(data)) or load_ciphertext(tools, data)  # noqa: E731
+    monkeypatch.setattr(ckks, "load_ciphertext", spy)
+    with monkeypatch.context() as weakened:
+        weakened.setattr(ckks, "min_ciphertext_bytes", lambda ctx: 0)
+        assert len(ckks._load_message(public, forged, 0)[0]) == 40  # the attack works without the floor
+    loaded.clear()
+    for call in (lambda: ckks.sum_encrypted(public, [forged, forged]),
+                 lambda: ckks.decrypt_tensors(secret, forged, [(40 * PER,)])):
+        with pytest.raises(SecureMessageError, match="below the"):
+            call()
+    with pytest.raises(SecureMessageError, match="the first holds 3"):  # headers first: the forged one never loads
+        ckks.sum_encrypted(public, [honest, forged])
+    assert loaded == []
+    floor = ckks.min_ciphertext_bytes(public)
+    assert _raw_bytes(public) / floor < 1.7 and len(zeroed) < floor / 1000
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from([1, PER - 1, PER + 1, 3 * PER]), st.sampled_from([1e-3, 1.0, 1e6]), st.booleans())
+def test_every_honest_ciphertext_is_above_the_floor(numel, magnitude, summed) -> None:
+    """No valid message is refused by the floor: fresh encryptions and sums of them, of any size and magnitude."""
+    secret, public, _ = _contexts()
+    message = ckks.encrypt_tensors(public, [torch.full((numel,), magnitude)], n_addends=2)
+    message = ckks.sum_encrypted(public, [message, message]) if summed else message
+    lengths = ckks._header_of(memoryview(message), PER, "x")[1]
+    assert min(lengths) >= ckks.min_ciphertext_bytes(public)
+    assert ckks.decrypt_tensors(secret, message, [(numel,)])[0].shape == (numel,)
 
 
 def _huge_count() -> bytes:

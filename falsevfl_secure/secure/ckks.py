@@ -344,11 +344,13 @@ def sum_encrypted(ctx: ts.Context, parts: Sequence[bytes]) -> bytes:
     if not parts:
         raise SecureMessageError("nothing to sum: no encrypted contributions")
     evaluator = seal_tools(ctx).evaluator
-    acc, n = _load_message(ctx, parts[0], 0)
-    for j, part in enumerate(parts[1:], start=1):
-        ciphertexts, m = _load_message(ctx, part, j)
-        if m != n:
+    n = _values_of(ctx, parts[0], 0)
+    for j, part in enumerate(parts[1:], start=1):  # every header before any ciphertext is loaded
+        if (m := _values_of(ctx, part, j)) != n:
             raise SecureMessageError(f"contribution {j} holds {m} values, the first holds {n}")
+    acc, _ = _load_message(ctx, parts[0], 0)
+    for j, part in enumerate(parts[1:], start=1):
+        ciphertexts, _ = _load_message(ctx, part, j)
         for total, ciphertext in zip(acc, ciphertexts, strict=True):
             evaluator.add_inplace(total, ciphertext)
     return _pack(n, [save_ciphertext(ciphertext) for ciphertext in acc])
@@ -368,9 +370,9 @@ def decrypt_tensors(secret_ctx: ts.Context, message: bytes, shapes: Sequence[Seq
         raise SecureParameterError("this CKKS context has no secret key: only the active party can decrypt")
     shapes = [tuple(int(s) for s in shape) for shape in shapes]
     sizes = [math.prod(shape) for shape in shapes]
-    ciphertexts, n_values = _load_message(secret_ctx, message, 0)
-    if n_values != sum(sizes):
+    if (n_values := _values_of(secret_ctx, message, 0)) != sum(sizes):  # before any ciphertext is loaded
         raise SecureMessageError(f"the message holds {n_values} values, shapes {shapes} need {sum(sizes)}")
+    ciphertexts, _ = _load_message(secret_ctx, message, 0)
     seal = seal_tools(secret_ctx)
     values = _onto_grid(torch.from_numpy(np.concatenate([seal.decrypt(c) for c in ciphertexts])))
     if values[n_values:].any():  # padding decrypts to exactly zero; anything else was never encrypted by us
@@ -408,6 +410,9 @@ def _load_message(ctx: ts.Context, message: bytes, index: int) -> tuple[list[sea
         raise SecureMessageError(f"{what}: expected bytes, got {type(message).__name__}")
     view = memoryview(message).cast("B")
     n_values, lengths = _header_of(view, values_per_ciphertext(ctx), what)
+    if lengths and min(lengths) < (floor := min_ciphertext_bytes(ctx)):
+        raise SecureMessageError(f"{what}: a ciphertext of {min(lengths)} bytes, below the {floor} bytes a valid one "
+                                 "holds (its coefficients are uniform: no compression goes below their entropy)")
     body = _HEADER.size + len(lengths) * _LENGTH.size + _DIGEST_BYTES
     digest = hashlib.sha256(view[: body - _DIGEST_BYTES])
     digest.update(view[body:])
@@ -415,6 +420,23 @@ def _load_message(ctx: ts.Context, message: bytes, index: int) -> tuple[list[sea
         raise SecureMessageError(f"{what}: ciphertext digest mismatch (tampered or truncated)")
     offsets = np.cumsum([body, *lengths]).tolist()
     return [_ciphertext(ctx, view[a:b], what) for a, b in itertools.pairwise(offsets)], n_values
+
+
+def _values_of(ctx: ts.Context, message: bytes, index: int) -> int:
+    """The number of values a message's header declares (checked against its size; nothing loaded)."""
+    what = f"contribution {index}" if index else "the message"
+    if not isinstance(message, bytes | bytearray | memoryview):
+        raise SecureMessageError(f"{what}: expected bytes, got {type(message).__name__}")
+    return _header_of(memoryview(message).cast("B"), values_per_ciphertext(ctx), what)[0]
+
+
+def min_ciphertext_bytes(ctx: ts.Context) -> int:
+    """The fewest bytes a serialised valid ciphertext takes: its 2 N coefficients under each data prime q are
+    uniform, log2 q bits of entropy each, which SEAL's compression cannot undercut (less 1 %: a string
+    compresses k bits below its entropy with probability 2^-k). A shorter one was crafted to decompress into
+    far more memory than it took on the wire (a zeroed ciphertext: 111 bytes, loaded as 256 KiB)."""
+    primes = ctx.seal_context().data.first_context_data().parms().coeff_modulus()
+    return math.floor(0.99 * 2 * _degree(ctx) * sum(math.log2(p.value()) for p in primes) / 8)
 
 
 def _header_of(view: memoryview, per_ciphertext: int, what: str) -> tuple[int, list[int]]:

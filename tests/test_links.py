@@ -211,6 +211,26 @@ def test_only_a_peers_own_work_counts_against_the_allowance_not_the_rounds_it_en
     assert wait.shown("party2", again) == 1
 
 
+def test_a_peer_cannot_renew_its_progress_by_flipping_its_counts():
+    # Review finding: a heartbeat whose counts went down renewed them too, so a peer that sent work 10, 11, 10,
+    # 11, ... showed one unit (within any allowance) and moved its last progress forward at every beat: a wait
+    # on it never ended. The counts only grow on a link now; a deadline grown by slow rounds stops at the limit.
+    from falsevfl_secure.network.link import Link
+    from falsevfl_secure.network.network import RECV_TIMEOUT_S, Network, Wait
+
+    link = Link("party2", lambda *a: None, lambda *a: None)
+    link.heard(None, 10, None, 10)
+    wait, first = Wait.of({"party2": link}), (link.progressed_at, link.worked_at)
+    for beat in range(40):
+        time.sleep(0.001)
+        link.heard(None, 10 + beat % 2, None, 10 + beat % 2)
+    assert wait.shown("party2", link) == 1 and link.work == link.progress == 11
+    assert link.worked_at - first[1] < 0.01 and link.progressed_at - first[0] < 0.01  # renewed once, not 20 times
+    network = Network.__new__(Network)
+    network.min_deadline_s, network.slowest = 45.0, 10_000.0
+    assert network.deadline_s == RECV_TIMEOUT_S
+
+
 @pytest.mark.parametrize("units, aggregator_allowed", [(6, 6), (6, 2), (0, 6)])
 def test_the_he_aggregator_counts_the_work_of_the_party_its_peer_waits_on(tmp_path, units, aggregator_allowed):
     # Review finding: the aggregator waits on passive parties that wait on the active party working alone; they
@@ -385,6 +405,48 @@ def test_the_relay_cannot_read_the_frames_it_forwards_between_passive_parties(tm
              f"{len(relayed)} frames relayed; the blinded points {'readable' if readable else 'not readable'}")
     assert relayed and len(plain_frame) >= 64
     assert readable == weak
+
+
+def test_the_relay_cannot_speak_for_a_role_that_is_not_in_the_run():
+    # Review finding: a passive party took any sender name on a frame from the relay, each new name with a depth
+    # and a reassembly of its own, so the hub could queue frames under "x1", "x2", ... without end. Only the
+    # run's pinned roles may be relayed; anything else names the hub.
+    from types import SimpleNamespace
+
+    from falsevfl_secure.errors import ProtocolError
+    from falsevfl_secure.network import wire
+    from falsevfl_secure.network.network import Network, Plan, Refused
+
+    victim = Network.__new__(Network)
+    victim.me, victim.plan = "party1", Plan(relay="party2")
+    victim.pins = dict.fromkeys(["party0", "party1", "party2"], b"k")
+    victim.bounds, victim._rounds_declared = {}, True
+    hub = SimpleNamespace(peer="party2")
+    for forged in ("x1", "party1", "aggregator"):
+        with pytest.raises(ProtocolError, match=f"party2 sent a frame as '{forged}'"):
+            victim._deliver(hub, wire.Envelope(wire.Kind.DATA, forged, "party1", "align", b"z" * 64, True))
+    with pytest.raises(Refused, match="undeclared tag"):  # a pinned role's frame goes on to its bounds
+        victim._deliver(hub, wire.Envelope(wire.Kind.DATA, "party0", "party1", "align", b"z" * 64, True))
+
+
+@pytest.mark.parametrize("payload", [b"[" * 5000, b'{"a":' * 5000, b"\xff\xfe{", b"{" + b"1" * 20])
+def test_a_peers_malformed_or_deeply_nested_json_is_a_protocol_error_that_names_it(payload):
+    # Review finding: json raised RecursionError on a deeply nested record, which no handler caught, so a
+    # hello or an announcement a few KB deep ended the active party without naming anyone.
+    from falsevfl_secure.errors import ProtocolError
+    from falsevfl_secure.network.handshake import _loads, _record
+    from falsevfl_secure.network.network import _blame_of, _notice_of, epoch_notice
+    from falsevfl_secure.network.wire import peer_json
+
+    with pytest.raises(ValueError):
+        peer_json(payload)
+    for parse in (lambda: _loads(payload, "party0", "hello", {"name"}), lambda: _record(payload, "party0")):
+        with pytest.raises(ProtocolError, match="party0"):
+            parse()
+    for parse in (lambda: _notice_of(payload), lambda: epoch_notice(payload)):
+        with pytest.raises(ProtocolError):
+            parse()
+    assert _blame_of(payload, "party0").role == "party0"
 
 
 def test_the_relay_cannot_alter_a_frame_unnoticed(tmp_path, attacked):

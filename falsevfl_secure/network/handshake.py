@@ -34,6 +34,7 @@ from ..errors import FalseVflError, InputError, ProtocolError
 from ..secure.identity import PrivateKey, sign, verify
 from .agreement import Agreement
 from .network import DEADLINE_MIN_S, Network
+from .wire import peer_json
 
 NONCE_BYTES = 32
 REJOIN_WAIT_S = 7 * 24 * 3600.0  # a returning party waits for the next epoch's start at its own cost only
@@ -105,10 +106,18 @@ def _dumps(record: dict) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _record(payload: bytes, sender: str) -> object:
+    """A party's key record as JSON (its form is checked with its signature, `check_key`)."""
+    try:
+        return peer_json(payload)
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError(f"set-up step 'keys': the record from {sender} is not JSON") from None
+
+
 def _loads(payload: bytes, sender: str, step: str, keys: set[str]) -> dict:
     """A received set-up record: JSON with exactly `keys` (never anything executable)."""
     try:
-        record = json.loads(payload) if len(payload) <= MAX_RECORD_BYTES else None
+        record = peer_json(payload) if len(payload) <= MAX_RECORD_BYTES else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         record = None
     if not isinstance(record, dict) or set(record) != keys:
@@ -194,12 +203,12 @@ class Handshake:
         hellos = {self.me: _hello(self.me, self.key, self.agreement)}
         try:
             for role in [r for r in others if r in linked]:
-                hellos[role] = json.loads(net.recv(role, "hello"))
+                hellos[role] = peer_json(net.recv(role, "hello"))
                 if not isinstance(hellos[role], dict) or hellos[role].get("name") != role:
                     raise ProtocolError(f"the hello that came from {role} names another role")
                 self.check_hello(hellos[role])
             present = self.decide(linked, others)
-        except (FalseVflError, json.JSONDecodeError) as error:
+        except (FalseVflError, ValueError) as error:  # (malformed JSON, or bytes that are no text at all)
             self.announce(sorted(linked), {"refused": str(error)})
             raise InputError(str(error)) from None
         roles = [*present, *([cast.aggregator] if cast.aggregator else [])]
@@ -264,7 +273,7 @@ class Handshake:
         outer = _loads(payload, active, step, {step, "signature"})
         body = str(outer[step]).encode()
         verify(self.cast.pins[active], step, body, _hex(outer, "signature", 64, active), active)
-        record = json.loads(body)
+        record = peer_json(body)
         if isinstance(record, dict) and "refused" in record:
             raise InputError(f"the active party {active} refused {'the run' if step == 'roster' else 'its return'}: "
                              f"{record['refused']}")
@@ -333,7 +342,7 @@ class Handshake:
             if not isinstance(listed, list) or len(listed) != len(session.present):
                 raise ProtocolError(f"the key bundle of {session.active} does not hold one key per present party")
             return listed
-        records = {self.me: own} | {p: json.loads(net.recv(p, "keys")) for p in session.present if p != self.me}
+        records = {self.me: own} | {p: _record(net.recv(p, "keys"), p) for p in session.present if p != self.me}
         bundle = _dumps({"keys": [records[p] for p in session.present]})
         for party in session.present:
             if party != self.me:
@@ -392,19 +401,19 @@ class Handshake:
         key for `version`; the key entry every other party gets (`accept_key` once the party is readmitted). A
         refusal is told to it, signed, and raised."""
         try:
-            hello = json.loads(self.net.recv(name, "hello", limit_s))
+            hello = peer_json(self.net.recv(name, "hello", limit_s))
             if not isinstance(hello, dict) or hello.get("name") != name:
                 raise ProtocolError(f"the hello that came from {name} names another role")
             self.check_hello(hello)
-        except (FalseVflError, ValueError, RecursionError) as error:  # (JSONDecodeError is a ValueError)
+        except (FalseVflError, ValueError) as error:  # (JSONDecodeError is a ValueError)
             self.announce([name], {"refused": str(error)[:500]}, "rejoin")
             raise ProtocolError(f"the hello of {name}: {str(error)[:200]}") from None
         keys = [session.key_records[p] for p in session.present]
         self.announce([name], {"roster": session.roster.decode(), "keys": keys, "nonce": hello["nonce"],
                                "version": version, **where}, "rejoin")
         try:
-            entry = {"version": version, "record": json.loads(self.net.recv(name, "keys", limit_s))}
-        except (ValueError, RecursionError):
+            entry = {"version": version, "record": peer_json(self.net.recv(name, "keys", limit_s))}
+        except ValueError:
             raise ProtocolError(f"the key record of {name} is not JSON of the declared form") from None
         self.check_key(entry["record"], key_context(session.id, version))  # into the session once it is in
         return entry

@@ -78,10 +78,11 @@ class Link:
         self.sent_all, self.ended = threading.Event(), threading.Event()  # gRPC took our last; the peer's ended
 
     def heard(self, round: str | None, progress: int, waiting_on: str | None, work: int = 0) -> None:
-        """A heartbeat: the peer's round, rounds entered, whom it waits on and units of its own work done."""
-        if progress != self.progress:
+        """A heartbeat: the peer's round, rounds entered, whom it waits on and units of its own work done. Both
+        counts only grow on a link (a peer that flipped them, 10, 11, 10, 11, renewed its progress for ever)."""
+        if progress > self.progress:
             self.progress, self.progressed_at = progress, time.monotonic()
-        if work != self.work:
+        if work > self.work:
             self.work, self.worked_at = work, time.monotonic()
         self.last_round, self.waiting_on = round, waiting_on
 

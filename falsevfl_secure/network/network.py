@@ -297,8 +297,10 @@ class Network:
 
     @property
     def deadline_s(self) -> float:
-        """How long a peer may heartbeat without delivering a round's frame (see DEADLINE_FACTOR)."""
-        return max(self.min_deadline_s, DEADLINE_FACTOR * self.slowest)
+        """How long a peer may heartbeat without delivering a round's frame (see DEADLINE_FACTOR), never past
+        RECV_TIMEOUT_S: a peer that made each round slower grew it twentyfold per round (and with it the waits
+        for acknowledgements that it bounds)."""
+        return min(max(self.min_deadline_s, DEADLINE_FACTOR * self.slowest), max(RECV_TIMEOUT_S, self.min_deadline_s))
 
     # -- messages ---------------------------------------------------------------------------------------
 
@@ -525,8 +527,10 @@ class Network:
         return bound
 
     def _deliver(self, link: Link, envelope: wire.Envelope) -> None:
-        if envelope.src != link.peer and link.peer != self.plan.relay:
-            raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")
+        relayed = envelope.src != link.peer
+        if relayed and (link.peer != self.plan.relay or envelope.src not in self.pins or envelope.src == self.me):
+            raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")  # (names the hub: an
+            # invented sender would get a depth and a reassembly of its own per name)
         size, depth = self._bound(envelope, envelope.src)
         if self._aborted is not None:
             return  # the run has ended: nothing more is read (a peer that caused the end cannot queue more)
@@ -537,7 +541,8 @@ class Network:
             return
         with self._cond:
             if whole.src != link.peer and self._queued[whole.src, whole.tag] >= depth:  # relayed: holding the
-                raise Refused(f"more than {depth} frames {whole.tag!r} ahead", whole.src)  # link would hold all
+                raise Refused(f"more than {depth} frames {whole.tag!r} ahead (relayed by {link.peer}, which could "
+                              "have sent them itself)", whole.src)  # link would hold all
         self._hold(link, (whole.src, whole.tag), depth)
         with self._cond:
             self._queued[whole.src, whole.tag] += 1
@@ -661,7 +666,7 @@ class Network:
 def _blame_of(payload: bytes, sender: str) -> Blame:
     """The blame an ABORT carries (fixed fields, plain text only); a malformed one blames its sender."""
     try:
-        record = json.loads(payload)
+        record = wire.peer_json(payload)
         fields = {k: record[k] for k in ("role", "how", "round", "kind")}  # `by`: set by the receiver
         if not all(isinstance(v, str) for k, v in fields.items() if k != "round") or \
                 not (fields["round"] is None or isinstance(fields["round"], str)):
@@ -683,7 +688,7 @@ def _beat_of(payload: bytes) -> tuple[str | None, int, str | None, int]:
 def _notice_of(payload: bytes) -> dict:
     """The active party's announcement of a loss: who left and where every role resumes (fixed fields)."""
     try:
-        record = json.loads(payload)
+        record = wire.peer_json(payload)
         notice = {"lost": [str(n) for n in record["lost"]], **{k: int(record[k]) for k in ("stage", "epoch", "index")}}
     except (ValueError, KeyError, TypeError):
         raise ProtocolError("the active party's announcement of a lost party is malformed") from None
@@ -694,7 +699,7 @@ def epoch_notice(payload: bytes) -> dict:
     """The active party's word at an epoch's start: the stage, epoch, membership version and the key entries of
     the parties that rejoined (fixed fields; each key is checked against its owner's pin by `accept_key`)."""
     try:
-        record = json.loads(payload)
+        record = wire.peer_json(payload)
         notice = {k: int(record[k]) for k in ("stage", "epoch", "version")}
         joined = record["joined"]
         if not isinstance(joined, list) or set(record) != {"stage", "epoch", "version", "joined"}:

@@ -10,6 +10,7 @@ per sender, refusing a frame longer than `MAX_FRAME_BYTES` before it grows past 
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +27,15 @@ MORE = 1  # flag: more fragments of this frame follow
 FRAGMENT_BYTES = 256 << 10
 MAX_FRAME_BYTES = 1 << 30  # 1 GiB: about 33 million ristretto255 points in one alignment frame
 MAX_MESSAGE_BYTES = FRAGMENT_BYTES + 1024
+
+
+def peer_json(payload: bytes | str) -> object:
+    """JSON a peer sent: data only, and a JSONDecodeError (a ValueError) for anything malformed, also for
+    nesting deeper than Python's recursion limit (json raised RecursionError there, which no handler named)."""
+    try:
+        return json.loads(payload)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
 
 
 class Refused(ProtocolError):

@@ -22,6 +22,7 @@ from torch import Tensor
 from ..errors import ProtocolError
 from ..network.network import ANNOUNCEMENTS, Announced, PartyLost, epoch_notice
 from ..network.peers import Peers
+from ..network.wire import peer_json
 from ..secure import frames
 from ..secure.errors import SecureRangeError
 from .rounds import Round, by_name
@@ -216,7 +217,7 @@ def _bounded(peers: Peers, cipher) -> None:
     """The active party's bounds of the sums (values per round, at most AGGREGATED_VALUES), as this helper's
     network bounds; answered, so no party sends a round before they hold."""
     try:
-        values = json.loads(peers.recv(peers.active_index, "bounds"))
+        values = peer_json(peers.recv(peers.active_index, "bounds"))
         bounds = {name: cipher.wire_bytes(by_name(name), min(int(v), AGGREGATED_VALUES)) for name, v in values.items()
                   if by_name(name).is_aggregate and int(v) > 0}
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -6,7 +6,9 @@
 Per (epsilon, seed) FALSE-VFL-I trains in the local runtime (plain: the noise stage and DP-SGD are the same
 in every protocol; the secure ones carry the noised values exactly) on the DP schedule below, every party's
 budget epsilon at delta 1e-5 with the smallest noise multiplier that fits it (`privacy.calibrate`, over the
-releases of the schedule, without amplification); epsilon "inf" is the same schedule without DP, and the
+releases of the schedule, without amplification), accounted as under mpc or he, where the active party sees
+only the sums (under plain a passive party counts each summed release n - 1 - collusion times: `privacy.
+exposure`, which `simulate` applies); epsilon "inf" is the same schedule without DP, and the
 dataset's own preset without DP is the non-private reference. Scored: accuracy on the seven test patterns
 (their mean is the headline), the active party's own model (logistic regression on its block, fitted on the
 labeled training rows) on the same test rows, and README's label-inference attack (bench/disclosure.py): a

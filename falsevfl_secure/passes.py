@@ -38,6 +38,10 @@ def each_batch(node: Node, data: HostedData, rows: np.ndarray, run: Callable[[Ba
             if handler is None:
                 raise
             node.transport.abandon()
-            index = max(0, handler(lost, (*where, index - 1)))  # announced as resuming at this batch
+            resumed = max(0, handler(lost, (*where, index - 1)))  # announced as resuming at this batch
             data.set_dropped(handler.lost)
-            handler.rerun(where)  # its rows are released once more: a party under a budget counts it first
+            if resumed < index:  # a batch it finished runs again (an earlier step named): released in full again
+                handler.charge()
+            else:
+                handler.rerun(where)  # its rows are released once more: a party under a budget counts it first
+            index = resumed

@@ -28,29 +28,44 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config
+from .config import Config, Stage
 from .errors import InputError
 from .fsio import write_json
 
 # A row's Gaussian releases per pass (FALSE-VFL): in stage 1 three summed rounds and one DP-SGD update of
 # the party's own networks; in stage 2 (networks frozen) and each prediction, two summed rounds.
 RELEASES = {"pretrain": 4, "train": 2, "predict": 2}
+# The summed rounds of one training step of each stage (its DP-SGD update is not one: a step run again after a
+# loss was abandoned, with no update): what a party charges when the active party names a step again.
+STEP_RELEASES = {Stage.PRETRAIN: RELEASES["pretrain"] - 1, Stage.TRAIN: RELEASES["train"]}
 
 
-def releases_per_row(cfg: Config, predictions: int = 1, tests: int = 0) -> int:
+def exposure(cfg: Config, hides_contributions: bool, active: bool) -> int:
+    """How many releases one summed release of a row counts as at a party. Where the active party sees only the
+    sum (mpc; he, whose aggregator does not pool with it) the sum carries sigma^2 from the honest parties: 1; so
+    at the active party itself, whose contribution nobody sees alone. Under plain the active party sees a passive
+    party's noised contribution alone, protected by that party's own share sigma^2 / (n - 1 - collusion) only:
+    the loss of n - 1 - collusion releases at sigma (Gaussian losses add as 1 / multiplier^2)."""
+    if hides_contributions or active:
+        return 1
+    return max(1, cfg.parties - 1 - cfg.privacy.collusion)
+
+
+def releases_per_row(cfg: Config, predictions: int = 1, tests: int = 0, exposure: int = 1) -> int:
     """The most times any row is released: every stage-1 epoch, every stage-2 epoch (once in all with
     `stage2_pass = "once"`), the trees' pass (`head = "network+trees"`) and `predictions` prediction passes
     of the training rows (the validation pass; in a federation every later prediction run, as the same records
     may come back); or `tests` passes of records that never train (a simulation's test rows under each test
-    pattern), whichever is more."""
+    pattern), whichever is more. Each summed release counts `exposure` times (see `exposure`); a DP-SGD update once."""
     # With one importance sample (kappa 1) a row's likelihood, centred over its samples, is exactly 0 at every
     # party: stage 1's likelihood round then releases nothing about it.
-    stage1 = RELEASES["pretrain"] - (1 if cfg.kappa == 1 else 0)
+    summed1 = STEP_RELEASES[Stage.PRETRAIN] - (1 if cfg.kappa == 1 else 0)
+    stage1 = summed1 * exposure + 1  # and the epoch's DP-SGD update of the party's own networks
     trees = 1 if cfg.options.get("head") == "network+trees" and cfg.train.epochs else 0  # the trees' pass
     stage2 = min(cfg.train.epochs, 1) if cfg.options.get("stage2_pass") == "once" else cfg.train.epochs
-    training = (stage1 * cfg.pretrain.epochs + RELEASES["train"] * stage2
-                + RELEASES["predict"] * (predictions + trees))
-    return max(training, RELEASES["predict"] * tests)
+    training = (stage1 * cfg.pretrain.epochs + RELEASES["train"] * exposure * stage2
+                + RELEASES["predict"] * exposure * (predictions + trees))
+    return max(training, RELEASES["predict"] * exposure * tests)
 
 
 def gaussian_delta(multiplier: float, epsilon: float) -> float:
@@ -107,12 +122,12 @@ def calibrate(epsilon: float, releases: int, delta: float) -> float:
     return single * math.sqrt(releases) * (1 + 1e-6)  # just above the boundary, so PLD's epsilon stays within
 
 
-def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0) -> float:
+def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0, exposure: int = 1) -> float:
     """The configuration's multiplier, or the smallest that fits its budget for the schedule."""
     privacy = cfg.privacy
     if privacy.noise_multiplier > 0:
         return privacy.noise_multiplier
-    return calibrate(privacy.epsilon, releases_per_row(cfg, predictions, tests), privacy.delta)
+    return calibrate(privacy.epsilon, releases_per_row(cfg, predictions, tests, exposure), privacy.delta)
 
 
 @dataclass(frozen=True)
@@ -126,34 +141,36 @@ class Spent:
     delta: float
     budget: float
     earlier: tuple[Event, ...] = ()  # what the rows spent before this model: clip proposals, earlier models
+    exposure: int = 1  # releases a summed release counts as at this party (`exposure`: n - 1 - collusion under plain)
 
     def to_dict(self) -> dict:
         """The ledger's entry (`epsilon` composes `earlier` with this model's releases)."""
         return {"ledger_version": LEDGER_VERSION, "party": self.party, "releases_per_row": self.releases,
-                "noise_multiplier": self.multiplier,
+                "noise_multiplier": self.multiplier, "exposure": self.exposure,
                 "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
                 "earlier": [list(e) for e in self.earlier], "clip_proposals": [],
                 "covers": "the summed rounds, the parties' own networks (DP-SGD) and everything computed from them; "
                           "not the alignment's membership, the record counts or a party's own data at itself"}
 
 
-def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0, earlier: tuple[Event, ...] = ()) -> Spent:
+def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0, earlier: tuple[Event, ...] = (),
+          exposure: int = 1) -> Spent:
     """Party `party`'s epsilon for this schedule after its `earlier` releases, from its own file and ledger."""
-    privacy, releases = cfg.privacy, releases_per_row(cfg, predictions, tests)
-    z = noise_multiplier(cfg, predictions, tests)
+    privacy, releases = cfg.privacy, releases_per_row(cfg, predictions, tests, exposure)
+    z = noise_multiplier(cfg, predictions, tests, exposure)
     earlier = tuple((float(m), int(r)) for m, r in earlier)
     return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta,
-                 privacy.epsilon, earlier)
+                 privacy.epsilon, earlier, exposure)
 
 
 def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0,
-                 earlier: tuple[Event, ...] = ()) -> Spent | None:
+                 earlier: tuple[Event, ...] = (), exposure: int = 1) -> Spent | None:
     """Refuse a schedule that would take `party` past its budget after its `earlier` releases (before anything is
     sent); what it spends otherwise (None without a budget)."""
     privacy = cfg.privacy
     if not privacy.enabled:
         return None
-    used = spent(cfg, party, predictions, tests, earlier)
+    used = spent(cfg, party, predictions, tests, earlier, exposure)
     _check_cap(privacy, party, "the schedule", used.releases, earlier)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
         raise InputError(f"{party}: the schedule would spend epsilon = {used.epsilon:.3g} per row (delta "
@@ -229,12 +246,12 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) ->
     return epsilon
 
 
-def charge_training(cfg: Config, party: str, folder: Path) -> tuple[Spent | None, dict]:
+def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) -> tuple[Spent | None, dict]:
     """Before training: refuse a schedule that would take `party` past its budget after everything its ledger
     records (an earlier model's releases of the same rows count: retraining does not reset them); what it spends
     and the new model's ledger entry."""
     earlier = all_spent(read_ledger(folder)) if cfg.privacy.enabled else ()
-    used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=earlier)
+    used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=earlier, exposure=exposure)
     if used is None:
         return None, {}
     entry = {**used.to_dict(), "prediction_runs": 0}
@@ -242,7 +259,7 @@ def charge_training(cfg: Config, party: str, folder: Path) -> tuple[Spent | None
     return used, entry
 
 
-def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
+def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1) -> Spent | None:
     """Before a prediction run: refuse it when it would take `party` past its own budget; else record it in
     the ledger first (a run that fails later has still spent it) and return what the rows have spent then. The
     run noises at the multiplier its model was trained at, as recorded (a calibrated multiplier recomputed from
@@ -257,25 +274,31 @@ def charge_prediction(cfg: Config, party: str, folder: Path) -> Spent | None:
     if cfg.privacy.noise_multiplier > 0 and not math.isclose(cfg.privacy.noise_multiplier, z, rel_tol=1e-9):
         raise InputError(f"{party}: its file's noise_multiplier = {cfg.privacy.noise_multiplier:g} differs from the "
                          f"{z:g} its model was trained at (its ledger); predict with the trained one")
-    return _charge_more(cfg, party, folder, ledger, "prediction_runs", "one more prediction run")
+    return _charge_more(cfg, party, folder, ledger, "prediction_runs", "one more prediction run",
+                        RELEASES["predict"] * exposure)
 
 
-def charge_rerun(cfg: Config, party: str, folder: Path) -> Spent:
-    """During training or a prediction run, when a pass runs a batch again without a lost party (each_batch): its
-    rows are released once more (the abandoned try may have revealed a sum). Recorded first; past `party`'s own
-    budget it is refused, and that party's run ends (naming it) rather than release them uncounted."""
-    return _charge_more(cfg, party, folder, read_ledger(folder), "reruns", "running a batch again without a lost party")
+def charge_rerun(cfg: Config, party: str, folder: Path, releases: int = RELEASES["predict"],
+                 exposure: int = 1) -> Spent:
+    """During training or a prediction run, when a pass runs a batch again without a lost party (each_batch), or
+    the active party names a training step again: its rows are released once more (`releases` summed rounds; the
+    abandoned try may have revealed them). Recorded first; past `party`'s own budget it is refused, and that
+    party's run ends (naming it) rather than release them uncounted."""
+    return _charge_more(cfg, party, folder, read_ledger(folder), "reruns", "running a batch again without a lost party",
+                        releases * exposure)
 
 
-def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: str, what: str) -> Spent:
-    """One more forward pass of some rows (RELEASES["predict"] releases each) at the model's recorded multiplier,
-    composed with everything the ledger records; written to the ledger first, refused past the budget."""
+def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: str, what: str,
+                 extra: int = RELEASES["predict"]) -> Spent:
+    """One more forward pass of some rows (`extra` releases each, a prediction's by default) at the model's
+    recorded multiplier, composed with everything the ledger records; written to the ledger first, refused past
+    the budget."""
     privacy = cfg.privacy
-    z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + RELEASES["predict"]
+    z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + int(extra)
     earlier = before_model(ledger)
     _check_cap(privacy, party, what, releases, earlier)
     used = Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta, privacy.epsilon,
-                 earlier)
+                 earlier, int(ledger.get("exposure", 1)))
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
         raise InputError(f"{party}: {what} would spend epsilon = {used.epsilon:.3g} per row (delta "
                          f"{privacy.delta:g}, {releases} releases at noise multiplier {z:.3g}), more than its "

@@ -25,7 +25,7 @@ from .data.mechanisms import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
 from .methods import METHODS, make_config, method_for, method_labels, parse_method
-from .privacy import check_budget, noise_multiplier, spent
+from .privacy import check_budget, exposure, noise_multiplier, spent
 from .transport.protocols import PROTOCOLS, protocol_named
 
 TESTS = len(TEST_PATTERNS)  # a test row's prediction passes (test rows never train; training rows: 1 validation pass)
@@ -161,11 +161,17 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
                          "which the budget does not count")
     method_for(cfg)  # a budget refused for a method that it does not cover
     protocol.check_parties(cfg.parties, args.allow_two_party_disclosure)
-    if cfg.privacy.enabled:  # the noise every party adds, stated once; then each party's own budget checked
-        cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=noise_multiplier(cfg, 1, TESTS)))
-    for k in range(cfg.parties):  # (here every party runs from the same settings)
-        check_budget(cfg, f"party {k}", 1, TESTS)
+    if cfg.privacy.enabled:  # the noise every party adds, stated once (for the party most exposed: under plain a
+        worst = max(exposures(cfg, protocol))  # passive one), then each party's own budget checked
+        cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=noise_multiplier(cfg, 1, TESTS, worst)))
+    for k, seen in enumerate(exposures(cfg, protocol)):  # (here every party runs from the same settings)
+        check_budget(cfg, f"party {k}", 1, TESTS, exposure=seen)
     return cfg, runtime
+
+
+def exposures(cfg: Config, protocol) -> list[int]:
+    """Each party's `privacy.exposure` under the run's protocol (a simulation plays every party)."""
+    return [exposure(cfg, protocol.hides_contributions, k == cfg.active_index) for k in range(cfg.parties)]
 
 
 def check_folders(out: Path, checkpoints: Path, resume: bool, cfg: Config) -> None:
@@ -212,7 +218,8 @@ def simulate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     result = run(args, cfg, runtime, checkpoints)
     if cfg.privacy.enabled:
-        result.privacy = [spent(cfg, f"party {k}", 1, TESTS).to_dict() for k in range(cfg.parties)]
+        result.privacy = [spent(cfg, f"party {k}", 1, TESTS, exposure=seen).to_dict()
+                          for k, seen in enumerate(exposures(cfg, protocol_named(args.protocol)))]
     write_json(out / "result.json", result.to_dict())
     plot_result(result, out / "result.png")
     print_result(result, out)

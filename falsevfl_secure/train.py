@@ -32,6 +32,7 @@ from .network.network import PartyLost
 from .node import Batch, HostedData, Node, host_split
 from .passes import each_batch
 from .placement import Active, apply
+from .privacy import STEP_RELEASES
 from .reference import FOLDS
 
 EpochHook = Callable[[Stage, int, dict], None]
@@ -126,7 +127,10 @@ def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimiz
                 opt.zero_grad(set_to_none=True)
             node.forget_private()
             node.transport.abandon()
-            index = handler(lost, (int(stage), epoch, index if batches is not None else -1))  # -1: before a step
+            resumed = max(0, handler(lost, (int(stage), epoch, index if batches is not None else -1)))  # -1: before
+            if batches is not None and resumed <= index:  # a step whose sums may be out runs again (never honestly:
+                handler.charge(STEP_RELEASES[stage])  # the step in flight is abandoned); its party counts it first
+            index = resumed  # (a loss announced between epochs: this epoch from its first step, not its last)
             data.set_dropped(handler.lost)  # from now on they hold no row
             batches = None if batches is None else stage_batches(node, data, stage, epoch)  # the same public plan
     return losses

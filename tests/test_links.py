@@ -449,6 +449,29 @@ def test_a_peers_malformed_or_deeply_nested_json_is_a_protocol_error_that_names_
     assert _blame_of(payload, "party0").role == "party0"
 
 
+def test_the_set_up_steps_allowance_ends_when_the_rounds_begin():
+    # Review finding: the set-up steps' allowances never ended, so any peer could keep 8 alignment frames of 256
+    # MiB, 2 announcements of 256 MiB and 8 bare sums of 64 MiB waiting at any role (3.26 GiB) for the whole run,
+    # the he aggregator included. Once a method's rounds are declared they are refused, naming the sender.
+    import threading
+
+    from falsevfl_secure.network import wire
+    from falsevfl_secure.network.network import BEFORE_ROUNDS, SETUP, Network, Refused
+
+    network = Network.__new__(Network)
+    network._cond, network.bounds, network._rounds_declared = threading.Condition(), dict(SETUP), False
+    frame = {tag: wire.Envelope(wire.Kind.DATA, "party0", "party1", tag, b"") for tag in SETUP}
+    assert all(network._bound(frame[tag], "party0")[0] >= 1 << 20 for tag in BEFORE_ROUNDS)  # during set-up
+    network.allow({"posterior": 4096})
+    for tag in BEFORE_ROUNDS:
+        with pytest.raises(Refused, match="undeclared tag") as refused:
+            network._bound(frame[tag], "party0")
+        assert refused.value.offender == "party0"
+    kept = [tag for tag in SETUP if tag not in BEFORE_ROUNDS]
+    assert all(network._bound(frame[tag], "party0") == SETUP[tag] for tag in kept)  # losses, rejoins, resume
+    assert max(SETUP[tag][0] * SETUP[tag][1] for tag in kept) <= 8 << 20
+
+
 def test_the_relay_cannot_alter_a_frame_unnoticed(tmp_path, attacked):
     classes = {"party2": TamperingRelayRole}
     ended = _world(tmp_path, "plain", 3, _align, (True,), classes).start().outcomes(120)

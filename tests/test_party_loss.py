@@ -299,3 +299,93 @@ def test_a_party_checks_an_announced_loss_against_its_own_file(consent, refused_
     with pytest.raises(PartyFailure, match=refused_by):
         PartyLoss(role)._follow((1, 0, 0))
     assert keys == []  # it never masked with the active party alone
+
+
+def test_an_active_party_cannot_make_a_party_run_steps_again_by_announcing_the_same_loss():
+    """Review finding: a loss notice that named no party newly lost (the same list again, or none) was followed,
+    and each one makes every party run a step again, its rows released once more: a malicious active party could
+    repeat it without end. Each notice must name a party newly lost now, so there are at most as many as the
+    parties the file lets go; and a party charges a training step named again to its own ledger, at the stage's
+    summed rounds (review finding: only a forward pass's batches were charged)."""
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from falsevfl_secure import privacy
+    from falsevfl_secure.config import Stage
+    from falsevfl_secure.errors import ProtocolError
+    from falsevfl_secure.federation.party import _charge
+    from falsevfl_secure.methods import make_config
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.runtime.losses import PartyLoss
+
+    names = ("party0", "party1", "party2", "party3", "party4")
+    notices = [{"lost": lost, "stage": 1, "epoch": 0, "index": 3} for lost in
+               (["party1"], ["party1"], [], ["party1", "party2"], ["party1", "party2"])]
+    net = SimpleNamespace(take_notice=lambda: notices.pop(0), send=lambda *a, **k: None)
+    role, _, keys = _follower(names, net)
+    role.network, role.protocol = net, SimpleNamespace(hides_contributions=True)
+    role.spec = SimpleNamespace(name="party0", agreement=Agreement({"min_parties": 2}),
+                                request=SimpleNamespace(source="its file"))
+    handler, followed = PartyLoss(role), []
+    for _ in range(5):
+        try:
+            followed.append(handler._follow((1, 0, 3)))
+        except ProtocolError as error:
+            assert "names no party newly lost" in str(error)
+    assert followed == [3, 3] and len(keys) == 2  # party1's loss, then party2's: the repeats were refused
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=50.0, noise_multiplier=6.0))
+    role.losses = handler
+    with tempfile.TemporaryDirectory() as folder:
+        trained = _charge(role, base, Path(folder))
+        handler.charge(privacy.STEP_RELEASES[Stage.PRETRAIN])
+        ledger = privacy.read_ledger(Path(folder))
+        assert (ledger["reruns"], ledger["releases_per_row"]) == (1, trained.releases + 3)
+
+
+@pytest.mark.parametrize("lost_at, resume, runs, charged", [
+    ("epoch start", -1, ["b0", "b1", "b2"], []),  # review finding: it ran b2, then b0 b1 b2 (b2 twice, uncounted)
+    ("step 1", 2, ["b0", "b1", "b2"], []),  # the honest word: the step in flight is abandoned
+    ("step 1", 1, ["b0", "b1", "b1", "b2"], [3]),  # the step named again: charged at stage 1's summed rounds
+])
+def test_an_epoch_resumes_where_the_loss_says_and_a_step_run_again_is_charged(monkeypatch, lost_at, resume, runs,
+                                                                             charged):
+    """The training loop (train._epoch_steps) with its steps and batches recorded in place of a model's."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure import train
+    from falsevfl_secure.config import Stage
+    from falsevfl_secure.network.network import PartyLost
+
+    ran, charges, raised = [], [], []
+
+    class Handler:
+        lost: set = set()
+
+        def at_epoch(self, stage, epoch):
+            if lost_at == "epoch start" and not raised:
+                raised.append(1)
+                raise PartyLost(notice={"lost": ["party1"]})
+
+        def __call__(self, lost, position):
+            return resume
+
+        def charge(self, releases):
+            charges.append(releases)
+
+    def step(node, batch, stage, optimizers):
+        ran.append(batch.name)
+        if lost_at == "step 1" and batch.name == "b1" and not raised:
+            raised.append(1)
+            raise PartyLost(notice={"lost": ["party1"]})
+        return 0.0
+
+    batches = [SimpleNamespace(name=f"b{i}", size=4) for i in range(3)]
+    monkeypatch.setattr(train, "stage_batches", lambda *a: batches)
+    monkeypatch.setattr(train, "_step", step)
+    node = SimpleNamespace(transport=SimpleNamespace(on_party_lost=Handler(), abandon=lambda: None),
+                           method=SimpleNamespace(survives_party_loss=True), forget_private=lambda: None)
+    data = SimpleNamespace(set_dropped=lambda lost: None)
+    train._epoch_steps(node, data, Stage.PRETRAIN, 1, {})
+    assert (ran, charges) == (runs, charged)

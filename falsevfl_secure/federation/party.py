@@ -35,7 +35,7 @@ from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
-from ..privacy import LEDGER, charge_prediction, charge_rerun, charge_training, read_ledger
+from ..privacy import LEDGER, charge_prediction, charge_rerun, charge_training, exposure, read_ledger
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
@@ -167,9 +167,10 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
 def _charge(role, cfg, folder: Path):
     """Under a privacy budget: what this party's training spends, recorded in its own ledger and refused past it;
     a pass's batch run again without a lost party is charged to it too (privacy.charge_rerun)."""
-    spent, _ = charge_training(cfg, role.spec.name, folder)
+    seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
+    spent, _ = charge_training(cfg, role.spec.name, folder, seen)
     if spent is not None and role.losses is not None:
-        role.losses.on_rerun = partial(charge_rerun, cfg, role.spec.name, folder)
+        role.losses.on_rerun = partial(charge_rerun, cfg, role.spec.name, folder, exposure=seen)
     return spent
 
 
@@ -316,8 +317,9 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
-    if charge_prediction(cfg, name, model_dir) is not None and role.losses is not None:  # its own budget, first
-        role.losses.on_rerun = partial(charge_rerun, cfg, name, model_dir)  # and a batch run again without a party
+    seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
+    if charge_prediction(cfg, name, model_dir, seen) is not None and role.losses is not None:  # its own budget, first
+        role.losses.on_rerun = partial(charge_rerun, cfg, name, model_dir, exposure=seen)  # and a batch run again
     kinds = method_for(cfg).own_reference_kinds
     scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed, kinds) \
         if role.is_active and kinds else None

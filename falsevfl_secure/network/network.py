@@ -59,10 +59,14 @@ RELAY_QUEUE_BYTES = 8 << 20  # the hub holds a sender back while this much waits
 # per kept record: 256 MiB covers the default max_ids of 10^6 at K <= 8.
 SETUP: dict[str, tuple[int, int]] = {
     "hello": (64 << 10, 2), "roster": (1 << 20, 2), "keys": (1 << 20, 2), "context": (64 << 20, 2),
-    "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (64 << 20, 2), "barrier": (1 << 10, 2),
+    "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (4 << 10, 2), "barrier": (1 << 10, 2),
     "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
     "rejoin": (4 << 20, 2), "epoch": (64 << 10, 2), "epoch-ack": (64, 2), "bounds": (64 << 10, 2),
     "bounds-ack": (64, 2), "pass-done": (1 << 10, 2)}
+# Set-up steps that are over once a method's rounds are declared (the public context, the alignment and its
+# announcement, a bare secure sum): from then on a frame of theirs is refused, so that no peer can keep their
+# 3 GiB of allowance waiting at this role for the rest of the run.
+BEFORE_ROUNDS = ("context", "align", "kept", "sum")
 # What the active party tells a helper between rounds (`Announced`): a readmission, the rounds' bounds; answered.
 ANNOUNCEMENTS = ("epoch", "bounds")
 ACKS = ("epoch-ack", "bounds-ack")
@@ -291,6 +295,8 @@ class Network:
     def allow(self, bounds: dict[str, int], depth: int = ROUND_DEPTH) -> None:
         """Accept frames of these tags from now on, each at most its bound in bytes (a method's rounds)."""
         with self._cond:
+            for tag in BEFORE_ROUNDS if not self._rounds_declared else ():
+                self.bounds.pop(tag, None)
             self.bounds.update({tag: (int(size), depth) for tag, size in bounds.items()})
             self._rounds_declared = True
         wire.NAMES.learn(bounds)  # a declared tag is checked once, here, not on its first frame

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from ..errors import FalseVflError, PartyFailure, ProtocolError
 from ..network.handshake import pair_keys
 from ..network.network import Blame, PartyLost, RunAborted, epoch_notice
+from ..privacy import RELEASES
 
 POLICY_FIELDS = ("on_party_loss", "min_parties")
 
@@ -48,8 +49,8 @@ class PartyLoss:
         self.version = version  # membership changes so far (a loss, a return): each re-keys under its own purpose
         self.keyed = version  # the last version this party keyed its masks under: it only ever grows
         self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
-        self.on_rerun: Callable[[], object] | None = None  # under a privacy budget: its own ledger's charge
-        self.reruns = 0  # batches of forward passes run again without a lost party
+        self.on_rerun: Callable[[int], object] | None = None  # under a privacy budget: its own ledger's charge
+        self.reruns = 0  # batches or steps run again without a lost party
         self.at: tuple[int, int] | None = None  # the (stage, epoch) of the last loss announced: where a step resumes
 
     @property
@@ -110,6 +111,8 @@ class PartyLoss:
         notice = role.network.take_notice()
         if role.session.active in notice["lost"] or not set(notice["lost"]) <= set(peers.names[:peers.n_parties]):
             raise ProtocolError("the active party announced a loss of itself or of a role that is not a party")
+        if not set(notice["lost"]) - {peers.names[k] for k in peers.lost}:  # each notice reruns a step: no more of
+            raise ProtocolError("the active party announced a loss that names no party newly lost")  # them than losses
         peers.lose(peers.names.index(name) for name in notice["lost"])
         self._check_policy()  # its own file: never fewer parties, nor two, than it consents to
         self.version += 1
@@ -138,9 +141,13 @@ class PartyLoss:
         was in were dropped unsummed: it runs that batch once)."""
         if self.at != tuple(where):
             return
+        self.charge()
+
+    def charge(self, releases: int = RELEASES["predict"]) -> None:
+        """Rows this party released run again (`releases` summed rounds each): its own ledger counts them first."""
         self.reruns += 1
         if self.on_rerun is not None:
-            self.on_rerun()
+            self.on_rerun(releases)
 
     def pass_done(self, where: tuple[int, int], batches: int) -> None:
         """After a forward pass (passes.each_batch): the active party's word that every batch is in. Without it a

@@ -67,8 +67,13 @@ class NoiseStage:
         return Noised(cipher, self, parties)
 
     def apply(self, round: Round, value: Tensor, n_addends: int) -> Tensor:
-        """`value` with each row clipped to the round's norm, on the grid, plus this party's noise (float64)."""
-        rows = clip_rows(value.detach().to("cpu", torch.float64), round, self.spec.clip(round))
+        """`value` with each row clipped to the round's norm, on the grid, plus this party's noise (float64). A
+        non-finite value comes out as NaN everywhere, for the cipher to refuse as it would without DP (its NaN norm
+        clipped nothing, and on the grid it became -2^63: finite, far past the clip, and where it was)."""
+        raw = value.detach().to("cpu", torch.float64)
+        if not bool(torch.isfinite(raw).all()):
+            return torch.full_like(raw, float("nan")).to(value.device)
+        rows = clip_rows(raw, round, self.spec.clip(round))
         grid = torch.round(rows * GRID).to(torch.int64)
         noise = discrete_gaussian(self.spec.share_variance(round, n_addends), grid.numel(), self.stream)
         return ((grid + torch.from_numpy(noise).reshape(grid.shape)).double() / GRID).to(value.device)

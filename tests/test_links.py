@@ -472,6 +472,29 @@ def test_the_set_up_steps_allowance_ends_when_the_rounds_begin():
     assert max(SETUP[tag][0] * SETUP[tag][1] for tag in kept) <= 8 << 20
 
 
+def test_a_receiver_that_stops_reading_relayed_frames_is_named_not_their_sender():
+    # Review finding: the hub held the sender's stream while 8 MiB waited for a receiver that read nothing, without
+    # excusing the sender, whose heartbeats then went unread: after STALL_S the hub named the honest sender.
+    import threading
+
+    from falsevfl_secure.network.link import Link
+    from falsevfl_secure.network.network import RELAY_QUEUE_BYTES, Network
+
+    hub = Network.__new__(Network)
+    hub._aborted, hub.min_deadline_s, hub.slowest = None, 0.3, 0.0
+    named, excused = [], []
+    hub._fault = named.append
+    sender, target = (Link(name, lambda *a: None, lambda *a: None) for name in ("party0", "party1"))
+    target.put([b"x" * (RELAY_QUEUE_BYTES + 1)])  # nothing of it is ever taken
+    watch = threading.Thread(target=lambda: (time.sleep(0.15), excused.append(sender.held)))
+    watch.start()
+    began = time.monotonic()
+    hub._await_drain(sender, target)
+    watch.join()
+    assert excused == [True] and not sender.held  # excused while held, and no longer after
+    assert [(b.role, b.how) for b in named] == [("party1", "stuck")] and 0.3 <= time.monotonic() - began < 2.0
+
+
 def test_the_relay_cannot_alter_a_frame_unnoticed(tmp_path, attacked):
     classes = {"party2": TamperingRelayRole}
     ended = _world(tmp_path, "plain", 3, _align, (True,), classes).start().outcomes(120)

@@ -511,8 +511,25 @@ class Network:
             raise Refused(f"a frame {envelope.tag!r} over its bound of {self._bound(envelope, link.peer)[0]} bytes")
         self._relaying[link.peer, envelope.dst] = size if envelope.more else 0
         target.put([wire.encode(envelope)])
-        while target.open and target.queued > RELAY_QUEUE_BYTES and self._aborted is None:
-            time.sleep(0.005)  # holds this sender's stream back (flow control) until the receiver drains
+        self._await_drain(link, target)
+
+    def _await_drain(self, sender: Link, target: Link) -> None:
+        """Hold the sender's stream back (flow control) while more than RELAY_QUEUE_BYTES wait for `target`. The
+        sender is excused meanwhile (`held`: review finding, it was named as stalled after STALL_S for the
+        receiver's slowness), and a target that takes none of them for `deadline_s` is named instead."""
+        last, moved = target.queued, time.monotonic()
+        sender.held = True
+        try:
+            while target.open and target.queued > RELAY_QUEUE_BYTES and self._aborted is None:
+                if target.queued < last:
+                    last, moved = target.queued, time.monotonic()
+                elif time.monotonic() - moved > self.deadline_s:
+                    self._fault(Blame(target.peer, "stuck", target.last_round,
+                                      f"took none of its relayed frames for {self.deadline_s:.0f} s"))
+                    return
+                time.sleep(0.005)
+        finally:
+            sender.held, sender.last_seen = False, time.monotonic()
 
     def _hold(self, link: Link, key: tuple[str, str], depth: int) -> None:
         """Hold this link's reader (gRPC flow control then holds its sender) while `depth` frames of the

@@ -429,7 +429,8 @@ def test_the_relay_cannot_speak_for_a_role_that_is_not_in_the_run():
         victim._deliver(hub, wire.Envelope(wire.Kind.DATA, "party0", "party1", "align", b"z" * 64, True))
 
 
-@pytest.mark.parametrize("payload", [b"[" * 5000, b'{"a":' * 5000, b"\xff\xfe{", b"{" + b"1" * 20])
+@pytest.mark.parametrize("payload", [b"[" * 5000, b'{"a":' * 5000, b"\xff\xfe{", b"{" + b"1" * 20,
+                                     b"[" * 990 + b"]" * 990, b'{"a":' * 40 + b"1" + b"}" * 40])
 def test_a_peers_malformed_or_deeply_nested_json_is_a_protocol_error_that_names_it(payload):
     # Review finding: json raised RecursionError on a deeply nested record, which no handler caught, so a
     # hello or an announcement a few KB deep ended the active party without naming anyone.
@@ -438,8 +439,9 @@ def test_a_peers_malformed_or_deeply_nested_json_is_a_protocol_error_that_names_
     from falsevfl_secure.network.network import _blame_of, _notice_of, epoch_notice
     from falsevfl_secure.network.wire import peer_json
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # (990 deep loaded, then broke json.dumps a few frames deeper: review finding)
         peer_json(payload)
+    assert peer_json(b'{"a": [[{"b": [1, [2, {"c": "[[[["}]]}]]}') == {"a": [[{"b": [1, [2, {"c": "[[[["}]]}]]}
     for parse in (lambda: _loads(payload, "party0", "hello", {"name"}), lambda: _record(payload, "party0")):
         with pytest.raises(ProtocolError, match="party0"):
             parse()
@@ -481,7 +483,7 @@ def test_a_receiver_that_stops_reading_relayed_frames_is_named_not_their_sender(
     from falsevfl_secure.network.network import RELAY_QUEUE_BYTES, Network
 
     hub = Network.__new__(Network)
-    hub._aborted, hub.min_deadline_s, hub.slowest = None, 0.3, 0.0
+    hub._aborted, hub.min_deadline_s, hub.slowest, hub.lost = None, 0.3, 0.0, {}
     named, excused = [], []
     hub._fault = named.append
     sender, target = (Link(name, lambda *a: None, lambda *a: None) for name in ("party0", "party1"))

@@ -520,10 +520,12 @@ class Network:
         last, moved = target.queued, time.monotonic()
         sender.held = True
         try:
-            while target.open and target.queued > RELAY_QUEUE_BYTES and self._aborted is None:
+            while target.open and target.peer not in self.lost and target.queued > RELAY_QUEUE_BYTES and \
+                    self._aborted is None:
                 if target.queued < last:
                     last, moved = target.queued, time.monotonic()
-                elif time.monotonic() - moved > self.deadline_s:
+                elif time.monotonic() - max(moved, target.progressed_at) > self.deadline_s:  # (its own progress
+                    # excuses it: a receiver behind, whose reader waits for its program, is not stuck)
                     self._fault(Blame(target.peer, "stuck", target.last_round,
                                       f"took none of its relayed frames for {self.deadline_s:.0f} s"))
                     return

@@ -29,13 +29,25 @@ MAX_FRAME_BYTES = 1 << 30  # 1 GiB: about 33 million ristretto255 points in one 
 MAX_MESSAGE_BYTES = FRAGMENT_BYTES + 1024
 
 
+MAX_JSON_DEPTH = 32  # the deepest record a peer sends is a few levels; json's own limit is the recursion limit's
+
+
 def peer_json(payload: bytes | str) -> object:
     """JSON a peer sent: data only, and a JSONDecodeError (a ValueError) for anything malformed, also for
-    nesting deeper than Python's recursion limit (json raised RecursionError there, which no handler named)."""
+    nesting deeper than MAX_JSON_DEPTH (json raised RecursionError past the recursion limit, which no handler
+    named, and a record just under it loaded, then broke the first `json.dumps` of it a few frames deeper)."""
     try:
-        return json.loads(payload)
+        record = json.loads(payload)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
+    todo = [(record, 1)]
+    while todo:  # every value, without recursion
+        value, level = todo.pop()
+        if level > MAX_JSON_DEPTH:
+            raise json.JSONDecodeError(f"nested deeper than {MAX_JSON_DEPTH} levels", "", 0)
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        todo.extend((child, level + 1) for child in children)
+    return record
 
 
 class Refused(ProtocolError):

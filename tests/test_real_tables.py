@@ -443,3 +443,27 @@ def test_the_tables_demo_writes_messy_tables_that_check_accepts(tmp_path):
     assert "smoker: 2 categories" in out and "region: 2 categories" in out and "'mrn-00" in out
     code, _, err = cli("demo", "--dataset", "wine", "--parties", "5", "--out", str(tmp_path / "five"))
     assert code == 2 and "at most 4 parties" in err
+
+
+def test_a_partys_own_max_ids_bounds_the_alignment_frames_it_accepts():
+    # Review finding: the alignment's frames were bounded by the network's fixed 256 MiB whatever a party's
+    # max_ids, so a peer could make it buffer 8 frames of 256 MiB before its own bound refused the list. Its own
+    # max_ids now sizes them: one list of points per `align` frame, three position lists per kept record.
+    import threading
+
+    from falsevfl_secure.network import wire
+    from falsevfl_secure.network.network import SETUP, Network
+    from falsevfl_secure.secure.align import MAX_IDS
+
+    bounds = aligned_module.alignment_bounds(1000, 3)
+    assert bounds == {"align": 32 * 1000 + aligned_module.FRAME_SLACK, "kept": 24 * 3000 + aligned_module.FRAME_SLACK}
+    network = Network.__new__(Network)
+    network._cond, network.bounds, network._rounds_declared = threading.Condition(), dict(SETUP), False
+    network.tighten(bounds)
+    frame = wire.Envelope(wire.Kind.DATA, "party0", "party1", "align", b"")
+    assert network._bound(frame, "party0") == (bounds["align"], SETUP["align"][1])
+    network.tighten(aligned_module.alignment_bounds(MAX_IDS, 8))  # never raised past SETUP's
+    assert network._bound(frame, "party0") == (bounds["align"], SETUP["align"][1])
+    reassembly, size = wire.Reassembly(), network._bound(frame, "party0")[0]
+    with pytest.raises(wire.Refused):  # a frame over it is refused as it arrives, naming its sender
+        reassembly.add(wire.Envelope(wire.Kind.DATA, "party0", "party1", "align", b"z" * (size + 1)), size)

@@ -301,6 +301,14 @@ class Network:
             self._rounds_declared = True
         wire.NAMES.learn(bounds)  # a declared tag is checked once, here, not on its first frame
 
+    def tighten(self, bounds: dict[str, int]) -> None:
+        """Lower set-up steps' frame bounds from this role's own file (the alignment's by its max_ids); never raises
+        one, and a frame that came before is no larger than the bound it came under."""
+        with self._cond:
+            for tag, size in bounds.items():
+                if tag in self.bounds:
+                    self.bounds[tag] = (min(self.bounds[tag][0], int(size)), self.bounds[tag][1])
+
     @property
     def deadline_s(self) -> float:
         """How long a peer may heartbeat without delivering a round's frame (see DEADLINE_FACTOR), never past

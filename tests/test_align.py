@@ -531,12 +531,13 @@ def _one_at_a_time_hash(messages, prefix):
 
 
 def _one_at_a_time_check(frame):
-    """The index of the first point rbcl's own is_valid_point refuses (or that is the identity), or -1."""
+    """The index of the first point rbcl's own is_valid_point refuses, that is the identity, or whose top bit is
+    set (RFC 9496 4.3.1 refuses s >= p, 2^255 - 19, which libsodium 1.0.18 does not check for that bit), or -1."""
     import rbcl
 
     chunks = [frame[o:o + 32] for o in range(0, len(frame), 32)]
-    return next((i for i, p in enumerate(chunks)
-                 if p == bytes(32) or not rbcl.crypto_core_ristretto255_is_valid_point(p)), -1)
+    return next((i for i, p in enumerate(chunks) if p == bytes(32) or p[-1] & 0x80
+                 or not rbcl.crypto_core_ristretto255_is_valid_point(p)), -1)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -703,3 +704,23 @@ def test_alignment_scalars_never_follow_from_public_data(monkeypatch, build, att
         assert same and linked == len(id_lists[0])
     else:
         assert not same and linked == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_points_top_bit_and_the_identitys_alias_are_refused(threads):
+    # Review finding: libsodium 1.0.18 ignores the encoding's top bit, so P with it set decoded (and multiplied)
+    # as P: a second pseudonym for one point, which the union's repeat check missed; and 00..80 decoded as the
+    # identity. A canonical encoding never sets it.
+    from falsevfl_secure.secure import ristretto
+
+    point = ristretto.hash_to_group(b"some id")
+    alias = point[:-1] + bytes([point[-1] | 0x80])
+    identity_alias = bytes(31) + b"\x80"
+    assert ristretto.is_valid_point(point) and not point[-1] & 0x80
+    for bad in (alias, identity_alias):
+        assert not ristretto.is_valid_point(bad)
+        for at in range(3):
+            listed = [ristretto.hash_to_group(bytes([i])) for i in range(3)]
+            listed[at] = bad
+            assert ristretto.first_invalid_point(b"".join(listed), threads) == at
+    assert ristretto.first_invalid_point(point * 5, threads) == -1

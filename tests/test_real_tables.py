@@ -450,19 +450,26 @@ def test_a_partys_own_max_ids_bounds_the_alignment_frames_it_accepts():
     # max_ids, so a peer could make it buffer 8 frames of 256 MiB before its own bound refused the list. Its own
     # max_ids now sizes them: one list of points per `align` frame, three position lists per kept record.
     import threading
+    from types import SimpleNamespace
 
     from falsevfl_secure.network import wire
     from falsevfl_secure.network.network import SETUP, Network
-    from falsevfl_secure.secure.align import MAX_IDS
+    from falsevfl_secure.runtime.role import Role
+    from falsevfl_secure.secure.align import FRAME_SLACK, MAX_IDS, alignment_bounds
 
-    bounds = aligned_module.alignment_bounds(1000, 3)
-    assert bounds == {"align": 32 * 1000 + aligned_module.FRAME_SLACK, "kept": 24 * 3000 + aligned_module.FRAME_SLACK}
+    bounds = alignment_bounds(1000, 3)
+    assert bounds == {"align": 32 * 1000 + FRAME_SLACK, "kept": 24 * 3000 + FRAME_SLACK}
+    cast = SimpleNamespace(parties=("lab", "bank", "clinic"))
+    spec = SimpleNamespace(name="bank", cast=cast, agreement=SimpleNamespace(fields={"max_ids": 1000}))
+    assert Role._alignment_bounds(spec) == bounds  # set as the role starts, from its own file's max_ids
+    spec.name = "aggregator"  # a helper never aligns: no alignment frame at all
+    assert Role._alignment_bounds(spec) == {"align": 0, "kept": 0}
     network = Network.__new__(Network)
     network._cond, network.bounds, network._rounds_declared = threading.Condition(), dict(SETUP), False
     network.tighten(bounds)
     frame = wire.Envelope(wire.Kind.DATA, "party0", "party1", "align", b"")
     assert network._bound(frame, "party0") == (bounds["align"], SETUP["align"][1])
-    network.tighten(aligned_module.alignment_bounds(MAX_IDS, 8))  # never raised past SETUP's
+    network.tighten(alignment_bounds(MAX_IDS, 8))  # never raised past SETUP's
     assert network._bound(frame, "party0") == (bounds["align"], SETUP["align"][1])
     reassembly, size = wire.Reassembly(), network._bound(frame, "party0")[0]
     with pytest.raises(wire.Refused):  # a frame over it is refused as it arrives, naming its sender

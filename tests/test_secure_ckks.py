@@ -450,3 +450,17 @@ def test_non_finite_or_wrapping_values_are_refused(pool, refused) -> None:
     # A single 60-bit data prime leaves 2^18 above the scale: such a context carries less.
     small = ckks.make_secret_context(ckks.CkksParams(8192, (60, 60)))
     assert ckks.max_safe_abs(small, 8) == 2.0**18 / 8
+
+
+def test_a_published_context_with_galois_or_relinearisation_keys_is_refused() -> None:
+    """Review finding: a context carrying them (16 MB; nothing here needs them to add) loaded; the documented
+    public context holds the parameters and the public key only."""
+    secret, _, public_bytes = _contexts()
+    other = ckks.make_secret_context()
+    other.generate_galois_keys()
+    for galois, relin in ((True, False), (False, True)):
+        data = other.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=galois,
+                               save_relin_keys=relin)
+        with pytest.raises(SecureMessageError, match="Galois or relinearisation keys"):
+            ckks.load_public_context(data)
+    assert not ckks.load_public_context(public_bytes).has_galois_keys()

@@ -36,8 +36,8 @@ from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
 from ..randomness import KeyStream, PublicStream, RoleSecret, public_rng
-from ..secure import frames, ristretto
-from ..secure.align import MAX_IDS, Alignment, align
+from ..secure import frames
+from ..secure.align import MAX_IDS, Alignment, align, alignment_bounds
 from ..secure.errors import SecureMessageError
 from ..secure.identity import sign, verify
 
@@ -130,18 +130,6 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
                    remap[validation], overlap, short)
-
-
-FRAME_SLACK = 64 << 10  # a frame's headers, the pair channel's sealing, a signature
-
-
-def alignment_bounds(max_ids: int, parties: int) -> dict[str, int]:
-    """The largest alignment frames this party's own max_ids lets a peer send it: one list of points (32 bytes
-    each, at most max_ids: each party refuses a longer one) per `align` frame, and the announcement's three
-    position lists (8 bytes each per kept record, at most parties x max_ids records) in `kept`. Before, any peer
-    could fill SETUP's 256 MiB per frame whatever this party's max_ids."""
-    points = min(int(max_ids), MAX_IDS)
-    return {"align": ristretto.POINT_BYTES * points + FRAME_SLACK, "kept": 24 * parties * points + FRAME_SLACK}
 
 
 def save_alignment(folder: Path, aligned: Aligned, session: bytes) -> None:

@@ -342,11 +342,14 @@ def _address(section: dict, key: str, path: Path, where: str) -> tuple[str, int]
 
 
 def _max_ids(section: dict, path: Path) -> int:
-    from ..secure.align import MAX_IDS
+    from ..network.network import SETUP
+    from ..secure.align import FRAME_SLACK, MAX_IDS
+    from ..secure.ristretto import POINT_BYTES
 
+    most = min(MAX_IDS, (SETUP["align"][0] - FRAME_SLACK) // POINT_BYTES)  # a list must fit one alignment frame
     value = section.get("max_ids", DEFAULT_MAX_IDS)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_IDS:
-        raise InputError(f"{path}: [federation] max_ids = {value!r} must be an integer in 1..{MAX_IDS}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise InputError(f"{path}: [federation] max_ids = {value!r} must be an integer in 1..{most}")
     return value
 
 

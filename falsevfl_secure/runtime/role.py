@@ -22,6 +22,7 @@ from ..network.channel import PairChannel
 from ..network.handshake import Cast, Handshake, Request, Session, pair_keys
 from ..network.network import Blame, Network, Plan
 from ..network.peers import Peers
+from ..secure.align import alignment_bounds
 from ..secure.identity import read_private_key
 from ..transport.accounting import CommLog
 from ..transport.cross_process import Backend, DistributedTransport
@@ -63,6 +64,7 @@ class Role:
         self.key = read_private_key(spec.key_path)
         self.network = self.network_class(spec.name, self.key, spec.cast.pins, spec.plan, self._record_control)
         self.network.min_deadline_s = spec.request.round_deadline_s
+        self.network.tighten(self._alignment_bounds(spec))  # before any link is up: its own file's max_ids
         self.session: Session | None = None
         self.membership: Membership | None = None
         self.backend: Backend | None = None
@@ -103,6 +105,14 @@ class Role:
         if spec.is_party:
             self.backend = self.protocol.open(self.membership)
         return self
+
+    @staticmethod
+    def _alignment_bounds(spec: RoleSpec) -> dict[str, int]:
+        """The alignment's frame bounds from this role's own file: none for a helper, which never aligns."""
+        if spec.name not in spec.cast.parties:
+            return {"align": 0, "kept": 0}
+        max_ids = spec.agreement.fields.get("max_ids")
+        return {} if max_ids is None else alignment_bounds(int(max_ids), len(spec.cast.parties))
 
     @property
     def protocol(self) -> Protocol:

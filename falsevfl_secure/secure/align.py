@@ -44,6 +44,18 @@ MAX_IDS = (1 << 30) // ristretto.POINT_BYTES - 1  # a list of points must fit on
 _P = ristretto.POINT_BYTES
 
 
+FRAME_SLACK = 64 << 10  # an alignment frame's headers, the pair channel's sealing, a signature
+
+
+def alignment_bounds(max_ids: int, parties: int) -> dict[str, int]:
+    """The largest alignment frames a party's own max_ids lets a peer send it (the network's `align` and `kept`
+    bounds, set as its role starts): one list of points (32 bytes each, at most max_ids: each party refuses a
+    longer one) per `align` frame, and the announcement's three position lists (8 bytes each per kept record, at
+    most parties x max_ids records) in `kept`. Before, any peer could fill 256 MiB per frame whatever max_ids."""
+    points = min(int(max_ids), MAX_IDS)
+    return {"align": _P * points + FRAME_SLACK, "kept": 24 * parties * points + FRAME_SLACK}
+
+
 class AlignmentInputError(InputError):
     """The caller's own input is unusable (duplicate or non-string IDs, bad world or active index)."""
 

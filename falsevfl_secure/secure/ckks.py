@@ -200,6 +200,8 @@ def load_public_context(data: bytes) -> ts.Context:
         raise SecureMessageError("the published CKKS context contains the secret key; refusing it")
     if not ctx.has_public_key():
         raise SecureMessageError("the published CKKS context has no public key")
+    if ctx.has_galois_keys() or ctx.has_relin_keys():  # none is needed to add; they only cost memory (16 MB)
+        raise SecureMessageError("the published CKKS context carries Galois or relinearisation keys; refusing it")
     n, total_bits, data_bits, scale_bits = _modulus_of(ctx)
     _check_modulus(n, total_bits, scale_bits, data_bits)
     return ctx

@@ -188,7 +188,7 @@ def _count_points(points: bytes) -> int:
 
 def is_valid_point(point: bytes) -> bool:
     """Whether `point` is the canonical encoding of a ristretto255 point other than the identity."""
-    if not isinstance(point, bytes | bytearray) or len(point) != POINT_BYTES:
+    if not isinstance(point, bytes | bytearray) or len(point) != POINT_BYTES or point[-1] & 0x80:
         return False
     return point != _IDENTITY and _rbcl().crypto_core_ristretto255_is_valid_point(bytes(point))
 
@@ -200,8 +200,11 @@ def first_invalid_point(points: bytes, threads: int = 1) -> int:
         return -1
     valid, copy = _bound(_rbcl()).valid, _pinned(points)
     base = ctypes.addressof(copy)
-    zero = np.flatnonzero(~np.frombuffer(copy, dtype=np.uint8).reshape(n, POINT_BYTES).any(axis=1))
-    stop = int(zero[0]) if len(zero) else n  # libsodium decodes the identity; its encoding is the zero bytes
+    rows = np.frombuffer(copy, dtype=np.uint8).reshape(n, POINT_BYTES)
+    # libsodium decodes the identity (its encoding is the zero bytes) and, before 1.0.19, ignores the top bit: a
+    # point with it set is an alias of another, and 00..80 one of the identity (review finding)
+    zero = np.flatnonzero(~rows.any(axis=1) | (rows[:, -1] & 0x80).astype(bool))
+    stop = int(zero[0]) if len(zero) else n
 
     def work(lo: int, hi: int) -> int:
         for offset in range(POINT_BYTES * lo, POINT_BYTES * hi, POINT_BYTES):
@@ -217,6 +220,8 @@ def scalar_mult(scalar: bytes, point: bytes) -> bytes:
     """scalar * point; raises `InvalidPointError` if the point is invalid or the result the identity."""
     scalar, point = _check_len(scalar, SCALAR_BYTES, "a scalar"), _check_len(point, POINT_BYTES, "a point")
     try:
+        if point[-1] & 0x80:  # an alias libsodium 1.0.18 would multiply as its point
+            raise RuntimeError
         return _rbcl().crypto_scalarmult_ristretto255(scalar, point)
     except RuntimeError:  # libsodium returned -1: the point did not decode, or the product is the identity
         raise InvalidPointError("not a valid ristretto255 point (non-canonical encoding or the identity)") from None
@@ -241,7 +246,10 @@ def scalar_mult_batch(scalar: bytes, points: bytes, threads: int = 1) -> bytes:
                 return offset // POINT_BYTES
         return -1
 
-    bad = _run_chunks(n, threads, work)
+    high = np.flatnonzero(np.frombuffer(copy, dtype=np.uint8)[POINT_BYTES - 1::POINT_BYTES] & 0x80)
+    stop = int(high[0]) if len(high) else n  # a top bit set: an alias libsodium 1.0.18 multiplies as its point
+    bad = _run_chunks(stop, threads, work) if stop else -1
+    bad = bad if bad >= 0 else (stop if stop < n else -1)
     if bad >= 0:
         raise InvalidPointError(f"point {bad} of {n} is not a valid ristretto255 point "
                                 "(non-canonical encoding or the identity)")

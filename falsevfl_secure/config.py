@@ -56,10 +56,12 @@ class StageConfig:
 
     def check(self, name: str) -> None:
         """Refuse a schedule that cannot run, naming the stage (`name`)."""
-        _need(self.epochs >= 0, f"{name} epochs={self.epochs}: must be >= 0")
-        _need(self.batch_size >= 1, f"{name} batch_size={self.batch_size}: must be >= 1")
-        _need(self.lr > 0 and self.weight_decay >= 0,
-              f"{name}: lr must be > 0 and weight_decay >= 0 (got {self.lr}, {self.weight_decay})")
+        _need(_whole(self.epochs) and self.epochs >= 0, f"{name} epochs={self.epochs!r}: a whole number >= 0")
+        _need(_whole(self.batch_size) and 1 <= self.batch_size <= MAX_BATCH,
+              f"{name} batch_size={self.batch_size!r}: a whole number in 1..{MAX_BATCH}")
+        _need(real_number(self.lr) and real_number(self.weight_decay) and self.lr > 0 and self.weight_decay >= 0,
+              f"{name}: lr must be a finite number > 0 and weight_decay one >= 0 (got {self.lr!r}, "
+              f"{self.weight_decay!r})")
         _need(self.optimizer in OPTIMIZERS, f"{name} optimizer={self.optimizer!r}: choose adam or sgd")
         _need(isinstance(self.steps_per_epoch, int) and self.steps_per_epoch >= 0,
               f"{name} steps_per_epoch={self.steps_per_epoch}: an integer >= 0 (0: every batch of the epoch)")
@@ -104,14 +106,18 @@ class PrivacyConfig:
                 "latent_grad": self.clip_latent_grad}
 
     def check(self, parties: int) -> None:
-        _need(math.isfinite(self.epsilon) and self.epsilon >= 0, f"privacy epsilon={self.epsilon}: >= 0 (0: off)")
+        _need(real_number(self.epsilon) and real_number(self.delta),
+              f"privacy epsilon={self.epsilon!r}, delta={self.delta!r}: finite numbers")
+        _need(self.epsilon >= 0, f"privacy epsilon={self.epsilon}: >= 0 (0: off)")
         _need(1e-300 <= self.delta < 1, f"privacy delta={self.delta}: in [1e-300, 1)")  # no denormal: flushed
-        _need(self.noise_multiplier >= 0, f"privacy noise_multiplier={self.noise_multiplier}: >= 0 (0: calibrated)")
+        _need(real_number(self.noise_multiplier) and self.noise_multiplier >= 0,
+              f"privacy noise_multiplier={self.noise_multiplier!r}: a finite number >= 0 (0: calibrated)")
         _need(isinstance(self.collusion, int) and 0 <= self.collusion <= parties - 2,
               f"privacy collusion={self.collusion}: an integer in 0..{parties - 2} (the noise of at least one "
               "party besides the active one must remain)")
         for name in ("clip_posterior", "clip_likelihood", "clip_latent_grad", "clip_gradient"):
-            _need(getattr(self, name) > 0, f"privacy {name}={getattr(self, name)}: must be positive")
+            _need(real_number(getattr(self, name)) and getattr(self, name) > 0,
+                  f"privacy {name}={getattr(self, name)!r}: a finite number > 0")
         _need(isinstance(self.max_releases_per_row, int) and self.max_releases_per_row >= 0,
               f"privacy max_releases_per_row={self.max_releases_per_row}: an integer >= 0")
 
@@ -119,6 +125,21 @@ class PrivacyConfig:
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise InputError(message)
+
+
+def _whole(value) -> bool:
+    """An integer, not a bool (TOML's true would read as 1) nor a float (1.5 epochs)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def real_number(value) -> bool:
+    """A finite number, not a bool (inf and nan pass a comparison with 0 or fail it silently)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+MAX_BATCH = 1 << 20  # rows per mini-batch
+MAX_WIDTH = 1 << 14  # a layer's or latent's width (a typo of a few zeros allocated terabytes)
+MAX_SAMPLES = 1000  # importance samples in training, samples in prediction
 
 
 @dataclass(frozen=True)
@@ -227,11 +248,14 @@ class Config:
         _need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
         _need(self.max_rows is None or (isinstance(self.max_rows, int) and self.max_rows >= 10),
               f"max_rows={self.max_rows}: must be at least 10 (or unset)")
-        for name in ("h_dim", "z_dim", "party_hidden", "global_hidden", "discriminator_hidden", "indicator_hidden",
-                     "kappa", "predict_samples", "eval_batch_size"):
+        limits = dict.fromkeys(("h_dim", "z_dim", "party_hidden", "global_hidden", "discriminator_hidden",
+                                "indicator_hidden"), MAX_WIDTH) | {"kappa": MAX_SAMPLES, "predict_samples": MAX_SAMPLES,
+                                                                   "eval_batch_size": MAX_BATCH}
+        for name, most in limits.items():
             value = getattr(self, name)
-            _need(isinstance(value, int) and value >= 1, f"{name}={value}: must be a positive integer")
-        _need(self.min_decoder_std > 0, f"min_decoder_std={self.min_decoder_std}: must be positive")
+            _need(_whole(value) and 1 <= value <= most, f"{name}={value!r}: a whole number in 1..{most}")
+        _need(real_number(self.min_decoder_std) and self.min_decoder_std > 0,
+              f"min_decoder_std={self.min_decoder_std!r}: a finite number > 0")
         for stage_name in ("pretrain", "train"):
             getattr(self, stage_name).check(stage_name)
         self.privacy.check(self.parties)

@@ -197,3 +197,28 @@ def test_regression_metrics_against_closed_forms():
     assert shifted["rmse"] == pytest.approx(2.0) and shifted["r2"] == pytest.approx(1 - 16 / 5)
     assert math.isnan(regression_metrics(np.array([1.0, 2.0]), np.array([3.0, 3.0]))["r2"])
     assert accuracy(np.array(["a", "b", "b"]), np.array(["a", "b", "a"])) == pytest.approx(200 / 3)
+
+
+def test_a_block_too_wide_for_memory_is_refused_naming_its_widest_column(monkeypatch):
+    # Review: a categorical column with a value per row made rows x rows one-hot cells (20,000 rows: 4.2 GB;
+    # 100,000: 37 GiB, refused inside numpy with a traceback). The encoding counts the cells first.
+    from falsevfl_secure.data import encoding as module
+
+    n = 60
+    table = table_of(np.zeros((n, 1)), {"plate": [f"P{i}" for i in range(n)], "colour": ["red", "blue"] * (n // 2)})
+    assert fit_encoding(table).width == 1 + n + 2
+    monkeypatch.setattr(module, "MAX_CELLS", n * (1 + n + 2) - 1)
+    with pytest.raises(DataError, match=r"60 rows x 63 encoded cells.*'plate' \(60 categories\), 'colour' \(2 "):
+        fit_encoding(table)
+
+
+def test_a_target_whose_spread_overflows_is_refused_not_scaled_by_one():
+    # Review: labels of +-1e200 overflowed the variance to inf, and the scale fell back to 1 (a model trained on
+    # targets of 1e200), with two numpy warnings on the way.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match="overflows"):
+            TargetScale.fit(np.array([1e200, -1e200] * 5))
+        assert TargetScale.fit(np.array([3.0, 3.0, np.nan])) == TargetScale(3.0, 1.0)  # no spread: scale 1

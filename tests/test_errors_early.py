@@ -291,3 +291,41 @@ def test_a_hostile_row_announcement_is_refused_naming_the_active_party():
     with pytest.raises(SecureMessageError) as refusal:
         check_announcement(frame, 0, 6, 4, 3, "the active party 'clinic'")
     assert "the active party 'clinic'" in str(refusal.value), refusal.value
+
+
+# -- settings a user can mistype: one line naming the setting, before any work (review of the CLI) ----------
+
+TYPOS = [
+    (lambda t: 'model = "quick"\n' + t.replace('[model]\npreset = "quick"\nseed = 0\n', ""), "model must be a table"),
+    (lambda t: t.replace('rendezvous = "127.0.0.1:29611"', 'rendezvous = "127.0.0.1:\u00b2"'), "must be HOST:PORT"),
+    (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.pretrain]\nepochs = 1.5\n"), "epochs=1.5"),
+    (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.train]\nbatch_size = 2.5\n"), "batch_size=2.5"),
+    (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.pretrain]\nlr = inf\n"), "lr must be a finite"),
+    (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.train]\nweight_decay = nan\n"), "lr must be a finite"),
+    (lambda t: t.replace("seed = 0\n", "seed = 0\nh_dim = 1000000000000\n"), "h_dim=1000000000000"),
+    (lambda t: t.replace("seed = 0\n", "seed = 0\nkappa = true\n"), "kappa=True"),
+    (lambda t: t.replace("seed = 0\n", 'seed = 0\nmin_decoder_std = inf\n'), "min_decoder_std=inf"),
+    (lambda t: t.replace("seed = 0\n", 'seed = 0\n[model.pretrain]\nepochs = "ten"\n'), "epochs='ten'"),
+    (lambda t: t.replace("[[party]]", '[privacy]\nepsilon = "1"\n\n[[party]]', 1), "[privacy] epsilon = '1'"),
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = inf\n\n[[party]]", 1),
+     "[privacy] noise_multiplier = inf"),
+    (lambda t: t.replace('model = "lab/model"', 'model = "lab/train.csv"'), "is a file"),
+]
+
+
+@pytest.mark.parametrize("edit, said", TYPOS, ids=[said for _, said in TYPOS])
+def test_a_mistyped_setting_is_refused_in_one_line_naming_it(tmp_path_factory, edit, said):
+    # Review (bad inputs from the command line): these passed `check` and then failed inside `train` with a
+    # traceback (1.5 epochs, a width of 10^12, a model folder that is a file), ran with inf (lr, noise), took
+    # `true` as 1, or crashed on a superscript port or `model = "quick"` with a Python traceback.
+    from falsevfl_secure.errors import InputError
+
+    folder = tmp_path_factory.mktemp("typo")
+    code, _, err = cli("demo", "--dataset", "wine", "--parties", "3", "--protocol", "mpc", "--preset", "quick",
+                       "--out", str(folder))
+    assert code == 0, err
+    config = folder / "federation.toml"
+    config.write_text(edit(config.read_text()))
+    with pytest.raises(InputError) as refused:
+        load_federation(config)
+    assert said in str(refused.value) and "\n" not in str(refused.value), str(refused.value)

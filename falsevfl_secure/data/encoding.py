@@ -109,6 +109,22 @@ def _check(encoding: Encoding) -> None:
         raise DataError(f"encoding: the standardisation must cover the {numeric} numeric columns")
 
 
+MAX_CELLS = 1 << 28  # encoded cells of a block (rows x one-hot width): 1.25 GiB with the observed mask
+
+
+def _check_size(table: PartyTable, categories: Mapping[str, tuple[str, ...]]) -> None:
+    """Refuse a block whose one-hot cells would not fit memory, naming its widest categorical columns (a column
+    with a value per row, 20,000 rows, took 4.2 GB; 100,000 asked for 37 GiB and failed inside numpy)."""
+    width = len(table.columns) - len(categories) + sum(len(c) for c in categories.values())
+    if table.n_rows * width <= MAX_CELLS:
+        return
+    widest = sorted(categories, key=lambda c: -len(categories[c]))[:3]
+    raise DataError(f"{table.where}: {table.n_rows} rows x {width} encoded cells is more than {MAX_CELLS:,} cells; "
+                    f"the widest categorical columns: " + ", ".join(f"{c!r} ({len(categories[c])} categories)"
+                                                               for c in widest)
+                    + "; remove a column that identifies records, or group its rare categories")
+
+
 def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
     """The encoding learned from a training table; a DataError names a column with no value at all."""
     observed = table.observed
@@ -122,6 +138,7 @@ def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
         categories[name] = tuple(sorted(counts))
         total = sum(counts.values())
         shares[name] = tuple(counts[c] / total for c in categories[name])
+    _check_size(table, categories)
     numeric = [j for j, name in enumerate(table.columns) if name not in table.text]
     scaler = _fit_numeric(table.x[:, numeric], observed[:, numeric], clip) if numeric else None
     binary = _two_valued(table.x[:, numeric], observed[:, numeric])

@@ -37,9 +37,13 @@ class TargetScale:
         labeled = labeled[~np.isnan(labeled)]
         if labeled.size == 0:
             raise DataError("target scale: regression needs at least one labeled row")
-        mean = float(labeled.mean())
-        std = float(np.sqrt(np.mean(np.square(labeled - mean))))
-        return cls(mean, std if std > 0 and math.isfinite(std) else 1.0)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, in one line
+            mean = float(labeled.mean())
+            std = float(np.sqrt(np.mean(np.square(labeled - mean))))
+        if not (math.isfinite(mean) and math.isfinite(std)):  # (it fell back to 1: a target of +-1e200 trained as is)
+            raise DataError(f"target scale: the labeled values' mean or spread overflows (values from "
+                            f"{labeled.min():.3g} to {labeled.max():.3g}); rescale the label column")
+        return cls(mean, std if std > 0 else 1.0)
 
     def transform(self, values: np.ndarray) -> np.ndarray:
         return (np.asarray(values, dtype=np.float64) - self.mean) / self.std

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..config import PRESETS, Config, PrivacyConfig, StageConfig
+from ..config import PRESETS, Config, PrivacyConfig, StageConfig, real_number
 from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
@@ -336,7 +336,7 @@ def _id_rule(section: dict, path: Path) -> IdRule:
 def _address(section: dict, key: str, path: Path, where: str) -> tuple[str, int]:
     text = _text(section, key, path, where)
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:  # ("²" is a digit)
         raise InputError(f"{path}: [{where}] {key} = {text!r} must be HOST:PORT")
     return host, int(port)
 
@@ -379,6 +379,9 @@ def _party(entry: dict, index: int, path: Path) -> PartySpec:
     where, base = f"party {name!r}", path.parent
     given = {key: base / _text(entry, key, path, where) if key in entry else None
              for key in (*OWN_PATHS, "identity")}
+    if given["model"] is not None and given["model"].exists() and not given["model"].is_dir():
+        raise InputError(f"{path}: [[party]] {name!r}: model = {str(given['model'])!r} is a file; it names the folder "
+                         "the party keeps its model, checkpoints and ledger in")
     return PartySpec(name, given["train"], given["predict"], given["model"], _pin(entry, path, where),
                      given["identity"], _categorical(entry, path, where))
 
@@ -469,6 +472,9 @@ def _method(section: dict, path: Path) -> dict:
 
 def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Config:
     """The preset (a baseline's schedule where `method` names one) with the explicit settings on top."""
+    if not isinstance(raw.get("model", {}), dict):
+        raise InputError(f"{path}: model must be a table ([model] with its settings beneath), got "
+                         f"model = {raw['model']!r}")
     section = dict(raw.get("model", {}))
     refuse_unknown(section, MODEL_KEYS, path, "[model]")
     method = _method(section, path)
@@ -481,11 +487,12 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
             refuse_unknown(section[key], STAGE_KEYS, path, f"[model.{key}]")
             stages[key] = section.pop(key)
     options = {k: section.pop(k) for k in list(section) if k not in SETTINGS}
+    privacy = _privacy(raw, path)  # (outside: its own errors name [privacy], not [model])
     try:
         cfg = make_config(dataset, schedule, **method, **options)
         stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **v}) for k, v in stages.items()}
         cfg = replace(cfg, **section, **stages, parties=parties, active_party=active, task=task,
-                      privacy=_privacy(raw, path)).validate()
+                      privacy=privacy).validate()
         method_for(cfg)  # a budget refused for a method that it does not cover
     except (TypeError, ValueError) as error:
         raise InputError(f"{path}: [model] {error}") from error
@@ -502,6 +509,9 @@ def _privacy(raw: dict, path: Path) -> PrivacyConfig:
     if not isinstance(section, dict):
         raise InputError(f"{path}: [privacy] must be a table of {', '.join(PRIVACY_KEYS)}")
     refuse_unknown(section, PRIVACY_KEYS, path, "[privacy]")
+    for key, value in section.items():
+        if not real_number(value):
+            raise InputError(f"{path}: [privacy] {key} = {value!r} must be a finite number")
     privacy = PrivacyConfig(**section)
     if privacy.enabled and privacy.noise_multiplier <= 0:
         raise InputError(f"{path}: [privacy] needs noise_multiplier > 0 in a federation: every party states the same "

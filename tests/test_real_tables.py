@@ -458,7 +458,7 @@ def test_a_partys_own_max_ids_bounds_the_alignment_frames_it_accepts():
     from falsevfl_secure.secure.align import FRAME_SLACK, MAX_IDS, alignment_bounds
 
     bounds = alignment_bounds(1000, 3)
-    assert bounds == {"align": 32 * 1000 + FRAME_SLACK, "kept": 24 * 3000 + FRAME_SLACK}
+    assert bounds == {"align": 32 * 1000 + FRAME_SLACK, "kept": 8 * 4 * 1000 + FRAME_SLACK}
     cast = SimpleNamespace(parties=("lab", "bank", "clinic"))
     spec = SimpleNamespace(name="bank", cast=cast, agreement=SimpleNamespace(fields={"max_ids": 1000}))
     assert Role._alignment_bounds(spec) == bounds  # set as the role starts, from its own file's max_ids

@@ -228,7 +228,7 @@ def load_federation(path: Path | str) -> Federation:
                       _flag(section, "allow_two_party_disclosure", path), _join_timeout(section, path),
                       _missing_values(section, path), _id_rule(section, path),
                       _fraction(section, "min_overlap", 0.01, 1.0, path),
-                      _fraction(section, "validation_fraction", 0.1, 0.5, path), _max_ids(section, path),
+                      _fraction(section, "validation_fraction", 0.1, 0.5, path), _max_ids(section, path, len(parties)),
                       _flag(section, "allow_partial_predict", path), *_loss_policy(section, path, len(parties)),
                       _seconds(section, "round_deadline_s", 45.0, path), _validation_group(section, path))
 
@@ -341,13 +341,15 @@ def _address(section: dict, key: str, path: Path, where: str) -> tuple[str, int]
     return host, int(port)
 
 
-def _max_ids(section: dict, path: Path) -> int:
+def _max_ids(section: dict, path: Path, parties: int) -> int:
     from ..network.network import SETUP
-    from ..secure.align import FRAME_SLACK, MAX_IDS
+    from ..secure.align import FRAME_SLACK, KEPT_BYTES_PER_ID, MAX_IDS
     from ..secure.ristretto import POINT_BYTES
 
-    most = min(MAX_IDS, (SETUP["align"][0] - FRAME_SLACK) // POINT_BYTES)  # a list must fit one alignment frame
-    value = section.get("max_ids", DEFAULT_MAX_IDS)
+    # a list must fit one alignment frame, and the announcement of the union (up to parties x max_ids) one frame
+    most = min(MAX_IDS, (SETUP["align"][0] - FRAME_SLACK) // POINT_BYTES,
+               (SETUP["kept"][0] - FRAME_SLACK) // (KEPT_BYTES_PER_ID * (parties + 1)))
+    value = section.get("max_ids", min(DEFAULT_MAX_IDS, most))
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
         raise InputError(f"{path}: [federation] max_ids = {value!r} must be an integer in 1..{most}")
     return value

@@ -45,15 +45,17 @@ _P = ristretto.POINT_BYTES
 
 
 FRAME_SLACK = 64 << 10  # an alignment frame's headers, the pair channel's sealing, a signature
+KEPT_BYTES_PER_ID = 8  # an int64 position in the `kept` announcement
 
 
 def alignment_bounds(max_ids: int, parties: int) -> dict[str, int]:
     """The largest alignment frames a party's own max_ids lets a peer send it (the network's `align` and `kept`
     bounds, set as its role starts): one list of points (32 bytes each, at most max_ids: each party refuses a
-    longer one) per `align` frame, and the announcement's three position lists (8 bytes each per kept record, at
-    most parties x max_ids records) in `kept`. Before, any peer could fill 256 MiB per frame whatever max_ids."""
+    longer one) per `align` frame, and in `kept` the announcement's kept positions (8 bytes each, at most parties
+    x max_ids) and its labeled and validation ones (disjoint, among the active party's at most max_ids). Before,
+    any peer could fill 256 MiB per frame whatever max_ids."""
     points = min(int(max_ids), MAX_IDS)
-    return {"align": _P * points + FRAME_SLACK, "kept": 24 * parties * points + FRAME_SLACK}
+    return {"align": _P * points + FRAME_SLACK, "kept": KEPT_BYTES_PER_ID * (parties + 1) * points + FRAME_SLACK}
 
 
 class AlignmentInputError(InputError):

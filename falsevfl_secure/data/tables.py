@@ -30,6 +30,7 @@ import difflib
 import itertools
 import math
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -611,6 +612,10 @@ def _classification_targets(labels: list[str | None], classes: Sequence[str] | N
         if len(known) < 2:
             raise DataError(f"{where}: classification needs at least two classes among the labels, "
                             f"found {len(known)}{': ' + repr(known[0]) if known else ''}")
+        counts = Counter(label for label in labels if label is not None)
+        if max(counts.values()) < 2:  # (it trained to 0 % with generic warnings: nothing to generalise from)
+            raise DataError(f"{where}: each of the {len(known)} classes has a single labeled record; a label "
+                            "column that names every record apart is an identifier, not a class")
     else:
         known = tuple(classes)
         if not known or not all(isinstance(c, str) and c for c in known) or len(set(known)) != len(known):

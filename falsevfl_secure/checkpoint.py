@@ -95,6 +95,14 @@ def party_state(node: Node, party: int, optimizers: dict) -> dict:
 
 
 def restore_party(node: Node, party: int, state: dict, optimizers: dict) -> None:
+    """Party `party`'s state from its checkpoint, refused (one line naming what differs) when the checkpoint is of
+    another configuration: review finding, a federation's --resume and --rejoin took any checkpoint whose networks
+    fit (another seed, learning rate, schedule or table), where only `simulate` checked."""
+    if state.get("fingerprint") != node.cfg.fingerprint():
+        raise InputError(f"party {party}: its checkpoint belongs to another configuration: "
+                         f"{differences(_settings(state), node.cfg)}; train again without --resume")
+    if missing := sorted({"secret", "streams", "optimizers"} - set(state)):
+        raise InputError(f"party {party}: its checkpoint lacks {missing}; train again without --resume")
     role = node.parties[party]
     for name, module in node.method.checkpoint_modules(node, party).items():
         try:
@@ -123,8 +131,17 @@ def check_resumable(directory: Path | str, parties: range | list[int], cfg: Conf
         state = c.load(latest)
         if state.get("fingerprint") != cfg.fingerprint():
             raise InputError(f"--resume: {c.path(latest)} belongs to another configuration: "
-                             f"{differences(json.loads(state.get('settings', '{}')), cfg)}")
+                             f"{differences(_settings(state), cfg)}")
     return latest
+
+
+def _settings(state: dict) -> dict:
+    """A checkpoint's recorded training settings ({} where they do not read as a JSON object)."""
+    try:
+        settings = json.loads(state.get("settings", "{}"))
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def differences(saved: dict, cfg: Config) -> str:

@@ -10,6 +10,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+_UMASK = os.umask(0o077)  # read once at import, before any thread (setting it later is process-wide: a thread
+os.umask(_UMASK)  # that made a folder meanwhile got 0777; review finding)
+
 
 def atomic_write(path: Path | str, data: bytes | str, private: bool = False) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename.
@@ -24,10 +27,10 @@ def atomic_write(path: Path | str, data: bytes | str, private: bool = False) -> 
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data.encode() if isinstance(data, str) else data)
-        if not private:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+            handle.flush()
+            os.fsync(handle.fileno())  # on disk before the rename: a power loss leaves the old file, not an empty one
+            if not private:
+                os.fchmod(handle.fileno(), 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -125,3 +125,28 @@ def test_a_checkpoint_whose_networks_have_other_shapes_is_refused_with_one_line(
     store.save(progress, state)
     with pytest.raises(InputError, match="party 0: its checkpoint's party_module does not fit"):
         run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, resume=True)
+
+
+def test_a_resume_from_checkpoints_of_another_configuration_is_refused_naming_what_differs(tmp_path):
+    """Review finding: only `simulate` compared the checkpoints' configuration before resuming; a federation's
+    --resume and --rejoin restored any checkpoint whose networks fit (another learning rate, seed or schedule).
+    Every restore now compares it, naming the settings that differ; a checkpoint without its secret is refused."""
+    from falsevfl_secure.errors import InputError
+
+    cfg = small_config()
+
+    def killer(stage, epoch, optimizers):
+        if (int(stage), epoch) == (1, 0):
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, after_epoch=killer, secrets=SECRETS)
+    other = replace(cfg, pretrain=replace(cfg.pretrain, lr=1e-3))
+    with pytest.raises(InputError, match="another configuration: .*lr"):
+        run_local(other, PATTERNS, progress=False, checkpoint_dir=tmp_path, resume=True)
+    store = Checkpointer(tmp_path, 1)
+    state = store.load((Stage.PRETRAIN, 0))
+    del state["secret"]
+    store.save((Stage.PRETRAIN, 0), state)
+    with pytest.raises(InputError, match=r"party 1: its checkpoint lacks \['secret'\]"):
+        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, resume=True)

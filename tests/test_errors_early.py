@@ -329,3 +329,25 @@ def test_a_mistyped_setting_is_refused_in_one_line_naming_it(tmp_path_factory, e
     with pytest.raises(InputError) as refused:
         load_federation(config)
     assert said in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
+def test_a_key_written_meanwhile_by_another_keygen_is_never_replaced(tmp_path, monkeypatch):
+    # Review finding: keygen checked that the key file did not exist, then renamed over it: two keygens at once
+    # could replace a key whose public half was already pinned. The new key is linked in, which fails if one is.
+    from falsevfl_secure.secure.identity import IdentityError, generate, write_private_key
+
+    path = tmp_path / "keys" / "lab.pem"
+    real = identity.atomic_write
+
+    def racing(target, data, private=False):
+        real(target, data, private)
+        path.write_bytes(b"the other keygen's key")  # lands between the check and the link
+
+    monkeypatch.setattr(identity, "atomic_write", racing)
+    with pytest.raises(IdentityError, match="another keygen wrote it just now"):
+        write_private_key(path, generate())
+    assert path.read_bytes() == b"the other keygen's key" and sorted(p.name for p in path.parent.iterdir()) == \
+        ["lab.pem"]
+    monkeypatch.setattr(identity, "atomic_write", real)
+    write_private_key(tmp_path / "keys" / "bank.pem", generate())
+    assert oct((tmp_path / "keys" / "bank.pem").stat().st_mode & 0o777) == "0o600"

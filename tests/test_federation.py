@@ -361,3 +361,25 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     latest = max(checkpoints.glob("party*-stage*-epoch*.pt"))
     assert latest.name.startswith("party1-stage2"), latest  # it trained on to the end after its return
     assert (config.parent / "party1" / "model" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: {**m, "settings": "x"}, lambda m: {**m, "classes": ["1", "1"]}, lambda m: {**m, "classes": []},
+    lambda m: {**m, "classes": "xy"}, lambda m: {**m, "settings": {"a": [[[[]]]]}, "fingerprint": "f"},
+    lambda m: {**m, "party": 3},
+], ids=["settings text", "a class twice", "no class", "classes text", "other fingerprint", "party number"])
+def test_a_manifest_edited_by_hand_is_refused_in_one_line(trained, tmp_path, edit):
+    # Review finding: settings that were no object gave an AttributeError traceback, deeply nested JSON a
+    # RecursionError one, and a list of classes with a repeat, none or a text was taken.
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.store import load_manifest
+
+    manifest = json.loads((trained / "party3" / "model" / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps(edit(manifest)))
+    with pytest.raises(InputError) as refused:
+        load_manifest(tmp_path, "party3", load_federation(trained / "federation.toml").model)
+    assert "\n" not in str(refused.value) and "party3" in str(refused.value)
+    (tmp_path / "manifest.json").write_text('{"a":' * 5000 + "1" + "}" * 5000)
+    with pytest.raises(InputError, match="is not a model manifest"):
+        load_manifest(tmp_path, "party3", load_federation(trained / "federation.toml").model)

@@ -73,8 +73,13 @@ class Manifest:
             target = None if d["target"] is None else TargetScale.from_dict(d["target"])
         else:
             raise ValueError(f"unknown format {d.get('format')!r}, expected {FORMAT!r}")
-        return cls(d["party"], encoding, d["fingerprint"], d["settings"], d["protocol"],
-                   None if d["classes"] is None else tuple(d["classes"]), target)
+        if d["classes"] is not None and not isinstance(d["classes"], list):
+            raise ValueError("its classes are not a list")
+        classes = None if d["classes"] is None else tuple(d["classes"])
+        if not isinstance(d["settings"], dict) or not isinstance(d["party"], str) or classes is not None and (
+                len(classes) < 2 or len(set(classes)) != len(classes) or not all(isinstance(c, str) for c in classes)):
+            raise ValueError("its settings, party or classes are not of the form it writes")
+        return cls(d["party"], encoding, d["fingerprint"], d["settings"], d["protocol"], classes, target)
 
 
 def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> None:
@@ -98,7 +103,7 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
         manifest = Manifest.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
         raise InputError(f"party {party!r}: no trained model in {model_dir} (run `train` first)") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError, RecursionError) as error:
         raise InputError(f"party {party!r}: {path} is not a model manifest ({error})") from error
     if manifest.party != party:
         raise InputError(f"party {party!r}: {model_dir} holds the model of party {manifest.party!r}")

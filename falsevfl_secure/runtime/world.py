@@ -261,7 +261,7 @@ def _child(spec: RoleSpec, program: Callable, args: tuple, conn, lifeline, log: 
     follow_launcher(lifeline)
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)  # (a planted link: refused)
         os.dup2(fd, 1)
         if not show:
             os.dup2(fd, 2)

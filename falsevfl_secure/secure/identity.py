@@ -77,7 +77,15 @@ def write_private_key(path: Path | str, key: PrivateKey) -> None:
                             "make a new one (every participant must then pin the new line)")
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    atomic_write(path, pem, private=True)
+    staging = path.with_name(f".{path.name}.new")
+    staging.unlink(missing_ok=True)
+    atomic_write(staging, pem, private=True)
+    try:
+        os.link(staging, path)  # fails if a key appeared meanwhile (two keygens at once): never replaced
+    except FileExistsError:
+        raise IdentityError(f"{path} exists (another keygen wrote it just now): a key is never replaced") from None
+    finally:
+        staging.unlink(missing_ok=True)
 
 
 def read_private_key(path: Path | str) -> PrivateKey:

@@ -176,3 +176,37 @@ def test_zero_shares_cancel_and_shares_drawn_ahead_are_the_shares_drawn_on_deman
     for j in range(6):
         total = sum(torch.as_tensor(r["ahead"][j]) for r in results)  # int64 addition wraps: the ring
         assert (total == 0).all()
+
+
+@pytest.mark.parametrize("build", ["weakened: a refusal's value slots left at zero", "shipped"])
+def test_a_refused_input_does_not_unmask_the_other_parties(build, attacked) -> None:
+    """Review finding: a party that refuses its own input (NaN, or out of range) still sends its zero share, so
+    the masks cancel; with its value slots left at zero the ring total was the exact sum of the other parties'
+    encodings, the other passive party's own value at K = 3 once the active party takes its own off. Its value
+    slots now carry uniform secret noise: the total tells nothing."""
+    import secrets as secrets_module
+
+    from falsevfl_secure.secure import mpc_sum
+    from falsevfl_secure.secure.masks import ZeroShares
+
+    keys = {(a, b): secrets_module.token_bytes(32) for a in range(3) for b in range(a + 1, 3)}
+    shares = [ZeroShares(k, {j: keys[min(j, k), max(j, k)] for j in range(3) if j != k}) for k in range(3)]
+    victim = torch.tensor([0.25, -3.0, 7.5])
+    weak = build.startswith("weakened")
+    real = mpc_sum.secrets.token_bytes
+    try:
+        if weak:
+            mpc_sum.secrets.token_bytes = lambda n: bytes(n)
+        refused, error = mpc_sum.masked_message(torch.tensor([float("nan"), 1.0, 2.0]), shares[1], 3, None)
+    finally:
+        mpc_sum.secrets.token_bytes = real
+    honest, _ = mpc_sum.masked_message(victim, shares[2], 3, None)
+    own, _ = mpc_sum.masked_message(torch.zeros(3), shares[0], 3, None)  # the active party's own: zero
+    total = own + refused + honest
+    recovered = mpc_sum.decode_fixed_point(total[:-1])
+    exact = bool(torch.equal(recovered.float(), victim))
+    attacked("a refused input unmasks the others (active, mpc)", build, f"victim's value recovered: {exact}")
+    assert error is not None and int(total[-1]) == 1
+    assert exact == weak
+    for s in shares:
+        s.close()

@@ -12,6 +12,7 @@ and raises after the gather; `dst` raises when the revealed flag count is non-ze
 
 from __future__ import annotations
 
+import secrets
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -53,6 +54,9 @@ def masked_message(value: torch.Tensor, shares: ZeroShares, n_addends: int, limi
         message[:numel] += encode_fixed_point(value, precision_bits, n_addends, limit).reshape(-1)
     except SecureRangeError as error:
         message[numel] += 1
+        # value slots of uniform secret noise: left at zero, the masks still cancelled, and the total was the exact
+        # sum of the other parties' values, the other party's own at K = 3 (review finding)
+        message[:numel] += torch.from_numpy(np.frombuffer(secrets.token_bytes(8 * numel), dtype="<i8").copy())
         return message, error
     return message, None
 

@@ -57,7 +57,7 @@ def save_view(path: Path | str, view: View) -> None:
     arrays = {f"value{i}": e.value for i, e in enumerate(view)}
     buffer = io.BytesIO()
     np.savez(buffer, index=np.array(json.dumps(index)), **arrays)
-    atomic_write(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue(), private=True)  # the party's own contributions in clear: owner only
 
 
 def load_view(path: Path | str) -> View:

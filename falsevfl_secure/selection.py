@@ -74,6 +74,17 @@ class BestEpoch:
             self.best_score, self.best_epoch = value, epoch
             self._best_state = copy.deepcopy(self.node.active.get().model.discriminator.state_dict())
 
+    def state(self) -> dict:
+        """What the active party's checkpoint keeps of the choice, so that a resumed stage 2 chooses among every
+        epoch (review finding: it chose among those after the resume, or kept the last epoch)."""
+        return {"scores": list(self.scores), "best_score": self.best_score, "best_epoch": self.best_epoch,
+                "best": self._best_state}
+
+    def load(self, state: dict | None) -> None:
+        if state:
+            self.scores, self.best_score = list(state["scores"]), float(state["best_score"])
+            self.best_epoch, self._best_state = state["best_epoch"], state["best"]
+
     def restore(self) -> dict | None:
         """Load the best epoch's discriminator; what was chosen (None where this process has no label side)."""
         if self._best_state is None:

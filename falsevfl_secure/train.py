@@ -254,7 +254,10 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         if best is not None and stage is Stage.TRAIN:
             best.update(epoch)
         for c in checkpointers:
-            c.save((stage, epoch), party_state(node, c.party, opts))
+            kept = party_state(node, c.party, opts)
+            if best is not None and c.party == node.cfg.active_index and node.active.present:
+                kept["selection"] = best.state()
+            c.save((stage, epoch), kept)
         if after_epoch is not None:
             after_epoch(stage, epoch, opts)
 
@@ -266,6 +269,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         returned_in_stage_2 = rejoin is not None and Stage(rejoin[0]) is Stage.TRAIN  # after the rounds below
         if stage is Stage.TRAIN and _selects(node, validation) and not returned_in_stage_2:
             best = BestEpoch(node, validation)  # collective: the validation records' forward rounds, once
+            best.load(_saved_selection(checkpointers, node, start) if resume else None)
         result.losses[stage.key] = run_stage(node, data, stage, optimizers[stage], start[stage], progress,
                                              on_epoch_end)
         if best is not None and stage is Stage.TRAIN:
@@ -274,6 +278,14 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         after = node.transport.log.totals()
         result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
     return _finish(node, data, validation, best, result)
+
+
+def _saved_selection(checkpointers: list, node: Node, start: dict[Stage, int]) -> dict | None:
+    """The stage-2 choice the active party's checkpoint kept at the epoch a resumed run starts after."""
+    if start[Stage.TRAIN] == 0 or not node.active.present:
+        return None
+    active = [c for c in checkpointers if c.party == node.cfg.active_index]
+    return active[0].load((Stage.TRAIN, start[Stage.TRAIN] - 1)).get("selection") if active else None
 
 
 def _finish(node: Node, data: HostedData, validation: HostedData | None, best, result: Fit) -> Fit:

@@ -225,3 +225,47 @@ def test_numbers_written_with_decimal_commas_are_refused_not_read_as_categories(
     assert "income" in str(error.value) and "line 2" in str(error.value)
     table = read_party_table(path, "bank", "id", options=ReadOptions(categorical=("income",)))
     assert table.categorical == ("income", "region")  # listed: its values are categories, as the user says
+
+
+@pytest.mark.parametrize("kill_at", [3, 5])  # mid stage 2; after its last epoch (only the trees were left)
+def test_a_resumed_stage_two_chooses_among_every_epoch_as_an_uninterrupted_run(tmp_path, kill_at):
+    """Review finding: the stage-2 choice was not in any checkpoint, so a resumed run chose among the epochs
+    after the resume only, or (resumed after the last epoch) kept the last one. The active party's checkpoint
+    keeps it now: the resumed run chooses the same epoch and ends with the same discriminator."""
+    from falsevfl_secure.data.synthetic import synthetic_split
+    from falsevfl_secure.methods import build_node
+    from falsevfl_secure.node import host_split
+    from falsevfl_secure.randomness import RoleSecret
+    from falsevfl_secure.train import fit
+    from falsevfl_secure.transport.in_process import LocalTransport
+
+    torch.set_num_threads(1)
+    cfg = Config(dataset="synthetic", parties=3, h_dim=8, z_dim=4, party_hidden=16, global_hidden=16,
+                 discriminator_hidden=16, kappa=2, predict_samples=4, pretrain=StageConfig(2e-3, 32, 2),
+                 train=StageConfig(5e-2, 16, 6))
+    data = host_split(synthetic_split(n=120, parties=3, width=4, p_missing=0.2, seed=3).view([0, 1, 2], True),
+                      torch.device("cpu"), 3)
+    held_out = host_split(synthetic_split(n=40, parties=3, width=4, p_missing=0.2, seed=4).view([0, 1, 2], True),
+                          torch.device("cpu"), 3)
+
+    def node():
+        secrets = {k: RoleSecret.for_tests(5, k) for k in range(3)}
+        return build_node(cfg, {k: 4 for k in range(3)}, 3, LocalTransport(3, 2), torch.device("cpu"), secrets)
+
+    class Interrupt(Exception):
+        pass
+
+    def killer(stage, epoch, optimizers):
+        if (stage, epoch) == (Stage.TRAIN, kill_at):
+            raise Interrupt
+
+    whole = node()
+    reference = fit(whole, data, tmp_path / "a", progress=False, validation=held_out).selection
+    with pytest.raises(Interrupt):
+        fit(node(), data, tmp_path / "b", progress=False, validation=held_out, after_epoch=killer)
+    resumed_node = node()
+    resumed = fit(resumed_node, data, tmp_path / "b", resume=True, progress=False, validation=held_out).selection
+    assert resumed == reference and len(resumed["per_epoch"]) == 6
+    for a, b in zip(whole.active.get().model.discriminator.parameters(),
+                    resumed_node.active.get().model.discriminator.parameters(), strict=True):
+        assert torch.equal(a, b)

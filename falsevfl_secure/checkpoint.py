@@ -43,12 +43,18 @@ class Checkpointer:
         stage, epoch = progress
         return self.directory / f"party{self.party}-stage{int(stage)}-epoch{epoch:05d}.pt"
 
-    def save(self, progress: Progress, state: dict) -> None:
+    def save(self, progress: Progress, state: dict, keep_stage1: bool = False) -> None:
+        """Write one epoch's state and drop the older ones but the last KEEP (`keep_stage1`: and the last of stage
+        1, where a resumed stage 2 starts again from it: a cached stage 2, whose passive parties checkpoint all
+        its epochs at once, left none that every party held)."""
         buffer = io.BytesIO()
         torch.save(state, buffer)
         atomic_write(self.path(progress), buffer.getvalue(), private=True)  # it holds the party's secret
-        for older in self.available()[:-KEEP]:
-            self.path(older).unlink(missing_ok=True)
+        held = self.available()
+        first = [p for p in held if p[0] is Stage.PRETRAIN][-1:] if keep_stage1 else []
+        for older in held[:-KEEP]:
+            if older not in first:
+                self.path(older).unlink(missing_ok=True)
 
     def available(self) -> list[Progress]:
         """(stage, completed epoch) of this party's checkpoints, oldest first."""

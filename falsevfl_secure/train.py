@@ -257,7 +257,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
             kept = party_state(node, c.party, opts)
             if best is not None and c.party == node.cfg.active_index and node.active.present:
                 kept["selection"] = best.state()
-            c.save((stage, epoch), kept)
+            c.save((stage, epoch), kept, keep_stage1=node.method.caches_stage2)
         if after_epoch is not None:
             after_epoch(stage, epoch, opts)
 
@@ -334,6 +334,8 @@ def _resume(node: Node, checkpointers: list, optimizers: dict, agree: Agree | No
                          "stage2_pass = \"once\" every labeled row, and the validation records) would be released "
                          "again, which the budget does not count; train again from the start")
     common = set.intersection(*(set(c.available()) for c in checkpointers)) if checkpointers else set()
+    if node.method.caches_stage2:  # its one pass runs again from stage 1's end, with the streams it had there
+        common = {p for p in common if p[0] is Stage.PRETRAIN}
     common = agree(common) if agree is not None else common
     if not common:
         raise InputError("--resume: there is no checkpoint that every party completed; nothing to resume")

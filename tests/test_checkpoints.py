@@ -150,3 +150,24 @@ def test_a_resume_from_checkpoints_of_another_configuration_is_refused_naming_wh
     store.save((Stage.PRETRAIN, 0), state)
     with pytest.raises(InputError, match=r"party 1: its checkpoint lacks \['secret'\]"):
         run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, resume=True)
+
+
+@pytest.mark.parametrize("kill_at", [(2, 0), (2, 1)])
+def test_a_cached_stage_two_resumes_from_stage_one_to_the_same_parameters(tmp_path, kill_at):
+    """Review finding: with stage2_pass = "once" the passive parties run through stage 2's epochs at once and kept
+    only its last two, so an active party killed mid stage 2 left no epoch every party held; and the cache's
+    pass would have drawn other samples from the streams of a later epoch. Its last stage-1 checkpoint is kept,
+    and a resume in stage 2 starts stage 2 again from it: the same samples, the same parameters."""
+    cfg = make_config("digits", "quick", parties=2, stage2_pass="once")
+    cfg = replace(cfg, pretrain=StageConfig(2e-3, 256, 3), train=StageConfig(2e-3, 64, 3))
+    run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "a", secrets=SECRETS)
+
+    def killer(stage, epoch, optimizers):
+        if (int(stage), epoch) == kill_at:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", after_epoch=killer, secrets=SECRETS)
+    assert (Stage.PRETRAIN, 2) in Checkpointer(tmp_path / "b", 0).available()
+    run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", resume=True)
+    assert_same_states(final_states(tmp_path / "a", 2), final_states(tmp_path / "b", 2))

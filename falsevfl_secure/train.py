@@ -235,7 +235,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     given; `resume` continues from the last epoch that every party completed; `rejoin` (a party that left a
     run that went on, readmitted at this (stage, epoch)) continues from its own latest checkpoint there. With
     `validation` records (and `select_best`), stage 2 keeps its best epoch on them (selection.py)."""
-    from .checkpoint import Checkpointer, party_state
+    from .checkpoint import Checkpointer
     from .selection import BestEpoch
 
     checkpointers = [Checkpointer(checkpoint_dir, k) for k in node.parties] if checkpoint_dir is not None else []
@@ -253,11 +253,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
     def on_epoch_end(stage: Stage, epoch: int, opts: dict) -> None:
         if best is not None and stage is Stage.TRAIN:
             best.update(epoch)
-        for c in checkpointers:
-            kept = party_state(node, c.party, opts)
-            if best is not None and c.party == node.cfg.active_index and node.active.present:
-                kept["selection"] = best.state()
-            c.save((stage, epoch), kept, keep_stage1=node.method.caches_stage2)
+        _save_epoch(node, checkpointers, (stage, epoch), opts, best)
         if after_epoch is not None:
             after_epoch(stage, epoch, opts)
 
@@ -278,6 +274,17 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         after = node.transport.log.totals()
         result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
     return _finish(node, data, validation, best, result)
+
+
+def _save_epoch(node: Node, checkpointers: list, progress: tuple[Stage, int], opts: dict, best) -> None:
+    """Each hosted party's checkpoint of the epoch just ended (the active party's with stage 2's choice so far)."""
+    from .checkpoint import party_state
+
+    for c in checkpointers:
+        kept = party_state(node, c.party, opts)
+        if best is not None and c.party == node.cfg.active_index and node.active.present:
+            kept["selection"] = best.state()
+        c.save(progress, kept, keep_stage1=node.method.caches_stage2)
 
 
 def _saved_selection(checkpointers: list, node: Node, start: dict[Stage, int]) -> dict | None:

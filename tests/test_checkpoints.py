@@ -46,6 +46,16 @@ class Interrupt(Exception):
     pass
 
 
+def interrupted(cfg, directory: Path, kill_at: tuple[int, int]) -> None:
+    """A local run of `cfg` with its checkpoints in `directory`, killed after epoch `kill_at` (stage, epoch)."""
+    def killer(stage, epoch, optimizers):
+        if (int(stage), epoch) == kill_at:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=directory, after_epoch=killer, secrets=SECRETS)
+
+
 @pytest.mark.parametrize("kill_at", [(1, 0), (1, 1), (2, 0)])
 def test_local_resume_equals_an_uninterrupted_run(tmp_path, kill_at):
     cfg = small_config()
@@ -110,13 +120,7 @@ def test_a_checkpoint_whose_networks_have_other_shapes_is_refused_with_one_line(
     from falsevfl_secure.errors import InputError
 
     cfg = small_config()
-
-    def killer(stage, epoch, optimizers):
-        if (int(stage), epoch) == (1, 0):
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, after_epoch=killer, secrets=SECRETS)
+    interrupted(cfg, tmp_path, (1, 0))
     store = Checkpointer(tmp_path, 0)
     progress = (Stage.PRETRAIN, 0)  # the last stage-1 epoch it completed
     state = store.load(progress)
@@ -134,13 +138,7 @@ def test_a_resume_from_checkpoints_of_another_configuration_is_refused_naming_wh
     from falsevfl_secure.errors import InputError
 
     cfg = small_config()
-
-    def killer(stage, epoch, optimizers):
-        if (int(stage), epoch) == (1, 0):
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path, after_epoch=killer, secrets=SECRETS)
+    interrupted(cfg, tmp_path, (1, 0))
     other = replace(cfg, pretrain=replace(cfg.pretrain, lr=1e-3))
     with pytest.raises(InputError, match="another configuration: .*lr"):
         run_local(other, PATTERNS, progress=False, checkpoint_dir=tmp_path, resume=True)
@@ -161,13 +159,7 @@ def test_a_cached_stage_two_resumes_from_stage_one_to_the_same_parameters(tmp_pa
     cfg = make_config("digits", "quick", parties=2, stage2_pass="once")
     cfg = replace(cfg, pretrain=StageConfig(2e-3, 256, 3), train=StageConfig(2e-3, 64, 3))
     run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "a", secrets=SECRETS)
-
-    def killer(stage, epoch, optimizers):
-        if (int(stage), epoch) == kill_at:
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", after_epoch=killer, secrets=SECRETS)
+    interrupted(cfg, tmp_path / "b", kill_at)
     assert (Stage.PRETRAIN, 2) in Checkpointer(tmp_path / "b", 0).available()
     run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", resume=True)
     assert_same_states(final_states(tmp_path / "a", 2), final_states(tmp_path / "b", 2))

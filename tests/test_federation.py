@@ -383,3 +383,23 @@ def test_a_manifest_edited_by_hand_is_refused_in_one_line(trained, tmp_path, edi
     (tmp_path / "manifest.json").write_text('{"a":' * 5000 + "1" + "}" * 5000)
     with pytest.raises(InputError, match="is not a model manifest"):
         load_manifest(tmp_path, "party3", load_federation(trained / "federation.toml").model)
+
+
+def test_a_model_folder_pairs_its_manifest_with_its_own_weights_only(trained, tmp_path):
+    # Review finding: a retrain commits its model folder file by file, so a kill between two moves could pair a
+    # new manifest (encoding, classes) with the old weights, and predict took them. The manifest names its
+    # weights by their SHA-256 now; other weights are refused in one line before they are loaded.
+    import hashlib
+    import shutil
+
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.store import load_manifest, load_weights
+
+    folder = tmp_path / "model"
+    shutil.copytree(trained / "party3" / "model", folder)
+    manifest = load_manifest(folder, "party3", load_federation(trained / "federation.toml").model)
+    assert manifest.weights == hashlib.sha256((folder / "model.pt").read_bytes()).hexdigest()
+    shutil.copy(trained / "party0" / "model" / "model.pt", folder / "model.pt")  # weights of another save
+    with pytest.raises(InputError, match="not the weights its manifest.json names"):
+        load_weights(folder, None, 3, manifest.weights)

@@ -326,7 +326,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     node = build_node(cfg, {rank: manifest.encoding.width}, n_classes, role.transport(device), device,
                       layouts={rank: CellLayout.from_kinds(manifest.encoding.kinds())},
                       own_extra=0 if scores is None else scores.shape[1])
-    load_weights(model_dir, node, rank)
+    load_weights(model_dir, node, rank, manifest.weights)
     if role.is_active and node.method.fits_trees and cfg.train.epochs > 0:  # as `fit` fitted them
         node.active.get().trees = TreesHead.load(model_dir, fed.task, n_classes, cfg.seed, own_groups(node))
     keys = record_keys(node.parties[rank].randomness.secret, ids_in_order(loaded.table.ids, aligned))

@@ -19,9 +19,10 @@ A manifest of format 1 (numeric columns only, no target scale) is still read.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ class Manifest:
     protocol: str
     classes: tuple[str, ...] | None  # the active party's label classes (classification)
     target: TargetScale | None = None  # the active party's target scale (regression)
+    weights: str | None = None  # SHA-256 of its model.pt: a folder committed half-way pairs no other weights
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -59,7 +61,7 @@ class Manifest:
                 "encoding": {**self.encoding.to_dict(), "encoded_columns": list(self.encoding.names)},
                 "fingerprint": self.fingerprint, "settings": self.settings, "protocol": self.protocol,
                 "classes": None if self.classes is None else list(self.classes),
-                "target": None if self.target is None else self.target.to_dict()}
+                "target": None if self.target is None else self.target.to_dict(), "weights_sha256": self.weights}
 
     @classmethod
     def from_dict(cls, d: dict) -> Manifest:
@@ -79,7 +81,10 @@ class Manifest:
         if not isinstance(d["settings"], dict) or not isinstance(d["party"], str) or classes is not None and (
                 len(classes) < 2 or len(set(classes)) != len(classes) or not all(isinstance(c, str) for c in classes)):
             raise ValueError("its settings, party or classes are not of the form it writes")
-        return cls(d["party"], encoding, d["fingerprint"], d["settings"], d["protocol"], classes, target)
+        weights = d.get("weights_sha256")  # (absent before it was written: nothing to compare)
+        if weights is not None and not (isinstance(weights, str) and len(weights) == 64):
+            raise ValueError("its weights digest is not a SHA-256")
+        return cls(d["party"], encoding, d["fingerprint"], d["settings"], d["protocol"], classes, target, weights)
 
 
 def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> None:
@@ -93,7 +98,8 @@ def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> No
     buffer = io.BytesIO()
     torch.save(state, buffer)
     atomic_write(Path(model_dir) / "model.pt", buffer.getvalue(), private=True)  # it holds the party's secret
-    write_json(Path(model_dir) / "manifest.json", manifest.to_dict())
+    weights = hashlib.sha256(buffer.getvalue()).hexdigest()
+    write_json(Path(model_dir) / "manifest.json", replace(manifest, weights=weights).to_dict())
 
 
 def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
@@ -115,16 +121,25 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
     return manifest
 
 
-def load_weights(model_dir: Path, node: Node, rank: int) -> None:
-    """Load this party's saved networks and role secret into `node` (tensors only: weights_only=True).
-    A model saved before secrets were kept keeps the node's fresh secret (predictions then vary)."""
+def load_weights(model_dir: Path, node: Node, rank: int, expected: str | None = None) -> None:
+    """Load this party's saved networks and role secret into `node` (tensors only: weights_only=True), refused
+    when they are not the ones its manifest names (`expected`, their SHA-256: a kill while a retrain committed the
+    folder file by file could pair a new manifest with old weights). A model saved before secrets were kept keeps
+    the node's fresh secret (predictions then vary)."""
     import torch
 
     from ..randomness import RoleSecret
 
     path = Path(model_dir) / "model.pt"
     try:
-        state = torch.load(path, weights_only=True)
+        data = path.read_bytes()
+    except OSError as error:
+        raise InputError(f"{path}: no saved model to load ({error.strerror})") from None
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise InputError(f"{path}: not the weights its manifest.json names (the folder was written half-way, or by "
+                         "another run): train again")
+    try:
+        state = torch.load(io.BytesIO(data), weights_only=True)
         role = node.parties[rank]
         for name, module in node.method.checkpoint_modules(node, rank).items():
             module.load_state_dict(state[name])

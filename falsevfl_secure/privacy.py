@@ -22,6 +22,7 @@ grid steps; `tests/test_privacy.py` compares the two with dp-accounting's own di
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import math
@@ -231,6 +232,21 @@ def all_spent(ledger: dict) -> tuple[Event, ...]:
     return (*before_model(ledger), *model)
 
 
+def _locked(charge):
+    """A charge reads and rewrites the party's ledger under an exclusive lock on its folder, so that two runs of
+    one party at once (two prediction runs) each count (review finding: one charge was lost)."""
+    @functools.wraps(charge)
+    def run(cfg: Config, party: str, folder: Path, *args, **kwargs):
+        if not cfg.privacy.enabled:
+            return charge(cfg, party, folder, *args, **kwargs)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with open(Path(folder) / ".privacy.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            return charge(cfg, party, folder, *args, **kwargs)
+    return run
+
+
+@_locked
 def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) -> float:
     """Before a clip proposal is released: refuse it when it would take `party` past its own budget with what its
     ledger records; else record it there first; the epsilon of everything the ledger records then."""
@@ -246,6 +262,7 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) ->
     return epsilon
 
 
+@_locked
 def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) -> tuple[Spent | None, dict]:
     """Before training: refuse a schedule that would take `party` past its budget after everything its ledger
     records (an earlier model's releases of the same rows count: retraining does not reset them); what it spends
@@ -259,6 +276,7 @@ def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) ->
     return used, entry
 
 
+@_locked
 def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1) -> Spent | None:
     """Before a prediction run: refuse it when it would take `party` past its own budget; else record it in
     the ledger first (a run that fails later has still spent it) and return what the rows have spent then. The
@@ -278,6 +296,7 @@ def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1) 
                         RELEASES["predict"] * exposure)
 
 
+@_locked
 def charge_rerun(cfg: Config, party: str, folder: Path, releases: int = RELEASES["predict"],
                  exposure: int = 1) -> Spent:
     """During training or a prediction run, when a pass runs a batch again without a lost party (each_batch), or

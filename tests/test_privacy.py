@@ -815,3 +815,27 @@ def test_a_run_computes_with_denormal_numbers_flushed():
     before, after, in_thread, survived = map(float, out.stdout.split())
     assert before == 2.0**-130 and after == 0.0 and in_thread == 0.0
     assert survived == 0  # a product wide enough for torch's worker threads: flushed in every one of them
+
+
+def test_prediction_runs_of_one_party_at_once_are_each_charged(tmp_path):
+    # Review finding: each charge read the ledger and rewrote it without a lock, so two prediction runs of one
+    # party at once could spend its budget twice and record one charge. A lock on the ledger's folder orders them.
+    import threading
+
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=1e3, noise_multiplier=6.0))
+    privacy.charge_training(base, "lab", tmp_path)
+    start = threading.Barrier(3)
+
+    def predict_twice() -> None:
+        start.wait()
+        for _ in range(2):
+            privacy.charge_prediction(base, "lab", tmp_path)
+
+    workers = [threading.Thread(target=predict_twice) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    ledger = privacy.read_ledger(tmp_path)
+    trained = privacy.spent(base, "lab")
+    assert ledger["prediction_runs"] == 6 and ledger["releases_per_row"] == trained.releases + 2 * 6

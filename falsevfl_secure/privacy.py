@@ -307,11 +307,9 @@ def charge_rerun(cfg: Config, party: str, folder: Path, releases: int = RELEASES
                         releases * exposure)
 
 
-def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: str, what: str,
-                 extra: int = RELEASES["predict"]) -> Spent:
-    """One more forward pass of some rows (`extra` releases each, a prediction's by default) at the model's
-    recorded multiplier, composed with everything the ledger records; written to the ledger first, refused past
-    the budget."""
+def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: str, what: str, extra: int) -> Spent:
+    """`extra` more releases of some rows (a prediction pass, a batch or step run again) at the model's recorded
+    multiplier, composed with everything the ledger records; written to the ledger first, refused past the budget."""
     privacy = cfg.privacy
     z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + int(extra)
     earlier = before_model(ledger)

@@ -407,10 +407,7 @@ def _pack(n_values: int, ciphertexts: list[bytes]) -> bytes:
 def _load_message(ctx: ts.Context, message: bytes, index: int) -> tuple[list[sealapi.Ciphertext], int]:
     """Parse and validate one `encrypt_tensors` message (contribution `index`); returns its ciphertexts
     (under `ctx`) and its number of values."""
-    what = f"contribution {index}" if index else "the message"
-    if not isinstance(message, bytes | bytearray | memoryview):
-        raise SecureMessageError(f"{what}: expected bytes, got {type(message).__name__}")
-    view = memoryview(message).cast("B")
+    what, view = _view_of(message, index)
     n_values, lengths = _header_of(view, values_per_ciphertext(ctx), what)
     if lengths and min(lengths) < (floor := min_ciphertext_bytes(ctx)):
         raise SecureMessageError(f"{what}: a ciphertext of {min(lengths)} bytes, below the {floor} bytes a valid one "
@@ -424,12 +421,18 @@ def _load_message(ctx: ts.Context, message: bytes, index: int) -> tuple[list[sea
     return [_ciphertext(ctx, view[a:b], what) for a, b in itertools.pairwise(offsets)], n_values
 
 
-def _values_of(ctx: ts.Context, message: bytes, index: int) -> int:
-    """The number of values a message's header declares (checked against its size; nothing loaded)."""
+def _view_of(message: bytes, index: int) -> tuple[str, memoryview]:
+    """How errors name message `index`, and its bytes."""
     what = f"contribution {index}" if index else "the message"
     if not isinstance(message, bytes | bytearray | memoryview):
         raise SecureMessageError(f"{what}: expected bytes, got {type(message).__name__}")
-    return _header_of(memoryview(message).cast("B"), values_per_ciphertext(ctx), what)[0]
+    return what, memoryview(message).cast("B")
+
+
+def _values_of(ctx: ts.Context, message: bytes, index: int) -> int:
+    """The number of values a message's header declares (checked against its size; nothing loaded)."""
+    what, view = _view_of(message, index)
+    return _header_of(view, values_per_ciphertext(ctx), what)[0]
 
 
 def min_ciphertext_bytes(ctx: ts.Context) -> int:

@@ -193,6 +193,19 @@ def is_valid_point(point: bytes) -> bool:
     return point != _IDENTITY and _rbcl().crypto_core_ristretto255_is_valid_point(bytes(point))
 
 
+def _first_refused(copy: ctypes.Array, n: int, threads: int, work: Callable[[int, int], int],
+                   identity: bool) -> int:
+    """The first point `work` (libsodium) refuses, or that is refused before it: a set top bit (libsodium before
+    1.0.19 ignores it, so such a point is an alias of another, and 00..80 one of the identity: review finding)
+    and, with `identity`, the zero bytes (the identity, which libsodium decodes); -1 if none."""
+    rows = np.frombuffer(copy, dtype=np.uint8).reshape(n, POINT_BYTES)
+    flagged = (rows[:, -1] & 0x80).astype(bool) | (~rows.any(axis=1) if identity else False)
+    first = np.flatnonzero(flagged)
+    stop = int(first[0]) if len(first) else n
+    bad = _run_chunks(stop, threads, work) if stop else -1
+    return bad if bad >= 0 else (stop if stop < n else -1)
+
+
 def first_invalid_point(points: bytes, threads: int = 1) -> int:
     """Index of the first invalid 32-byte point (non-canonical or the identity), or -1 if none."""
     n = _count_points(points)
@@ -200,11 +213,6 @@ def first_invalid_point(points: bytes, threads: int = 1) -> int:
         return -1
     valid, copy = _bound(_rbcl()).valid, _pinned(points)
     base = ctypes.addressof(copy)
-    rows = np.frombuffer(copy, dtype=np.uint8).reshape(n, POINT_BYTES)
-    # libsodium decodes the identity (its encoding is the zero bytes) and, before 1.0.19, ignores the top bit: a
-    # point with it set is an alias of another, and 00..80 one of the identity (review finding)
-    zero = np.flatnonzero(~rows.any(axis=1) | (rows[:, -1] & 0x80).astype(bool))
-    stop = int(zero[0]) if len(zero) else n
 
     def work(lo: int, hi: int) -> int:
         for offset in range(POINT_BYTES * lo, POINT_BYTES * hi, POINT_BYTES):
@@ -212,19 +220,19 @@ def first_invalid_point(points: bytes, threads: int = 1) -> int:
                 return offset // POINT_BYTES
         return -1
 
-    bad = _run_chunks(stop, threads, work) if stop else -1
-    return bad if bad >= 0 else (stop if stop < n else -1)
+    return _first_refused(copy, n, threads, work, identity=True)
 
 
 def scalar_mult(scalar: bytes, point: bytes) -> bytes:
     """scalar * point; raises `InvalidPointError` if the point is invalid or the result the identity."""
     scalar, point = _check_len(scalar, SCALAR_BYTES, "a scalar"), _check_len(point, POINT_BYTES, "a point")
+    refused = InvalidPointError("not a valid ristretto255 point (non-canonical encoding or the identity)")
+    if point[-1] & 0x80:  # an alias libsodium 1.0.18 would multiply as its point
+        raise refused
     try:
-        if point[-1] & 0x80:  # an alias libsodium 1.0.18 would multiply as its point
-            raise RuntimeError
         return _rbcl().crypto_scalarmult_ristretto255(scalar, point)
     except RuntimeError:  # libsodium returned -1: the point did not decode, or the product is the identity
-        raise InvalidPointError("not a valid ristretto255 point (non-canonical encoding or the identity)") from None
+        raise refused from None
 
 
 def scalar_mult_batch(scalar: bytes, points: bytes, threads: int = 1) -> bytes:
@@ -246,10 +254,7 @@ def scalar_mult_batch(scalar: bytes, points: bytes, threads: int = 1) -> bytes:
                 return offset // POINT_BYTES
         return -1
 
-    high = np.flatnonzero(np.frombuffer(copy, dtype=np.uint8)[POINT_BYTES - 1::POINT_BYTES] & 0x80)
-    stop = int(high[0]) if len(high) else n  # a top bit set: an alias libsodium 1.0.18 multiplies as its point
-    bad = _run_chunks(stop, threads, work) if stop else -1
-    bad = bad if bad >= 0 else (stop if stop < n else -1)
+    bad = _first_refused(copy, n, threads, work, identity=False)  # (an identity product: libsodium refuses it)
     if bad >= 0:
         raise InvalidPointError(f"point {bad} of {n} is not a valid ristretto255 point "
                                 "(non-canonical encoding or the identity)")

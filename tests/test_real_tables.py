@@ -443,6 +443,11 @@ def test_the_tables_demo_writes_messy_tables_that_check_accepts(tmp_path):
     assert "smoker: 2 categories" in out and "region: 2 categories" in out and "'mrn-00" in out
     code, _, err = cli("demo", "--dataset", "wine", "--parties", "5", "--out", str(tmp_path / "five"))
     assert code == 2 and "at most 4 parties" in err
+    for fraction, dataset in (("7", "digits"), ("nan", "wine"), ("-0.1", "digits")):  # refused before any file
+        code, _, err = cli("demo", "--dataset", dataset, "--validation-fraction", fraction,
+                           "--out", str(tmp_path / fraction))
+        assert code == 2 and "--validation-fraction" in err and "Traceback" not in err
+        assert not (tmp_path / fraction).exists()
 
 
 def test_a_partys_own_max_ids_bounds_the_alignment_frames_it_accepts():

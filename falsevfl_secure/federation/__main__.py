@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -116,6 +117,10 @@ def _demo_options(demo: argparse.ArgumentParser) -> None:
 def demo(args: argparse.Namespace) -> int:
     if args.parties < 2:
         raise InputError(f"--parties {args.parties}: a federation needs at least 2 parties")
+    fraction = args.validation_fraction
+    if fraction is not None and not (math.isfinite(fraction) and 0 <= fraction <= 0.5):
+        # before anything is written: the file's own check (`[federation] validation_fraction`) would refuse it
+        raise InputError(f"--validation-fraction {fraction:g}: a fraction in [0, 0.5] (e.g. 0.1)")
     if args.dataset in TABLES:
         return _tables_demo(args)
     from .demo import write_demo

@@ -49,10 +49,9 @@ def iwae_bound(log_w: Tensor) -> Tensor:
 
 
 def conditional_bound(log_w: Tensor, log_p_y: Tensor) -> Tensor:
-    """Per-sample L'_kappa: log (1/kappa) sum_j p(y | h_j) w_j, shape (B,) for log_p_y (kappa, B), (M, B) for
-    M discriminators' (M, kappa, B). Stage 2 maximises it over the discriminator only; with the generative
-    part frozen, log_w (kappa, B) is a constant there."""
-    return torch.logsumexp(log_w + log_p_y, dim=-2) - math.log(log_w.shape[-2])
+    """Per-sample L'_kappa: log (1/kappa) sum_j p(y | h_j) w_j, shape (B,). Stage 2 maximises it over
+    the discriminator only; with the generative part frozen, log_w is a constant there."""
+    return torch.logsumexp(log_w + log_p_y, dim=0) - math.log(log_w.shape[0])
 
 
 def snis_weights(log_w: Tensor) -> Tensor:

@@ -103,7 +103,7 @@ def test_the_cache_holds_what_the_rounds_gave_and_epochs_follow_the_papers_bound
         for (loss, size), batch_rows in zip(losses, plan, strict=True):
             at = torch.from_numpy(cache.position[batch_rows])
             optimizer.zero_grad()
-            log_p = reference.label_log_prob(cache.h[:, at], cache.y[at], cache.own[at])[0]  # the one member
+            log_p = reference.label_log_prob(cache.h[:, at], cache.y[at], cache.own[at])
             bound = torch.logsumexp(cache.log_w[:, at] + log_p, 0) - math.log(cache.h.shape[0])
             expected = -bound.mean()
             expected.backward()

@@ -52,10 +52,6 @@ class FalseVfl(Method):
         "discriminator_inputs": Option(("latent", "latent+own", "latent+mean+own"), "the discriminator reads the "
                                        "latent samples, also the active party's own block, or also the posterior "
                                        "mean"),
-        # A deep ensemble of discriminators (model.active.Members): each trained on its own bound, predictions
-        # averaged; the active party's own compute, nothing more crosses. 1: the paper's one network.
-        "discriminator_members": Option((1, 2, 4, 8, 16), "how many discriminators the active party trains "
-                                        "side by side and averages (1: the paper's one)"),
         # With latent+own or latent+mean+own: also the active party's own trees' score of the record (fitted on its
         # own columns and labels; out of fold on its training rows). A federation only.
         "own_reference": Option((False, True), "the discriminator also reads the active party's own trees"),
@@ -146,7 +142,7 @@ class FalseVfl(Method):
         own = 0 if self.settings["discriminator_inputs"] == "latent" else model_own_width(own_width) + own_extra
         own += cfg.h_dim if self.reads_posterior_mean else 0
         model = ActiveModel(cfg.h_dim, cfg.z_dim, cfg.global_hidden, n_classes, cfg.discriminator_hidden, cfg.task,
-                            own_inputs=own, members=self.settings["discriminator_members"], **dp_posterior(cfg))
+                            own_inputs=own, **dp_posterior(cfg))
         return initialise(model, randomness.stream("active/init"))
 
     def prepare(self, node, data) -> None:

@@ -199,7 +199,7 @@ def own_inputs(node: Node, batch: Batch, weighted: Active[Weighted]) -> Tensor |
 def conditional_loss(role: ActiveRole, weighted: Weighted, y: Tensor, own: Tensor | None,
                       n_observed: Tensor) -> Tensor:
     log_w, h = weighted.log_w, weighted.h
-    bound = conditional_bound(log_w, role.model.label_log_prob(h, y, own)).mean(0)  # the members' mean bound
+    bound = conditional_bound(log_w, role.model.label_log_prob(h, y, own))
     if role.class_weights is None:
         return -_row_mean(bound, n_observed)
     weights = role.class_weights[y] * (n_observed > 0)  # "balanced": each class counts as much as the others

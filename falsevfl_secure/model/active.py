@@ -1,8 +1,6 @@
 """The label-side modules that only the active party owns: the global encoder q(z | h), the global
 decoder p(h | z), the prior p(z) = N(0, I) and the discriminator p(y | h) or, with `own_inputs`, p(y | h,
-x_active): the active party's own block where it holds the record (`own_features`), which it holds in clear.
-With `members` > 1 the discriminator is a deep ensemble (`Members`): each member trained on its own bound, their
-predictive distributions averaged."""
+x_active): the active party's own block where it holds the record (`own_features`), which it holds in clear."""
 
 from __future__ import annotations
 
@@ -25,20 +23,6 @@ def _gaussian_head(raw: Tensor) -> tuple[Tensor, Tensor]:
     return mean, F.softplus(raw_std) + MIN_STD
 
 
-class Members(nn.Module):
-    """`members` discriminators of the same widths side by side, each from its own initialisation; their
-    outputs stacked (members, ..., n_out). Trained on the same batches by the mean of their own losses, so
-    no member reads another; averaging their predictions lowers the variance one network's initialisation
-    leaves (deep ensembles; on tables, TabM's finding that ensembled MLPs beat one)."""
-
-    def __init__(self, sizes: list[int], members: int) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(mlp(sizes) for _ in range(members))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.stack([member(x) for member in self.members])
-
-
 class ActiveModel(nn.Module):
     """Everything the active party computes between the two aggregates and for the loss."""
 
@@ -54,7 +38,6 @@ class ActiveModel(nn.Module):
         unit_precision: bool = False,
         noise_var: float = 0.0,
         signal_var: float = 1.0,
-        members: int = 1,
     ) -> None:
         super().__init__()
         self.h_dim, self.z_dim, self.task, self.n_classes = h_dim, z_dim, task, n_classes
@@ -65,9 +48,7 @@ class ActiveModel(nn.Module):
         self.global_encoder = mlp([h_dim, hidden, hidden, 2 * z_dim])
         self.global_decoder = mlp([z_dim, hidden, hidden, 2 * h_dim])
         n_out = n_classes if task == "classification" else 2
-        sizes = [h_dim + own_inputs, discriminator_hidden, n_out]
-        self.members = members  # 1: the paper's one network (its parameters named as before)
-        self.discriminator = mlp(sizes) if members == 1 else Members(sizes, members)
+        self.discriminator = mlp([h_dim + own_inputs, discriminator_hidden, n_out])
 
     def generative_parameters(self) -> list[nn.Parameter]:
         """theta_s and gamma_s: frozen in stage 2 together with every party's parameters."""
@@ -106,17 +87,16 @@ class ActiveModel(nn.Module):
         return log_importance_weights(log_likelihood, log_p_h, log_p_z, log_q_h, log_q_z)
 
     def discriminate(self, h: Tensor, own: Tensor | None = None) -> Tensor:
-        """Each member's output for every sample (members, S, B, n_out); `own` (B, own_inputs) joins each
-        sample."""
-        if self.own_inputs and (own is None or own.shape != (h.shape[-2], self.own_inputs)):
+        """The discriminator's output for every sample (S, B, n_out); `own` (B, own_inputs) joins each sample."""
+        if not self.own_inputs:
+            return self.discriminator(h)
+        if own is None or own.shape != (h.shape[-2], self.own_inputs):
             raise InputError(f"the discriminator reads the active party's own block: expected ({h.shape[-2]}, "
                              f"{self.own_inputs}) inputs, got {None if own is None else tuple(own.shape)}")
-        x = torch.cat([h, own.to(h.dtype).expand(*h.shape[:-2], *own.shape)], dim=-1) if self.own_inputs else h
-        out = self.discriminator(x)
-        return out.unsqueeze(0) if self.members == 1 else out
+        return self.discriminator(torch.cat([h, own.to(h.dtype).expand(*h.shape[:-2], *own.shape)], dim=-1))
 
     def label_log_prob(self, h: Tensor, y: Tensor, own: Tensor | None = None) -> Tensor:
-        """log p(y | h_j[, x_active]) of each member for every importance sample, (members, kappa, B)."""
+        """log p(y | h_j[, x_active]) for every importance sample, (kappa, B)."""
         out = self.discriminate(h, own)
         if self.task == "classification":
             if y.dtype not in (torch.int64, torch.int32) or (
@@ -124,20 +104,16 @@ class ActiveModel(nn.Module):
             ):
                 raise InputError(f"labels must be integers in 0..{self.n_classes - 1}")
             log_probs = out.log_softmax(-1)
-            return log_probs.gather(-1, y.view(1, 1, -1, 1).expand(*out.shape[:2], -1, 1)).squeeze(-1)
+            return log_probs.gather(-1, y.view(1, -1, 1).expand(h.shape[0], -1, 1)).squeeze(-1)
         mean, std = _gaussian_head(out)
-        return diagonal_gaussian_log_prob(y.view(1, 1, -1, 1).to(h.dtype), mean, std)
+        return diagonal_gaussian_log_prob(y.view(1, -1, 1).to(h.dtype), mean, std)
 
     def label_distribution(self, h: Tensor, own: Tensor | None = None) -> Tensor:
-        """p(y | h_l[, x_active]), the members' mixture: class probabilities (L, B, C), or the mixture's (mean,
-        std) pairs (L, B, 2) for regression."""
+        """p(y | h_l[, x_active]): class probabilities (L, B, C), or (mean, std) pairs (L, B, 2) for regression."""
         out = self.discriminate(h, own)
         if self.task == "classification":
-            return out.softmax(-1).mean(0)
-        mean, std = _gaussian_head(out)
-        mixed = mean.mean(0)
-        spread = (std.square() + (mean - mixed).square()).mean(0).sqrt()  # law of total variance
-        return torch.stack((mixed, spread), dim=-1).squeeze(-2)
+            return out.softmax(-1)
+        return torch.stack(_gaussian_head(out), dim=-1).squeeze(-2)
 
 
 def own_features(x: Tensor, held: Tensor, observed: Tensor | None) -> Tensor:

@@ -137,23 +137,35 @@ def share_bits_uniform(raw_shares: list[np.ndarray], sigmas: float = 5.0) -> tup
 def audit_passive_view(view: View, truth: dict[str, dict[int, np.ndarray]], party: int,
                        atol: float = 1e-6) -> AuditReport:
     """A passive party receives only the active party's broadcasts: never a message of an aggregate round,
-    and nothing equal to another party's contribution."""
+    and no row of another party's contribution (a row of a broadcast equal to that party's row)."""
     report = AuditReport(views_audited=1)
     for entry in view.of("received") + view.of("revealed"):
         report.entries_checked += 1
         if entry.round in AGGREGATE_NAMES:
             report.leaks.append(f"party {party} received a message of the aggregate round {entry.round!r}")
             continue
-        for parts in truth.values():
+        for name, parts in truth.items():
             for k, c in parts.items():
-                if k != party and c.shape == entry.value.shape and np.abs(c).max() > 0 \
-                        and np.allclose(entry.value, c, atol=atol):
-                    report.leaks.append(f"party {party}'s view of {entry.round!r} equals party {k}'s contribution")
+                rows = _same_rows(entry.value, c, atol) if k != party else 0
+                if rows:
+                    report.leaks.append(f"party {party}'s view of {entry.round!r} holds party {k}'s {name!r} "
+                                        f"contribution on {rows} rows")
     return report
 
 
-def audit_aggregator_view(view: View) -> AuditReport:
-    """The he aggregator must receive ciphertext frames only (every blob a CKKS message)."""
+def _same_rows(seen: np.ndarray, contribution: np.ndarray, atol: float) -> int:
+    """How many non-trivial rows of `contribution` (its last axis a row) appear at the same place in `seen`."""
+    if seen.size != contribution.size or contribution.ndim == 0:
+        return 0
+    width = contribution.shape[-1]
+    mine, theirs = seen.reshape(-1, width), contribution.reshape(-1, width)
+    close = np.isclose(mine, theirs, atol=atol, rtol=0).all(axis=1) & (np.abs(theirs).max(axis=1) > 10 * atol)
+    return int(close.sum())
+
+
+def audit_aggregator_view(view: View, truth: dict[str, dict[int, np.ndarray]] | None = None) -> AuditReport:
+    """The he aggregator must receive ciphertext frames only: every blob a CKKS message, none holding the
+    float32 or float64 bytes of a row of any party's contribution (plaintext behind the magic bytes)."""
     from .secure import frames
     from .secure.ckks import MESSAGE_MAGIC
     from .secure.errors import SecureMessageError
@@ -166,21 +178,24 @@ def audit_aggregator_view(view: View) -> AuditReport:
         except SecureMessageError as error:
             report.leaks.append(f"the aggregator received something other than a frame in {entry.round!r}: {error}")
             continue
-        if frame.kind is frames.Kind.DATA and not all(blob[:4] == MESSAGE_MAGIC for blob in frame.blobs):
+        if frame.kind is not frames.Kind.DATA:
+            continue
+        if not all(blob[:4] == MESSAGE_MAGIC for blob in frame.blobs):
             report.leaks.append(f"the aggregator received something other than ciphertexts in {entry.round!r}")
+        for round_name, parts in (truth or {}).items():
+            for k, contribution in parts.items():
+                if any(_carries(blob, contribution, round_name) for blob in frame.blobs):
+                    report.leaks.append(f"the aggregator's {entry.round!r} message carries party {k}'s "
+                                        f"{round_name!r} contribution in clear")
     return report
 
 
-def _carries(payload: bytes, contribution: np.ndarray, round_name: str, rows: int = 4) -> bool:
-    """Whether `payload` holds the float32 bytes of any of the first `rows` non-trivial rows of a contribution."""
-    found = 0
+def _carries(payload: bytes, contribution: np.ndarray, round_name: str) -> bool:
+    """Whether `payload` holds the float32 or float64 bytes of any non-trivial row of a contribution."""
     for row in _rows(contribution, round_name):
         if np.abs(row).max() > 1e-6 and row.size >= 2:
-            if row.astype("<f4").tobytes() in payload:
+            if row.astype("<f4").tobytes() in payload or row.astype("<f8").tobytes() in payload:
                 return True
-            found += 1
-            if found == rows:
-                break
     return False
 
 
@@ -213,7 +228,7 @@ def audit_recorded_views(views: dict[int, View], n_parties: int, active: int, pr
         if party != active:
             _merge(report, audit_passive_view(views[party], truth, party))
     for rank in range(n_parties, max(views) + 1):
-        _merge(report, audit_aggregator_view(views[rank]))
+        _merge(report, audit_aggregator_view(views[rank], truth))
     for rank, view in views.items():
         audit_control(view, truth, rank, report)
     out = {"protocol": protocol_name, "views_audited": report.views_audited,

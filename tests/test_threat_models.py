@@ -133,6 +133,88 @@ def test_passive_party_receives_only_broadcasts(sessions, protocol):
     assert combined.passed, combined.leaks
 
 
+def _broadcast_and_maybe_forward(role, leak: bool) -> list[dict]:
+    """Every party adds a contribution to one posterior sum; the active party broadcasts a function of the sum
+    (shipped) or, weakened, that with rows 3-5 replaced by party 1's own contribution, which `plain` revealed
+    to it. Every role reports its whole view."""
+    from falsevfl_secure.runtime.session import barrier
+    from falsevfl_secure.transport.rounds import LATENT, POSTERIOR
+
+    role.network.allow({POSTERIOR.name: 1 << 16, LATENT.name: 1 << 16})  # the rounds, as a method declares them
+    barrier(role)
+    value = (torch.arange(1280, dtype=torch.float32).reshape(40, 32) / 64 - 9.5) * (0.31 + role.rank)
+    total = role.backend.sum_to_active(POSTERIOR, value)
+    out = None
+    if role.is_active:
+        out = torch.tanh(total)
+        if leak:
+            theirs = next(e.value for e in role.view.of("received") if e.peer == 1 and e.round == "posterior")
+            out[3:6] = torch.as_tensor(theirs).reshape(40, 32)[3:6]
+    role.backend.broadcast(LATENT, out, (40, 32))
+    return [{"round": e.round, "kind": e.kind, "peer": e.peer, "protection": e.protection, "value": e.value}
+            for e in role.view]
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_the_passive_audit_finds_another_partys_rows_in_a_broadcast(leak, attacked):
+    """Not vacuous: an active party that forwards three rows of party 1's contribution to the others is caught
+    in party 0's and party 2's views (row by row, where the whole broadcast equals nothing); the shipped
+    broadcast passes."""
+    from falsevfl_secure.runtime.world import run_world
+
+    reports = run_world("plain", PARTIES, _broadcast_and_maybe_forward, (leak,), record=True, timeout_s=90)
+    views = {rank: as_view(entries) for rank, entries in enumerate(reports)}
+    truth = contributions(views)
+    leaks = [leak_ for party in (0, 2) for leak_ in audit_passive_view(views[party], truth, party).leaks]
+    attacked("another party's contributions (passive)", "weakened: rows forwarded" if leak else "shipped",
+             f"{len(leaks)} leaks: {(leaks or ['none'])[0][:70]}")
+    assert all(e.round != "posterior" for e in views[0].of("received"))
+    if leak:
+        assert leaks == [f"party {p}'s view of 'latent' holds party 1's 'posterior' contribution on 3 rows"
+                         for p in (0, 2)]
+    else:
+        assert leaks == [] and audit_passive_view(views[1], truth, 1).passed
+
+
+def _one_posterior_sum(role) -> list[dict]:
+    """Every party adds a contribution to one posterior sum (the he aggregator combines them); every role,
+    the aggregator included, reports its view."""
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    if role.is_party:
+        value = (torch.arange(1280, dtype=torch.float32).reshape(40, 32) / 64 - 9.5) * (0.31 + role.rank)
+        if role.is_active:
+            role.backend.declare({POSTERIOR.name: value.numel()})  # the aggregator's bound on each message
+        role.backend.sum_to_active(POSTERIOR, value)
+    else:
+        role.serve_helper()
+    return [{"round": e.round, "kind": e.kind, "peer": e.peer, "protection": e.protection, "value": e.value}
+            for e in role.view]
+
+
+def test_the_aggregator_audit_finds_plaintext_behind_the_magic_bytes():
+    """Not vacuous: a contribution's float32 (or float64) rows sent to the he aggregator behind the CKKS magic
+    bytes, or a blob without them, is caught; the ciphertexts the aggregator received in a real he sum pass."""
+    from falsevfl_secure.audit import audit_aggregator_view
+    from falsevfl_secure.runtime.world import run_world
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.secure.ckks import MESSAGE_MAGIC
+
+    reports = run_world("he", PARTIES, _one_posterior_sum, record=True, timeout_s=120)
+    views = {rank: as_view(entries) for rank, entries in enumerate(reports)}
+    truth = contributions(views)
+    aggregator = views[PARTIES]
+    assert aggregator.of("received") and audit_aggregator_view(aggregator, truth).passed
+    row = truth["posterior"][1][7]
+    for blob, expected in ((MESSAGE_MAGIC + row.astype("<f4").tobytes(), "party 1's 'posterior' contribution"),
+                           (MESSAGE_MAGIC + b"pad" + row.astype("<f8").tobytes(), "party 1's 'posterior'"),
+                           (b"TEXT" + bytes(64), "something other than ciphertexts")):
+        frame = np.frombuffer(frames.encode(frames.Kind.DATA, [blob]), dtype=np.uint8)
+        weak = View([*aggregator, Entry("posterior", "received", 1, "clear", frame)])
+        report = audit_aggregator_view(weak, truth)
+        assert any(expected in leak for leak in report.leaks), report.leaks
+
+
 @pytest.mark.parametrize("stage", ["pretrain", "train", "predict"])
 @pytest.mark.parametrize("own", ["latent", "latent+own", "latent+mean+own"])  # what the discriminator reads
 def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own):
@@ -351,8 +433,8 @@ def _contribute_and_maybe_leak(role, leak: str) -> list[dict]:
         barrier(role)  # every role accepts the tag before party 0 sends it
     role.backend.sum_to_active(POSTERIOR, value)
     if leak and role.rank == 0:
-        peak = value.abs().max().reshape(1)
-        role.peers.send(role.peers.active_index, leak, torch.cat([peak, value[1]]).numpy().tobytes())
+        peak = value.abs().max().reshape(1)  # a late row, as float64: the audit reads every row in both widths
+        role.peers.send(role.peers.active_index, leak, torch.cat([peak, value[37]]).double().numpy().tobytes())
     elif leak and role.is_active:
         role.peers.recv(0, leak)
     return [{"round": e.round, "kind": e.kind, "peer": e.peer, "protection": e.protection, "value": e.value}

@@ -107,4 +107,11 @@ class _Touch:
 
 
 def pickle_payload(marker: Path) -> bytes:
-    return pickle.dumps(_Touch(marker))
+    """A pickle whose unpickling creates `marker`: shown armed here (unpickled once, the marker checked and
+    removed), so a test's `not marker.exists()` means the receiver did not unpickle it."""
+    payload = pickle.dumps(_Touch(marker))
+    pickle.loads(payload)  # noqa: S301 - proves the payload is armed
+    if not Path(marker).exists():
+        raise AssertionError("the pickle payload does not run on unpickling")
+    Path(marker).unlink()
+    return payload

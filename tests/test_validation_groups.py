@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from falsevfl_secure.data.tables import PartyTable
 from falsevfl_secure.errors import InputError
 from falsevfl_secure.federation.aligned import GROUPS, Policy, _hold_out, group_codes, validation_groups
-from falsevfl_secure.randomness import KeyStream, PublicStream, RoleSecret, public_rng
+from falsevfl_secure.randomness import PublicStream, RoleSecret, public_rng
 
 
 @settings(max_examples=60, deadline=None)
@@ -70,28 +69,37 @@ def _held_groups(policy: Policy, rows: np.ndarray, groups: np.ndarray) -> set:
     return set(groups[_hold_out(rows, policy)[1]].tolist())
 
 
-def test_a_passive_party_cannot_tell_which_groups_were_held_out():
+def test_a_passive_party_cannot_tell_which_groups_were_held_out(monkeypatch, attacked):
     """Every party learns the held-out positions. A passive party that knows the groups' values (a year's
-    days) and every public input tries to name the held-out days: it does against a build that orders the
-    groups from the public seed, and guesses at chance against the active party's own stream."""
+    days) and every public input tries to name the held-out days: it does against a build whose active party
+    derives its secret from the public seed (the package's own draw, only its entropy weakened), and guesses
+    at chance against the shipped one, which draws it from the operating system's entropy."""
+    from falsevfl_secure.federation import aligned
+
     rng = np.random.default_rng(0)
     groups = np.sort(rng.integers(1, 366, 20_000))  # day of the year, the active party's column
     rows = np.arange(groups.size)
 
     def attacker(seed: int) -> set:  # all public: the seed, the fraction, the values 1..365 (all present)
-        weak = KeyStream(hashlib.sha256(f"validation:{seed}".encode()).digest())
-        return _held_groups(Policy(validation_fraction=0.1, seed=seed, groups=groups, group_draw=weak), rows, groups)
+        guessed = RoleSecret.for_tests(seed, -1).stream(GROUPS)
+        return _held_groups(Policy(validation_fraction=0.1, seed=seed, groups=groups, group_draw=guessed), rows, groups)
+
+    def held(seed: int, weak: bool) -> set:  # the active party's draw, through the package's default path
+        with monkeypatch.context() as patch:
+            if weak:
+                patch.setattr(aligned.RoleSecret, "fresh", classmethod(lambda cls: cls.for_tests(seed, -1)))
+            return _held_groups(Policy(validation_fraction=0.1, seed=seed, groups=groups), rows, groups)
 
     hits_weak, hits_shipped, chance = [], [], []
     for seed in range(5):
-        guess = attacker(seed)
-        weak = KeyStream(hashlib.sha256(f"validation:{seed}".encode()).digest())  # the weakened build's order
-        actual_weak = _held_groups(Policy(validation_fraction=0.1, seed=seed, groups=groups, group_draw=weak), rows,
-                                   groups)
-        actual = _held_groups(Policy(validation_fraction=0.1, seed=seed, groups=groups), rows, groups)  # shipped
+        guess, actual_weak, actual = attacker(seed), held(seed, True), held(seed, False)
         hits_weak.append(len(guess & actual_weak) / len(actual_weak))
         hits_shipped.append(len(guess & actual) / len(actual))
         chance.append(len(guess) / 365)
+    attacked("held-out validation groups (passive)", "weakened: secret from the public seed",
+             f"{min(hits_weak):.1%} of the held-out days named (5 seeds)")
+    attacked("held-out validation groups (passive)", "shipped",
+             f"{np.mean(hits_shipped):.1%} of the held-out days named, chance {np.mean(chance):.1%}")
     assert min(hits_weak) == 1.0  # the weakened build: every held-out day named
     assert np.mean(hits_shipped) < 2 * np.mean(chance) + 0.05  # shipped: about a tenth, as by chance
     public = public_rng(0, PublicStream.VALIDATION).permutation(365)  # nor is the old public order it

@@ -60,10 +60,13 @@ def search_mask_key(share: np.ndarray, known_mask: np.ndarray, sign: int, bits: 
     """Brute-force the unknown pair key of a masked share over a `bits`-bit space: the candidate whose
     keystream leaves only small fixed-point values (real contributions) is the key. Returns the decoded
     input, or None when no candidate in the space fits (the key is not that small)."""
-    n = share.size
     base = share.astype(np.int64) - known_mask
+    head = min(base.size, 8)  # each candidate is tried on a few values, then checked on all
     for candidate in range(2**bits):
-        stream = KeyStream(weak_key(candidate.to_bytes(bits // 8, "big"))).integers(n)
+        stream = KeyStream(weak_key(candidate.to_bytes(bits // 8, "big")))
+        if np.abs((base[:head] - sign * stream.integers(head)).astype(np.float64) / 2**16).max() >= plausible:
+            continue
+        stream = KeyStream(weak_key(candidate.to_bytes(bits // 8, "big"))).integers(base.size)
         values = (base - sign * stream).astype(np.float64) / 2**16  # int64 arithmetic wraps: the ring
         if np.abs(values).max() < plausible:
             return values

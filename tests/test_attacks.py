@@ -50,8 +50,8 @@ class ShippedRecording(_Remember, X25519Agreement):
     """The shipped agreement, remembering its keys."""
 
 
-def _input(rank: int) -> torch.Tensor:
-    return torch.linspace(-3, 3, 24).reshape(6, 4) * (rank + 1)
+def _input(rank: int) -> torch.Tensor:  # 512 values: enough for the correlation bound below to be tight
+    return torch.linspace(-3, 3, 512).reshape(64, 8) * (rank + 1)
 
 
 def _sum_once(role) -> dict:
@@ -86,9 +86,9 @@ def test_mask_key_search_by_the_active_party(build, attacked):
         share = reports[2]["shares"]["0"][:-1].astype(np.float64)
         # The masked share says nothing: its correlation with the input is that of a uniform share, |r| within
         # Fisher's z at 4.9 standard errors (a false alarm once in a million runs; an unmasked share has r = 1).
-        # A fixed 0.5 failed 1.6 % of the runs at these 24 values.
+        # At these 512 values the bound is 0.21 (at the 24 values before, 0.79: only a near-unmasked share failed).
         bound = np.tanh(4.9 / np.sqrt(share.size - 3))
-        assert abs(np.corrcoef(share, truth.numpy())[0, 1]) < bound < 1
+        assert abs(np.corrcoef(share, truth.numpy())[0, 1]) < bound < 0.25
 
 
 # -- inversion with known weights: the active party inverts the revealed posterior sum -----------------
@@ -129,8 +129,7 @@ def invert_active_view(job: StepJob, view: list[dict], individually: bool) -> fl
 @pytest.mark.parametrize(("protocol", "build"), [("plain", "public-seed"), ("mpc", "public-seed"),
                                                  ("he", "public-seed"), ("mpc", "shipped"), ("he", "shipped")])
 def test_inversion_of_the_posterior_sum_with_rebuilt_encoders(sessions, protocol, build, attacked):
-    job = attack_job(job_seed := 3 if build == "public-seed" else None)
-    assert job_seed is None or job_seed == job.config.seed  # the weak build: secrets follow the public seed
+    job = attack_job(3 if build == "public-seed" else None)  # the weak build: secrets from the public seed (3)
     view = sessions(protocol, K).run(job)[ACTIVE]["view"]
     error = invert_active_view(job, view, individually=protocol == "plain")
     attacked("inversion of the posterior sum (active)", f"{protocol}, {build}", f"relative error {error:.2f}")

@@ -432,6 +432,37 @@ def test_a_decryption_off_the_grid_is_refused(refused) -> None:
     assert torch.equal(ckks.decrypt_tensors(secret, exact, [(2,)])[0], torch.tensor([0.0, 0.5], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("build", ["weakened: decryption not rounded", "shipped"])
+def test_no_decryption_noise_leaves_the_active_party(build, pool, attacked) -> None:
+    """aggregator_he.toml (Li and Micciancio 2021: the decryption noise of a CKKS ciphertext gives away the
+    secret key). Whoever sees a revealed sum and knows its addends' grid values (a coalition of every other
+    party, the worst case) subtracts them and keeps the noise: it reads the noise of every value where the
+    decryption is not rounded, and exactly nothing from the shipped one."""
+    secret, public, _ = _contexts()
+    seal = seal_tools(secret)
+
+    def revealed(message: bytes) -> torch.Tensor:  # the weakened build releases the raw decryption
+        if build == "shipped":
+            return ckks.decrypt_tensors(secret, message, [(300,)])[0]
+        ciphertexts, _ = ckks._load_message(secret, message, 0)
+        return torch.from_numpy(np.concatenate([seal.decrypt(c) for c in ciphertexts])[:300])
+
+    noisy, largest = 0, 0.0
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)  # test inputs only
+        parts = [torch.randn(300, generator=g, dtype=torch.float64) * 10 ** seed for _ in range(3)]
+        message = ckks.sum_encrypted(public, [ckks.encrypt_tensors(public, [x], n_addends=3, zeros=pool)
+                                              for x in parts])
+        noise = revealed(message) - _grid_sum(parts)  # what the coalition subtracts it from
+        noisy += int((noise != 0).sum())
+        largest = max(largest, float(noise.abs().max()))
+    attacked("CKKS decryption noise (he)", build, f"{noisy} of 1200 values carry noise (largest {largest:.2g})")
+    if build.startswith("weakened"):
+        assert noisy > 1000 and 0 < largest < 2.0**-17  # the noise itself, below half a grid step
+    else:
+        assert noisy == 0
+
+
 def test_non_finite_or_wrapping_values_are_refused(pool, refused) -> None:
     _, public, _ = _contexts()
     limit = ckks.max_safe_abs(public, n_addends=8)

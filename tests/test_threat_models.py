@@ -3,6 +3,8 @@ shown not to be vacuous (it fails on plain, on unmasked shares, and when there a
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -55,10 +57,15 @@ def stage1_job(variant: str = "I", seed: int = 3, batch: int = 24, kappa: int = 
 
 
 def test_every_threat_model_file_is_complete():
-    names = [p.stem for p in Path(__file__).resolve().parents[1].joinpath("threat_models").glob("*.toml")]
-    assert {"active_semi_honest", "passive_semi_honest", "aggregator_he", "collusion", "labels",
-            "eavesdropper", "alignment", "active_network_attacker", "malicious_pinned_party"} <= set(names)
     root = Path(__file__).resolve().parents[1]
+    files = sorted(root.joinpath("threat_models").rglob("*.toml"))
+    names = [p.stem for p in files]
+    assert all(p.parent.name == "threat_models" for p in files), "load_threat_model reads the folder's top level"
+    assert {"active_semi_honest", "passive_semi_honest", "aggregator_he", "collusion", "labels", "dp",
+            "eavesdropper", "alignment", "active_network_attacker", "malicious_pinned_party"} <= set(names)
+    readme = root.joinpath("threat_models", "README.md").read_text()
+    assert all(f"`{name}.toml`" in readme for name in names), "every file has its row in threat_models/README.md"
+    parametrized = set()
     for name in names:
         model = load_threat_model(name)
         assert model["enforced_by"] and model["threshold" if "threshold" in model else "threshold_mpc"], name
@@ -69,6 +76,13 @@ def test_every_threat_model_file_is_complete():
             assert (root / path).is_file(), (name, reference)
             if test:
                 assert f"def {test.split('[')[0]}(" in (root / path).read_text(), (name, reference)
+            if "[" in test:
+                parametrized.add(reference.split(" ")[0])
+    # a parameter id names a collected test (pytest's own ids: "[I-mpc]", not "[mpc]")
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=",
+                                "-p", "no:cacheprovider", *sorted(parametrized)], cwd=root, capture_output=True,
+                               text=True, timeout=120)
+    assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
 
 
 @pytest.mark.parametrize("protocol", SECURE)
@@ -252,7 +266,13 @@ def test_plugvfl_sends_label_dependent_gradients_to_passive_parties(sessions):
         assert "embedding_grad" in a and not np.array_equal(a["embedding_grad"], b["embedding_grad"]), party
 
 
-def test_aggregator_cannot_decrypt():
+@pytest.mark.parametrize("build", ["weakened: context published with its secret key", "shipped"])
+def test_aggregator_cannot_decrypt(build, attacked):
+    """The aggregator tries to read a passive party's ciphertext with the context it holds: it does when the
+    active party's published context carries the secret key; the shipped one has none (and its loader
+    refuses one that does)."""
+    import tenseal as ts
+
     from falsevfl_secure.secure.ckks import (
         decrypt_tensors,
         encrypt_tensors,
@@ -262,13 +282,24 @@ def test_aggregator_cannot_decrypt():
     )
 
     secret = make_secret_context()
-    aggregator_context = load_public_context(public_context_bytes(secret))
-    assert not aggregator_context.has_secret_key()
-    message = encrypt_tensors(aggregator_context, [torch.ones(3, 2)])
-    with pytest.raises(ValueError):
-        decrypt_tensors(aggregator_context, message, [(3, 2)])
-    with pytest.raises(ValueError):
-        aggregator_context.secret_key()
+    value = torch.linspace(-2, 2, 6).reshape(3, 2)
+    message = encrypt_tensors(load_public_context(public_context_bytes(secret)), [value])  # a passive party's
+    weak = build.startswith("weakened")
+    held = ts.context_from(secret.serialize(save_secret_key=True)) if weak else \
+        load_public_context(public_context_bytes(secret))
+    try:
+        seen = decrypt_tensors(held, message, [(3, 2)])[0].float()
+        recovered = bool(torch.allclose(seen, value, atol=1e-3))
+    except ValueError:
+        recovered = False
+    attacked("any plaintext (he aggregator)", build, "the contribution read" if recovered else "decryption refused")
+    assert recovered == weak
+    if not weak:
+        assert not held.has_secret_key()
+        with pytest.raises(ValueError):
+            held.secret_key()
+        with pytest.raises(ValueError):  # the weakened context is refused where the aggregator loads one
+            load_public_context(secret.serialize(save_secret_key=True))
 
 
 def test_he_collusion_threshold_active_plus_aggregator_decrypts_individual_contributions():
@@ -313,7 +344,7 @@ def _difference_as_seen_by_the_aggregator(first: bytes, second: bytes, own) -> n
 def test_pooled_zeros_are_single_use_so_two_ciphertexts_never_give_away_their_difference(build, attacked):
     """aggregator_he.toml: each ciphertext is a fresh encryption of zero plus the values. A weakened pool
     that hands one encryption of zero out twice lets the aggregator read the difference of two messages
-    with a key of its own; against the shipped pool the same attack reads values of size ~2^39."""
+    with a key of its own; against the shipped pool the same attack reads values of size ~6e13 (2^45)."""
     from falsevfl_secure.secure import ckks
     from falsevfl_secure.secure.ckks_seal import save_ciphertext
 
@@ -339,7 +370,7 @@ def test_pooled_zeros_are_single_use_so_two_ciphertexts_never_give_away_their_di
     if build == "weakened":
         assert error < 1e-4
     else:
-        assert error > 1e6
+        assert error > 1e12  # noise of the size of q, not a value
 
 
 def _simulate(tmp_path: Path, protocol: str, name: str):

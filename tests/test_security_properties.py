@@ -280,6 +280,19 @@ class PerChannelCounter(PairChannel):
         self._counts = {}
 
 
+class TaglessKeyChannel(PerChannelCounter):
+    """Deliberately weakened: the tag bound neither into the frame key nor into the associated data, and the
+    counters in the channel object, so a frame of one tag opens on a channel of another."""
+
+    def __init__(self, peers, keys, tag="align", **kwargs) -> None:
+        super().__init__(peers, keys, tag, **kwargs)
+        self._keys = {peer: channel_module.frame_key(key, "align") for peer, key in keys.items()}
+        self._aead = {peer: channel_module.AESGCM(key) for peer, key in self._keys.items()}
+
+    def _ad(self, sender: int, receiver: int) -> bytes:
+        return f"falsevfl/pair/align/{self.peers.names[sender]}->{self.peers.names[receiver]}".encode()
+
+
 # -- 1. the pair keys ------------------------------------------------------------------------------------
 
 
@@ -401,9 +414,10 @@ REWRITES = {"replay": ["ok", "ok", "refused"], "swap": ["refused", "refused"],
     ("replay", "weakened: fixed nonce"), ("replay", "shipped"),
     ("swap", "weakened: fixed nonce"), ("swap", "shipped"),
     ("from an earlier channel", "weakened: counter per channel object"), ("from an earlier channel", "shipped"),
-    ("from another tag", "shipped")])
+    ("from another tag", "weakened: key not bound to the tag"), ("from another tag", "shipped")])
 def test_a_replayed_or_reordered_relayed_frame_is_refused(tmp_path, case, build, attacked):
-    cls = {"weakened: fixed nonce": FixedNonceChannel, "weakened: counter per channel object": PerChannelCounter}
+    cls = {"weakened: fixed nonce": FixedNonceChannel, "weakened: counter per channel object": PerChannelCounter,
+           "weakened: key not bound to the tag": TaglessKeyChannel}
     cls = cls.get(build, PairChannel)
     star, joined = join_all(tmp_path)
     tags = ("align", "kept" if case == "from another tag" else "align")

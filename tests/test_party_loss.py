@@ -389,3 +389,23 @@ def test_an_epoch_resumes_where_the_loss_says_and_a_step_run_again_is_charged(mo
     data = SimpleNamespace(set_dropped=lambda lost: None)
     train._epoch_steps(node, data, Stage.PRETRAIN, 1, {})
     assert (ran, charges) == (runs, charged)
+
+
+def test_the_single_holder_rows_a_loss_leaves_are_as_the_threat_model_states():
+    """active_semi_honest.toml's figures, from the package's own split (digits, MCAR 0.2, seed 0, the
+    second of three passive parties lost): the rows whose posterior contribution the active party then
+    learns (held by exactly one passive party left), and those no party holds any more."""
+    from dataclasses import replace
+
+    from falsevfl_secure.audit import load_threat_model
+    from falsevfl_secure.data.split import make_splits
+
+    _, train, _ = make_splits(replace(make_config("digits", "default"), seed=0), ["mcar:0.2"])
+    missing = np.asarray(train.missing)
+    held = ~missing[:, :3]  # the three passive parties (the active party is the last)
+    left = np.delete(held, 1, axis=1)
+    figures = [100 * (held.sum(1) == 1).mean(), 100 * (left.sum(1) == 1).mean(),
+               100 * ((left.sum(1) == 0) & missing[:, 3]).mean()]
+    assert [round(f, 1) for f in figures] == [9.6, 29.3, 0.5]
+    stated = " ".join(load_threat_model("active_semi_honest")["may_learn"])
+    assert "9.6 % of the training rows single-holder before, 29.3 % after; 0.5 % held by no party" in stated

@@ -117,7 +117,9 @@ def test_a_stalled_party_ends_the_run_within_the_timeout_naming_it(tmp_path):
     with pytest.raises(PartyFailure, match=r"party1 stalled .* in round '[a-z_]+'"):
         run_distributed(tiny_config(epochs=200), "plain", ("mcar:0",), progress=False, out_dir=tmp_path,
                         checkpoint_dir=tmp_path / "ckpt", allow_two_party_disclosure=True)
-    assert time.monotonic() - stopped_at[0] < 30
+    elapsed = time.monotonic() - stopped_at[0]
+    print(f"the stall ended the run {elapsed:.1f} s after party1 stopped")
+    assert elapsed < 30
     assert alive(world_pids(tmp_path).values()) == []
 
 

@@ -298,27 +298,48 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     refused("privacy budget")
 
 
-def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_handshake(trained, tmp_path):
-    """threat_models/dp.toml: the active party's own file says 40 stage-1 epochs where the passive parties'
-    budgets were checked against 3; its hello carries another model fingerprint, and every party stops
-    before any sum is sent, naming the differing field."""
+def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_handshake(trained, tmp_path, attacked):
+    """threat_models/dp.toml: the active party's own file says 80 stage-1 epochs where the passive parties'
+    budgets were checked against 3. A weakened party that followed it would spend epsilon 9.7 of its 8 (its
+    own accountant on the announced schedule); the shipped parties' hellos carry other model fingerprints,
+    and every party stops before any sum is sent, naming the differing field, its ledger untouched."""
     import subprocess
     import sys
+
+    from falsevfl_secure import privacy
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.federation.config import load_federation
 
     config = _copy(trained, tmp_path)
     config.write_text(config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
     longer = config.with_name("active.toml")
-    longer.write_text(config.read_text().replace("[model.pretrain]\nepochs = 3\n", "[model.pretrain]\nepochs = 40\n"))
+    longer.write_text(config.read_text().replace("[model.pretrain]\nepochs = 3\n", "[model.pretrain]\nepochs = 80\n"))
     assert longer.read_text() != config.read_text()
+    own, announced = load_federation(config).model, load_federation(longer).model
+    privacy.check_budget(own, "party0")  # its own schedule fits its budget (epsilon 3.7)
+    with pytest.raises(InputError, match="epsilon"):  # the weakened party: the announced one would not
+        privacy.check_budget(announced, "party0")
+    weak = privacy.spent(announced, "party0").epsilon
+    ledgers = {name: _ledger(config.parent / name) for name in ("party0", "party1", "party2", "party3")}
     procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
                                      str(longer if name == "party3" else config), "--party", name, "--quiet"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name in ("party3", "party0", "party1", "party2")}
     errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
+    attacked("a longer schedule announced (active, dp)", "weakened: a party follows it",
+             f"epsilon {weak:.1f} of its budget 8")
+    attacked("a longer schedule announced (active, dp)", "shipped", "refused at the handshake by every party")
+    assert weak > 8
     assert all(proc.returncode != 0 for proc in procs.values()), errors
-    assert any("differ in 'model'" in err for err in errors.values()), errors
+    assert all("differ in 'model'" in err and "before any data is sent" in err for err in errors.values()), errors
+    assert {name: _ledger(config.parent / name) for name in ledgers} == ledgers  # nothing charged
     before = {name: (trained / name / "model" / "model.pt").read_bytes() for name in ("party0", "party3")}
     assert all((config.parent / name / "model" / "model.pt").read_bytes() == saved for name, saved in before.items())
+
+
+def _ledger(party: Path) -> bytes | None:
+    path = party / "model" / "privacy.json"
+    return path.read_bytes() if path.exists() else None
 
 
 def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(trained, tmp_path, refused):

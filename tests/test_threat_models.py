@@ -229,15 +229,17 @@ def test_the_aggregator_audit_finds_plaintext_behind_the_magic_bytes():
         assert any(expected in leak for leak in report.leaks), report.leaks
 
 
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))  # labels.toml's protocols
 @pytest.mark.parametrize("stage", ["pretrain", "train", "predict"])
 @pytest.mark.parametrize("own", ["latent", "latent+own", "latent+mean+own"])  # what the discriminator reads
-def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own):
+def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own, protocol):
+    assert protocol in load_threat_model("labels")["protocols"]
     job = make_job(PARTIES, "II", 16, 3, 5, 0.3, stage, record=True)
     if own != "latent":
         from dataclasses import replace as changed
 
         job = changed(job, config=job.config.with_options(discriminator_inputs=own))
-    session = sessions("plain", PARTIES)
+    session = sessions(protocol, PARTIES)
     original = session.run(job)
     from dataclasses import replace
 

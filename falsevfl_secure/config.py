@@ -63,7 +63,7 @@ class StageConfig:
               f"{name}: lr must be a finite number > 0 and weight_decay one >= 0 (got {self.lr!r}, "
               f"{self.weight_decay!r})")
         _need(self.optimizer in OPTIMIZERS, f"{name} optimizer={self.optimizer!r}: choose adam or sgd")
-        _need(isinstance(self.steps_per_epoch, int) and self.steps_per_epoch >= 0,
+        _need(_whole(self.steps_per_epoch) and self.steps_per_epoch >= 0,
               f"{name} steps_per_epoch={self.steps_per_epoch}: an integer >= 0 (0: every batch of the epoch)")
 
 

@@ -81,6 +81,17 @@ def test_config_validation(overrides, refused):
     refused("config")
 
 
+@pytest.mark.parametrize("field", ["epochs", "batch_size", "steps_per_epoch"])
+def test_a_schedule_count_given_as_true_is_refused(field, refused):
+    """TOML's `true` is a Python bool, which is an int: a count must be a whole number, not a flag."""
+    from dataclasses import replace
+
+    cfg = make_config("digits", "quick")
+    with pytest.raises(InputError, match=field):
+        replace(cfg, pretrain=replace(cfg.pretrain, **{field: True})).pretrain.check("pretrain")
+    refused("config")
+
+
 def test_documented_types_are_value_errors():
     assert issubclass(DataError, FalseVflError) and issubclass(InputError, FalseVflError)
     assert issubclass(FalseVflError, ValueError)

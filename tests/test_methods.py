@@ -388,6 +388,9 @@ def test_a_method_registers_its_names_options_and_schedules_in_one_class(monkeyp
     with pytest.raises(InputError, match="halve='yes' is halved's option, not false-vfl's"):
         make_config("digits", "quick", halve="yes")
     refused("config")
+    with pytest.raises(InputError, match="impute='features' is vanilla's or plugvfl's .*option, not false-vfl's"):
+        make_config("digits", "quick", impute="features")  # every method that declares it is named
+    refused("config")
     small_cfg = small("halved", halve="yes")
     node = build_node(small_cfg, {k: 5 for k in range(4)}, 3, LocalTransport(4, small_cfg.active_index), CPU)
     batch = Batch(x={k: torch.randn(6, 5) for k in node.parties}, held={k: torch.ones(6, dtype=torch.bool)

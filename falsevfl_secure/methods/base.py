@@ -60,8 +60,10 @@ def method_named(name: str) -> type[Method]:
 
 
 def owner_of(option: str) -> str | None:
-    """The registered method that declares `option` (for errors that name it), if any."""
-    return next((m.name for m in METHODS.values() if option in m.options), None)
+    """The registered methods that declare `option` (for errors that name them: "vanilla's or plugvfl's"),
+    if any."""
+    owners = [f"{m.name}'s" for m in METHODS.values() if option in m.options]
+    return " or ".join(owners) if owners else None
 
 
 @dataclass
@@ -144,7 +146,7 @@ class Method:
         for name, value in options.items():
             if name not in cls.options:
                 owner = owner_of(name)
-                raise InputError(f"{name}={value!r} is {owner}'s option, not {cls.name}'s" if owner else
+                raise InputError(f"{name}={value!r} is {owner} option, not {cls.name}'s" if owner else
                                  f"unknown setting {name!r}")
             choices = cls.options[name].choices
             if value not in choices or type(value) is not type(cls.options[name].default):

@@ -107,6 +107,21 @@ def test_every_cipher_refuses_what_it_cannot_carry_without_sending_it(name, bad)
 
 
 @pytest.mark.parametrize("name", list(CIPHERS))
+def test_the_active_partys_own_non_finite_input_is_refused_as_any_partys(name):
+    """Where a helper combines (he), the active party adds its own contribution in clear after decrypting: a
+    NaN there ended the sum as NaN (caught later as a non-finite loss), where every other party's is refused."""
+    parties, active = 3, 0
+    ciphers, helper = ciphers_of(name, parties, active)
+    try:
+        values = [torch.full((4, 6), 0.25) for _ in range(parties)]
+        values[active][1, 2] = float("nan")
+        with pytest.raises((SecureRangeError, ProtocolError), match="non-finite|NaN"):
+            sum_in_process(POSTERIOR, values, ciphers, helper, active)
+    finally:
+        closing(ciphers, helper)
+
+
+@pytest.mark.parametrize("name", list(CIPHERS))
 def test_what_the_audit_reads_in_a_message_is_the_contribution_only_when_nothing_hides_it(name):
     """The audits ask the cipher what a recorded message may reveal. A weakened mpc party without pair keys
     (its zero share is zero) sends its contribution readably; the shipped one, masked, does not."""

@@ -70,7 +70,7 @@ class SumBackend:
         shape = tuple(value.shape)
         if self.combiner != self.peers.rank:  # a helper combined the passive parties' messages
             combined = self._receive(round, self.combiner, shape)
-            return self.cipher.reveal(round, combined, shape, own=value)
+            return self.cipher.reveal(round, combined, shape, own=finite_own(round, value))
         own, refusal = self.cipher.protect(round, value, n_addends)
         messages = {self.peers.rank: own}
         for sender in self._passive():
@@ -153,7 +153,15 @@ def sum_in_process(round: Round, values: list[Tensor], ciphers: list, helper=Non
     if helper is None:
         return ciphers[active].reveal(round, ciphers[active].combine(round, messages, shape), shape, own=None)
     combined = helper.combine(round, messages, None)
-    return ciphers[active].reveal(round, combined, shape, own=values[active].to(torch.float32))
+    return ciphers[active].reveal(round, combined, shape, own=finite_own(round, values[active].to(torch.float32)))
+
+
+def finite_own(round: Round, value: Tensor) -> Tensor:
+    """The active party's own contribution, added in clear to what a helper combined: refused when non-finite,
+    as every other party's is (it would turn the whole sum into NaN)."""
+    if not bool(torch.isfinite(value).all()):
+        raise SecureRangeError(f"round {round.name!r}: the active party's own input is non-finite (NaN/inf)")
+    return value
 
 
 def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=None, recorded_rounds: int = 0

@@ -84,7 +84,7 @@ class SumCipher:
 
     def reveal(self, round: Round, combined: bytes, shape: tuple[int, ...], own: Tensor | None) -> Tensor:
         """The active party's sum (float32, of `shape`); `own` is its contribution when the combiner did not
-        add it (a helper combines the passive parties' messages only)."""
+        add it (a helper combines the passive parties' messages only; finite: `sums.finite_own`)."""
         raise NotImplementedError
 
     def explain(self, round: Round, refusal: SecureRangeError, me: str, n_addends: int) -> str:

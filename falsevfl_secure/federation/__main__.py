@@ -38,7 +38,7 @@ from ..errors import InputError, PartyFailure
 from ..privacy import LEDGER, all_spent, before_model, epsilon_of, read_ledger
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
-from .config import AGGREGATOR, load_federation
+from .config import AGGREGATOR, MAX_VALIDATION_FRACTION, load_federation
 from .tables_demo import DEMO_TABLES as TABLES
 
 
@@ -117,10 +117,10 @@ def _demo_options(demo: argparse.ArgumentParser) -> None:
 def demo(args: argparse.Namespace) -> int:
     if args.parties < 2:
         raise InputError(f"--parties {args.parties}: a federation needs at least 2 parties")
-    fraction = args.validation_fraction
-    if fraction is not None and not (math.isfinite(fraction) and 0 <= fraction <= 0.5):
+    fraction, most = args.validation_fraction, MAX_VALIDATION_FRACTION
+    if fraction is not None and not (math.isfinite(fraction) and 0 <= fraction <= most):
         # before anything is written: the file's own check (`[federation] validation_fraction`) would refuse it
-        raise InputError(f"--validation-fraction {fraction:g}: a fraction in [0, 0.5] (e.g. 0.1)")
+        raise InputError(f"--validation-fraction {fraction:g}: a fraction in [0, {most:g}] (e.g. 0.1)")
     if args.dataset in TABLES:
         return _tables_demo(args)
     from .demo import write_demo

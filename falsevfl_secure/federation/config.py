@@ -203,6 +203,9 @@ class Federation:
         return ReadOptions(self.missing_values, listed, detect_categories, self.id_rule)
 
 
+MAX_VALIDATION_FRACTION = 0.5  # at most half the labeled records held out
+
+
 def load_federation(path: Path | str) -> Federation:
     path = Path(path)
     try:
@@ -228,7 +231,8 @@ def load_federation(path: Path | str) -> Federation:
                       _flag(section, "allow_two_party_disclosure", path), _join_timeout(section, path),
                       _missing_values(section, path), _id_rule(section, path),
                       _fraction(section, "min_overlap", 0.01, 1.0, path),
-                      _fraction(section, "validation_fraction", 0.1, 0.5, path), _max_ids(section, path, len(parties)),
+                      _fraction(section, "validation_fraction", 0.1, MAX_VALIDATION_FRACTION, path),
+                      _max_ids(section, path, len(parties)),
                       _flag(section, "allow_partial_predict", path), *_loss_policy(section, path, len(parties)),
                       _seconds(section, "round_deadline_s", 45.0, path), _validation_group(section, path))
 

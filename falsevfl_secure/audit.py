@@ -137,7 +137,8 @@ def share_bits_uniform(raw_shares: list[np.ndarray], sigmas: float = 5.0) -> tup
 def audit_passive_view(view: View, truth: dict[str, dict[int, np.ndarray]], party: int,
                        atol: float = 1e-6) -> AuditReport:
     """A passive party receives only the active party's broadcasts: never a message of an aggregate round,
-    and no row of another party's contribution (a row of a broadcast equal to that party's row)."""
+    and no row of another party's contribution, at any position of a broadcast cut into rows of that width
+    (`atol`: n x 2^-16 under mpc and he, whose revealed sums are on the fixed-point grid)."""
     report = AuditReport(views_audited=1)
     for entry in view.of("received") + view.of("revealed"):
         report.entries_checked += 1
@@ -146,21 +147,28 @@ def audit_passive_view(view: View, truth: dict[str, dict[int, np.ndarray]], part
             continue
         for name, parts in truth.items():
             for k, c in parts.items():
-                rows = _same_rows(entry.value, c, atol) if k != party else 0
+                rows = _rows_found(entry.value, c, atol) if k != party else 0
                 if rows:
                     report.leaks.append(f"party {party}'s view of {entry.round!r} holds party {k}'s {name!r} "
                                         f"contribution on {rows} rows")
     return report
 
 
-def _same_rows(seen: np.ndarray, contribution: np.ndarray, atol: float) -> int:
-    """How many non-trivial rows of `contribution` (its last axis a row) appear at the same place in `seen`."""
-    if seen.size != contribution.size or contribution.ndim == 0:
+def _rows_found(seen: np.ndarray, contribution: np.ndarray, atol: float) -> int:
+    """How many rows of `seen`, cut into rows of the contribution's width (its last axis), lie within `atol` of
+    some non-trivial row of `contribution` (every value; any position)."""
+    from scipy.spatial import cKDTree
+
+    width = contribution.shape[-1] if contribution.ndim else 0
+    if width < 2 or seen.size == 0 or seen.size % width:
         return 0
-    width = contribution.shape[-1]
-    mine, theirs = seen.reshape(-1, width), contribution.reshape(-1, width)
-    close = np.isclose(mine, theirs, atol=atol, rtol=0).all(axis=1) & (np.abs(theirs).max(axis=1) > 10 * atol)
-    return int(close.sum())
+    theirs = contribution.reshape(-1, width).astype(np.float64)
+    theirs = theirs[np.abs(theirs).max(axis=1) > 10 * atol]
+    if not len(theirs):
+        return 0
+    distance, _ = cKDTree(theirs).query(seen.reshape(-1, width).astype(np.float64), p=np.inf,
+                                        distance_upper_bound=atol)
+    return int(np.isfinite(distance).sum())
 
 
 def audit_aggregator_view(view: View, truth: dict[str, dict[int, np.ndarray]] | None = None) -> AuditReport:
@@ -182,11 +190,11 @@ def audit_aggregator_view(view: View, truth: dict[str, dict[int, np.ndarray]] | 
             continue
         if not all(blob[:4] == MESSAGE_MAGIC for blob in frame.blobs):
             report.leaks.append(f"the aggregator received something other than ciphertexts in {entry.round!r}")
-        for round_name, parts in (truth or {}).items():
-            for k, contribution in parts.items():
-                if any(_carries(blob, contribution, round_name) for blob in frame.blobs):
-                    report.leaks.append(f"the aggregator's {entry.round!r} message carries party {k}'s "
-                                        f"{round_name!r} contribution in clear")
+        for round_name, parts in (truth or {}).items():  # a sender can only leak what it holds: its own
+            own = parts.get(entry.peer)
+            if own is not None and any(_carries(blob, own, round_name) for blob in frame.blobs):
+                report.leaks.append(f"the aggregator's {entry.round!r} message carries party {entry.peer}'s "
+                                    f"{round_name!r} contribution in clear")
     return report
 
 
@@ -227,7 +235,7 @@ def audit_recorded_views(views: dict[int, View], n_parties: int, active: int, pr
     report = audit_active_view(views[active], truth, active, atol=n_parties * ADDEND_ATOL)
     for party in range(n_parties):
         if party != active:
-            _merge(report, audit_passive_view(views[party], truth, party))
+            _merge(report, audit_passive_view(views[party], truth, party, atol=n_parties * ADDEND_ATOL))
     for rank in range(n_parties, max(views) + 1):
         _merge(report, audit_aggregator_view(views[rank], truth))
     for rank, view in views.items():

@@ -112,13 +112,13 @@ class PrivacyConfig:
         _need(1e-300 <= self.delta < 1, f"privacy delta={self.delta}: in [1e-300, 1)")  # no denormal: flushed
         _need(real_number(self.noise_multiplier) and self.noise_multiplier >= 0,
               f"privacy noise_multiplier={self.noise_multiplier!r}: a finite number >= 0 (0: calibrated)")
-        _need(isinstance(self.collusion, int) and 0 <= self.collusion <= parties - 2,
+        _need(_whole(self.collusion) and 0 <= self.collusion <= parties - 2,
               f"privacy collusion={self.collusion}: an integer in 0..{parties - 2} (the noise of at least one "
               "party besides the active one must remain)")
         for name in ("clip_posterior", "clip_likelihood", "clip_latent_grad", "clip_gradient"):
             _need(real_number(getattr(self, name)) and getattr(self, name) > 0,
                   f"privacy {name}={getattr(self, name)!r}: a finite number > 0")
-        _need(isinstance(self.max_releases_per_row, int) and self.max_releases_per_row >= 0,
+        _need(_whole(self.max_releases_per_row) and self.max_releases_per_row >= 0,
               f"privacy max_releases_per_row={self.max_releases_per_row}: an integer >= 0")
 
 

@@ -70,7 +70,8 @@ class SumBackend:
         shape = tuple(value.shape)
         if self.combiner != self.peers.rank:  # a helper combined the passive parties' messages
             combined = self._receive(round, self.combiner, shape)
-            return self.cipher.reveal(round, combined, shape, own=finite_own(round, value))
+            me = self.peers.names[self.peers.rank]
+            return self.cipher.reveal(round, combined, shape, own=finite_own(round, value, me))
         own, refusal = self.cipher.protect(round, value, n_addends)
         messages = {self.peers.rank: own}
         for sender in self._passive():
@@ -147,20 +148,22 @@ def sum_in_process(round: Round, values: list[Tensor], ciphers: list, helper=Non
     for rank, (cipher, value) in enumerate(zip(ciphers, values, strict=True)):
         if rank != active or helper is None:
             message, refusal = cipher.protect(round, value.to(torch.float32).contiguous(), k)
-            if refusal is not None:
-                raise refusal
+            if refusal is not None:  # named as the backend names it
+                raise SecureRangeError(cipher.explain(round, refusal, f"party{rank}", k)) from None
             messages[rank] = message
     if helper is None:
         return ciphers[active].reveal(round, ciphers[active].combine(round, messages, shape), shape, own=None)
     combined = helper.combine(round, messages, None)
-    return ciphers[active].reveal(round, combined, shape, own=finite_own(round, values[active].to(torch.float32)))
+    own = finite_own(round, values[active].to(torch.float32), f"party{active}")
+    return ciphers[active].reveal(round, combined, shape, own=own)
 
 
-def finite_own(round: Round, value: Tensor) -> Tensor:
+def finite_own(round: Round, value: Tensor, me: str) -> Tensor:
     """The active party's own contribution, added in clear to what a helper combined: refused when non-finite,
     as every other party's is (it would turn the whole sum into NaN)."""
     if not bool(torch.isfinite(value).all()):
-        raise SecureRangeError(f"round {round.name!r}: the active party's own input is non-finite (NaN/inf)")
+        raise SecureRangeError(f"round {round.name!r}: {me} (the active party) refused its own input: non-finite "
+                               "(NaN/inf)")
     return value
 
 

@@ -78,9 +78,9 @@ class MaskCipher(SumCipher):
         return total if own is None else total + own.double()
 
     def explain(self, round: Round, refusal: SecureRangeError, me: str, n_addends: int) -> str:
-        return self._with_range(round, refusal, n_addends)
+        return self._with_range(round, f"{me} refused its own input: {refusal}", n_addends)
 
-    def _with_range(self, round: Round, error: SecureRangeError, parties: int) -> str:
+    def _with_range(self, round: Round, error: SecureRangeError | str, parties: int) -> str:
         return (f"round {round.name!r}: {error}; mpc carries |x| < {self.addend_range(parties):.3g} per party at "
                 f"K = {parties} (check the features are standardised and finite)")
 

@@ -147,6 +147,26 @@ def test_passive_party_receives_only_broadcasts(sessions, protocol):
     assert combined.passed, combined.leaks
 
 
+@pytest.mark.parametrize("protocol", SECURE)
+def test_a_prediction_without_a_party_gives_away_its_posterior_contribution(sessions, protocol, attacked):
+    """active_semi_honest.toml, disclosed: the same records predicted with party 1 and then without it (it holds
+    no row, as when `predict --absent` leaves it out). The active party subtracts the second revealed posterior
+    sum from the first: party 1's posterior contribution, on every record it holds, to the fixed-point grid."""
+    from dataclasses import replace
+
+    job = make_job(PARTIES, "I", 24, 3, 3, 0.3, "predict", record=True)  # seed 3: no record is party 1's alone
+    without = replace(job, split={**job.split, "absent": (1,)})
+    views = [recorded(sessions, protocol, j) for j in (job, without)]
+    revealed = [[e.value for e in v[ACTIVE].of("revealed") if e.round == "posterior"][-1] for v in views]
+    theirs = [e.value for e in views[0][1].of("sent") if e.round == "posterior"][-1]
+    held = np.abs(theirs).max(axis=1) > 0
+    error = np.abs((revealed[0] - revealed[1])[held] - theirs[held]).max(axis=1)
+    recovered = int((error <= ATOL).sum())
+    attacked("a prediction without a party (active)", protocol,
+             f"party 1's posterior contribution on {recovered} of {int(held.sum())} records, to {error.max():.1g}")
+    assert held.sum() >= 10 and recovered == held.sum()
+
+
 def _broadcast_and_maybe_forward(role, leak: bool) -> list[dict]:
     """Every party adds a contribution to one posterior sum; the active party broadcasts a function of the sum
     (shipped) or, weakened, that with rows 3-5 replaced by party 1's own contribution, which `plain` revealed

@@ -11,15 +11,17 @@ from .split import VerticalSplit
 
 def synthetic_split(n: int = 64, parties: int = 3, width: int = 4, p_missing: float = 0.3, seed: int = 0,
                     n_classes: int = 3, regression: bool = False, n_labeled: int | None = None,
-                    scale: float = 1.0) -> VerticalSplit:
-    """A public, seeded split: every row has at least one observed party; the first `n_labeled` rows
-    (default: all) are labeled; the features are multiplied by `scale` (magnitudes for the tests)."""
+                    scale: float = 1.0, absent: tuple[int, ...] = ()) -> VerticalSplit:
+    """A public, seeded split: every row has at least one observed party (before `absent`); the first
+    `n_labeled` rows (default: all) are labeled; the features are multiplied by `scale` (magnitudes for the
+    tests); the `absent` parties hold no row (a prediction that leaves them out)."""
     rng = np.random.default_rng(seed)
     latent = rng.standard_normal((n, 2))
     features = latent @ rng.standard_normal((2, parties * width)) + 0.3 * rng.standard_normal((n, parties * width))
     features = features * scale
     missing = rng.random((n, parties)) < p_missing
     missing[missing.all(axis=1), 0] = False
+    missing[:, list(absent)] = True
     blocks = []
     for k in range(parties):
         block = features[:, k * width:(k + 1) * width].astype(np.float32)

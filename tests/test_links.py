@@ -497,11 +497,18 @@ def test_a_receiver_that_stops_reading_relayed_frames_is_named_not_their_sender(
     assert [(b.role, b.how) for b in named] == [("party1", "stuck")] and 0.3 <= time.monotonic() - began < 2.0
 
 
-def test_the_relay_cannot_alter_a_frame_unnoticed(tmp_path, attacked):
-    classes = {"party2": TamperingRelayRole}
+@pytest.mark.parametrize("build", ["weakened: unsealed pair frames", "shipped"])
+def test_the_relay_cannot_alter_a_frame_unnoticed(tmp_path, build, attacked):
+    """The relay flips one bit of a frame party 0 sends party 1: the shipped channel's AEAD refuses it, naming
+    rank 0; unsealed, party 1 takes the altered frame as party 0's (whatever it then makes of the points)."""
+    weak = build.startswith("weakened")
+    classes = {"party2": TamperingRelayRole, **({"party0": UnsealedRole, "party1": UnsealedRole} if weak else {})}
     ended = _world(tmp_path, "plain", 3, _align, (True,), classes).start().outcomes(120)
     refused = ended[1].get("ok", {}).get("refused", "") or ended[1].get("error", "")
-    attacked("relay alters a pair's alignment frame (active)", "shipped", refused[:80])
+    attacked("relay alters a pair's alignment frame (active)", build, refused[:80] or "taken as party 0's")
+    if weak:
+        assert "integrity" not in refused, ended[1]
+        return
     assert "failed its integrity check" in refused and "rank 0" in refused
 
 

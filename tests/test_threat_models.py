@@ -128,10 +128,12 @@ def test_mpc_shares_are_uniform_and_too_few_to_test_is_a_failure(sessions):
     assert len(shares) == 3 * (PARTIES - 1) and sum(s.size for s in shares) >= MIN_SHARE_VALUES
     ok, worst = share_bits_uniform(shares)
     assert ok, worst
-    # Not vacuous: encoded plaintext (the same number of fixed-point values) fails it ...
-    n = sum(s.size for s in shares)
-    plain_encoded = [np.round(np.random.default_rng(0).normal(size=n) * 2**16).astype(np.int64)]
-    assert not share_bits_uniform(plain_encoded)[0]
+    # Not vacuous: what a build without masks would send (each party's own contributions of this step, encoded
+    # on the fixed-point grid as the shares are) fails it ...
+    truth = contributions(views)
+    unmasked = [encode_fixed_point(torch.as_tensor(c)).reshape(-1).numpy() for parts in truth.values()
+                for k, c in parts.items() if k != ACTIVE]
+    assert sum(u.size for u in unmasked) >= MIN_SHARE_VALUES and not share_bits_uniform(unmasked)[0]
     # ... and too few values to test is a failure, not a skip.
     assert share_bits_uniform([shares[0][:MIN_SHARE_VALUES - 1]]) == (False, float("inf"))
 

@@ -149,14 +149,17 @@ def test_passive_party_receives_only_broadcasts(sessions, protocol):
     assert combined.passed, combined.leaks
 
 
+@pytest.mark.parametrize("stage", ["predict", "train"])
 @pytest.mark.parametrize("protocol", SECURE)
-def test_a_prediction_without_a_party_gives_away_its_posterior_contribution(sessions, protocol, attacked):
+def test_a_forward_pass_without_a_party_gives_away_its_posterior_contribution(sessions, protocol, stage, attacked):
     """active_semi_honest.toml, disclosed: the same records predicted with party 1 and then without it (it holds
-    no row, as when `predict --absent` leaves it out). The active party subtracts the second revealed posterior
-    sum from the first: party 1's posterior contribution, on every record it holds, to the fixed-point grid."""
+    no row, as when `predict --absent` leaves it out), or the same stage-2 batch before and after party 1 was
+    lost (the generative part is frozen in stage 2, so a later epoch's sums differ from an earlier one's only by
+    the parties in them). The active party subtracts the second revealed posterior sum from the first: party 1's
+    posterior contribution, on every record it holds, to the fixed-point grid."""
     from dataclasses import replace
 
-    job = make_job(PARTIES, "I", 24, 3, 3, 0.3, "predict", record=True)  # seed 3: no record is party 1's alone
+    job = make_job(PARTIES, "I", 24, 3, 3, 0.3, stage, record=True)  # seed 3: no record is party 1's alone
     without = replace(job, split={**job.split, "absent": (1,)})
     views = [recorded(sessions, protocol, j) for j in (job, without)]
     revealed = [[e.value for e in v[ACTIVE].of("revealed") if e.round == "posterior"][-1] for v in views]
@@ -164,7 +167,7 @@ def test_a_prediction_without_a_party_gives_away_its_posterior_contribution(sess
     held = np.abs(theirs).max(axis=1) > 0
     error = np.abs((revealed[0] - revealed[1])[held] - theirs[held]).max(axis=1)
     recovered = int((error <= ATOL).sum())
-    attacked("a prediction without a party (active)", protocol,
+    attacked(f"a {stage} step without a party (active)", protocol,
              f"party 1's posterior contribution on {recovered} of {int(held.sum())} records, to {error.max():.1g}")
     assert held.sum() >= 10 and recovered == held.sum()
 

@@ -261,6 +261,28 @@ def test_validation_holds_out_whole_groups_of_the_active_partys_column(tmp_path,
         assert np.array_equal(result.validation, active.validation)
 
 
+def test_the_active_party_names_its_validation_groups_from_its_own_identity_key(tmp_path):
+    """The groups' order (hence which are held out) comes from the active party's identity key: the same in
+    every run of it (a fresh order per run would give every passive party one more bit per record each run),
+    another key orders the same groups differently."""
+    from falsevfl_secure.federation.party import _groups
+    from falsevfl_secure.secure.identity import generate, read_private_key
+
+    written = write_federation(tmp_path, Spec(categorical=True))
+    edit(written.path, "rendezvous", f'validation_group = ["{written.columns["clinic"][0]}"]\nrendezvous')
+    fed = load_federation(written.path)
+    inputs = read_training_table(fed, "clinic")
+    labeled = np.flatnonzero(aligned_module.is_labeled(inputs.targets))
+
+    def names(key):
+        return _groups(SimpleNamespace(is_active=True, key=key), fed, inputs, labeled)
+
+    first, again = (names(read_private_key(fed.identity_path("clinic"))) for _ in range(2))  # two runs
+    other = names(generate())
+    assert np.array_equal(first, again) and not np.array_equal(np.argsort(first), np.argsort(other))
+    assert np.array_equal(first[:, None] == first[None, :], other[:, None] == other[None, :])  # the same groups
+
+
 def test_a_validation_group_that_names_no_column_of_the_active_partys_table_is_one_error(tmp_path, refused):
     written = write_federation(tmp_path, Spec(categorical=True))
     edit(written.path, "rendezvous", 'validation_group = ["smoker", "dya"]\nrendezvous')

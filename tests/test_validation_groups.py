@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from falsevfl_secure.data.tables import PartyTable
 from falsevfl_secure.errors import InputError
-from falsevfl_secure.federation.aligned import GROUPS, Policy, _hold_out, group_codes, validation_groups
+from falsevfl_secure.federation.aligned import Policy, _hold_out, group_codes, group_key, validation_groups
 from falsevfl_secure.randomness import PublicStream, RoleSecret, public_rng
+from falsevfl_secure.secure.identity import generate as generate_key
 
 
 @settings(max_examples=60, deadline=None)
@@ -25,17 +26,13 @@ def test_whole_groups_are_held_out_up_to_the_share_asked_for(seed, n, n_groups, 
     rng = np.random.default_rng(seed)
     groups = rng.integers(0, n_groups, 2 * n) * 3 + 5  # any integers name the groups
     rows = np.sort(rng.choice(2 * n, n, replace=False))
-    draw = RoleSecret.for_tests(seed, 0)
-    policy = Policy(validation_fraction=fraction, seed=seed, groups=groups, group_draw=draw.stream(GROUPS))
-    train, held = _hold_out(rows, policy)
+    train, held = _hold_out(rows, Policy(validation_fraction=fraction, seed=seed, groups=groups))
     assert np.array_equal(np.sort(np.concatenate([train, held])), rows)
     assert not np.intersect1d(groups[train], groups[held]).size  # no group on both sides
     count = min(int(round(fraction * n)), n - 1)
     assert held.size <= count and train.size >= 1
     names, sizes = np.unique(groups[train], return_counts=True)
     assert (sizes > count - held.size).all()  # every group left to train on did not fit any more
-    again = _hold_out(rows, Policy(validation_fraction=fraction, groups=groups, group_draw=draw.stream(GROUPS)))[1]
-    assert np.array_equal(held, again)  # the same stream holds out the same records
 
 
 def test_without_groups_the_draw_is_the_row_by_row_one():
@@ -69,41 +66,80 @@ def _held_groups(policy: Policy, rows: np.ndarray, groups: np.ndarray) -> set:
     return set(groups[_hold_out(rows, policy)[1]].tolist())
 
 
-def test_a_passive_party_cannot_tell_which_groups_were_held_out(monkeypatch, attacked):
+def _days_table(days: np.ndarray) -> PartyTable:
+    n = days.size
+    return PartyTable("airline", Path("airline.csv"), tuple(map(str, range(n))), ("day",),
+                      days.astype(np.float32).reshape(-1, 1), np.ones(n, bool), None)
+
+
+def _held_days(table: PartyTable, key: bytes | None) -> set:
+    """The days the active party holds out, through the package's path: its groups named under `key`."""
+    days = table.x[:, 0].astype(int)
+    names = group_codes(table, ("day",), Path("federation.toml"), key)
+    return set(days[_hold_out(np.arange(days.size), Policy(validation_fraction=0.1, groups=names))[1]].tolist())
+
+
+def test_a_passive_party_cannot_tell_which_groups_were_held_out(attacked):
     """Every party learns the held-out positions. A passive party that knows the groups' values (a year's
     days) and every public input tries to name the held-out days: it does against a build whose active party
-    derives its secret from the public seed (the package's own draw, only its entropy weakened), and guesses
-    at chance against the shipped one, which draws it from the operating system's entropy."""
-    from falsevfl_secure.federation import aligned
-
+    derives its group key from the public seed, and guesses at chance against the shipped one, whose key comes
+    from its own identity key (`group_key`), which no other party holds."""
     rng = np.random.default_rng(0)
-    groups = np.sort(rng.integers(1, 366, 20_000))  # day of the year, the active party's column
-    rows = np.arange(groups.size)
-
-    def attacker(seed: int) -> set:  # all public: the seed, the fraction, the values 1..365 (all present)
-        guessed = RoleSecret.for_tests(seed, -1).stream(GROUPS)
-        return _held_groups(Policy(validation_fraction=0.1, seed=seed, groups=groups, group_draw=guessed), rows, groups)
-
-    def held(seed: int, weak: bool) -> set:  # the active party's draw, through the package's default path
-        with monkeypatch.context() as patch:
-            if weak:
-                patch.setattr(aligned.RoleSecret, "fresh", classmethod(lambda cls: cls.for_tests(seed, -1)))
-            return _held_groups(Policy(validation_fraction=0.1, seed=seed, groups=groups), rows, groups)
-
+    table = _days_table(np.sort(rng.integers(1, 366, 20_000)))  # day of the year, the active party's column
     hits_weak, hits_shipped, chance = [], [], []
     for seed in range(5):
-        guess, actual_weak, actual = attacker(seed), held(seed, True), held(seed, False)
+        public_key = RoleSecret.for_tests(seed, -1).key  # all public: the seed; the values 1..365 (all present)
+        names = group_codes(_days_table(np.arange(1, 366)), ("day",), Path("federation.toml"), public_key)
+        order = np.argsort(names) + 1  # the days in the order the weakened build holds them out
+        actual_weak, actual = _held_days(table, public_key), _held_days(table, group_key(generate_key()))
+        guess = set(order[:len(actual_weak)].tolist())  # as many days as the held-out positions make (an estimate)
         hits_weak.append(len(guess & actual_weak) / len(actual_weak))
         hits_shipped.append(len(guess & actual) / len(actual))
         chance.append(len(guess) / 365)
-    attacked("held-out validation groups (passive)", "weakened: secret from the public seed",
+    attacked("held-out validation groups (passive)", "weakened: group key from the public seed",
              f"{min(hits_weak):.1%} of the held-out days named (5 seeds)")
     attacked("held-out validation groups (passive)", "shipped",
              f"{np.mean(hits_shipped):.1%} of the held-out days named, chance {np.mean(chance):.1%}")
-    assert min(hits_weak) == 1.0  # the weakened build: every held-out day named
+    assert min(hits_weak) >= 0.9  # the weakened build: the held-out days named (the last may not have fitted)
     assert np.mean(hits_shipped) < 2 * np.mean(chance) + 0.05  # shipped: about a tenth, as by chance
     public = public_rng(0, PublicStream.VALIDATION).permutation(365)  # nor is the old public order it
-    assert len({int(d) + 1 for d in public[:36]} & _held_groups(Policy(0.0, 0.1, 0, groups=groups), rows, groups)) < 18
+    assert len({int(d) + 1 for d in public[:36]} & _held_days(table, group_key(generate_key()))) < 18
+
+
+def test_runs_hold_out_the_same_groups_so_repeated_runs_tell_nothing_more(attacked):
+    """A passive party sees the held-out positions of every run over the same tables (a retraining, a
+    `--resume`) and groups the records by the runs that held them out: records that share a group always
+    share that pattern. A build that ordered the groups afresh each run (the build before, review finding)
+    gives 16 runs' patterns in which same-group pairs are many times more frequent than among records held out
+    in one run; the shipped key is the same in every run (from the identity key), so 16 runs tell what one does."""
+    rng = np.random.default_rng(1)
+    days = rng.integers(1, 366, 20_000)
+    table, identity = _days_table(days), generate_key()
+
+    def purity(key_of_run) -> float:  # of the record pairs with one pattern over 16 runs, how many share a day
+        runs = [np.isin(days, list(_held_days(table, key_of_run()))) for _ in range(16)]
+        _, pattern = np.unique(np.stack(runs, axis=1), axis=0, return_inverse=True)
+        pairs = np.unique(np.stack([pattern.reshape(-1), days], axis=1), axis=0, return_counts=True)
+        same_day = float((pairs[1] * (pairs[1] - 1)).sum())
+        per_pattern = np.bincount(pattern.reshape(-1)).astype(float)
+        return same_day / float((per_pattern * (per_pattern - 1)).sum())
+
+    fresh, shipped = purity(lambda: None), purity(lambda: group_key(identity))
+    attacked("records that share a validation group (passive, 16 runs)", "weakened: a fresh order each run",
+             f"{fresh:.1%} of pairs with one pattern share a day")
+    attacked("records that share a validation group (passive, 16 runs)", "shipped",
+             f"{shipped:.1%} of pairs with one pattern share a day (chance {1 / 365:.2%})")
+    assert shipped < 0.01 and fresh > 5 * shipped
+
+
+def test_a_group_keeps_its_name_whatever_else_the_table_holds():
+    """One key names a day alike in a table of a year and in one of a month of it: a retraining on more records
+    holds out the same days where they still fit."""
+    key = group_key(generate_key())
+    year, month = _days_table(np.arange(1, 366)), _days_table(np.arange(1, 32))
+    names = group_codes(year, ("day",), Path("f.toml"), key)
+    assert np.array_equal(group_codes(month, ("day",), Path("f.toml"), key), names[:31])
+    assert np.unique(names).size == 365 and not np.array_equal(group_codes(year, ("day",), Path("f.toml")), names)
 
 
 def test_few_groups_are_refused_before_any_run(tmp_path):

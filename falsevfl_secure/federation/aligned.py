@@ -35,14 +35,15 @@ from ..data.encoding import EncodedBlock
 from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
-from ..randomness import KeyStream, PublicStream, RoleSecret, public_rng
+from ..randomness import PublicStream, RoleSecret, public_rng
 from ..secure import frames
 from ..secure.align import MAX_IDS, Alignment, align, alignment_bounds
 from ..secure.errors import SecureMessageError
 from ..secure.identity import sign, verify
 
 _BLOBS = 5
-GROUPS = "validation groups"  # the purpose of the active party's stream that orders them
+GROUPS = "validation groups"  # what the active party's group key is for
+GROUP_DOMAIN = b"falsevfl-groups"  # BLAKE2b's personalisation for it (at most 16 bytes)
 ALIGNMENT_FILE = "alignment.npz"  # a passive party's place in the shared order, with its own checkpoints
 
 
@@ -54,8 +55,7 @@ class Policy:
     validation_fraction: float = 0.0
     seed: int = 0
     max_ids: int = MAX_IDS  # the alignment's bound on every party's list (threat_models/alignment.toml)
-    groups: np.ndarray | None = None  # per row of the active party's table, its validation group (`group_codes`)
-    group_draw: KeyStream | None = None  # the active party's own stream for which groups (None: fresh entropy)
+    groups: np.ndarray | None = None  # per row of the active party's table, its validation group's secret name
 
 
 @dataclass(frozen=True)
@@ -184,30 +184,39 @@ def _hold_out(rows: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]
     if count == 0:
         return rows, rows[:0]
     if policy.groups is not None:
-        mask = _whole_groups(policy.groups[rows], count, policy.group_draw or RoleSecret.fresh().stream(GROUPS))
+        mask = _whole_groups(policy.groups[rows], count)
     else:
         mask = np.zeros(rows.size, dtype=bool)
         mask[public_rng(policy.seed, PublicStream.VALIDATION).permutation(rows.size)[:count]] = True
     return rows[~mask], rows[mask]
 
 
-def _whole_groups(codes: np.ndarray, count: int, draw: KeyStream) -> np.ndarray:
-    """Which rows to hold out: whole groups in an order only the active party knows (its own stream: every
-    party learns the held-out rows, and a public order would tell them which groups, hence the values),
-    each taken where it still fits within `count` rows."""
-    names, inverse, sizes = np.unique(codes, return_inverse=True, return_counts=True)
-    held, chosen = 0, np.zeros(names.size, dtype=bool)
-    for group in np.argsort(draw.words(names.size), kind="stable"):
+def _whole_groups(names: np.ndarray, count: int) -> np.ndarray:
+    """Which rows to hold out: whole groups in the order of their names (`group_codes`: keyed by the active
+    party's own secret, so an order only it knows; every party learns the held-out rows, and a public order
+    would tell them which groups, hence the values), each taken where it still fits within `count` rows."""
+    _, inverse, sizes = np.unique(names, return_inverse=True, return_counts=True)
+    held, chosen = 0, np.zeros(sizes.size, dtype=bool)
+    for group in range(sizes.size):
         if held + sizes[group] <= count:
             chosen[group], held = True, held + sizes[group]
     return chosen[inverse.reshape(-1)]
 
 
-def validation_groups(table: PartyTable, labeled: np.ndarray, fed) -> np.ndarray | None:
+def group_key(signing_key) -> bytes:
+    """The active party's key for naming its validation groups, derived from its own identity key (keyed
+    BLAKE2b in a domain of its own): the same in every run, so every run holds out the same groups (a fresh
+    draw per run would tell every passive party one more bit per record each run, and with them which records
+    share a group); no other party can compute it."""
+    return hashlib.blake2b(GROUPS.encode(), key=signing_key.private_bytes_raw(), digest_size=32,
+                           person=GROUP_DOMAIN).digest()
+
+
+def validation_groups(table: PartyTable, labeled: np.ndarray, fed, key: bytes | None = None) -> np.ndarray | None:
     """`group_codes` of the active party's rows for [federation] validation_group, refused where its labeled
     rows fall in fewer than 2 / validation_fraction groups: a few groups would make the held-out records an
     uneven share, and tell every party which of a few groups each labeled record is in."""
-    codes = group_codes(table, fed.validation_group, fed.path)
+    codes = group_codes(table, fed.validation_group, fed.path, key)
     if codes is None or fed.validation_fraction == 0:
         return codes
     present, least = np.unique(codes[labeled]).size, math.ceil(2 / fed.validation_fraction)
@@ -219,19 +228,39 @@ def validation_groups(table: PartyTable, labeled: np.ndarray, fed) -> np.ndarray
     return codes
 
 
-def group_codes(table: PartyTable, columns: tuple[str, ...], path: Path) -> np.ndarray | None:
-    """Per row of the active party's table, an integer naming its combination of values in `columns`
-    ([federation] validation_group; an empty cell is a value of its own); None without such columns."""
+def group_codes(table: PartyTable, columns: tuple[str, ...], path: Path, key: bytes | None = None) -> np.ndarray | None:
+    """Per row of the active party's table, a 63-bit name of its combination of values in `columns`
+    ([federation] validation_group; an empty cell is a value of its own): keyed BLAKE2b of the values under
+    `key` (`group_key`; None: a fresh one), so a group has one name in every run, whatever else the table
+    holds; None without such columns."""
     if not columns:
         return None
     unknown = [name for name in columns if name not in table.columns]
     if unknown:
         raise InputError(f"{path}: [federation] validation_group names {', '.join(map(repr, unknown))}, not a feature "
                          f"column of {table.where}; its columns are {', '.join(table.columns)}")
-    codes = [np.unique(np.array(["" if c is None else c for c in table.text[name]], dtype=str), return_inverse=True)[1]
-             if name in table.text else np.unique(table.x[:, table.columns.index(name)], return_inverse=True)[1]
-             for name in columns]
-    return np.unique(np.stack([c.reshape(-1) for c in codes], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+    values = [_values(table, name) for name in columns]
+    combos, inverse = np.unique(np.stack([codes for _, codes in values], axis=1), axis=0, return_inverse=True)
+    key = RoleSecret.fresh().key if key is None else key
+    names = np.array([_group_name(key, [values[j][0][c] for j, c in enumerate(combo)]) for combo in combos],
+                     dtype=np.int64)
+    return names[inverse.reshape(-1)]
+
+
+def _values(table: PartyTable, name: str) -> tuple[list[bytes], np.ndarray]:
+    """One column's distinct values, each written unambiguously (text, or a number's exact hex), and each row's."""
+    if name in table.text:
+        uniques, codes = np.unique(np.array(["" if c is None else c for c in table.text[name]], dtype=str),
+                                   return_inverse=True)
+        return [b"t" + str(u).encode() for u in uniques], codes.reshape(-1)
+    uniques, codes = np.unique(table.x[:, table.columns.index(name)].astype(np.float64), return_inverse=True)
+    return [b"n" + float(u).hex().encode() for u in uniques], codes.reshape(-1)
+
+
+def _group_name(key: bytes, values: list[bytes]) -> int:
+    """A group's name: keyed BLAKE2b of its values, each length-prefixed (no two combinations write alike)."""
+    data = b"".join(len(v).to_bytes(8, "big") + v for v in values)
+    return int.from_bytes(hashlib.blake2b(data, key=key, digest_size=8, person=GROUP_DOMAIN).digest(), "big") >> 1
 
 
 def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray, per_party: np.ndarray,

@@ -45,6 +45,7 @@ from .aligned import (
     Placed,
     Policy,
     align_table,
+    group_key,
     ids_in_order,
     is_labeled,
     load_alignment,
@@ -203,7 +204,7 @@ def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoint
 
 def _groups(role, fed: Federation, inputs: PartyInput, labeled_rows) -> np.ndarray | None:
     """At the active party: the validation group of each row of its own table ([federation] validation_group)."""
-    return validation_groups(inputs.table, labeled_rows, fed) if role.is_active else None
+    return validation_groups(inputs.table, labeled_rows, fed, group_key(role.key)) if role.is_active else None
 
 
 def _still_out(events: list[dict]) -> list[dict]:

@@ -56,8 +56,10 @@ class NoiseSpec:
 
 
 class NoiseStage:
-    """One party's clipping and noise: the agreed spec, and a secret stream of its own role secret's (the
-    stream's position travels with the party's checkpoint, so a resumed run never repeats a draw)."""
+    """One party's clipping and noise: the agreed spec, and a secret stream of the role secret its run started
+    with, taken as the node is built and never restored (a run under a budget cannot resume, and a prediction
+    loads its model's saved secret after this took its stream): each run's noise comes from a secret it drew
+    fresh, so no two runs share a draw (tests that inject one secret into two runs would)."""
 
     def __init__(self, spec: NoiseSpec, stream: KeyStream) -> None:
         self.spec, self.stream = spec, stream

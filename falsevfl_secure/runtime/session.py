@@ -44,7 +44,7 @@ class StepJob:
     split: dict  # the arguments of `data.synthetic.synthetic_split`
     rows: tuple[int, ...]
     stage: Stage
-    secret_seed: int | None = 0  # each party's secret: RoleSecret.for_tests(secret_seed, party); None: fresh
+    secret_seed: int | None = None  # each party's secret: RoleSecret.for_tests(secret_seed, party) (tests); None: fresh
     record: bool = False  # every party reports its view of the step
     permute_labels: bool = False  # the label-privacy test: same features, permuted labels
     epoch_end: bool = False  # after the step, the stage's end-of-epoch rounds (FedHSSL's model average)

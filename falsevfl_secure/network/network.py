@@ -2,9 +2,10 @@
 
 A `Network` owns the role's links (`network.link`): the hub it serves, if any, and the hubs it dials.
 `send(dst, tag, payload)` goes over the direct link to `dst`, or through the relay hub (the active party)
-when there is none; a hub forwards an envelope only after checking that its sender is the authenticated
-peer of the stream it came on, so nobody can speak for another role. `recv(src, tag)` returns the next
-frame from `src` (frames from one sender arrive in order) and refuses one with another tag.
+when there is none; only the relay's hub forwards (between the roles it relays for, `relay_for`), and only
+after checking that its sender is the authenticated peer of the stream it came on, so nobody can speak for
+another role. `recv(src, tag)` returns the next frame from `src` (frames from one sender arrive in order) and
+refuses one with another tag.
 
 Bounds. A peer cannot take more than its round: a role accepts only the tags it declared (the set-up steps
 of `SETUP`, then the rounds the transport `allow`s with each frame's largest size, computed from the round
@@ -32,7 +33,7 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, replace
 
 from ..errors import PartyFailure, ProtocolError
@@ -74,6 +75,12 @@ ACKS = ("epoch-ack", "bounds-ack")
 # starts its step while the active party still builds its model): until then, one frame of each, this large.
 EARLY = ("posterior", "embedding", "subsets", "cross_view")
 EARLY_BYTES = 32 << 20
+# What a peer's heartbeat or abort may make this role print or forward: a blame's `how` is one of these, a round or
+# a kind is at most TEXT_CHARS printable ASCII characters, a count at most COUNT_DIGITS digits (int() of a number
+# of more than 4300 digits raised a ValueError that the link reader took for the peer leaving: review finding).
+HOWS = ("stalled", "left", "stuck", "refused", "failed")
+TEXT_CHARS = 64
+COUNT_DIGITS = 18
 
 
 @dataclass
@@ -179,7 +186,8 @@ class Network:
         # Per sender, bounded where frames arrive: a declared tag, at most its depth waiting (`_queued`, `allow`).
         self._mail: dict[str, deque] = defaultdict(deque)
         self._queued: dict[tuple[str, str], int] = defaultdict(int)  # (sender, tag) -> frames waiting
-        self._relaying: dict[tuple[str, str], int] = defaultdict(int)  # (sender, receiver) -> bytes of its open frame
+        self._relays: frozenset[str] = frozenset()  # the roles its hub forwards frames between (`relay_for`)
+        self._relaying: dict[tuple[str, str], tuple[str, int]] = {}  # (sender, receiver) -> its open frame's tag, bytes
         self._reassembly, self._byes, self._dismissed = wire.Reassembly(), set(), set()
         self._cond, self._count = threading.Condition(), threading.Lock()
         self._aborted: Blame | None = None
@@ -291,6 +299,12 @@ class Network:
     def _monitor_once(self) -> None:
         if not self._monitor.is_alive() and not self._stop.is_set():
             self._monitor.start()
+
+    def relay_for(self, roles: Iterable[str]) -> None:
+        """Forward frames between these roles (those its hub accepts): the relay every one of them names in its
+        plan. Any other hub forwards nothing (review finding: the he aggregator relayed a passive party's frame to
+        another, which then named the honest aggregator for it)."""
+        self._relays = frozenset(roles) & frozenset(self.plan.accept) if self.plan.serve_at is not None else frozenset()
 
     def allow(self, bounds: dict[str, int], depth: int = ROUND_DEPTH) -> None:
         """Accept frames of these tags from now on, each at most its bound in bytes (a method's rounds)."""
@@ -500,7 +514,8 @@ class Network:
         elif envelope.kind is wire.Kind.ABORT and link.peer in self.lost:  # a lost party's stop ends its return only
             self._fault(Blame(link.peer, "left", link.last_round))
         elif envelope.kind is wire.Kind.ABORT:  # believed as its sender's word only
-            self._abort(replace(_blame_of(envelope.payload, link.peer), by=link.peer), flood_except=link.peer)
+            blame = _blame_of(envelope.payload, link.peer, self.pins)
+            self._abort(replace(blame, by=link.peer), flood_except=link.peer)
         elif envelope.kind is wire.Kind.BYE:
             with self._cond:
                 self._byes.add(link.peer)
@@ -511,29 +526,48 @@ class Network:
             self._deliver(link, envelope)
 
     def _relay(self, link: Link, envelope: wire.Envelope) -> None:
-        target = self.links.get(envelope.dst) if self._hub is not None else None
-        if envelope.src != link.peer or target is None:
-            raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r} to {envelope.dst!r}: refused")
-        size = self._relaying[link.peer, envelope.dst] + len(envelope.payload)
+        """Forward a frame's fragment between two roles it relays for; the sender on the link answers for it."""
+        target, key = self._relay_target(link, envelope), (link.peer, envelope.dst)
+        tag, size = self._relaying.get(key, (envelope.tag, 0))
+        if tag != envelope.tag:  # (the receiver, which joins per sender, would have named this hub for it)
+            raise Refused(f"{link.peer} interleaved a frame {envelope.tag[:40]!r} into its frame {tag[:40]!r} to "
+                          f"{envelope.dst}", link.peer)
+        size += len(envelope.payload)
         if size > self._bound(envelope, link.peer)[0]:
-            raise Refused(f"a frame {envelope.tag!r} over its bound of {self._bound(envelope, link.peer)[0]} bytes")
-        self._relaying[link.peer, envelope.dst] = size if envelope.more else 0
+            raise Refused(f"a frame {tag[:40]!r} over its bound of {self._bound(envelope, link.peer)[0]} bytes",
+                          link.peer)
+        if envelope.more:
+            self._relaying[key] = (tag, size)
+        else:
+            self._relaying.pop(key, None)
         target.put([wire.encode(envelope)])
         self._await_drain(link, target)
+
+    def _relay_target(self, link: Link, envelope: wire.Envelope) -> Link:
+        """The link to forward to: only from a role this hub relays for, as itself, to another (`relay_for`)."""
+        target = self.links.get(envelope.dst) if self._hub is not None else None
+        if envelope.src != link.peer or envelope.dst == link.peer or target is None or \
+                not {link.peer, envelope.dst} <= self._relays:
+            raise Refused(f"{link.peer} sent a frame as {envelope.src[:40]!r} to {envelope.dst[:40]!r}, which "
+                          f"{self.me} does not relay", link.peer)
+        return target
 
     def _await_drain(self, sender: Link, target: Link) -> None:
         """Hold the sender's stream back (flow control) while more than RELAY_QUEUE_BYTES wait for `target`. The
         sender is excused meanwhile (`held`: review finding, it was named as stalled after STALL_S for the
-        receiver's slowness), and a target that takes none of them for `deadline_s` is named instead."""
-        last, moved = target.queued, time.monotonic()
+        receiver's slowness), and a target that takes none of them for `deadline_s` is named instead. Its own
+        progress excuses it (a receiver behind, whose reader waits for its program, is not stuck) only until
+        `deadline_s` after the wait began (review finding: a heartbeat counting up excused it for ever)."""
+        last, began = target.queued, time.monotonic()
+        moved = began
         sender.held = True
         try:
             while target.open and target.peer not in self.lost and target.queued > RELAY_QUEUE_BYTES and \
                     self._aborted is None:
                 if target.queued < last:
                     last, moved = target.queued, time.monotonic()
-                elif time.monotonic() - max(moved, target.progressed_at) > self.deadline_s:  # (its own progress
-                    # excuses it: a receiver behind, whose reader waits for its program, is not stuck)
+                elif time.monotonic() - max(moved, min(target.progressed_at, began + self.deadline_s)) > \
+                        self.deadline_s:
                     self._fault(Blame(target.peer, "stuck", target.last_round,
                                       f"took none of its relayed frames for {self.deadline_s:.0f} s"))
                     return
@@ -584,8 +618,16 @@ class Network:
         with self._cond:
             self._mail[whole.src].append((whole.tag, whole.payload))
             if whole.tag == "lost" and whole.src == self.coordinator and self.me != self.coordinator:
-                self._notice = _notice_of(whole.payload)
+                self._notice = self._lost_notice(whole.payload)
             self._cond.notify_all()
+
+    def _lost_notice(self, payload: bytes) -> dict:
+        """The active party's announcement, naming only roles of this run other than itself (sums.py and
+        losses.py look each up: an unknown one raised a ValueError there, naming nobody)."""
+        notice = _notice_of(payload)
+        if not set(notice["lost"]) <= set(self.pins) - {self.coordinator}:
+            raise ProtocolError("the active party's announcement of a lost party names a role not in this run")
+        return notice
 
     # -- liveness -------------------------------------------------------------------------------------
 
@@ -638,7 +680,10 @@ class Network:
                 link.put([message])
 
     def _abort_frame(self, blame: Blame) -> bytes:
-        return wire.encode(wire.Envelope(wire.Kind.ABORT, self.me, "", "", json.dumps(asdict(blame)).encode()))
+        """The ABORT every peer is told, its texts as a peer accepts them (`_blame_of`: a refusal's text may be
+        longer than TEXT_CHARS, and its full text stays here)."""
+        sent = replace(blame, round=None if blame.round is None else _plain(blame.round), kind=_plain(blame.kind))
+        return wire.encode(wire.Envelope(wire.Kind.ABORT, self.me, "", "", json.dumps(asdict(sent)).encode()))
 
     @property
     def aborted(self) -> Blame | None:
@@ -696,24 +741,39 @@ class Network:
                 self._cond.wait(0.2)
 
 
-def _blame_of(payload: bytes, sender: str) -> Blame:
-    """The blame an ABORT carries (fixed fields, plain text only); a malformed one blames its sender."""
+def _blame_of(payload: bytes, sender: str, roles: Collection[str] = ()) -> Blame:
+    """The blame an ABORT carries (fixed fields: one of `roles`, one of HOWS, a round and a kind of plain text, see
+    TEXT_CHARS); a malformed one blames its sender (review finding: any text up to a message's size, control
+    characters included, was printed and forwarded)."""
     try:
         record = wire.peer_json(payload)
         fields = {k: record[k] for k in ("role", "how", "round", "kind")}  # `by`: set by the receiver
-        if not all(isinstance(v, str) for k, v in fields.items() if k != "round") or \
-                not (fields["round"] is None or isinstance(fields["round"], str)):
+        if fields["role"] not in roles or fields["how"] not in HOWS or not _is_plain(fields["kind"]) or \
+                not (fields["round"] is None or _is_plain(fields["round"])):
             raise TypeError
         return Blame(**fields)
     except (ValueError, KeyError, TypeError):
         return Blame(sender, "failed", None, "a malformed abort")
 
 
+def _is_plain(text: object, limit: int = TEXT_CHARS) -> bool:
+    """At most `limit` printable ASCII characters (nothing that moves a terminal's cursor or floods a log)."""
+    return isinstance(text, str) and len(text) <= limit and text.isascii() and text.isprintable()
+
+
+def _plain(text: str) -> str:
+    """`text` as a peer accepts it (`_is_plain`): other characters as '?', cut to TEXT_CHARS."""
+    return "".join(c if c.isascii() and c.isprintable() else "?" for c in text[:TEXT_CHARS])
+
+
 def _beat_of(payload: bytes) -> tuple[str | None, int, str | None, int]:
-    """(round, rounds entered, the peer it waits on, units of its own work) of a heartbeat; a malformed one reads
-    as no progress."""
+    """(round, rounds entered, the peer it waits on, units of its own work) of a heartbeat; one not of four fields
+    reads as no progress, and a round or a role name (255 characters, as an envelope's) that is no plain text
+    (`_is_plain`) or a count of more than COUNT_DIGITS digits is refused, naming its sender."""
     fields = payload.decode("ascii", "replace").split("\t")
     round, progress, waiting, work = (fields + ["", "0", "", "0"])[:4] if len(fields) <= 4 else ("", "0", "", "0")
+    if not (_is_plain(round) and _is_plain(waiting, 255)) or max(len(progress), len(work)) > COUNT_DIGITS:
+        raise Refused("a heartbeat that is not a round, a role and two counts of plain text")
     count = [int(v) if v.isdigit() else 0 for v in (progress, work)]
     return round or None, count[0], waiting or None, count[1]
 
@@ -723,7 +783,7 @@ def _notice_of(payload: bytes) -> dict:
     try:
         record = wire.peer_json(payload)
         notice = {"lost": [str(n) for n in record["lost"]], **{k: int(record[k]) for k in ("stage", "epoch", "index")}}
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):  # (OverflowError: int() of a JSON Infinity)
         raise ProtocolError("the active party's announcement of a lost party is malformed") from None
     return notice
 
@@ -740,6 +800,6 @@ def epoch_notice(payload: bytes) -> dict:
         names = [e["record"]["name"] for e in joined]
         if not all(isinstance(n, str) for n in names):
             raise TypeError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):  # (OverflowError: int() of a JSON Infinity)
         raise ProtocolError("the active party's epoch frame is malformed") from None
     return {**notice, "joined": joined}

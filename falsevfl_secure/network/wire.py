@@ -147,7 +147,7 @@ class Reassembly:
     def add(self, envelope: Envelope, limit: int = MAX_FRAME_BYTES) -> Envelope | None:
         """The whole frame once its last fragment arrived, else None; `limit` is the tag's bound in bytes."""
         tag, parts, size = self._open.pop(envelope.src, (envelope.tag, [], 0))
-        if tag != envelope.tag:
+        if tag != envelope.tag:  # the link's peer answers for it: a relay refuses a sender's interleaving itself
             raise ProtocolError(f"envelope: {envelope.src} interleaved frame {envelope.tag!r} into {tag!r}")
         size += len(envelope.payload)
         if size > min(limit, MAX_FRAME_BYTES):

@@ -203,6 +203,9 @@ def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
     """The active party announced a lost party: every frame this role sent it before is stale (it says so),
     and each other party's frames of the abandoned step are dropped; the parties it combines from now on."""
     notice = peers.network.take_notice()
+    parties = set(peers.names[:peers.n_parties]) - {peers.names[peers.active_index]}
+    if not set(notice["lost"]) <= parties:  # (names.index raised a ValueError for any other name: review finding)
+        raise ProtocolError(f"{peers.names[peers.active_index]} announced a loss of a role that is not a passive party")
     peers.lose(peers.names.index(name) for name in notice["lost"])
     for name in notice["lost"]:
         peers.network.forget(name)  # frames of the abandoned step (it may come back)
@@ -231,8 +234,9 @@ def _bounded(peers: Peers, cipher) -> None:
         values = peer_json(peers.recv(peers.active_index, "bounds"))
         bounds = {name: cipher.wire_bytes(by_name(name), min(int(v), AGGREGATED_VALUES)) for name, v in values.items()
                   if by_name(name).is_aggregate and int(v) > 0}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise ProtocolError("the active party's bounds of the sums are malformed") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):  # (int() of a JSON Infinity)
+        raise ProtocolError(f"the bounds of the sums that {peers.names[peers.active_index]} sent are malformed") \
+            from None
     peers.network.allow(bounds)
     peers.send(peers.active_index, "bounds-ack", b"")
 

@@ -424,3 +424,22 @@ def test_a_model_folder_pairs_its_manifest_with_its_own_weights_only(trained, tm
     shutil.copy(trained / "party0" / "model" / "model.pt", folder / "model.pt")  # weights of another save
     with pytest.raises(InputError, match="not the weights its manifest.json names"):
         load_weights(folder, None, 3, manifest.weights)
+
+
+def test_a_prediction_refuses_models_of_different_training_runs(trained):
+    """A retrain of one party (or a run killed while the parties committed their folders one by one) leaves
+    models of two runs: predict names the party whose model is not of the active party's run and writes
+    nothing (before, it predicted with one run's encoder and another run's decoder, silently)."""
+    names = ("party0", "party1", "party2", "party3")
+    manifests = {n: json.loads((trained / n / "model" / "manifest.json").read_text()) for n in names}
+    runs = {m["trained_in"] for m in manifests.values()}
+    assert len(runs) == 1 and len(runs.pop()) == 64  # one training run, named alike by every party
+    path, out = trained / "party1" / "model" / "manifest.json", trained / "mixed.csv"
+    original = path.read_text()
+    try:
+        path.write_text(json.dumps({**manifests["party1"], "trained_in": "ab" * 32}))  # another run's folder
+        code, _, err = cli("predict", "--config", str(trained / "federation.toml"), "--out", str(out), "--quiet")
+    finally:
+        path.write_text(original)
+    assert code != 0 and "the saved model of party1 is not of the training run that saved party3's" in err, err
+    assert not out.exists() and "Traceback" not in err

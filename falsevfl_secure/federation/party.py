@@ -27,7 +27,7 @@ import torch
 
 from ..config import sized_schedule
 from ..data.tables import PartyTable
-from ..errors import InputError
+from ..errors import InputError, ProtocolError
 from ..fsio import atomic_write, staged, write_json
 from ..methods import build_node, method_for
 from ..methods.false_vfl_steps import own_groups
@@ -59,6 +59,7 @@ from .inputs import PartyInput, read_prediction_table, read_training_table
 from .quality import trees_lines, validation_summary, validation_table
 from .store import Manifest, load_weights, save_model
 
+MODEL_RUN = "model"  # the set-up step in which a passive party names its model's training run (network.SETUP)
 __all__ = ["PartyInput", "federation_program", "overlap_line", "predictions_csv", "read_inputs",
            "read_prediction_table", "read_training_table"]
 
@@ -110,6 +111,25 @@ def federation_program(role, config: str, command: str, options: dict):
     return _train(role, fed, inputs, options) if command == "train" else _predict(role, fed, inputs, options)
 
 
+def _same_training(role, manifest: Manifest) -> None:
+    """Every present party's model is of one training run (its manifest's `trained_in`): each passive party
+    tells the active party, which refuses a mix naming the parties (a retrain, or a run killed while the parties
+    committed their folders one by one, would pair one run's encoder with another's decoder, silently)."""
+    peers, mine = role.peers, bytes.fromhex(manifest.trained_in or "")
+    if not role.is_active:
+        peers.send(peers.active_index, MODEL_RUN, mine)
+        return
+    runs = {peers.names[k]: peers.recv(k, MODEL_RUN) for k in range(peers.n_parties) if k != peers.active_index}
+    odd = [name for name, run in runs.items() if len(run) not in (0, 32)]
+    if odd:
+        raise ProtocolError(f"{', '.join(odd)} named a training run that is not a session id")
+    other = [name for name, run in runs.items() if run != mine]
+    if other:
+        raise InputError(f"the saved model of {', '.join(other)} is not of the training run that saved "
+                         f"{role.spec.name}'s (manifest.json, trained_in): train again, or restore every party's "
+                         "model folder from one run; no predictions were written")
+
+
 def _left_out(fed: Federation, names: tuple[str, ...]) -> None:
     """At the active party: listed parties that did not join end the run, unless its own file consents
     (predictions from fewer parties must be asked for, never a silent fallback)."""
@@ -144,7 +164,8 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
                   validation=held_out, rejoin=role.rejoined_at)
     predictions = predict_split(node, held_out) if held_out is not None else None
     _save(out, node, rank, Manifest(name, inputs.encoding, fed.model.fingerprint(), fed.model.training_settings(),
-                                    role.protocol.name, inputs.classes or None, inputs.target_scale))
+                                    role.protocol.name, inputs.classes or None, inputs.target_scale,
+                                    trained_in=role.session.id.hex()))
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
@@ -312,6 +333,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     present = list(role.session.present)
     cfg = replace(fed.model, parties=len(present), active_party=present.index(fed.active))
     name, rank, manifest = role.spec.name, role.rank, loaded.manifest
+    _same_training(role, manifest)
     aligned = align_table(role, loaded.table.ids, loaded.block.held, None, restrict=True,
                           policy=Policy(max_ids=fed.max_ids))
     print(overlap_line(fed, name, aligned), flush=True)

@@ -12,7 +12,9 @@ two predictions of a record agree), read back with ``torch.load(weights_only=Tru
   column names (`encoded_columns`, e.g. `smoker=yes`) in the block's order;
 - `fingerprint`, `settings`: the configuration the model was trained with; `protocol`;
 - at the active party: `classes` (classification) or `target` (regression: the labeled rows' mean and
-  std, `{"mean": m, "std": s}`), else null.
+  std, `{"mean": m, "std": s}`), else null;
+- `weights_sha256`: its model.pt's digest; `trained_in`: the training run's session id (hex), the same
+  in every party's manifest of one run, which `predict` compares (`party._same_training`).
 
 A manifest of format 1 (numeric columns only, no target scale) is still read.
 """
@@ -51,6 +53,7 @@ class Manifest:
     classes: tuple[str, ...] | None  # the active party's label classes (classification)
     target: TargetScale | None = None  # the active party's target scale (regression)
     weights: str | None = None  # SHA-256 of its model.pt: a folder committed half-way pairs no other weights
+    trained_in: str | None = None  # the training run's session id (hex): every party's model of one run names it
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -61,7 +64,8 @@ class Manifest:
                 "encoding": {**self.encoding.to_dict(), "encoded_columns": list(self.encoding.names)},
                 "fingerprint": self.fingerprint, "settings": self.settings, "protocol": self.protocol,
                 "classes": None if self.classes is None else list(self.classes),
-                "target": None if self.target is None else self.target.to_dict(), "weights_sha256": self.weights}
+                "target": None if self.target is None else self.target.to_dict(), "weights_sha256": self.weights,
+                "trained_in": self.trained_in}
 
     @classmethod
     def from_dict(cls, d: dict) -> Manifest:
@@ -84,7 +88,14 @@ class Manifest:
         weights = d.get("weights_sha256")  # (absent before it was written: nothing to compare)
         if weights is not None and not (isinstance(weights, str) and len(weights) == 64):
             raise ValueError("its weights digest is not a SHA-256")
-        return cls(d["party"], encoding, d["fingerprint"], d["settings"], d["protocol"], classes, target, weights)
+        run = d.get("trained_in")  # (absent before it was written)
+        if run is not None and not (isinstance(run, str) and len(run) == 64 and _is_hex(run)):
+            raise ValueError("its training run is not a session id")
+        return cls(d["party"], encoding, d["fingerprint"], d["settings"], d["protocol"], classes, target, weights, run)
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
 
 
 def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> None:

@@ -539,6 +539,22 @@ def test_a_longer_schedule_or_one_more_prediction_is_refused_by_the_partys_own_f
     assert ledger["prediction_runs"] == 3 and ledger["epsilon"] <= budget
 
 
+def test_a_charge_made_while_a_training_commits_its_folder_is_kept(tmp_path):
+    """Review finding: training staged a copy of its ledger in its model folder, so a prediction run (or a clip
+    proposal) charged between that copy and the folder's commit was undone by the commit."""
+    from falsevfl_secure.federation.party import _ledger
+    from falsevfl_secure.fsio import commit, staged
+
+    cfg = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=8.0, noise_multiplier=6.0))
+    cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=10), train=replace(cfg.train, epochs=10))
+    used, _ = privacy.charge_training(cfg, "clinic", tmp_path)
+    staged(tmp_path).mkdir()  # the run's model folder, written beside the live one
+    assert _ledger("clinic", used, tmp_path).epsilon == privacy.read_ledger(tmp_path)["epsilon"]
+    privacy.charge_prediction(cfg, "clinic", tmp_path)  # meanwhile, at the same party
+    commit(tmp_path)
+    assert privacy.read_ledger(tmp_path)["prediction_runs"] == 1
+
+
 @settings(max_examples=8, deadline=None)
 @given(st.integers(1, 30), st.integers(0, 12), st.integers(1, 30), st.integers(1, 4))
 def test_a_prediction_run_adds_its_releases_at_the_multiplier_the_model_was_trained_at(

@@ -35,7 +35,7 @@ from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
-from ..privacy import LEDGER, charge_prediction, charge_rerun, charge_training, exposure, read_ledger
+from ..privacy import charge_prediction, charge_rerun, charge_training, exposure, read_ledger
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
@@ -169,7 +169,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
            "stage_time_s": trained.seconds, "stage_split": trained.split}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
-    spent = _ledger(out, name, spent, me.model_dir)
+    spent = _ledger(name, spent, me.model_dir)
     if role.is_active:
         validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
         record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
@@ -234,13 +234,13 @@ def _still_out(events: list[dict]) -> list[dict]:
     return [e for e in last.values() if e["how"] != "rejoined"]
 
 
-def _ledger(out: Path, name: str, spent, live: Path):
-    """A party's own privacy ledger, as its live copy now records it (with any batch a pass ran again), in its own
-    (staged) model folder, and its line (with a budget only); what its rows spent."""
+def _ledger(name: str, spent, live: Path):
+    """What a party's rows spent, as its live ledger now records it (with any batch a pass ran again), and its line
+    (with a budget only). The ledger stays where it is charged, never staged: a copy committed with the model
+    folder would undo a prediction's or a clip proposal's charge made meanwhile (review finding)."""
     if spent is None:
         return None
     entry = read_ledger(live)
-    write_json(out / LEDGER, entry)
     spent = replace(spent, releases=int(entry["releases_per_row"]), epsilon=float(entry["epsilon"]))
     print(f"privacy: {name} spent epsilon = {spent.epsilon:.3g} per row (delta {spent.delta:g}, {spent.releases} "
           f"releases at noise multiplier {spent.multiplier:g})", flush=True)

@@ -857,3 +857,32 @@ def test_prediction_runs_of_one_party_at_once_are_each_charged(tmp_path):
     ledger = privacy.read_ledger(tmp_path)
     trained = privacy.spent(base, "lab")
     assert ledger["prediction_runs"] == 6 and ledger["releases_per_row"] == trained.releases + 2 * 6
+
+
+def test_the_encoding_fitted_on_a_partys_rows_moves_every_other_rows_inputs(attacked):
+    """dp.toml, not covered (review finding): each party fits its encoding (standardiser, categories, binary
+    columns) on all of its rows in clear, so adding one row moves every other row's encoded inputs, hence every
+    release about them, which the per-row accounting does not count. Measured here on the package's encoding."""
+    from pathlib import Path
+
+    from falsevfl_secure.data.encoding import encode, fit_encoding
+    from falsevfl_secure.data.tables import PartyTable
+
+    rng = np.random.default_rng(0)
+
+    def block(values: np.ndarray, kinds: list) -> np.ndarray:
+        n = values.size
+        table = PartyTable("bank", Path("bank.csv"), tuple(map(str, range(n))), ("v", "c"),
+                           np.stack([values, np.full(n, np.nan)], axis=1).astype(np.float32), np.ones(n, bool), None,
+                           text={"c": tuple(kinds)})
+        return encode(table, fit_encoding(table)).x
+
+    values, kinds = rng.normal(size=1000), [f"k{i}" for i in rng.integers(0, 3, 1000)]
+    base = block(values, kinds)
+    moved = {extra: np.abs(block(np.append(values, extra), kinds + ["k0"])[:1000, 0] - base[:, 0]).max()
+             for extra in (3.0, 1000.0)}
+    wider = block(np.append(values, 0.0), kinds + ["rare"]).shape[1] - base.shape[1]
+    attacked("one row's effect on the others' encoded inputs (dp)", "shipped: fitted in clear",
+             f"a row of 3 moves them by up to {moved[3.0]:.3f}, of 1000 by {moved[1000.0]:.2f}; a new category "
+             f"adds {wider} input column")
+    assert moved[3.0] > 0 and moved[1000.0] > 1 and wider == 1

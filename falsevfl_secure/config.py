@@ -110,16 +110,24 @@ class PrivacyConfig:
               f"privacy epsilon={self.epsilon!r}, delta={self.delta!r}: finite numbers")
         _need(self.epsilon >= 0, f"privacy epsilon={self.epsilon}: >= 0 (0: off)")
         _need(1e-300 <= self.delta < 1, f"privacy delta={self.delta}: in [1e-300, 1)")  # no denormal: flushed
-        _need(real_number(self.noise_multiplier) and self.noise_multiplier >= 0,
-              f"privacy noise_multiplier={self.noise_multiplier!r}: a finite number >= 0 (0: calibrated)")
+        low, high = MULTIPLIER_RANGE
+        z = self.noise_multiplier
+        _need(real_number(z) and (z == 0 or low <= z <= high),
+              f"privacy noise_multiplier={self.noise_multiplier!r}: a number in [{low:g}, {high:g}], or 0 (calibrated)")
         _need(_whole(self.collusion) and 0 <= self.collusion <= parties - 2,
               f"privacy collusion={self.collusion}: an integer in 0..{parties - 2} (the noise of at least one "
               "party besides the active one must remain)")
         for name in ("clip_posterior", "clip_likelihood", "clip_latent_grad", "clip_gradient"):
-            _need(real_number(getattr(self, name)) and getattr(self, name) > 0,
-                  f"privacy {name}={getattr(self, name)!r}: a finite number > 0")
+            _need(real_number(getattr(self, name)) and 0 < getattr(self, name) <= MAX_CLIP,
+                  f"privacy {name}={getattr(self, name)!r}: a number in (0, {MAX_CLIP:g}]")
         _need(_whole(self.max_releases_per_row) and self.max_releases_per_row >= 0,
               f"privacy max_releases_per_row={self.max_releases_per_row}: an integer >= 0")
+
+
+# The noise multipliers a run may state: below, epsilon is in the thousands (34 releases at 0.05: 7,300) and the
+# accountant's numbers fail; above, the sampler's scale passes 2^52 grid steps at the clip norms allowed.
+MULTIPLIER_RANGE = (0.05, 1e4)
+MAX_CLIP = 1e4  # a clip norm's largest: with the largest multiplier, the noise stays inside the sampler's range
 
 
 def _need(ok: bool, message: str) -> None:
@@ -245,7 +253,9 @@ class Config:
         self._check_choices()
         _need(isinstance(self.cell_missing, int | float) and 0 <= self.cell_missing < 1,
               f"cell_missing={self.cell_missing}: a fraction in [0, 1)")
-        _need(isinstance(self.seed, int) and 0 <= self.seed < 2**32, f"seed={self.seed}: must be in 0..2^32-1")
+        _need(_whole(self.seed) and 0 <= self.seed < 2**32, f"seed={self.seed!r}: a whole number in 0..2^32-1")
+        for name in ("select_best", "auto_schedule"):  # (review finding: "no" was taken, and read as true)
+            _need(isinstance(getattr(self, name), bool), f"{name}={getattr(self, name)!r}: true or false")
         _need(self.max_rows is None or (isinstance(self.max_rows, int) and self.max_rows >= 10),
               f"max_rows={self.max_rows}: must be at least 10 (or unset)")
         limits = dict.fromkeys(("h_dim", "z_dim", "party_hidden", "global_hidden", "discriminator_hidden",

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, Stage
+from .config import MULTIPLIER_RANGE, Config, Stage
 from .errors import InputError
 from .fsio import write_json
 
@@ -119,6 +119,9 @@ def calibrate(epsilon: float, releases: int, delta: float) -> float:
     low, high = 1e-4, 1e4
     if gaussian_delta(low, epsilon) <= delta:
         return low * math.sqrt(releases)  # a budget this large needs next to no noise
+    if gaussian_delta(high, epsilon) > delta:  # (brentq would fail: no multiplier up to 1e4 fits one release)
+        raise InputError(f"privacy epsilon={epsilon:g}: no noise multiplier up to {high:g} keeps even one release "
+                         f"within it at delta {delta:g}; raise epsilon")
     single = brentq(lambda z: gaussian_delta(z, epsilon) - delta, low, high, xtol=1e-12, rtol=1e-12)
     return single * math.sqrt(releases) * (1 + 1e-6)  # just above the boundary, so PLD's epsilon stays within
 
@@ -128,7 +131,12 @@ def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0, exposure
     privacy = cfg.privacy
     if privacy.noise_multiplier > 0:
         return privacy.noise_multiplier
-    return calibrate(privacy.epsilon, releases_per_row(cfg, predictions, tests, exposure), privacy.delta)
+    releases = releases_per_row(cfg, predictions, tests, exposure)
+    z = calibrate(privacy.epsilon, releases, privacy.delta)
+    if z > MULTIPLIER_RANGE[1]:
+        raise InputError(f"privacy epsilon={privacy.epsilon:g}: {releases} releases per row would need a noise "
+                         f"multiplier of {z:.3g}, past {MULTIPLIER_RANGE[1]:g}; shorten the schedule or raise epsilon")
+    return z
 
 
 @dataclass(frozen=True)

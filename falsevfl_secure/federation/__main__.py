@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import guarded
+from ..config import MULTIPLIER_RANGE
 from ..errors import InputError, PartyFailure
 from ..privacy import LEDGER, all_spent, before_model, epsilon_of, read_ledger
 from ..transport.protocols import PROTOCOLS
@@ -117,6 +118,11 @@ def _demo_options(demo: argparse.ArgumentParser) -> None:
 def demo(args: argparse.Namespace) -> int:
     if args.parties < 2:
         raise InputError(f"--parties {args.parties}: a federation needs at least 2 parties")
+    if not 0 <= args.seed < 2**32:
+        raise InputError(f"--seed {args.seed}: an integer in [0, 2^32)")
+    if (Path(args.out) / "federation.toml").exists():  # (review finding: it replaced every key and table, exit 0)
+        raise InputError(f"--out {args.out}: a federation is there already (its federation.toml, keys and tables); "
+                         "name a new folder, or remove that one first")
     fraction, most = args.validation_fraction, MAX_VALIDATION_FRACTION
     if fraction is not None and not (math.isfinite(fraction) and 0 <= fraction <= most):
         # before anything is written: the file's own check (`[federation] validation_fraction`) would refuse it
@@ -249,7 +255,17 @@ def _predictions_path(fed, args: argparse.Namespace, roles: list[str]) -> str | 
     if out.is_dir() or blocker is not None:
         raise InputError(f"--out {args.out}: cannot write the predictions there "
                          f"({'it is a folder' if blocker is None else f'{blocker} is a file'}); name a CSV file")
+    if out in _inputs_of(fed):  # (review finding: it replaced federation.toml or a party's table, exit 0)
+        raise InputError(f"--out {args.out}: that is an input of the federation (its file, a party's table or key); "
+                         "name a new CSV file for the predictions")
     return str(out)
+
+
+def _inputs_of(fed) -> set[Path]:
+    """The files a run reads: the federation file, each party's tables and key (resolved)."""
+    paths = [fed.path, *(fed.identity_path(name) for name in fed.names)]
+    paths += [p for spec in map(fed.party, fed.names) for p in (spec.train, spec.predict) if p is not None]
+    return {Path(p).resolve() for p in paths}
 
 
 def check(args: argparse.Namespace) -> int:
@@ -386,6 +402,8 @@ def score(args: argparse.Namespace) -> int:
     """Accuracy (a predictions file with class probabilities) or RMSE, MAE and R^2 (a regression file)."""
     truth_rows = _table(Path(args.truth), (args.id_column, args.label_column))
     rows = _table(Path(args.predictions), ("id", "prediction"))
+    _once_each(args.truth, [r[args.id_column] for r in truth_rows])
+    _once_each(args.predictions, [r["id"] for r in rows])
     predicted = {row["id"]: row for row in rows}
     truth = {row[args.id_column]: row[args.label_column] for row in truth_rows}
     missing = [i for i in truth if i not in predicted]
@@ -405,6 +423,12 @@ def score(args: argparse.Namespace) -> int:
             f"{g}: {_score_line(ids, predicted, truth, regression, args, short=True)} ({len(ids)})"
             for g, ids in sorted(groups.items(), key=lambda item: int(item[0]))))
     return 0
+
+
+def _once_each(path: str, ids: list[str]) -> None:
+    twice = [i for i, n in Counter(ids).items() if n > 1]
+    if twice:  # (review finding: the later row silently won)
+        raise InputError(f"{path}: {len(twice)} IDs appear more than once (e.g. {twice[0]!r}); one row per record")
 
 
 def _score_line(ids: list[str], predicted: dict, truth: dict, regression: bool, args, short: bool = False) -> str:
@@ -498,8 +522,10 @@ def propose_clips(args: argparse.Namespace) -> int:
     me = fed.party(args.party)
     if not fed.model.privacy.enabled:
         raise InputError(f"{fed.path}: no [privacy] epsilon: a clip proposal is released under the party's budget")
-    if not 0 < args.quantile < 1 or not args.multiplier > 0:
-        raise InputError("propose-clips: --quantile in (0, 1) and --multiplier > 0")
+    (low, high), records = MULTIPLIER_RANGE, 1 if args.records is None else args.records
+    if not 0 < args.quantile < 1 or not low <= args.multiplier <= high or records < 1:
+        raise InputError(f"propose-clips: --quantile in (0, 1), --multiplier in [{low:g}, {high:g}] and --records "
+                         f"at least 1 (got {args.quantile:g}, {args.multiplier:g}, {args.records})")
     inputs = read_training_table(fed, args.party)
     held = inputs.block.held
     norms = measure_norms(fed.model, inputs.block.x[held], inputs.block.observed[held],

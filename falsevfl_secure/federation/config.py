@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
@@ -209,7 +210,7 @@ MAX_VALIDATION_FRACTION = 0.5  # at most half the labeled records held out
 def load_federation(path: Path | str) -> Federation:
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (a Windows editor's) is no TOML error
     except FileNotFoundError:
         raise InputError(f"{path}: no such federation file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
@@ -368,6 +369,9 @@ def _pin(section: dict, path: Path, where: str) -> bytes | None:
         raise InputError(f"{path}: [{where}] key: {error}") from None
 
 
+PARTY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
 def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
     entries = raw.get("party")
     if not isinstance(entries, list) or len(entries) < 2 or not all(isinstance(e, dict) for e in entries):
@@ -382,6 +386,9 @@ def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
 def _party(entry: dict, index: int, path: Path) -> PartySpec:
     refuse_unknown(entry, PARTY_KEYS, path, f"[[party]] #{index + 1}")
     name = _text(entry, "name", path, f"party #{index + 1}")
+    if not PARTY_NAME.fullmatch(name):  # (review finding: keygen wrote keys/../../x y.key, outside the folder)
+        raise InputError(f"{path}: [[party]] #{index + 1}: name = {name[:80]!r}: 1 to 64 letters, digits, '_', '-' or "
+                         "'.', starting with a letter or digit (it names the party's key file and its logs)")
     where, base = f"party {name!r}", path.parent
     given = {key: base / _text(entry, key, path, where) if key in entry else None
              for key in (*OWN_PATHS, "identity")}

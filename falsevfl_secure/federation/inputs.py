@@ -52,6 +52,11 @@ def read_training_table(fed: Federation, name: str) -> PartyInput:
         scale = TargetScale.fit(raw)
     except DataError as error:
         raise DataError(f"{table.where}: {error}") from None
+    values = np.unique(raw[~np.isnan(raw)])
+    if values.size < 2:  # (review finding: it trained, validation read R^2 nan; classification refuses one class)
+        raise DataError(f"{table.where}: label column {fed.label_column!r}: the labeled records hold "
+                        f"{'one value' if values.size else 'no value'} ({', '.join(f'{v:g}' for v in values)}); a "
+                        "regression needs at least two different values")
     return PartyInput(table, encoding, block, None, scale.transform(raw), (), scale)
 
 

@@ -1,0 +1,121 @@
+"""Bad inputs a new user's session found (a fuzzing review of every command): each now gets one `error:` line
+and a non-zero exit, and nothing of the user's is overwritten. Before, each of these ended in a traceback,
+exited 0, or silently did something else (the comment of each case says what)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+from federation_cli import cli
+
+from falsevfl_secure import simulate
+
+
+@pytest.fixture
+def demo(tmp_path) -> Path:
+    """A freshly written tables demo (three parties; nothing trained)."""
+    assert cli("demo", "--dataset", "wine", "--parties", "3", "--out", str(tmp_path / "fed"))[0] == 0
+    return tmp_path / "fed"
+
+
+def _one_error(code: int, err: str, words: str) -> None:
+    assert code != 0 and words in err and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("error")], err
+
+
+@pytest.mark.parametrize("target", ["federation.toml", "clinic/predict.csv", "keys/lab.key"])
+def test_predictions_are_never_written_over_an_input_of_the_federation(demo, target, refused):
+    # (it replaced the federation file or the party's own table with the predictions, exit 0)
+    before = (demo / target).read_bytes()
+    code, _, err = cli("predict", "--config", str(demo / "federation.toml"), "--out", str(demo / target))
+    _one_error(code, err, "that is an input of the federation")
+    assert (demo / target).read_bytes() == before
+    refused("cli")
+
+
+def test_a_demo_never_replaces_a_federation_already_there(demo, refused):
+    # (it replaced every identity key, the tables and federation.toml, exit 0)
+    key = (demo / "keys" / "lab.key").read_bytes()
+    code, _, err = cli("demo", "--dataset", "wine", "--parties", "3", "--out", str(demo))
+    _one_error(code, err, "a federation is there already")
+    assert (demo / "keys" / "lab.key").read_bytes() == key
+    code, _, err = cli("demo", "--dataset", "wine", "--out", str(demo.parent / "other"), "--seed", "-1")
+    _one_error(code, err, "--seed -1")  # (numpy's ValueError)
+    refused("cli")
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t.replace('name = "lab"', 'name = "../../x y"'), "name = '../../x y'"),  # (a key file outside)
+    (lambda t: t.replace("[model]", '[model]\nauto_schedule = "no"'), "auto_schedule='no': true or false"),
+    (lambda t: t.replace("[model]", '[model]\nselect_best = "false"'), "select_best='false': true or false"),
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = 1e300\n\n[[party]]", 1),
+     "noise_multiplier=1e+300: a number in [0.05, 10000]"),  # (the sampler's ValueError, two tracebacks)
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = 1\nclip_gradient = 1e300\n\n"
+                         "[[party]]", 1), "clip_gradient=1e+300: a number in (0, 10000]"),
+], ids=["party name a path", "bool as text", "bool as false text", "multiplier past the sampler", "clip past it"])
+def test_a_setting_the_file_cannot_mean_is_refused_by_check(demo, edit, words, refused):
+    path = demo / "federation.toml"
+    path.write_text(edit(path.read_text()))
+    code, _, err = cli("check", "--config", str(path))
+    _one_error(code, err, words)
+    refused("federation file")
+
+
+def test_a_federation_file_saved_with_a_byte_order_mark_reads(demo):
+    # (a Windows editor's BOM: "not a readable TOML file (Invalid statement (at line 1, column 1))")
+    path = demo / "federation.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    code, out, err = cli("check", "--config", str(path))
+    assert code == 0, err
+
+
+def test_a_regression_whose_labels_are_all_equal_is_refused_before_training(demo, refused):
+    # (it trained, and validation read R^2 nan; classification refuses a single class likewise)
+    path = demo / "federation.toml"
+    path.write_text(path.read_text().replace('task = "classification"', 'task = "regression"'))
+    table = demo / "clinic" / "train.csv"
+    lines = table.read_text().splitlines()
+    column = lines[0].split(",").index("outcome")
+    rows = [line.split(",") for line in lines[1:]]
+    for row in rows:
+        row[column] = "7" if row[column] else ""
+    table.write_text("\n".join([lines[0], *(",".join(row) for row in rows)]) + "\n")
+    code, _, err = cli("check", "--config", str(path))
+    _one_error(code, err, "a regression needs at least two different values")
+    refused("table")
+
+
+def test_scoring_refuses_an_id_given_twice(tmp_path, refused):
+    # (the later row silently won, and the accuracy changed)
+    (tmp_path / "truth.csv").write_text("id,label\na,x\nb,y\na,y\n")
+    (tmp_path / "pred.csv").write_text("id,prediction,p_x,p_y\na,x,1,0\nb,y,0,1\n")
+    code, _, err = cli("score", "--predictions", str(tmp_path / "pred.csv"), "--truth", str(tmp_path / "truth.csv"))
+    _one_error(code, err, "appear more than once (e.g. 'a')")
+    refused("cli")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--epsilon", "1e-5"], "no noise multiplier up to 10000"),  # (scipy's brentq: f(a) and f(b) ...)
+    (["--epsilon", "1", "--noise-multiplier", "1e10"], "a number in [0.05, 10000]"),  # (the sampler's scale)
+])
+def test_a_privacy_budget_no_noise_can_meet_is_one_error(argv, words, refused):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = simulate.main(["--dataset", "digits", "--pretrain-epochs", "1", "--train-epochs", "1", *argv])
+    _one_error(code, err.getvalue(), words)
+    refused("cli")
+
+
+@pytest.mark.parametrize("argv", [["--multiplier", "1e-300"], ["--multiplier", "inf"], ["--records", "0"]])
+def test_a_clip_proposal_outside_its_range_is_refused(demo, argv, refused):
+    # (a ValueError or OverflowError traceback; --records 0 and -5 were taken)
+    path = demo / "federation.toml"
+    path.write_text(path.read_text().replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = 1\n\n"
+                                             "[[party]]", 1))
+    code, _, err = cli("propose-clips", "--config", str(path), "--party", "lab", *argv)
+    _one_error(code, err, "propose-clips: --quantile in (0, 1), --multiplier in [0.05, 10000]")
+    assert not (demo / "lab" / "model" / "privacy.json").exists()  # refused before anything was charged
+    refused("cli")

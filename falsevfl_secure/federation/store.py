@@ -127,8 +127,10 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
     if manifest.fingerprint != cfg.fingerprint():
         changed = sorted(k for k in set(manifest.settings) | set(cfg.training_settings())
                          if manifest.settings.get(k) != cfg.training_settings().get(k))
-        raise InputError(f"party {party!r}: the model in {model_dir} was trained with other settings ({changed}); "
-                         "train again or restore the federation file it was trained with")
+        what = f"other settings ({', '.join(changed)})" if changed else "settings whose fingerprint is not its own " \
+            "(manifest.json was edited)"
+        raise InputError(f"party {party!r}: the model in {model_dir} was trained with {what}; train again or "
+                         "restore the federation file it was trained with")
     return manifest
 
 

@@ -33,7 +33,7 @@ simulate: $(STAMP)
 
 # Four parties, each with its own table of the digits data: align privately, train under mpc, predict, score.
 federation: $(STAMP)
-	$(BIN)/python -m falsevfl_secure.federation demo --dataset digits --parties 4 --out runs/federation
+	test -f runs/federation/federation.toml || $(BIN)/python -m falsevfl_secure.federation demo --dataset digits --parties 4 --out runs/federation
 	$(BIN)/python -m falsevfl_secure.federation train --config runs/federation/federation.toml $(ARGS)
 	$(BIN)/python -m falsevfl_secure.federation predict --config runs/federation/federation.toml --out runs/federation/predictions.csv
 	$(BIN)/python -m falsevfl_secure.federation score --predictions runs/federation/predictions.csv --truth runs/federation/truth.csv

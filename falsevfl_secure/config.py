@@ -124,8 +124,9 @@ class PrivacyConfig:
               f"privacy max_releases_per_row={self.max_releases_per_row}: an integer >= 0")
 
 
-# The noise multipliers a run may state: below, epsilon is in the thousands (34 releases at 0.05: 7,300) and the
-# accountant's numbers fail; above, the sampler's scale passes 2^52 grid steps at the clip norms allowed.
+# The noise multipliers a run may state: below, epsilon is in the thousands (34 releases at 0.05: 7,300), no privacy
+# to speak of, and at the extremes (1e-300) the accountant fails; above, the sampler's scale passes 2^52 grid steps
+# at the clip norms allowed. (A multiplier calibrated to an epsilon of thousands may fall below it: harmless.)
 MULTIPLIER_RANGE = (0.05, 1e4)
 MAX_CLIP = 1e4  # a clip norm's largest: with the largest multiplier, the noise stays inside the sampler's range
 

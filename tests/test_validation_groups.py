@@ -79,29 +79,45 @@ def _held_days(table: PartyTable, key: bytes | None) -> set:
     return set(days[_hold_out(np.arange(days.size), Policy(validation_fraction=0.1, groups=names))[1]].tolist())
 
 
+def _guess(held: set, key: bytes) -> set:
+    """The passive party's guess: the days in the order `key` names them, as many as were held out (the
+    held-out positions make an estimate of that)."""
+    names = group_codes(_days_table(np.arange(1, 366)), ("day",), Path("federation.toml"), key)
+    return set((np.argsort(names) + 1)[:len(held)].tolist())
+
+
 def test_a_passive_party_cannot_tell_which_groups_were_held_out(attacked):
     """Every party learns the held-out positions. A passive party that knows the groups' values (a year's
-    days) and every public input tries to name the held-out days: it does against a build whose active party
-    derives its group key from the public seed, and guesses at chance against the shipped one, whose key comes
-    from its own identity key (`group_key`), which no other party holds."""
+    days) and every public input (the seed, the active party's pinned public key) tries to name the held-out
+    days: it does against builds whose active party derives its group key from the public seed or from its
+    pin, and guesses at chance against the shipped one, whose key comes from its private identity key
+    (`group_key`), which no other party holds."""
+    import hashlib
+
+    from falsevfl_secure.secure.identity import public_bytes
+
     rng = np.random.default_rng(0)
     table = _days_table(np.sort(rng.integers(1, 366, 20_000)))  # day of the year, the active party's column
-    hits_weak, hits_shipped, chance = [], [], []
+    hits = {"public seed": [], "pin": [], "shipped": []}
+    chance = []
     for seed in range(5):
-        public_key = RoleSecret.for_tests(seed, -1).key  # all public: the seed; the values 1..365 (all present)
-        names = group_codes(_days_table(np.arange(1, 366)), ("day",), Path("federation.toml"), public_key)
-        order = np.argsort(names) + 1  # the days in the order the weakened build holds them out
-        actual_weak, actual = _held_days(table, public_key), _held_days(table, group_key(generate_key()))
-        guess = set(order[:len(actual_weak)].tolist())  # as many days as the held-out positions make (an estimate)
-        hits_weak.append(len(guess & actual_weak) / len(actual_weak))
-        hits_shipped.append(len(guess & actual) / len(actual))
-        chance.append(len(guess) / 365)
-    attacked("held-out validation groups (passive)", "weakened: group key from the public seed",
-             f"{min(hits_weak):.1%} of the held-out days named (5 seeds)")
+        identity = generate_key()
+        weak = {"public seed": RoleSecret.for_tests(seed, -1).key,  # all public: the seed, the pin, the days
+                "pin": hashlib.blake2b(public_bytes(identity), digest_size=32).digest()}
+        for build, key in weak.items():
+            held = _held_days(table, key)
+            hits[build].append(len(_guess(held, key) & held) / len(held))
+        held = _held_days(table, group_key(identity))
+        best = max((_guess(held, key) for key in weak.values()), key=lambda guess: len(guess & held))
+        hits["shipped"].append(len(best & held) / len(held))  # its better guess from either public key
+        chance.append(len(best) / 365)
+    for build in ("public seed", "pin"):
+        attacked("held-out validation groups (passive)", f"weakened: group key from the {build}",
+                 f"{min(hits[build]):.1%} of the held-out days named (5 seeds)")
+        assert min(hits[build]) >= 0.9  # the held-out days named (the last in the order may not have fitted)
     attacked("held-out validation groups (passive)", "shipped",
-             f"{np.mean(hits_shipped):.1%} of the held-out days named, chance {np.mean(chance):.1%}")
-    assert min(hits_weak) >= 0.9  # the weakened build: the held-out days named (the last may not have fitted)
-    assert np.mean(hits_shipped) < 2 * np.mean(chance) + 0.05  # shipped: about a tenth, as by chance
+             f"{np.mean(hits['shipped']):.1%} of the held-out days named, chance {np.mean(chance):.1%}")
+    assert np.mean(hits["shipped"]) < 2 * np.mean(chance) + 0.05  # shipped: about a tenth, as by chance
     public = public_rng(0, PublicStream.VALIDATION).permutation(365)  # nor is the old public order it
     assert len({int(d) + 1 for d in public[:36]} & _held_days(table, group_key(generate_key()))) < 18
 

@@ -255,15 +255,17 @@ def _predictions_path(fed, args: argparse.Namespace, roles: list[str]) -> str | 
     if out.is_dir() or blocker is not None:
         raise InputError(f"--out {args.out}: cannot write the predictions there "
                          f"({'it is a folder' if blocker is None else f'{blocker} is a file'}); name a CSV file")
-    if out in _inputs_of(fed):  # (review finding: it replaced federation.toml or a party's table, exit 0)
-        raise InputError(f"--out {args.out}: that is an input of the federation (its file, a party's table or key); "
-                         "name a new CSV file for the predictions")
+    folders = [Path(spec.model_dir).resolve() for spec in map(fed.party, fed.names) if spec.model_dir is not None]
+    if out in _inputs_of(fed) or any(folder in out.parents for folder in folders):  # (review finding: it replaced
+        # federation.toml or a party's table, exit 0)
+        raise InputError(f"--out {args.out}: that is an input of the federation (its file, a party's table, key or "
+                         "model folder); name a new CSV file for the predictions")
     return str(out)
 
 
 def _inputs_of(fed) -> set[Path]:
-    """The files a run reads: the federation file, each party's tables and key (resolved)."""
-    paths = [fed.path, *(fed.identity_path(name) for name in fed.names)]
+    """The files a run reads: the federation file, each role's key and each party's tables (resolved)."""
+    paths = [fed.path, *(fed.identity_path(name) for name in [*fed.names, AGGREGATOR])]
     paths += [p for spec in map(fed.party, fed.names) for p in (spec.train, spec.predict) if p is not None]
     return {Path(p).resolve() for p in paths}
 

@@ -120,3 +120,14 @@ def test_a_clip_proposal_outside_its_range_is_refused(demo, argv, refused):
     _one_error(code, err, "propose-clips: --quantile in (0, 1), --multiplier in [0.05, 10000]")
     assert not (demo / "lab" / "model" / "privacy.json").exists()  # refused before anything was charged
     refused("cli")
+
+
+def test_check_refuses_two_parties_under_a_protocol_that_hides_contributions_as_training_does(tmp_path, refused):
+    # (check passed it, and train then refused at once)
+    assert cli("demo", "--dataset", "wine", "--parties", "2", "--out", str(tmp_path / "two"))[0] == 0
+    path = tmp_path / "two" / "federation.toml"
+    code, _, err = cli("check", "--config", str(path))
+    _one_error(code, err, "allow_two_party_disclosure = true")
+    path.write_text(path.read_text().replace("[model]", "allow_two_party_disclosure = true\n[model]", 1))
+    assert cli("check", "--config", str(path))[0] == 0
+    refused("federation file")

@@ -280,6 +280,10 @@ def check(args: argparse.Namespace) -> int:
         names = [*fed.local, *([AGGREGATOR] if every else [])]
     if not names:
         raise InputError(f"{fed.path} names no party's own files (train, predict, model): pass --party NAME")
+    if len(fed.names) == 2 and PROTOCOLS[fed.protocol].hides_contributions and not fed.allow_two_party_disclosure:
+        raise InputError(f"{fed.path}: two parties under {fed.protocol}: the sum minus the active party's own "
+                         "contribution is the other party's, so training would refuse; use 3 or more parties, or set "
+                         "allow_two_party_disclosure = true in [federation]")  # (review finding: check passed it)
     if args.party is None:  # a check of one role reports on that role alone
         print(_pins_line(fed))
         for name in (n for n in fed.names if n not in fed.local):

@@ -463,7 +463,7 @@ def test_the_set_up_steps_allowance_ends_when_the_rounds_begin():
     network = Network.__new__(Network)
     network._cond, network.bounds, network._rounds_declared = threading.Condition(), dict(SETUP), False
     frame = {tag: wire.Envelope(wire.Kind.DATA, "party0", "party1", tag, b"") for tag in SETUP}
-    assert all(network._bound(frame[tag], "party0")[0] >= 1 << 20 for tag in BEFORE_ROUNDS)  # during set-up
+    assert all(network._bound(frame[tag], "party0") == SETUP[tag] for tag in BEFORE_ROUNDS)  # during set-up
     network.allow({"posterior": 4096})
     for tag in BEFORE_ROUNDS:
         with pytest.raises(Refused, match="undeclared tag") as refused:

@@ -1,14 +1,17 @@
 """A misbehaving peer is named, never an honest one (review findings on the network's bounds): a hub relays only
 between the roles it is the relay of, and refuses a sender that interleaves frames through it; a peer's numbers
 and texts too large or malformed to parse are refused naming it; an abort's and a heartbeat's texts are plain and
-short; a receiver whose heartbeat counts up while it reads nothing is named. Each test drives a `Network` directly
-with stand-in links (no sockets) and says what the code before the fix did."""
+short; a receiver whose heartbeat counts up while it reads nothing is named; a step is taken only from the roles
+that send it, and one still waiting when it is over is dropped; a peer that reads nothing holds its sender and is
+named; the he aggregator names the passive party whose message it refuses. Each test drives a `Network` (or the
+aggregator's loop over one) directly with stand-in links (no sockets) and says what the code before the fix did."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
@@ -232,3 +235,220 @@ def test_a_receiver_whose_heartbeat_counts_up_while_it_reads_nothing_is_named_wi
     holding.join(2.0)
     assert not still_held and held_for < 2.0 and not links["X"].held
     assert (active.aborted.role, active.aborted.how) == ("Y", "stuck")
+
+
+# -- 6. who may send each set-up step, and frames of a step that is over ------------------------------------
+
+
+def deliver(network: Network, link: Link, src: str, tag: str, payload: bytes = b"") -> None:
+    """A whole frame from `src` arriving on `link` (in fragments, as a link hands them over)."""
+    for part in wire.fragments(wire.Kind.DATA, src, network.me, tag, payload):
+        network._arrived(link, wire.decode(part))
+
+
+@pytest.mark.parametrize("tag", ["sum", "context", "kept", "roster", "rejoin", "align", "bounds"])
+def test_a_set_up_step_from_the_aggregator_is_refused_at_a_passive_party_naming_the_aggregator(tag):
+    # Before: every set-up tag was taken from any sender and parked unread (a passive party never reads from the
+    # aggregator): 8 'sum' and 2 'context' frames of 64 MiB each, ... about 1 GiB per passive party, nobody named.
+    y, links = passive("Y", "active", "aggregator")
+    deliver(y, links["aggregator"], "aggregator", tag, b"\0" * 1000)
+    assert (y.aborted.role, y.aborted.how) == ("aggregator", "refused") and not y._mail["aggregator"]
+
+
+@pytest.mark.parametrize("tag", ["context", "kept", "roster", "lost", "epoch", "pass-done", "posterior"])
+def test_a_step_of_the_active_partys_relayed_from_another_passive_party_is_refused_naming_that_party(tag):
+    # Before: X could park, through the relay, every step only the active party sends (and a round's first frames)
+    # at Y for the whole run.
+    y, links = passive("Y", "active")
+    deliver(y, links["active"], "X", tag, b"{}")
+    assert (y.aborted.role, y.aborted.how, y._mail["X"]) == ("X", "refused", deque())
+
+
+def test_a_round_frame_from_the_aggregator_to_a_passive_party_is_refused_naming_the_aggregator():
+    # Before: once the rounds were declared, the aggregator could keep 2 frames of each round waiting at a passive
+    # party, which takes rounds from the active party only.
+    y, links = passive("Y", "active", "aggregator")
+    y.allow({"posterior": 1 << 20, "latent": 1 << 20})
+    deliver(y, links["active"], "active", "latent", b"\0" * 16)  # the active party's broadcast: taken
+    deliver(y, links["aggregator"], "aggregator", "posterior", b"\0" * 16)
+    assert (y.aborted.role, y.aborted.how) == ("aggregator", "refused")
+    assert [tag for tag, _ in y._mail["active"]] == ["latent"] and not y._mail["aggregator"]
+
+
+def test_the_shipped_steps_are_taken_from_the_roles_that_send_them():
+    # (Not a finding: every step a shipped path or a test session sends stays accepted where it goes.)
+    y, y_links = passive("Y", "active", "aggregator")
+    for src, link, tag in [("active", "active", "roster"), ("active", "active", "context"), ("X", "active", "align"),
+                           ("active", "active", "kept"), ("X", "active", "sum"), ("active", "active", "lost")]:
+        deliver(y, y_links[link], src, tag, b"{}")
+    aggregator, a_links = hub("aggregator", ("active", "X", "Y"), "active", "X", "Y")
+    aggregator.coordinator = "active"
+    for src, tag in [("active", "roster"), ("active", "bounds"), ("X", "stop"), ("Y", "lost-ack"), ("X", "barrier")]:
+        deliver(aggregator, a_links[src], src, tag, b"{}")
+    active, p_links = hub("active", ("X", "Y"), "X", "Y")
+    active.coordinator = "active"
+    for src, tag in [("X", "hello"), ("X", "align"), ("Y", "model"), ("Y", "resume")]:
+        deliver(active, p_links[src], src, tag, b"{}")
+    assert (y.aborted, aggregator.aborted, active.aborted) == (None, None, None)
+
+
+def test_a_frame_of_a_set_up_step_still_waiting_when_the_rounds_are_declared_is_dropped_naming_its_sender():
+    # Before: `allow` refused later frames of the alignment's steps but kept those already waiting (8 of 256 MiB
+    # per sender) for the whole run.
+    active, links = hub("active", ("X", "Y"), "X", "Y")
+    active.coordinator = "active"
+    deliver(active, links["X"], "X", "align", b"\0" * 1000)  # one more than its alignment's step sends
+    deliver(active, links["Y"], "Y", "resume", b"\0" * 8)  # a step that is not over: kept
+    active.allow({"posterior": 4096})
+    assert (active.aborted.role, active.aborted.how) == ("X", "refused")
+    assert not active._mail["X"] and active._queued["X", "align"] == 0 and len(active._mail["Y"]) == 1
+
+
+def test_the_aggregator_drops_what_a_passive_party_sent_as_the_active_party_once_the_set_up_names_it():
+    # Before: the aggregator's hub took any set-up step from any party and kept it; until the set-up names the
+    # active party it cannot tell which client that is, so it checks what waits once it knows.
+    aggregator, links = hub("aggregator", ("active", "X", "Y"), "active", "X", "Y")
+    deliver(aggregator, links["active"], "active", "roster", b"{}")
+    deliver(aggregator, links["X"], "X", "bounds", b"{}")  # only the active party declares the sums' bounds
+    assert aggregator.aborted is None
+    aggregator.coordinator = "active"
+    assert (aggregator.aborted.role, aggregator.aborted.how) == ("X", "refused")
+    assert not aggregator._mail["X"] and len(aggregator._mail["active"]) == 1
+
+
+# -- 7. a peer that stops reading what this role sends it -------------------------------------------------
+
+
+def test_a_peer_that_reads_nothing_holds_the_sender_and_is_named_instead_of_growing_its_queue():
+    # Before: `send` queued every frame and returned: a party that stopped reading its stream made the active
+    # party's broadcasts pile up in its memory (40 MiB here, without end in a run), and nobody was named.
+    from falsevfl_secure.network.network import RunAborted
+
+    active, links = hub("active", ("X", "Y"), "X", "Y")
+    active.min_deadline_s = 0.3  # deadline_s = 0.3 s (45 s by default)
+    active.allow({"latent": 1 << 20})
+    began = time.monotonic()
+    with pytest.raises(RunAborted):
+        for _ in range(40):
+            active.send("X", "latent", bytes(1 << 20))
+    assert time.monotonic() - began < 2.0 and links["X"].queued <= RELAY_QUEUE_BYTES + (2 << 20)
+    assert (active.aborted.role, active.aborted.how) == ("X", "stuck")
+
+
+# -- 8. the he aggregator names the passive party whose message it refuses ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def he():
+    """Every party's CKKS cipher (the active party's holds the secret) and the aggregator's, one context."""
+    from falsevfl_secure.transport.ciphers.he import He
+
+    return He().in_process(3)
+
+
+def posterior(cipher, value) -> bytes:
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    return cipher.protect(POSTERIOR, value, 3)[0]
+
+
+def combine_at_aggregator(helper, sent: dict[str, list[tuple[str, bytes]]], heard: tuple = ()
+                          ) -> tuple[Network, dict[str, Link]]:
+    """The aggregator's loop (`serve_combiner`, ranks: active, X, Y, aggregator) over the active party's bounds and
+    each passive party's frames `sent`, all arrived already (and the active party's heartbeat `heard`); it returns
+    once both said stop."""
+    from falsevfl_secure.network.peers import Peers
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.transport.sums import serve_combiner
+
+    aggregator, links = hub("aggregator", ("active", "X", "Y"), "active", "X", "Y")
+    aggregator.coordinator = "active"
+    aggregator.allow({"posterior": 1 << 20, "likelihood": 1 << 20})  # (as the bounds below declare them)
+    deliver(aggregator, links["active"], "active", "bounds", json.dumps({"posterior": 12, "likelihood": 12}).encode())
+    for name, frames_sent in sent.items():
+        for tag, payload in [*frames_sent, ("stop", frames.encode(frames.Kind.STOP))]:
+            deliver(aggregator, links[name], name, tag, payload)
+    if heard:
+        links["active"].heard(*heard)
+    serve_combiner(Peers(aggregator, ("active", "X", "Y", "aggregator"), 3, 3, 0), helper)
+    return aggregator, links
+
+
+def forwarded(link: Link, tag: str) -> bytes:
+    return b"".join(e.payload for e in data(sent(link)) if e.tag == tag)
+
+
+@pytest.mark.parametrize("bad", ["no frame", "another round's frame", "a tampered ciphertext"])
+def test_the_aggregator_names_the_passive_party_whose_message_it_refuses(he, bad):
+    # Before: frames.decode, the round check or sum_encrypted ("contribution 1: ...") raised out of the
+    # aggregator's loop as its own failure: the run ended naming the honest aggregator.
+    import torch
+
+    from falsevfl_secure.network.network import RunAborted
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.transport.rounds import LIKELIHOOD
+
+    (_, x, y), helper = he
+    good = frames.decode(posterior(x, torch.ones(3, 4))).blobs[0]
+    tampered = good[:-1] + bytes([good[-1] ^ 1])
+    message = {"no frame": b"junk" * 8, "a tampered ciphertext": frames.encode(frames.Kind.DATA, [tampered], 0),
+               "another round's frame": frames.encode(frames.Kind.DATA, [good], LIKELIHOOD.index)}[bad]
+    with pytest.raises(RunAborted) as ended:
+        combine_at_aggregator(helper, {"X": [("posterior", message)],
+                                       "Y": [("posterior", posterior(y, torch.ones(3, 4)))]})
+    assert (ended.value.blame.role, ended.value.blame.how) == ("X", "refused")
+
+
+def test_the_aggregator_forwards_its_own_word_naming_the_party_that_refused_never_that_partys_text(he):
+    # Before: X's ERROR frame went on to the active party unchanged, and the active party raised X's text (any
+    # text, control characters included) as its own SecureRangeError: X could write "party2 refused ..." there.
+    import torch
+
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.secure.errors import SecureRangeError
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    (active, _, y), helper = he
+    lie = frames.encode(frames.Kind.ERROR, [b"Y refused its own input \x1b[2J" * 100], POSTERIOR.index)
+    _, links = combine_at_aggregator(helper, {"X": [("posterior", lie)],
+                                              "Y": [("posterior", posterior(y, torch.ones(3, 4)))]})
+    with pytest.raises(SecureRangeError) as refused:
+        active.reveal(POSTERIOR, forwarded(links["active"], "posterior"), (3, 4), None)
+    said = str(refused.value)
+    assert "X refused its own input" in said and "Y refused" not in said and said.isprintable() and len(said) < 400
+
+
+def test_messages_of_different_numbers_of_values_are_judged_by_the_active_party_which_names_the_odd_one(he):
+    # Before: sum_encrypted raised "contribution 1 holds 6 values, the first holds 12" out of the aggregator's
+    # loop, which cannot tell whose number is wrong: the run ended naming the honest aggregator.
+    import torch
+
+    from falsevfl_secure.network.network import RunAborted
+    from falsevfl_secure.network.peers import Peers
+    from falsevfl_secure.transport.rounds import POSTERIOR
+    from falsevfl_secure.transport.sums import SumBackend
+
+    (active_cipher, x, y), helper = he
+    _, links = combine_at_aggregator(helper, {"X": [("posterior", posterior(x, torch.ones(3, 4)))],
+                                              "Y": [("posterior", posterior(y, torch.ones(6)))]})
+    active = Network("active", None, PINS, Plan(serve_at="stand-in", accept=("X", "Y"), dial=(("aggregator", ""),)))
+    active.links.update({p: Link(p, active._arrived, active._link_closed) for p in ("X", "Y", "aggregator")})
+    deliver(active, active.links["aggregator"], "aggregator", "posterior", forwarded(links["active"], "posterior"))
+    backend = SumBackend(Peers(active, ("active", "X", "Y", "aggregator"), 0, 3, 0), active_cipher)
+    with pytest.raises(RunAborted):
+        backend.sum_to_active(POSTERIOR, torch.zeros(3, 4))
+    assert (active.aborted.role, active.aborted.how, active.aborted.by) == ("Y", "refused", "aggregator")
+
+
+def test_a_party_out_of_step_is_named_by_the_round_the_active_party_waits_on_the_aggregator_in(he):
+    # Before: two passive parties that sent different rounds made the aggregator fail ("the parties disagree on
+    # the round"), so the one out of step had the honest aggregator named.
+    import torch
+
+    from falsevfl_secure.network.network import RunAborted
+
+    (_, x, y), helper = he
+    sent = {"X": [("likelihood", posterior(x, torch.ones(3, 4)))], "Y": [("posterior", posterior(y, torch.ones(3, 4)))]}
+    with pytest.raises(RunAborted) as ended:  # the active party's heartbeat: in 'posterior', waiting on the aggregator
+        combine_at_aggregator(helper, sent, heard=("posterior", 5, "aggregator"))
+    assert (ended.value.blame.role, ended.value.blame.how) == ("X", "refused")

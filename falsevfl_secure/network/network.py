@@ -9,11 +9,12 @@ refuses one with another tag.
 
 Bounds. A peer cannot take more than its round: a role accepts only the tags it declared (the set-up steps
 of `SETUP`, then the rounds the transport `allow`s with each frame's largest size, computed from the round
-table, the batch and the protocol) and refuses a frame as soon as it grows past its tag's bound (before it
-is whole): the offender is named and the run ends. A sender ahead of the rounds is held back instead (gRPC
-flow control: its frames wait in its own memory) while `depth` of its frames of one tag wait unread here,
-and the hub holds a relayed sender back while the receiver's queue is full. So no peer grows another's
-memory by more than its declared frames.
+table, the batch and the protocol), each only from the roles that may send it to this role (`ROUTES`), and
+refuses a frame as soon as it grows past its tag's bound (before it is whole): the offender is named and the
+run ends. A sender ahead of the rounds is held back instead (gRPC flow control: its frames wait in its own
+memory) while `depth` of its frames of one tag wait unread here, and the hub holds a relayed sender back while
+the receiver's queue is full, as `send` holds this role while a peer's is. So no peer grows another's memory
+by more than its declared frames, and one that reads nothing is named.
 
 Liveness. Both ends of every link send a heartbeat each `HEARTBEAT_S` naming the round they are in, how many
 rounds they have entered, whether they are waiting on someone and how many units of their own work between passes
@@ -33,8 +34,9 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
+from types import MappingProxyType
 
 from ..errors import PartyFailure, ProtocolError
 from ..secure.identity import PrivateKey, tls_material
@@ -66,8 +68,35 @@ SETUP: dict[str, tuple[int, int]] = {
     "bounds-ack": (64, 2), "pass-done": (1 << 10, 2), "model": (64, 2)}
 # Set-up steps that are over once a method's rounds are declared (the public context, the alignment and its
 # announcement, a bare secure sum): from then on a frame of theirs is refused, so that no peer can keep their
-# 3 GiB of allowance waiting at this role for the rest of the run.
+# 3 GiB of allowance waiting at this role for the rest of the run; one still waiting then is dropped, its sender named.
 BEFORE_ROUNDS = ("context", "align", "kept", "sum", "model")
+
+
+def _routes(senders: str, receivers: str) -> frozenset[tuple[str, str]]:
+    """(sender's place, receiver's place) for each place named in `senders` and in `receivers` (space-separated)."""
+    return frozenset((s, r) for s in senders.split() for r in receivers.split())
+
+
+# Who may send each step to whom, by place in the run: "active", "passive" (a party other than the active party)
+# or "helper" (the he aggregator), as protocols/session.toml's [[steps]] say; "sum" and "barrier" are the test
+# sessions' steps among the parties (a test's barrier reaches a helper too). A frame of a step from a place that
+# may not send it to this role is refused, naming its sender (review finding: a helper or another passive party
+# could park its allowance of every step at a passive party, which never reads them).
+ROUTES: dict[str, frozenset[tuple[str, str]]] = {
+    "hello": _routes("passive helper", "active"), "roster": _routes("active", "passive helper"),
+    "keys": _routes("passive", "active") | _routes("active", "passive"), "context": _routes("active", "passive helper"),
+    "align": _routes("active passive", "active passive"), "kept": _routes("active", "passive"),
+    "resume": _routes("passive", "active") | _routes("active", "passive"),
+    "barrier": _routes("active passive", "active passive helper"), "stop": _routes("passive", "helper"),
+    "sum": _routes("active passive", "active passive"), "lost": _routes("active", "passive helper"),
+    "lost-ack": _routes("passive helper", "active") | _routes("passive", "helper"),
+    "rejoin": _routes("active", "passive"), "epoch": _routes("active", "passive helper"),
+    "epoch-ack": _routes("helper", "active"), "bounds": _routes("active", "helper"),
+    "bounds-ack": _routes("helper", "active"), "pass-done": _routes("active", "passive"),
+    "model": _routes("passive", "active")}
+# A round's frames (any tag not above): the active party's broadcasts, a party's contribution to the combiner (the
+# active party or a helper), a helper's combined sum to the active party; never between passive parties.
+ROUND_ROUTES = _routes("active", "passive") | _routes("passive", "active helper") | _routes("helper", "active")
 # What the active party tells a helper between rounds (`Announced`): a readmission, the rounds' bounds; answered.
 ANNOUNCEMENTS = ("epoch", "bounds")
 ACKS = ("epoch-ack", "bounds-ack")
@@ -165,6 +194,7 @@ class Network:
     hub_class = Hub
     open_channel = staticmethod(secure_channel)
     min_deadline_s = DEADLINE_MIN_S
+    _mail: Mapping[str, deque] = MappingProxyType({})  # (each instance's own, from __init__: a bare one holds none)
 
     def __init__(self, me: str, key: PrivateKey, pins: dict[str, bytes], plan: Plan,
                  on_delivered: Callable[[str, str, bytes], None] | None = None) -> None:
@@ -193,7 +223,7 @@ class Network:
         self._aborted: Blame | None = None
         # Passive parties whose loss this role tolerates (the run's `on_party_loss`); the active party decides.
         self.tolerated: set[str] = set()
-        self.coordinator: str | None = None  # the active party: its `lost` announcements are believed
+        self._coordinator: str | None = None  # the active party (`coordinator`)
         self.lost: dict[str, Blame] = {}
         self._unannounced: list[Blame] = []  # at the active party: losses it has not announced yet
         self._notice: dict | None = None  # elsewhere: the active party's announcement, not yet handled
@@ -307,13 +337,63 @@ class Network:
         self._relays = frozenset(roles) & frozenset(self.plan.accept) if self.plan.serve_at is not None else frozenset()
 
     def allow(self, bounds: dict[str, int], depth: int = ROUND_DEPTH) -> None:
-        """Accept frames of these tags from now on, each at most its bound in bytes (a method's rounds)."""
+        """Accept frames of these tags from now on, each at most its bound in bytes (a method's rounds). A frame of a
+        set-up step that is over (BEFORE_ROUNDS) still waiting is dropped and its sender named: an honest peer's
+        frames of a step are read before the step ends (review finding: they stayed for the whole run)."""
         with self._cond:
-            for tag in BEFORE_ROUNDS if not self._rounds_declared else ():
+            retired = () if self._rounds_declared else BEFORE_ROUNDS
+            for tag in retired:
                 self.bounds.pop(tag, None)
             self.bounds.update({tag: (int(size), depth) for tag, size in bounds.items()})
             self._rounds_declared = True
         wire.NAMES.learn(bounds)  # a declared tag is checked once, here, not on its first frame
+        self._sweep(lambda src, tag: tag in retired, "of a set-up step that is over, still waiting")
+
+    @property
+    def coordinator(self) -> str | None:
+        """The active party, once the set-up names it: its `lost` announcements are believed."""
+        return self._coordinator
+
+    @coordinator.setter
+    def coordinator(self, name: str | None) -> None:
+        # Until now a hub that dials nothing (the he aggregator) could not tell which client is the active party:
+        # a frame it took from a place that, as it turns out, may not send it is dropped, its sender named.
+        with self._cond:
+            self._coordinator = name
+        self._sweep(lambda src, tag: not self._routed(src, tag), "that its sender may not send this role")
+
+    def _sweep(self, stale: Callable[[str, str], bool], why: str) -> None:
+        """Drop every frame waiting here that `stale(sender, tag)`; the run ends naming the first one's sender."""
+        dropped = None
+        with self._cond:
+            for src, mail in list(self._mail.items()):
+                kept = [frame for frame in mail if not stale(src, frame[0])]
+                for tag, _ in (frame for frame in mail if stale(src, frame[0])):
+                    self._queued[src, tag] -= 1
+                    dropped = dropped or (src, tag)
+                mail.clear()
+                mail.extend(kept)
+            self._cond.notify_all()
+        if dropped is not None:
+            self._abort(Blame(dropped[0], "refused", self.round, f"a frame {dropped[1][:40]!r} {why}"))
+
+    def _places(self, role: str) -> set[str]:
+        """Where `role` stands in the run as far as this role knows ("active", "passive", "helper"): a passive
+        party's plan names the active party (its relay), the active party dials the helpers; a hub that dials
+        nothing (the he aggregator, or an active party without one) learns who is the active party at the set-up's
+        end (`coordinator`): until then, both places stay possible for it and for its clients."""
+        active = self._coordinator or self.plan.relay or (self.me if self.plan.dial else None)
+        helpers = {peer for peer, _ in self.plan.dial} - {self.plan.relay}
+        if role == active or role in helpers:
+            return {"active" if role == active else "helper"}
+        if active is None:
+            return {"active", "helper"} if role == self.me else {"active", "passive"}
+        return {"helper"} if role == self.me and self.plan.serve_at is not None else {"passive"}
+
+    def _routed(self, src: str, tag: str) -> bool:
+        """Whether `src` may send this role a frame of `tag` (ROUTES; a round's: ROUND_ROUTES)."""
+        routes = ROUTES.get(tag, ROUND_ROUTES)
+        return any((s, r) in routes for s in self._places(src) for r in self._places(self.me))
 
     def tighten(self, bounds: dict[str, int]) -> None:
         """Lower set-up steps' frame bounds from this role's own file (the alignment's by its max_ids); never raises
@@ -344,6 +424,10 @@ class Network:
         sent = link.put(wire.fragments(wire.Kind.DATA, self.me, dst, tag, payload))
         with self._count:
             self.traffic[tag][0] += sent
+        # A peer that stops reading its stream holds this role here, and is named once it takes nothing for a
+        # deadline (review finding: its frames piled up in this role's memory for as long as the run went on).
+        self._await_drain(None, link, max(RELAY_QUEUE_BYTES, ROUND_DEPTH * self.bounds.get(tag, (0, 0))[0]))
+        self._raise_if_aborted()
 
     def recv(self, src: str, tag: str, limit_s: float = RECV_TIMEOUT_S) -> bytes:
         """The next frame from `src`; a `ProtocolError` if it is not a `tag` frame."""
@@ -552,28 +636,30 @@ class Network:
                           f"{self.me} does not relay", link.peer)
         return target
 
-    def _await_drain(self, sender: Link, target: Link) -> None:
-        """Hold the sender's stream back (flow control) while more than RELAY_QUEUE_BYTES wait for `target`. The
-        sender is excused meanwhile (`held`: review finding, it was named as stalled after STALL_S for the
-        receiver's slowness), and a target that takes none of them for `deadline_s` is named instead. Its own
-        progress excuses it (a receiver behind, whose reader waits for its program, is not stuck) only until
-        `deadline_s` after the wait began (review finding: a heartbeat counting up excused it for ever)."""
+    def _await_drain(self, sender: Link | None, target: Link, bound: int = RELAY_QUEUE_BYTES) -> None:
+        """Hold the sender's stream back (flow control; None: this role's own program, in `send`) while more than
+        `bound` bytes wait for `target`. The sender is excused meanwhile (`held`: review finding, it was named as
+        stalled after STALL_S for the receiver's slowness), and a target that takes none of them for `deadline_s`
+        is named instead. Its own progress excuses it (a receiver behind, whose reader waits for its program, is
+        not stuck) only until `deadline_s` after the wait began (review finding: a heartbeat counting up excused
+        it for ever)."""
         last, began = target.queued, time.monotonic()
         moved = began
-        sender.held = True
+        if sender is not None:
+            sender.held = True
         try:
-            while target.open and target.peer not in self.lost and target.queued > RELAY_QUEUE_BYTES and \
-                    self._aborted is None:
+            while target.open and target.peer not in self.lost and target.queued > bound and self._aborted is None:
                 if target.queued < last:
                     last, moved = target.queued, time.monotonic()
                 elif time.monotonic() - max(moved, min(target.progressed_at, began + self.deadline_s)) > \
                         self.deadline_s:
                     self._fault(Blame(target.peer, "stuck", target.last_round,
-                                      f"took none of its relayed frames for {self.deadline_s:.0f} s"))
+                                      f"took none of the frames waiting for it for {self.deadline_s:.0f} s"))
                     return
                 time.sleep(0.005)
         finally:
-            sender.held, sender.last_seen = False, time.monotonic()
+            if sender is not None:
+                sender.held, sender.last_seen = False, time.monotonic()
 
     def _hold(self, link: Link, key: tuple[str, str], depth: int) -> None:
         """Hold this link's reader (gRPC flow control then holds its sender) while `depth` frames of the
@@ -599,6 +685,8 @@ class Network:
             raise ProtocolError(f"{link.peer} sent a frame as {envelope.src!r}: refused")  # (names the hub: an
             # invented sender would get a depth and a reassembly of its own per name)
         size, depth = self._bound(envelope, envelope.src)
+        if not self._routed(envelope.src, envelope.tag):
+            raise Refused(f"a frame {envelope.tag[:40]!r}, which {envelope.src} may not send {self.me}", envelope.src)
         if self._aborted is not None:
             return  # the run has ended: nothing more is read (a peer that caused the end cannot queue more)
         if envelope.src == link.peer and self._reassembly.starts(envelope):
@@ -667,6 +755,12 @@ class Network:
     def fail(self, blame: Blame) -> None:
         """This role ends the run: every peer is told (and told on), who and how only."""
         self._abort(blame)
+
+    def refuse(self, refusal: Refused, round: str | None = None, by: str = "") -> RunAborted:
+        """This role's program refuses a peer's frame: the run ends naming `refusal.offender`, as a refusal where
+        frames arrive does (`by`: the role whose word it rests on, if not this role's own); the error to raise."""
+        self._abort(Blame(refusal.offender or self.me, "refused", round or self.round, str(refusal), by))
+        return RunAborted(self._aborted)
 
     def _abort(self, blame: Blame, flood_except: str | None = None) -> None:
         with self._cond:

@@ -88,6 +88,8 @@ __all__ = [
     "MESSAGE_MAGIC",
     "SUM_RANGE",
     "CkksParams",
+    "ContributionError",
+    "CountMismatch",
     "ZeroPool",
     "decrypt_tensors",
     "encrypt_tensors",
@@ -335,27 +337,54 @@ def _grid_values(ctx: ts.Context, tensors: Sequence[torch.Tensor], n_addends: in
     return decode_fixed_point(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)).numpy()
 
 
+class ContributionError(SecureMessageError):
+    """One contribution to a sum is malformed, tampered, truncated or foreign on its own: `index` is its place
+    among the parts (the aggregator names its sender: it was named itself for the message)."""
+
+    def __init__(self, text: str, index: int) -> None:
+        super().__init__(text)
+        self.index = index
+
+
+class CountMismatch(SecureMessageError):
+    """Well-formed contributions to one sum hold different numbers of values (`counts`, in the parts' order): which
+    one is wrong, only a party that knows the sum's shape can tell (the active party)."""
+
+    def __init__(self, text: str, counts: list[int]) -> None:
+        super().__init__(text)
+        self.counts = counts
+
+
 def sum_encrypted(ctx: ts.Context, parts: Sequence[bytes]) -> bytes:
     """Aggregator side: the sum of several `encrypt_tensors` messages as one such message, ciphertext by
     ciphertext (needs only the public context; each message parsed once, the sum serialised once).
 
     Raises:
-        SecureMessageError: no parts, parts of different value counts, or a malformed, tampered, truncated
-            or foreign message.
+        ContributionError: a malformed, tampered, truncated or foreign message (its index).
+        CountMismatch: parts of different value counts.
+        SecureMessageError: no parts.
     """
     if not parts:
         raise SecureMessageError("nothing to sum: no encrypted contributions")
     evaluator = seal_tools(ctx).evaluator
-    n = _values_of(ctx, parts[0], 0)
-    for j, part in enumerate(parts[1:], start=1):  # every header before any ciphertext is loaded
-        if (m := _values_of(ctx, part, j)) != n:
-            raise SecureMessageError(f"contribution {j} holds {m} values, the first holds {n}")
-    acc, _ = _load_message(ctx, parts[0], 0)
+    counts = [_contribution(_values_of, ctx, part, j) for j, part in enumerate(parts)]  # every header first
+    if len(set(counts)) > 1:
+        j = next(j for j, m in enumerate(counts) if m != counts[0])
+        raise CountMismatch(f"contribution {j} holds {counts[j]} values, the first holds {counts[0]}", counts)
+    acc, _ = _contribution(_load_message, ctx, parts[0], 0)
     for j, part in enumerate(parts[1:], start=1):
-        ciphertexts, _ = _load_message(ctx, part, j)
+        ciphertexts, _ = _contribution(_load_message, ctx, part, j)
         for total, ciphertext in zip(acc, ciphertexts, strict=True):
             evaluator.add_inplace(total, ciphertext)
-    return _pack(n, [save_ciphertext(ciphertext) for ciphertext in acc])
+    return _pack(counts[0], [save_ciphertext(ciphertext) for ciphertext in acc])
+
+
+def _contribution(parse, ctx: ts.Context, part: bytes, index: int):
+    """`parse(ctx, part, index)`, its refusal as the `ContributionError` of that part."""
+    try:
+        return parse(ctx, part, index)
+    except SecureMessageError as error:
+        raise ContributionError(str(error), index) from None
 
 
 def decrypt_tensors(secret_ctx: ts.Context, message: bytes, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import torch
@@ -22,14 +23,33 @@ from torch import Tensor
 from ..errors import ProtocolError
 from ..network.network import ANNOUNCEMENTS, Announced, PartyLost, epoch_notice
 from ..network.peers import Peers
-from ..network.wire import peer_json
+from ..network.wire import Refused, peer_json
 from ..secure import frames
-from ..secure.errors import SecureRangeError
+from ..secure.errors import SecureMessageError, SecureRangeError
 from .rounds import Round, by_name
 from .views import View
 
 STOP = "stop"
 AGGREGATED_VALUES = 1 << 22  # the most values of one sum a helper takes (FedHSSL's model average: ~10^5)
+POLL_S = 0.05  # how often a helper looks at the active party's heartbeat while it waits to see its round
+
+
+class Contribution(ProtocolError):
+    """A helper's cipher refuses one party's message of a round on its own: `rank` is its sender's (the helper
+    names it; review finding: the helper's own failure named the honest helper)."""
+
+    def __init__(self, text: str, rank: int) -> None:
+        super().__init__(text)
+        self.rank = rank
+
+
+class Disagreement(ProtocolError):
+    """The parties' messages of a round hold different numbers of values (`counts`, by rank): only the active
+    party, which knows the sum's shape, can tell whose is wrong, so the helper tells it (`_combined`)."""
+
+    def __init__(self, text: str, counts: dict[int, int]) -> None:
+        super().__init__(text)
+        self.counts = counts
 
 
 class SumBackend:
@@ -70,8 +90,13 @@ class SumBackend:
         shape = tuple(value.shape)
         if self.combiner != self.peers.rank:  # a helper combined the passive parties' messages
             combined = self._receive(round, self.combiner, shape)
-            me = self.peers.names[self.peers.rank]
-            return self.cipher.reveal(round, combined, shape, own=finite_own(round, value, me))
+            me, helper = self.peers.names[self.peers.rank], self.peers.names[self.combiner]
+            try:
+                return self.cipher.reveal(round, combined, shape, own=finite_own(round, value, me))
+            except Refused as refusal:  # the helper's word on the parties' messages, judged by this sum's shape
+                if refusal.offender not in (self.peers.names[k] for k in self._passive()):
+                    refusal.offender = helper  # (a helper that names no passive party of this run names itself)
+                raise self.peers.network.refuse(refusal, round.name, by=helper) from None
         own, refusal = self.cipher.protect(round, value, n_addends)
         messages = {self.peers.rank: own}
         for sender in self._passive():
@@ -173,9 +198,11 @@ def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=N
     the active party, until every passive party has said stop. The helper's cipher holds no key that
     reveals anything. With `view`, the first `recorded_rounds` sums (those of the method's probe step) are
     recorded and then handed to `on_recorded`. It holds no model configuration: the active party declares
-    each sum's largest size before any is combined (`declare`), and a frame over it is refused as it arrives."""
+    each sum's largest size before any is combined (`declare`), and a frame over it is refused as it arrives.
+    A party's message out of step, or one it refuses, is refused naming that party (`_agreed`, `_combined`)."""
     passive = [k for k in range(peers.n_parties) if k != peers.active_index]
     _bounded(peers, cipher)
+    forwarded = 0  # the active party's rounds entered when this helper forwarded its last sum
     while True:
         try:
             if peers.network.head(peers.names[peers.active_index]) in ANNOUNCEMENTS:
@@ -186,17 +213,97 @@ def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=N
             if isinstance(word, PartyLost):
                 passive = _after_loss(peers, passive)
             continue
-        tags = {tag for tag, _ in received.values()}
-        if tags == {STOP}:
+        if {tag for tag, _ in received.values()} == {STOP}:
             return
-        if len(tags) != 1:
-            raise ProtocolError(f"{peers.names[peers.rank]}: the parties disagree on the round: {sorted(tags)}")
-        tag = tags.pop()
+        tag = _agreed(peers, received, forwarded)
         messages = {k: data for k, (_, data) in sorted(received.items())}
         if view is not None:
             view = _record(view, tag, cipher, messages, on_recorded, recorded_rounds)
-        peers.send(peers.active_index, tag, cipher.combine(by_name(tag), messages, None))
+        peers.send(peers.active_index, tag, _combined(peers, cipher, tag, messages))
+        forwarded = getattr(peers.network.links.get(peers.names[peers.active_index]), "progress", 0)
         peers.network.enter(tag)  # its heartbeat shows progress, and its own waits get round deadlines
+
+
+def _agreed(peers: Peers, received: dict[int, tuple[str, bytes]], forwarded: int) -> str:
+    """The round of every passive party's frame. One out of step is refused, naming its sender: out of step with
+    most parties, or where no round has most, with the round the active party shows it waits on this helper in
+    (`_awaited`); so is a frame of a tag that is no sum's (review finding: the helper failed, and was named)."""
+    tags = {peers.names[k]: tag for k, (tag, _) in received.items()}
+    expected = _most(list(tags.values())) or _awaited(peers, forwarded)
+    if expected is None:  # (the active party never showed its round: nobody can be told apart)
+        raise ProtocolError(f"{peers.names[peers.rank]}: the parties disagree on the round: "
+                            f"{sorted(set(tags.values()))}")
+    odd = [name for name, tag in tags.items() if tag != expected] or ([] if _is_sum(expected) else list(tags))
+    if odd:
+        why = f"where the round is {expected[:40]!r}" if tags[odd[0]] != expected else "where a sum's message is due"
+        raise peers.network.refuse(Refused(f"a frame {tags[odd[0]][:40]!r} {why}", odd[0]), expected)
+    return expected
+
+
+def _most(values: list[str]) -> str | None:
+    """The value more than half of `values` are (None: no such one)."""
+    top = max(set(values), key=values.count)
+    return top if 2 * values.count(top) > len(values) else None
+
+
+def _awaited(peers: Peers, forwarded: int) -> str | None:
+    """The round the active party waits on this helper in, as a heartbeat of it after the last sum this helper
+    forwarded (when it had entered `forwarded` rounds) shows it; None if none does within a deadline. Meanwhile
+    this helper's heartbeat says it waits on the active party (so that the active party does not name it)."""
+    network, active, me = peers.network, peers.names[peers.active_index], peers.names[peers.rank]
+    link, deadline = network.links.get(active), time.monotonic() + network.deadline_s
+    network.waiting_on = active
+    try:
+        while link is not None and time.monotonic() < deadline and network.aborted is None:
+            if link.waiting_on == me and link.progress > forwarded and link.last_round:
+                return link.last_round
+            time.sleep(POLL_S)
+    finally:
+        network.waiting_on = None
+    return None
+
+
+def _is_sum(tag: str) -> bool:
+    try:
+        return by_name(tag).is_aggregate
+    except ProtocolError:
+        return False
+
+
+def _combined(peers: Peers, cipher, tag: str, messages: dict[int, bytes]) -> bytes:
+    """The one frame the active party gets for a round: the sum; or this helper's own word that a party refused
+    its input, naming it (never the party's text: review finding, it was passed on as the active party's error);
+    or, where the messages hold different numbers of values, how many each holds (the active party, which knows
+    the sum's shape, names the odd one). A message that is no frame of the round, or that the cipher refuses on
+    its own, is refused naming its sender."""
+    round = by_name(tag)
+    batch = {k: _frame_of(peers, round, k, data) for k, data in messages.items()}
+    refused = [peers.names[k] for k, frame in batch.items() if frame.kind is frames.Kind.ERROR]
+    me = peers.names[peers.rank]
+    if refused:
+        word = f"{me}: {refused[0]} refused its own input of round {tag!r} (its message says no more)"
+        return frames.encode(frames.Kind.ERROR, [word.encode()], round.index)
+    try:
+        return cipher.combine(round, messages, None)
+    except Contribution as error:
+        raise peers.network.refuse(Refused(f"round {tag!r}: {error}", peers.names[error.rank]), tag) from None
+    except Disagreement as error:
+        counts = {peers.names[k]: n for k, n in error.counts.items()}
+        word = f"{me}: the messages of round {tag!r} hold different numbers of values: {counts}"
+        return frames.encode(frames.Kind.ERROR, [word.encode(), json.dumps(counts).encode()], round.index)
+
+
+def _frame_of(peers: Peers, round: Round, rank: int, data: bytes) -> frames.Frame:
+    """A party's message of `round` as a helper's cipher sends it: a byte frame of this round, one blob (its
+    ciphertexts or its refusal); anything else is refused, naming its sender."""
+    try:
+        frame = frames.decode(data, expect=(frames.Kind.DATA, frames.Kind.ERROR))
+    except SecureMessageError as error:
+        raise peers.network.refuse(Refused(f"round {round.name!r}: {error}", peers.names[rank]), round.name) from None
+    if frame.round != round.index or len(frame.blobs) != 1:
+        raise peers.network.refuse(Refused(f"round {round.name!r}: a frame of round {frame.round} with "
+                                           f"{len(frame.blobs)} messages", peers.names[rank]), round.name)
+    return frame
 
 
 def _after_loss(peers: Peers, passive: list[int]) -> list[int]:

@@ -10,11 +10,13 @@ values: `secure.ckks.ZeroPool`, each zero used once); the aggregator adds them (
 serve_combiner`) and forwards the encrypted sum to the active party, which decrypts it onto the fixed-point
 grid (no decryption noise survives, `secure.ckks`) and adds its own contribution. Every message is a byte
 frame (`secure.frames`); a party that refuses its own input sends an ERROR frame that says only that it
-refused (never a value), so nobody is left waiting. Broadcasts go in clear (inside the links' TLS).
+refused (never a value), so nobody is left waiting, and the aggregator tells the active party so in its own words,
+naming the party (never passing the party's text on). Broadcasts go in clear (inside the links' TLS).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -22,9 +24,12 @@ from typing import ClassVar
 from torch import Tensor
 
 from ...errors import InputError, ProtocolError
+from ...network.wire import Refused, peer_json
 from ...secure import frames
 from ...secure.ckks import (
     CkksParams,
+    ContributionError,
+    CountMismatch,
     ZeroPool,
     decrypt_tensors,
     encrypt_tensors,
@@ -36,13 +41,15 @@ from ...secure.ckks import (
     sum_encrypted,
     sum_range,
 )
-from ...secure.errors import SecureParameterError, SecureRangeError
+from ...secure.errors import SecureMessageError, SecureParameterError, SecureRangeError
 from ...secure.fixed_point import PRECISION_BITS, round_to_grid
 from ..rounds import Round
+from ..sums import Contribution, Disagreement
 from .base import ActiveKeyProtocol, SumCipher
 
 Kind = frames.Kind
 FRAME_SLACK = 4096  # a byte frame's header and lengths, or a refusal's text
+REFUSAL_CHARS = 300  # the most of the aggregator's word the active party repeats in its error
 
 
 class CkksCipher(SumCipher):
@@ -70,22 +77,26 @@ class CkksCipher(SumCipher):
         return FRAME_SLACK + message_bound(self.public, numel)
 
     def combine(self, round: Round, messages: Mapping[int, bytes], shape: tuple[int, ...] | None) -> bytes:
-        """The frame the active party gets for one round: the encrypted sum, or the first refusal."""
-        batch = [frames.decode(m) for m in messages.values()]
-        refusals = [f for f in batch if f.kind is Kind.ERROR]
-        if refusals:
-            return frames.encode(Kind.ERROR, refusals[0].blobs, refusals[0].round)
-        rounds, kinds = {f.round for f in batch}, {f.kind for f in batch}
-        if kinds != {Kind.DATA} or len(rounds) != 1 or any(len(f.blobs) != 1 for f in batch):
-            raise ProtocolError(f"aggregator: the parties disagree on the round: kinds "
-                                f"{sorted(k.name for k in kinds)}, rounds {sorted(rounds)} (or a frame holds more "
-                                "than one message)")
-        return frames.encode(Kind.DATA, [sum_encrypted(self.public, [f.blobs[0] for f in batch])], rounds.pop())
+        """The frame the active party gets for one round: the encrypted sum, or the word (its own, never the
+        party's text) that a party refused its input. A message it refuses on its own raises `Contribution` with
+        its sender's rank, messages of different numbers of values `Disagreement` (`sums.serve_combiner`)."""
+        batch = {k: _frame_of(m, k, round) for k, m in messages.items()}
+        refused = [k for k, f in batch.items() if f.kind is Kind.ERROR]
+        if refused:
+            word = f"{self.me}: party {refused[0]} (its rank) refused its own input of round {round.name!r}"
+            return frames.encode(Kind.ERROR, [word.encode()], round.index)
+        try:
+            total = sum_encrypted(self.public, [f.blobs[0] for f in batch.values()])
+        except ContributionError as error:
+            raise Contribution(f"{self.me}: {error}", list(batch)[error.index]) from None
+        except CountMismatch as error:
+            raise Disagreement(f"{self.me}: {error}", dict(zip(batch, error.counts, strict=True))) from None
+        return frames.encode(Kind.DATA, [total], round.index)
 
     def reveal(self, round: Round, combined: bytes, shape: tuple[int, ...], own: Tensor | None) -> Tensor:
         frame = frames.decode(combined, expect=(Kind.DATA, Kind.ERROR))
         if frame.kind is Kind.ERROR:
-            raise SecureRangeError(frame.text())
+            raise _refusal(round, frame, math.prod(shape))
         if frame.round != round.index:
             raise ProtocolError(f"round {round.name!r}: field 'round': the aggregator forwarded round "
                                 f"{frame.round} instead")
@@ -110,6 +121,34 @@ class CkksCipher(SumCipher):
     def close(self) -> None:
         if self.zeros is not None:
             self.zeros.close()  # kills its helper process, also when the run failed
+
+
+def _frame_of(message: bytes, rank: int, round: Round) -> frames.Frame:
+    """One party's message: a byte frame of `round` holding one blob (else `Contribution`, naming its rank)."""
+    try:
+        frame = frames.decode(message, expect=(Kind.DATA, Kind.ERROR))
+    except SecureMessageError as error:
+        raise Contribution(f"aggregator: {error}", rank) from None
+    if frame.round != round.index or len(frame.blobs) != 1:
+        raise Contribution(f"aggregator: a frame of round {frame.round} holding {len(frame.blobs)} messages, in round "
+                           f"{round.name!r}", rank)
+    return frame
+
+
+def _refusal(round: Round, frame: frames.Frame, numel: int) -> Exception:
+    """What the active party raises for the aggregator's word instead of a sum (cut to REFUSAL_CHARS printable
+    characters): a party's refusal of its input, or the parties' numbers of values, where it names the party
+    whose number is not this sum's (`Refused`: the run ends naming it, on the aggregator's word)."""
+    said = "".join(c if c.isprintable() else "?" for c in frame.text()[:REFUSAL_CHARS])
+    try:
+        counts = peer_json(frame.blobs[1]) if len(frame.blobs) == 2 else {}
+        odd = [str(name)[:64] for name, n in counts.items() if n != numel] if isinstance(counts, dict) else []
+    except ValueError:
+        odd = []
+    if odd:
+        return Refused(f"round {round.name!r}: its message holds another number of values than this sum's {numel} "
+                       f"(the aggregator says: {said})", odd[0])
+    return SecureRangeError(f"round {round.name!r}: the aggregator says: {said}")
 
 
 _CKKS = CkksParams()  # the defaults of he's parameters

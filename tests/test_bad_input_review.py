@@ -131,3 +131,12 @@ def test_check_refuses_two_parties_under_a_protocol_that_hides_contributions_as_
     path.write_text(path.read_text().replace("[model]", "allow_two_party_disclosure = true\n[model]", 1))
     assert cli("check", "--config", str(path))[0] == 0
     refused("federation file")
+
+
+def test_a_rendezvous_this_host_cannot_listen_on_is_one_error(demo, refused):
+    # (grpc's RuntimeError "Failed to bind to address" as a traceback)
+    path = demo / "federation.toml"
+    path.write_text(path.read_text().replace("127.0.0.1:29611", "192.0.2.1:29691"))  # TEST-NET-1: on no host
+    code, _, err = cli("train", "--config", str(path), "--party", "clinic")
+    _one_error(code, err, "cannot listen on 192.0.2.1:29691")
+    refused("federation file")

@@ -145,7 +145,10 @@ class Hub:
         """Bind `address` with mutual TLS (the only way the shipped build listens); the port, 0 on failure."""
         credentials = grpc.ssl_server_credentials([(material.private_key, material.certificate)],
                                                   root_certificates=material.trusted, require_client_auth=True)
-        return self._server.add_secure_port(address, credentials)
+        try:
+            return self._server.add_secure_port(address, credentials)
+        except RuntimeError:  # (this grpc raises "Failed to bind" where older ones returned 0: a traceback)
+            return 0
 
     def peer_of(self, context) -> str | None:
         """The pinned role whose identity issued the peer's TLS certificate (None: not a pinned participant)."""

@@ -335,6 +335,38 @@ def test_a_peer_that_reads_nothing_holds_the_sender_and_is_named_instead_of_grow
     assert (active.aborted.role, active.aborted.how) == ("X", "stuck")
 
 
+def test_while_a_peer_reads_nothing_the_senders_heartbeats_say_it_waits_on_that_peer():
+    # Review finding: the active party held in `send` still beat "waiting on nobody", so a third party waiting
+    # on it named the honest active party as stuck before it named the peer that read nothing; and that peer's own
+    # heartbeats (progress counting up) bought it a second deadline.
+    active, links = hub("active", ("X", "Y"), "X", "Y")
+    active.min_deadline_s = 0.6
+    active.allow({"latent": 1 << 20})
+    links["X"].heard("latent", 1, "", 1)  # X beats with progress, and reads nothing
+    seen, done = set(), threading.Event()
+
+    def watch():  # what the active party's heartbeats would carry meanwhile
+        while not done.is_set():
+            seen.add(active.waiting_on)
+            links["X"].heard("latent", 2 + len(seen), "", 2 + len(seen))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    from falsevfl_secure.network.network import RunAborted
+
+    began = time.monotonic()
+    try:
+        with pytest.raises(RunAborted):
+            for _ in range(40):
+                active.send("X", "latent", bytes(1 << 20))
+    finally:
+        done.set()
+        watcher.join()
+    assert "X" in seen and active.waiting_on is None
+    assert (active.aborted.role, active.aborted.how) == ("X", "stuck") and time.monotonic() - began < 1.2
+
+
 # -- 8. the he aggregator names the passive party whose message it refuses ----------------------------------
 
 

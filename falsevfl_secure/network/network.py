@@ -425,8 +425,15 @@ class Network:
         with self._count:
             self.traffic[tag][0] += sent
         # A peer that stops reading its stream holds this role here, and is named once it takes nothing for a
-        # deadline (review finding: its frames piled up in this role's memory for as long as the run went on).
-        self._await_drain(None, link, max(RELAY_QUEUE_BYTES, ROUND_DEPTH * self.bounds.get(tag, (0, 0))[0]))
+        # deadline (review finding: its frames piled up in this role's memory for as long as the run went on);
+        # meanwhile the heartbeats say this role waits on it, so a third party does not name this role instead.
+        bound = max(RELAY_QUEUE_BYTES, ROUND_DEPTH * self.bounds.get(tag, (0, 0))[0])
+        if link.queued > bound:
+            before, self.waiting_on = self.waiting_on, link.peer
+            try:
+                self._await_drain(None, link, bound)
+            finally:
+                self.waiting_on = before
         self._raise_if_aborted()
 
     def recv(self, src: str, tag: str, limit_s: float = RECV_TIMEOUT_S) -> bytes:
@@ -645,14 +652,16 @@ class Network:
         it for ever)."""
         last, began = target.queued, time.monotonic()
         moved = began
+
+        def excused(link: Link) -> float:  # a receiver's own progress, for one deadline; none where this role sends
+            return min(link.progressed_at, began + self.deadline_s) if sender is not None else began
         if sender is not None:
             sender.held = True
         try:
             while target.open and target.peer not in self.lost and target.queued > bound and self._aborted is None:
                 if target.queued < last:
                     last, moved = target.queued, time.monotonic()
-                elif time.monotonic() - max(moved, min(target.progressed_at, began + self.deadline_s)) > \
-                        self.deadline_s:
+                elif time.monotonic() - max(moved, excused(target)) > self.deadline_s:
                     self._fault(Blame(target.peer, "stuck", target.last_round,
                                       f"took none of the frames waiting for it for {self.deadline_s:.0f} s"))
                     return

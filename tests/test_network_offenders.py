@@ -484,3 +484,33 @@ def test_a_party_out_of_step_is_named_by_the_round_the_active_party_waits_on_the
     with pytest.raises(RunAborted) as ended:  # the active party's heartbeat: in 'posterior', waiting on the aggregator
         combine_at_aggregator(helper, sent, heard=("posterior", 5, "aggregator"))
     assert (ended.value.blame.role, ended.value.blame.how) == ("X", "refused")
+
+
+def test_a_partys_ack_of_a_loss_ahead_of_the_active_partys_notice_is_no_rounds_frame(he):
+    # Review finding: a survivor that acked the active party's loss notice before the notice reached the aggregator
+    # had its ack taken as its round's frame; after the loss the aggregator's drain then ate the survivor's next
+    # step's frame, and the aggregator, the survivor and the active party waited on each other for 900 s.
+    import torch
+
+    from falsevfl_secure.network.peers import Peers
+    from falsevfl_secure.transport.sums import serve_combiner
+
+    (_, x, _), helper = he
+    aggregator, links = hub("aggregator", ("active", "X", "Y"), "active", "X", "Y")
+    aggregator.coordinator, aggregator.tolerated, aggregator.min_deadline_s = "active", {"X", "Y"}, 1.5
+    aggregator.allow({"posterior": 1 << 20})
+    deliver(aggregator, links["active"], "active", "bounds", json.dumps({"posterior": 12}).encode())
+    deliver(aggregator, links["X"], "X", "lost-ack")  # Y crashed; X acked the notice first ...
+    notice = {"lost": ["Y"], "stage": 1, "epoch": 0, "index": 1}
+    deliver(aggregator, links["active"], "active", "lost", json.dumps(notice).encode())  # ... which comes now
+    serving = threading.Thread(target=serve_combiner, args=(Peers(aggregator, ("active", "X", "Y", "aggregator"),
+                                                                   3, 3, 0), helper), daemon=True)
+    serving.start()
+    time.sleep(0.3)
+    deliver(aggregator, links["X"], "X", "posterior", posterior(x, torch.ones(3, 4)))  # X's step, run again
+    forwarded, deadline = [], time.monotonic() + 5
+    while "posterior" not in forwarded and time.monotonic() < deadline:
+        forwarded += [e.tag for e in data(sent(links["active"]))]  # (taken off the link as they come)
+        time.sleep(0.05)
+    assert forwarded == ["bounds-ack", "lost-ack", "posterior"]  # before: the ack, then nothing for 900 s
+    assert not aggregator._mail["X"] and aggregator.aborted is None

@@ -449,7 +449,9 @@ class Network:
         with self._cond:
             self.waiting_on, excused = src, False
             try:
-                while not self._mail[src]:  # frames that came before a loss are still read: the runs stay repeatable
+                # frames that came before a loss are still read (the runs stay repeatable); a party's ack of a loss
+                # waits for the active party's announcement of it, which may come later on its own link
+                while not self._mail[src] or (self._ack_ahead(src, expecting) and self._notice is None):
                     wait = wait or Wait.of(self.links)  # only a wait that blocks counts the peers' work
                     self._raise_if_lost(src, expecting)
                     excused = self._check_wait(src, expecting, wait, limit_s) or excused
@@ -458,8 +460,10 @@ class Network:
                 self.waiting_on = None
                 if wait is not None:
                     self._credit(wait, limit_s)
-            if self._notice is not None and self._mail[src][0][0] == "lost":
-                raise PartyLost(notice=self._notice)  # every earlier frame was read: now the announcement
+            if self._notice is not None and (self._mail[src][0][0] == "lost" or self._ack_ahead(src, expecting)):
+                # every earlier frame was read: now the announcement (review finding: the ack was taken as a round's
+                # frame, and the drain after the loss then ate the party's next step's frame: all waited 900 s)
+                raise PartyLost(notice=self._notice)
             waited = time.monotonic() - began
             self.waited += waited
             tag, payload = self._mail[src].popleft()
@@ -470,6 +474,10 @@ class Network:
         with self._count:  # counted when taken, so a frame that came early counts in the round that reads it
             self.traffic[tag][1] += len(payload)
         return tag, payload
+
+    def _ack_ahead(self, src: str, expecting: str) -> bool:
+        """`src`'s next frame acknowledges a loss where this role, not the active party, expects another frame."""
+        return self._mail[src][0][0] == "lost-ack" and expecting != "lost-ack" and self.me != self._coordinator
 
     def _raise_if_lost(self, src: str, expecting: str = "") -> bool:
         """Raise `PartyLost` for a loss this role must act on now (False otherwise): at the active party one it

@@ -289,7 +289,27 @@ def test_the_shipped_steps_are_taken_from_the_roles_that_send_them():
     active.coordinator = "active"
     for src, tag in [("X", "hello"), ("X", "align"), ("Y", "model"), ("Y", "resume")]:
         deliver(active, p_links[src], src, tag, b"{}")
-    assert (y.aborted, aggregator.aborted, active.aborted) == (None, None, None)
+    for src, tag in [("active", "keys"), ("active", "rejoin"), ("active", "pass-done"), ("active", "epoch")]:
+        deliver(y, y_links["active"], src, tag, b"{}")
+    notice = json.dumps({"lost": ["X"], "stage": 1, "epoch": 0, "index": 1}).encode()
+    for src, tag, payload in [("active", "epoch", b"{}"), ("active", "lost", notice)]:
+        deliver(aggregator, a_links[src], src, tag, payload)
+    for src, tag in [("X", "keys"), ("X", "lost-ack")]:
+        deliver(active, p_links[src], src, tag, b"{}")
+    roles = [y, aggregator, active]
+    # the aggregator's answers to the active party, and every round's frames where they go, once declared
+    helped, h_links = passive("active", "aggregator")
+    helped.plan = Plan(dial=(("aggregator", "stand-in"),))
+    for tag in ("epoch-ack", "bounds-ack", "lost-ack"):
+        deliver(helped, h_links["aggregator"], "aggregator", tag, b"{}")
+    rounds = [passive("Y", "active", "aggregator"), hub("aggregator", ("active", "X", "Y"), "active", "X", "Y"),
+              hub("active", ("X", "Y"), "X", "Y"), passive("active", "aggregator")]  # (set-up frames read by then)
+    rounds[1][0].coordinator, rounds[2][0].coordinator = "active", "active"
+    rounds[3][0].plan = Plan(dial=(("aggregator", "stand-in"),))
+    for (network, links), src in zip(rounds, ("active", "X", "X", "aggregator"), strict=True):
+        network.allow({"posterior": 1 << 10})
+        deliver(network, links[src], src, "posterior", b"{}")
+    assert [r.aborted for r in [*roles, helped, *(n for n, _ in rounds)]] == [None] * 8
 
 
 def test_a_frame_of_a_set_up_step_still_waiting_when_the_rounds_are_declared_is_dropped_naming_its_sender():

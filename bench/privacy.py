@@ -41,6 +41,7 @@ from falsevfl_secure.fsio import write_json  # noqa: E402
 from falsevfl_secure.methods import make_config  # noqa: E402
 from falsevfl_secure.privacy import noise_multiplier, spent  # noqa: E402
 from falsevfl_secure.runtime.local import run_local  # noqa: E402
+from falsevfl_secure.simulate import encoding_events  # noqa: E402
 
 # The DP schedule (the best of the variants tried on digits, README "Output privacy"): few releases per row
 # (each stage-1 epoch releases a row three times with one importance sample; stage 2 runs its rounds once,
@@ -72,7 +73,7 @@ def configure(dataset: str, epsilon: float, seed: int, reference: bool = False):
     if math.isinf(epsilon):
         return cfg
     cfg = replace(cfg, privacy=PrivacyConfig(epsilon=epsilon))
-    z = noise_multiplier(cfg, 1, len(TEST_PATTERNS))
+    z = noise_multiplier(cfg, 1, len(TEST_PATTERNS), earlier=encoding_events(cfg))
     return replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=z)).validate()
 
 
@@ -95,18 +96,21 @@ def one_run(dataset: str, epsilon: float, seed: int, reference: bool = False) ->
     cfg = configure(dataset, epsilon, seed, reference)
     nodes: list = []
     result = run_local(cfg, TEST_PATTERNS, progress=False, keep=nodes)
-    data, train, tests = make_splits(cfg, TEST_PATTERNS)
+    node, role = nodes
+    # the labels, patterns and the active party's own model's inputs as without a budget; the attacker's inputs
+    # are the role's (under a budget each party standardises its block privately)
+    data, train, tests = make_splits(replace(cfg, privacy=PrivacyConfig()), TEST_PATTERNS)
     rng = np.random.default_rng([seed, 11])  # the attacker's draws (public)
     test = tests["mcar:0"]
-    received = {name: received_latents(nodes[0], s.view(range(cfg.parties), True), data.n_classes)
-                for name, s in (("train", train), ("test", test))}
-    inputs = {k: (v, attacker_inputs(received["test"], test.blocks[PASSIVE])[k])
-              for k, v in attacker_inputs(received["train"], train.blocks[PASSIVE]).items()
-              if k in ("h mean", "x_p")}
+    views = {"train": role.train, "test": role.tests["mcar:0"]}
+    received = {name: received_latents(node, view, data.n_classes) for name, view in views.items()}
+    own = {name: view.blocks[PASSIVE][0] for name, view in views.items()}
+    inputs = {k: (v, attacker_inputs(received["test"], own["test"])[k])
+              for k, v in attacker_inputs(received["train"], own["train"]).items() if k in ("h mean", "x_p")}
     held = np.flatnonzero(~train.missing[:, PASSIVE])
     attack = label_attack(inputs, train.y, test.y, held, LABEL_ROWS, DRAWS, rng)
     alone = active_alone(cfg, train, tests)
-    used = spent(cfg, "party 0", 1, len(TEST_PATTERNS)) if cfg.privacy.enabled else None
+    used = spent(cfg, "party 0", 1, len(TEST_PATTERNS), encoding_events(cfg)) if cfg.privacy.enabled else None
     label = "reference" if reference else ("inf" if math.isinf(epsilon) else epsilon)
     return {"dataset": dataset, "epsilon": label, "seed": seed,
             "accuracy": result.accuracy, "mean_accuracy": float(np.mean(list(result.accuracy.values()))),

@@ -111,28 +111,52 @@ def _closed_form_epsilon(multiplier: float, delta: float) -> float:
     return float(brentq(lambda e: gaussian_delta(multiplier, e) - delta, 0.0, high, xtol=1e-12))
 
 
-def calibrate(epsilon: float, releases: int, delta: float) -> float:
-    """The smallest noise multiplier whose `releases` compositions stay within (epsilon, delta): R Gaussian
-    releases of multiplier z compose exactly to one of multiplier z / sqrt(R), solved in closed form."""
+def calibrate(epsilon: float, releases: int, delta: float, earlier: tuple[Event, ...] = ()) -> float:
+    """The smallest noise multiplier whose `releases` compositions, after the `earlier` events, stay within
+    (epsilon, delta): Gaussian releases compose exactly into one whose 1 / multiplier^2 is the sum of theirs."""
+    single = _single(epsilon, delta)
+    left = single**-2 - sum(r / z**2 for z, r in earlier)
+    if left <= 0:
+        raise InputError(f"privacy epsilon={epsilon:g}: what the rows spent before the schedule (its encoding, its "
+                         "clip proposals, earlier models) already takes the whole budget; raise epsilon")
+    return math.sqrt(releases / left) * (1 + 1e-6)  # just above the boundary, so PLD's epsilon stays within
+
+
+def _single(epsilon: float, delta: float) -> float:
+    """The noise multiplier of one Gaussian release at exactly (epsilon, delta), solved in closed form."""
     from scipy.optimize import brentq
 
     low, high = 1e-4, 1e4
     if gaussian_delta(low, epsilon) <= delta:
-        return low * math.sqrt(releases)  # a budget this large needs next to no noise
+        return low  # a budget this large needs next to no noise
     if gaussian_delta(high, epsilon) > delta:  # (brentq would fail: no multiplier up to 1e4 fits one release)
         raise InputError(f"privacy epsilon={epsilon:g}: no noise multiplier up to {high:g} keeps even one release "
                          f"within it at delta {delta:g}; raise epsilon")
-    single = brentq(lambda z: gaussian_delta(z, epsilon) - delta, low, high, xtol=1e-12, rtol=1e-12)
-    return single * math.sqrt(releases) * (1 + 1e-6)  # just above the boundary, so PLD's epsilon stays within
+    return brentq(lambda z: gaussian_delta(z, epsilon) - delta, low, high, xtol=1e-12, rtol=1e-12)
 
 
-def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0, exposure: int = 1) -> float:
-    """The configuration's multiplier, or the smallest that fits its budget for the schedule."""
+# A party's encoding, released under its budget (data/private_encoding.py), spends this share of it: two Gaussian
+# mechanisms whose 1 / multiplier^2 sum to ENCODING_SHARE of one release's that spends the whole budget; its
+# categories' threshold adds ENCODING_DELTA_SHARE x delta (the chance a category one row holds is kept).
+ENCODING_SHARE = 0.1
+ENCODING_DELTA_SHARE = 0.01
+
+
+def encoding_multiplier(privacy) -> float:
+    """The noise multiplier of each of the private encoding's two releases, from the party's own budget."""
+    from .data.private_encoding import RELEASES
+
+    return _single(privacy.epsilon, privacy.delta) * math.sqrt(RELEASES / ENCODING_SHARE)
+
+
+def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0, exposure: int = 1,
+                     earlier: tuple[Event, ...] = ()) -> float:
+    """The configuration's multiplier, or the smallest that fits its budget for the schedule after `earlier`."""
     privacy = cfg.privacy
     if privacy.noise_multiplier > 0:
         return privacy.noise_multiplier
     releases = releases_per_row(cfg, predictions, tests, exposure)
-    z = calibrate(privacy.epsilon, releases, privacy.delta)
+    z = calibrate(privacy.epsilon, releases, privacy.delta, earlier)
     if z > MULTIPLIER_RANGE[1]:
         raise InputError(f"privacy epsilon={privacy.epsilon:g}: {releases} releases per row would need a noise "
                          f"multiplier of {z:.3g}, past {MULTIPLIER_RANGE[1]:g}; shorten the schedule or raise epsilon")
@@ -149,37 +173,49 @@ class Spent:
     epsilon: float
     delta: float
     budget: float
-    earlier: tuple[Event, ...] = ()  # what the rows spent before this model: clip proposals, earlier models
+    earlier: tuple[Event, ...] = ()  # what the rows spent before this model: encodings, clip proposals, earlier models
     exposure: int = 1  # releases a summed release counts as at this party (`exposure`: n - 1 - collusion under plain)
+    threshold_delta: float = 0.0  # of `delta`, what the encodings' category thresholds took (the rest: Gaussian)
 
     def to_dict(self) -> dict:
         """The ledger's entry (`epsilon` composes `earlier` with this model's releases)."""
         return {"ledger_version": LEDGER_VERSION, "party": self.party, "releases_per_row": self.releases,
                 "noise_multiplier": self.multiplier, "exposure": self.exposure,
                 "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
-                "earlier": [list(e) for e in self.earlier], "clip_proposals": [],
+                "earlier": [list(e) for e in self.earlier], "clip_proposals": [], "encodings": [],
+                "threshold_delta": self.threshold_delta,
                 "covers": "the summed rounds, the parties' own networks (DP-SGD) and everything computed from them; "
                           "not the alignment's membership, the record counts or a party's own data at itself"}
 
 
 def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0, earlier: tuple[Event, ...] = (),
-          exposure: int = 1) -> Spent:
+          exposure: int = 1, threshold_delta: float = 0.0) -> Spent:
     """Party `party`'s epsilon for this schedule after its `earlier` releases, from its own file and ledger."""
     privacy, releases = cfg.privacy, releases_per_row(cfg, predictions, tests, exposure)
     z = noise_multiplier(cfg, predictions, tests, exposure)
     earlier = tuple((float(m), int(r)) for m, r in earlier)
-    return Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta,
-                 privacy.epsilon, earlier, exposure)
+    epsilon = epsilon_of(z, releases, gaussian_part(privacy, party, threshold_delta), earlier)
+    return Spent(party, releases, z, epsilon, privacy.delta, privacy.epsilon, earlier, exposure, threshold_delta)
+
+
+def gaussian_part(privacy, party: str, threshold_delta: float) -> float:
+    """What of the party's delta is left for its Gaussian releases after its encodings' thresholds took theirs."""
+    left = privacy.delta - threshold_delta
+    if left <= privacy.delta * 1e-6:
+        raise InputError(f"{party}: its encodings' category thresholds have taken {threshold_delta:.3g} of its "
+                         f"delta {privacy.delta:g} (ENCODING_DELTA_SHARE each training); nothing is left for a "
+                         "release: raise delta or start a ledger for new rows")
+    return left
 
 
 def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0,
-                 earlier: tuple[Event, ...] = (), exposure: int = 1) -> Spent | None:
+                 earlier: tuple[Event, ...] = (), exposure: int = 1, threshold_delta: float = 0.0) -> Spent | None:
     """Refuse a schedule that would take `party` past its budget after its `earlier` releases (before anything is
     sent); what it spends otherwise (None without a budget)."""
     privacy = cfg.privacy
     if not privacy.enabled:
         return None
-    used = spent(cfg, party, predictions, tests, earlier, exposure)
+    used = spent(cfg, party, predictions, tests, earlier, exposure, threshold_delta)
     _check_cap(privacy, party, "the schedule", used.releases, earlier)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
         raise InputError(f"{party}: the schedule would spend epsilon = {used.epsilon:.3g} per row (delta "
@@ -201,9 +237,9 @@ def _check_cap(privacy, party: str, what: str, releases: int, earlier: tuple[Eve
 def _earlier_note(earlier: tuple[Event, ...]) -> str:
     if not earlier:
         return ""
-    return (f" (with what its rows spent before, in its ledger: {sum(r for _, r in earlier)} releases of its clip "
-            "proposals and earlier models; a calibrated noise_multiplier spends the whole budget on this schedule "
-            "alone)")
+    return (f" (with what its rows spent before, in its ledger: {sum(r for _, r in earlier)} releases of its "
+            "encodings, clip proposals and earlier models; a calibrated noise_multiplier spends the whole budget on "
+            "this schedule alone)")
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far
@@ -229,8 +265,23 @@ def read_ledger(folder: Path) -> dict:
 
 
 def before_model(ledger: dict) -> tuple[Event, ...]:
-    """What a ledger's rows spent before its current model: earlier models' releases and the clip proposals."""
-    return (*(tuple(e) for e in ledger.get("earlier", [])), *((float(z), 1) for z in ledger.get("clip_proposals", [])))
+    """What a ledger's rows spent before its current model: earlier models' releases, the clip proposals and the
+    encodings released since (the model's own, each proposal's)."""
+    return (*(tuple(e) for e in ledger.get("earlier", [])), *((float(z), 1) for z in ledger.get("clip_proposals", [])),
+            *((float(z), int(r)) for z, r in ledger.get("encodings", [])))
+
+
+def threshold_delta(ledger: dict) -> float:
+    """The part of delta the ledger's encodings' category thresholds took, all models and proposals together."""
+    return float(ledger.get("threshold_delta", 0.0))
+
+
+def with_encoding(ledger: dict, encoding) -> dict:
+    """The ledger with one more private encoding released (`EncodingRelease`, or None: nothing)."""
+    if encoding is None:
+        return ledger
+    return {**ledger, "encodings": [*ledger.get("encodings", []), list(encoding.event)],
+            "threshold_delta": threshold_delta(ledger) + encoding.delta}
 
 
 def all_spent(ledger: dict) -> tuple[Event, ...]:
@@ -255,12 +306,13 @@ def _locked(charge):
 
 
 @_locked
-def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) -> float:
-    """Before a clip proposal is released: refuse it when it would take `party` past its own budget with what its
-    ledger records; else record it there first; the epsilon of everything the ledger records then."""
-    ledger = read_ledger(folder)
+def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float, encoding=None) -> float:
+    """Before a clip proposal is released: refuse it when it, and the private encoding it was measured under
+    (`EncodingRelease`), would take `party` past its own budget with what its ledger records; else record both
+    there first; the epsilon of everything the ledger records then."""
+    ledger = with_encoding(read_ledger(folder), encoding)
     _check_cap(cfg.privacy, party, "a clip proposal", 1, all_spent(ledger))
-    epsilon = epsilon_of(multiplier, 1, cfg.privacy.delta, all_spent(ledger))
+    epsilon = epsilon_of(multiplier, 1, gaussian_part(cfg.privacy, party, threshold_delta(ledger)), all_spent(ledger))
     if epsilon > cfg.privacy.epsilon:
         raise InputError(f"{party}: with this clip proposal its rows would have spent epsilon = {epsilon:.3g} "
                          f"(delta {cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}; "
@@ -271,12 +323,15 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) ->
 
 
 @_locked
-def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) -> tuple[Spent | None, dict]:
+def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1, encoding=None
+                    ) -> tuple[Spent | None, dict]:
     """Before training: refuse a schedule that would take `party` past its budget after everything its ledger
-    records (an earlier model's releases of the same rows count: retraining does not reset them); what it spends
-    and the new model's ledger entry."""
-    earlier = all_spent(read_ledger(folder)) if cfg.privacy.enabled else ()
-    used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=earlier, exposure=exposure)
+    records (an earlier model's releases of the same rows count: retraining does not reset them) and the private
+    encoding its block was encoded with (`EncodingRelease`, counted among the model's earlier events); what it
+    spends and the new model's ledger entry."""
+    ledger = with_encoding(read_ledger(folder), encoding) if cfg.privacy.enabled else {}
+    used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=all_spent(ledger), exposure=exposure,
+                        threshold_delta=threshold_delta(ledger))
     if used is None:
         return None, {}
     entry = {**used.to_dict(), "prediction_runs": 0}
@@ -320,10 +375,11 @@ def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: s
     multiplier, composed with everything the ledger records; written to the ledger first, refused past the budget."""
     privacy = cfg.privacy
     z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + int(extra)
-    earlier = before_model(ledger)
+    earlier, taken = before_model(ledger), threshold_delta(ledger)
     _check_cap(privacy, party, what, releases, earlier)
-    used = Spent(party, releases, z, epsilon_of(z, releases, privacy.delta, earlier), privacy.delta, privacy.epsilon,
-                 earlier, int(ledger.get("exposure", 1)))
+    epsilon = epsilon_of(z, releases, gaussian_part(privacy, party, taken), earlier)
+    used = Spent(party, releases, z, epsilon, privacy.delta, privacy.epsilon, earlier, int(ledger.get("exposure", 1)),
+                 taken)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
         raise InputError(f"{party}: {what} would spend epsilon = {used.epsilon:.3g} per row (delta "
                          f"{privacy.delta:g}, {releases} releases at noise multiplier {z:.3g}), more than its "

@@ -25,7 +25,7 @@ from .data.mechanisms import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
 from .methods import METHODS, make_config, method_for, method_labels, parse_method
-from .privacy import check_budget, exposure, noise_multiplier, spent
+from .privacy import check_budget, encoding_multiplier, exposure, noise_multiplier, spent
 from .transport.protocols import PROTOCOLS, protocol_named
 
 TESTS = len(TEST_PATTERNS)  # a test row's prediction passes (test rows never train; training rows: 1 validation pass)
@@ -163,10 +163,20 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
     protocol.check_parties(cfg.parties, args.allow_two_party_disclosure)
     if cfg.privacy.enabled:  # the noise every party adds, stated once (for the party most exposed: under plain a
         worst = max(exposures(cfg, protocol))  # passive one), then each party's own budget checked
-        cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=noise_multiplier(cfg, 1, TESTS, worst)))
+        z = noise_multiplier(cfg, 1, TESTS, worst, encoding_events(cfg))
+        cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=z))
     for k, seen in enumerate(exposures(cfg, protocol)):  # (here every party runs from the same settings)
-        check_budget(cfg, f"party {k}", 1, TESTS, exposure=seen)
+        check_budget(cfg, f"party {k}", 1, TESTS, encoding_events(cfg), exposure=seen)
     return cfg, runtime
+
+
+def encoding_events(cfg: Config) -> tuple[tuple[float, int], ...]:
+    """Under a budget, what each party's private standardisation releases (runtime.simulated) before training."""
+    if not cfg.privacy.enabled or cfg.standardize == "none":
+        return ()
+    from .data.private_encoding import RELEASES
+
+    return ((encoding_multiplier(cfg.privacy), RELEASES),)
 
 
 def exposures(cfg: Config, protocol) -> list[int]:
@@ -218,7 +228,7 @@ def simulate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     result = run(args, cfg, runtime, checkpoints)
     if cfg.privacy.enabled:
-        result.privacy = [spent(cfg, f"party {k}", 1, TESTS, exposure=seen).to_dict()
+        result.privacy = [spent(cfg, f"party {k}", 1, TESTS, encoding_events(cfg), exposure=seen).to_dict()
                           for k, seen in enumerate(exposures(cfg, protocol_named(args.protocol)))]
     write_json(out / "result.json", result.to_dict())
     plot_result(result, out / "result.png")

@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 from federation_cli import cli
 
+from falsevfl_secure import privacy
+from falsevfl_secure.config import PrivacyConfig
+from falsevfl_secure.data.private_encoding import RELEASES
+
 EPOCHS = "[model.pretrain]\nepochs = 3\n[model.train]\nepochs = 30\n"
 
 
@@ -287,6 +291,10 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     for party in fed["party"]:
         ledger = json.loads((config.parent / party["model"] / "privacy.json").read_text())
         assert ledger["epsilon"] <= 8.0 and ledger["noise_multiplier"] == 10.0 and ledger["prediction_runs"] == 0
+        # its encoding was released with DP first and is charged among the model's earlier releases
+        assert ledger["earlier"] == [[privacy.encoding_multiplier(PrivacyConfig(epsilon=8.0)), RELEASES]], ledger
+        manifest = json.loads((config.parent / party["model"] / "manifest.json").read_text())
+        assert manifest["encoding"]["binary"] == [], "two-valued columns are read off the rows only in clear"
     active = next(p for p in fed["party"] if p["name"] == fed["federation"]["active"])
     result = json.loads((config.parent / active["model"] / "train_result.json").read_text())
     assert result["privacy"]["epsilon"] == ledger["epsilon"]
@@ -306,7 +314,6 @@ def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_hand
     import subprocess
     import sys
 
-    from falsevfl_secure import privacy
     from falsevfl_secure.errors import InputError
     from falsevfl_secure.federation.config import load_federation
 

@@ -127,11 +127,7 @@ def _check_size(table: PartyTable, categories: Mapping[str, tuple[str, ...]]) ->
 
 def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
     """The encoding learned from a training table; a DataError names a column with no value at all."""
-    observed = table.observed
-    empty = np.flatnonzero(~observed.any(axis=0))
-    if empty.size:
-        raise DataError(f"{table.where}, column {table.columns[empty[0]]!r}: no cell of the column holds a "
-                        "value; remove the column or fill some of its cells")
+    observed = refuse_empty(table)
     categories, shares = {}, {}
     for name in table.categorical:
         counts = Counter(cell for cell in table.text[name] if cell is not None)
@@ -149,6 +145,16 @@ def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
         scaler = Standardizer(mean, scale, clip)
     names = tuple(table.columns[j] for j, two in zip(numeric, binary, strict=True) if two)
     return Encoding(table.columns, categories, shares, scaler, names)
+
+
+def refuse_empty(table: PartyTable) -> np.ndarray:
+    """The table's observed cells; a DataError names a column with no value at all."""
+    observed = table.observed
+    empty = np.flatnonzero(~observed.any(axis=0))
+    if empty.size:
+        raise DataError(f"{table.where}, column {table.columns[empty[0]]!r}: no cell of the column holds a "
+                        "value; remove the column or fill some of its cells")
+    return observed
 
 
 def _two_valued(x: np.ndarray, observed: np.ndarray) -> np.ndarray:

@@ -252,7 +252,28 @@ def make_splits(cfg: Config, test_patterns: Iterable[str]) -> tuple[Dataset, Ver
     train = make_train_split(dataset, cfg.parties, cfg.train_mechanism, cfg.seed, n_labeled, n_aligned,
                              cfg.cell_missing, cfg.mechanism_rows)
     tests = {p: make_test_split(dataset, cfg.parties, p, cfg.seed, cfg.cell_missing) for p in test_patterns}
+    if cfg.privacy.enabled and cfg.standardize != "none":  # each party encodes its raw block privately
+        raw = load_dataset(cfg.dataset, seed=cfg.seed, standardize="none")
+        if cfg.max_rows is not None:
+            raw = subsample(raw, cfg.max_rows, cfg.seed, n_labeled, n_aligned)[0]
+        blocks = feature_blocks(raw, cfg.parties)
+        train = with_values(train, raw.x_train, blocks)
+        tests = {p: with_values(s, raw.x_test, blocks) for p, s in tests.items()}
     return dataset, train, tests
+
+
+def with_values(split: VerticalSplit, x: np.ndarray, blocks: list[np.ndarray]) -> VerticalSplit:
+    """The split with its blocks' values taken from `x` (the same rows and features as the data it was drawn
+    from, treated otherwise: under a privacy budget the raw values, which each party standardises with DP);
+    cells and blocks the split removed stay 0."""
+    from dataclasses import replace
+
+    values = split_blocks(np.asarray(x)[split.index], blocks)
+    for k, part in enumerate(values):
+        part[split.missing[:, k]] = 0.0
+        if split.observed is not None:
+            part[~split.observed[k]] = 0.0
+    return replace(split, blocks=values)
 
 
 def subsample(dataset: Dataset, rows: int, seed: int, n_labeled: int | None,

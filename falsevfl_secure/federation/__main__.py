@@ -36,7 +36,7 @@ import numpy as np
 from ..cli import guarded
 from ..config import MULTIPLIER_RANGE
 from ..errors import InputError, PartyFailure
-from ..privacy import LEDGER, all_spent, before_model, epsilon_of, read_ledger
+from ..privacy import LEDGER, all_spent, before_model, epsilon_of, gaussian_part, read_ledger, threshold_delta
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
 from .config import AGGREGATOR, MAX_VALIDATION_FRACTION, load_federation
@@ -499,14 +499,14 @@ def privacy(args: argparse.Namespace) -> int:
         print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; nothing spent yet "
               f"(no {LEDGER} in {fed.party(args.party).model_dir})")
         return 0
-    epsilon = epsilon_of(1.0, 0, budget.delta, events)
+    epsilon = epsilon_of(1.0, 0, gaussian_part(budget, args.party, threshold_delta(ledger)), events)
     model = (f"its model: {ledger['releases_per_row']} releases per row at noise multiplier "
              f"{ledger['noise_multiplier']:g}, {ledger.get('prediction_runs', 0)} prediction run(s) since training"
              f"{_reruns(ledger)}; "
              if "releases_per_row" in ledger else "no model trained under it yet; ")
     before = before_model(ledger)
     print(f"{args.party}: epsilon = {epsilon:.3g} per row of its budget {budget.epsilon:g} (delta {budget.delta:g}): "
-          f"{model}before it {sum(r for _, r in before)} release(s) (clip proposals, earlier models)")
+          f"{model}before it {sum(r for _, r in before)} release(s) (its encodings, clip proposals, earlier models)")
     return 0
 
 
@@ -532,12 +532,12 @@ def propose_clips(args: argparse.Namespace) -> int:
     if not 0 < args.quantile < 1 or not low <= args.multiplier <= high or records < 1:
         raise InputError(f"propose-clips: --quantile in (0, 1), --multiplier in [{low:g}, {high:g}] and --records "
                          f"at least 1 (got {args.quantile:g}, {args.multiplier:g}, {args.records})")
-    inputs = read_training_table(fed, args.party)
+    inputs = read_training_table(fed, args.party, private=True)
     held = inputs.block.held
     norms = measure_norms(fed.model, inputs.block.x[held], inputs.block.observed[held],
                           CellLayout.from_kinds(inputs.encoding.kinds()), records=args.records)
     me.model_dir.mkdir(parents=True, exist_ok=True)
-    epsilon = charge_proposal(fed.model, args.party, me.model_dir, args.multiplier)  # before anything is shown
+    epsilon = charge_proposal(fed.model, args.party, me.model_dir, args.multiplier, inputs.release)  # before any output
     counts = release(norms, args.multiplier, RoleSecret.fresh().stream("clip-proposal"))
     print(f"# {args.party}: the {args.quantile:g} quantile of its rows' norms, released with noise multiplier "
           f"{args.multiplier:g} (its ledger now: epsilon = {epsilon:.3g} at delta "

@@ -31,23 +31,25 @@ class PartyInput:
     targets: np.ndarray | None = None
     classes: tuple[str, ...] = ()
     target_scale: TargetScale | None = None
+    release: object | None = None  # training under a budget: what the private encoding released (EncodingRelease)
 
 
 def _labels(fed: Federation, table: PartyTable, classes=None) -> tuple[np.ndarray, tuple[str, ...]]:
     return encode_labels(table.labels, classes, fed.task, table.where, table.locations)
 
 
-def read_training_table(fed: Federation, name: str) -> PartyInput:
-    """Party `name`'s training table, encoded and checked before the party joins the federation."""
+def read_training_table(fed: Federation, name: str, private: bool = False) -> PartyInput:
+    """Party `name`'s training table, encoded and checked before the party joins the federation; `private` (a
+    run that releases anything about the rows) under a privacy budget: the encoding released with DP."""
     labels = fed.label_column if name == fed.active else None
     table = read_party_table(fed.own(name).train, name, fed.id_column, labels, options=fed.read_options(name))
-    encoding = fit_encoding(table)
+    encoding, release = _encoding(fed, table, private)
     block = encode(table, encoding)
     if name != fed.active:
-        return PartyInput(table, encoding, block)
+        return PartyInput(table, encoding, block, release=release)
     raw, classes = _labels(fed, table)  # unusable labels are refused before any other party waits
     if fed.task == "classification":
-        return PartyInput(table, encoding, block, None, raw, classes)
+        return PartyInput(table, encoding, block, None, raw, classes, release=release)
     try:
         scale = TargetScale.fit(raw)
     except DataError as error:
@@ -57,7 +59,21 @@ def read_training_table(fed: Federation, name: str) -> PartyInput:
         raise DataError(f"{table.where}: label column {fed.label_column!r}: the labeled records hold "
                         f"{'one value' if values.size else 'no value'} ({', '.join(f'{v:g}' for v in values)}); a "
                         "regression needs at least two different values")
-    return PartyInput(table, encoding, block, None, scale.transform(raw), (), scale)
+    return PartyInput(table, encoding, block, None, scale.transform(raw), (), scale, release)
+
+
+def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encoding, object | None]:
+    """The encoding fitted in clear, or under the party's own budget the one released with DP from its own fresh
+    secret (data/private_encoding.py; its ledger is charged before any release uses it)."""
+    privacy = fed.model.privacy
+    if not (private and privacy.enabled):
+        return fit_encoding(table), None
+    from ..data.private_encoding import private_encoding
+    from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
+    from ..randomness import RoleSecret
+
+    return private_encoding(table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta,
+                            RoleSecret.fresh().stream("encoding"))
 
 
 def read_prediction_table(fed: Federation, name: str) -> PartyInput:

@@ -94,7 +94,7 @@ def read_inputs(fed: Federation, name: str, command: str) -> PartyInput | None:
     """Role `name`'s own files for `command`, checked (the aggregator has none)."""
     if name == AGGREGATOR:
         return None
-    return read_training_table(fed, name) if command == "train" else read_prediction_table(fed, name)
+    return read_training_table(fed, name, private=True) if command == "train" else read_prediction_table(fed, name)
 
 
 def federation_program(role, config: str, command: str, options: dict):
@@ -152,7 +152,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
-    spent = _charge(role, cfg, me.model_dir)  # its own budget and ledger, before any sum is sent
+    spent = _charge(role, cfg, me.model_dir, inputs.release)  # its own budget and ledger, before any sum is sent
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
     if role.is_active:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
@@ -186,11 +186,12 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         _say(validation, trained.trees, lift, cfg.to_dict())
 
 
-def _charge(role, cfg, folder: Path):
-    """Under a privacy budget: what this party's training spends, recorded in its own ledger and refused past it;
-    a pass's batch run again without a lost party is charged to it too (privacy.charge_rerun)."""
+def _charge(role, cfg, folder: Path, encoding=None):
+    """Under a privacy budget: what this party's training and its private encoding spend, recorded in its own
+    ledger and refused past it; a pass's batch run again without a lost party is charged to it too
+    (privacy.charge_rerun)."""
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
-    spent, _ = charge_training(cfg, role.spec.name, folder, seen)
+    spent, _ = charge_training(cfg, role.spec.name, folder, seen, encoding)
     if spent is not None and role.losses is not None:
         role.losses.on_rerun = partial(charge_rerun, cfg, role.spec.name, folder, exposure=seen)
     return spent

@@ -47,7 +47,7 @@ def simulated_program(role: Role, job: Job, progress: bool, secret: RoleSecret |
         role.serve_helper()
         return {"communication": []}
     cfg, rank, start = job.config, role.rank, time.perf_counter()
-    sim = simulated_role(cfg, job.test_patterns, [rank], role.is_active)
+    sim = simulated_role(cfg, job.test_patterns, [rank], role.is_active, {rank: secret} if secret is not None else None)
     device = resolve_device(cfg.device)
     node = build_node(cfg, sim.widths, sim.n_classes, role.transport(device), device,
                       {rank: secret} if secret is not None else None)

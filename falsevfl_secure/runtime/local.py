@@ -28,11 +28,12 @@ def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progr
               secrets: Mapping[int, RoleSecret] | None = None, keep: list | None = None) -> RunResult:
     """Train both stages and evaluate every test pattern. With `checkpoint_dir`, every party's state is
     saved after each epoch and `resume` continues from it. `secrets` (tests) fixes the parties' secrets;
-    `keep`, when a list, receives the trained node."""
+    `keep`, when a list, receives the trained node and the role's views (as it trained and tested on them: under
+    a privacy budget each party's block is standardised privately, unlike `make_splits`' blocks)."""
     start = time.perf_counter()
     cfg.validate()
     device = resolve_device(cfg.device)
-    role = simulated_role(cfg, test_patterns, range(cfg.parties), with_labels=True)
+    role = simulated_role(cfg, test_patterns, range(cfg.parties), with_labels=True, secrets=secrets)
     scores = own_reference(cfg, role)  # the active party's own trees, an input of its discriminator
     node = build_node(cfg, role.widths, role.n_classes, LocalTransport(cfg.parties, cfg.active_index), device, secrets,
                       own_extra=0 if scores is None else scores[0].shape[1])
@@ -42,7 +43,7 @@ def run_local(cfg: Config, test_patterns: tuple[str, ...] = TEST_PATTERNS, progr
     accuracy = {p: evaluate(node, hosted(v, device, role.n_classes, scores and scores[1][p])).get()
                 for p, v in role.tests.items()}
     if keep is not None:
-        keep.append(node)
+        keep.extend((node, role))
     return run_result(cfg, role, accuracy, trained, time.perf_counter() - start, time.perf_counter() - began,
                       "plain", "local", str(device), node.transport.log.table(), timed=False)
 

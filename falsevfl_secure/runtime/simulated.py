@@ -7,13 +7,15 @@ before any model exists.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import Config
 from ..data import PartyView, make_splits
+from ..data.standardize import DEFAULT_CLIP
+from ..randomness import RoleSecret
 from .records import RunResult
 
 
@@ -58,15 +60,43 @@ class SimulatedRole:
     dropped: dict[str, int]
 
 
-def simulated_role(cfg: Config, patterns: Iterable[str], parties: Iterable[int], with_labels: bool) -> SimulatedRole:
-    """The views of the training split and of every test split that a process hosting `parties` may hold."""
+def simulated_role(cfg: Config, patterns: Iterable[str], parties: Iterable[int], with_labels: bool,
+                   secrets: Mapping[int, RoleSecret] | None = None) -> SimulatedRole:
+    """The views of the training split and of every test split that a process hosting `parties` may hold; under
+    a privacy budget each party's block standardised with DP from its own secret (`secrets`: tests')."""
     parties = list(parties)
     dataset, train, tests = make_splits(cfg, tuple(patterns))
-    return SimulatedRole(train=train.view(parties, with_labels),
-                         tests={p: s.view(parties, with_labels) for p, s in tests.items()},
+    train_view = train.view(parties, with_labels)
+    test_views = {p: s.view(parties, with_labels) for p, s in tests.items()}
+    if cfg.privacy.enabled and cfg.standardize != "none":
+        for k in parties:
+            private_standardize(cfg, k, train_view, list(test_views.values()),
+                                (secrets[k] if secrets else RoleSecret.fresh()).stream("encoding"))
+    return SimulatedRole(train=train_view, tests=test_views,
                          widths={k: train.blocks[k].shape[1] for k in parties},
                          n_classes=dataset.n_classes if with_labels else None,
                          dropped={"train": train.dropped, **{p: s.dropped for p, s in tests.items()}})
+
+
+def private_standardize(cfg: Config, k: int, train: PartyView, tests: list[PartyView], stream) -> None:
+    """Party k's block of every view standardised by statistics released with DP from its training rows
+    (data/private_encoding.py, at `privacy.encoding_multiplier`; "zscore" too is floored and clipped then, since
+    noise can take a variance to 0), in place; cells it does not hold stay 0."""
+    from ..data.private_encoding import private_scaler
+    from ..privacy import encoding_multiplier
+
+    x, held = train.blocks[k]
+    observed = (train.observed or {}).get(k)
+    observed = np.ones(x.shape, bool) if observed is None else observed
+    scaler = private_scaler(x[held], observed[held], encoding_multiplier(cfg.privacy), stream, clip=DEFAULT_CLIP)
+    for view in (train, *tests):
+        block, rows = view.blocks[k]
+        cells = (view.observed or {}).get(k)
+        out = scaler.transform(block)
+        out[~rows] = 0.0
+        if cells is not None:
+            out[~cells] = 0.0
+        view.blocks[k] = (out, rows)
 
 
 def observed_fraction(view: PartyView, parties: int) -> float:

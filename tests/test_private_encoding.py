@@ -1,0 +1,201 @@
+"""A party's encoding released with DP under its budget (falsevfl_secure/data/private_encoding.py): the two
+mechanisms' sensitivity, the category threshold's delta against the sampler's exact pmf, the statistics it
+gives against the clear ones, the ledger that charges it, and the attacks of threat_models/dp.toml on it: one
+row's membership from the standardisation and a category one row holds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_privacy import _worst_excess, secrets_bytes
+
+from falsevfl_secure import privacy
+from falsevfl_secure.config import PrivacyConfig
+from falsevfl_secure.data import private_encoding
+from falsevfl_secure.data.encoding import encode, fit_encoding
+from falsevfl_secure.data.private_encoding import (
+    EDGES,
+    GRID,
+    EncodingRelease,
+    bin_counts,
+    category_threshold,
+    moment_sums,
+    private_scaler,
+)
+from falsevfl_secure.data.private_encoding import (
+    private_encoding as release_encoding,
+)
+from falsevfl_secure.data.tables import PartyTable
+from falsevfl_secure.methods import make_config
+from falsevfl_secure.randomness import KeyStream
+from falsevfl_secure.secure.discrete_gaussian import pmf
+
+MAGNITUDE = st.floats(-4, 11)  # log10 of a column's scale: the public bins span 1e-4 .. 1e12
+
+
+def _table(values: np.ndarray, kinds: list[str] | None = None) -> PartyTable:
+    """A party's table of one numeric column `v` (NaN: missing) and, given `kinds`, one categorical `c`."""
+    n = values.size
+    columns, x, text = ("v",), values.reshape(-1, 1), {}
+    if kinds is not None:
+        columns, x, text = ("v", "c"), np.stack([values, np.full(n, np.nan)], axis=1), {"c": tuple(kinds)}
+    return PartyTable("bank", Path("bank.csv"), tuple(map(str, range(n))), columns, x.astype(np.float32),
+                      np.ones(n, bool), None, text=text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 60), d=st.integers(1, 5), magnitude=MAGNITUDE,
+       spread=st.floats(0.0, 3.0), missing=st.floats(0.0, 0.9))
+def test_one_row_moves_the_counts_by_sqrt_columns_and_the_sums_by_sqrt_3_columns_grid(seed, n, d, magnitude, spread,
+                                                                                       missing):
+    # The sensitivity each mechanism's noise is sized for: adding a row (any values, any missing cells, up to the
+    # bins' ends and beyond) moves the counts by at most sqrt(d) and the sums by at most sqrt(3 d) GRID in L2.
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 10**spread, (n + 1, d)) * 10**magnitude * rng.choice([-1, 1], (n + 1, d))
+    x[-1] *= 10 ** rng.uniform(-3, 3, d)  # the added row: anywhere
+    observed = rng.random((n + 1, d)) >= missing
+    low = np.sort(rng.choice(EDGES, (2, d)), axis=0)
+    low, high = low[0], np.where(low[1] > low[0], low[1], low[0] + 1)
+    counts = bin_counts(x, observed) - bin_counts(x[:-1], observed[:-1])
+    sums = moment_sums(x, observed, low, high) - moment_sums(x[:-1], observed[:-1], low, high)
+    assert np.linalg.norm(counts) <= math.sqrt(observed[-1].sum()) + 1e-9
+    assert np.linalg.norm(sums) <= math.sqrt(3 * d) * GRID + 1e-9
+    assert (np.abs(sums) <= GRID).all()
+
+
+@pytest.mark.parametrize("var,columns", [(40, 1), (900, 12), (25_000, 3)])
+def test_a_category_one_row_holds_clears_the_threshold_with_at_most_delta(var, columns):
+    # Independent truth: the discrete Gaussian's exact pmf (mpmath), summed over the noise that would lift a
+    # count of 1 to the threshold, in each of `columns` columns.
+    delta = 1e-7
+    threshold = category_threshold(var, delta, columns)
+    start = math.ceil(threshold - 1)
+    tail = float(pmf(var, np.arange(start, start + int(40 * math.sqrt(var)))).sum())
+    assert columns * tail <= delta
+    assert columns * tail > delta / 50  # and not far above what delta needs (the bound is tight to a few steps)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), magnitude=MAGNITUDE, centred=st.booleans(), d=st.integers(1, 4))
+def test_the_released_standardisation_puts_the_rows_near_mean_0_and_std_1(seed, magnitude, centred, d):
+    # Against the clear statistics: normal columns of any scale the bins cover, centred at 0 or at 3 standard
+    # deviations, 4,000 rows, a small multiplier: the standardised rows have mean within 0.25 and std in
+    # [0.6, 1.4] (clipping the tails to the released range narrows them a little).
+    rng = np.random.default_rng(seed)
+    scale = 10**magnitude
+    x = rng.normal(0 if centred else 3 * scale, scale, (4000, d))
+    observed = rng.random(x.shape) > 0.2
+    scaler = private_scaler(x, observed, 0.5, KeyStream(secrets_bytes()))
+    z = scaler.transform(x)
+    for j in range(d):
+        column = z[observed[:, j], j]
+        assert abs(column.mean()) < 0.25 and 0.6 < column.std() < 1.4, (j, scaler.mean[j], scaler.scale[j])
+
+
+def test_a_two_valued_column_is_numeric_and_a_constant_one_standardises_near_0():
+    values = np.where(np.random.default_rng(0).random(3000) < 0.3, 1.0, 0.0)
+    encoding, release = release_encoding(_table(values), 1.0, 1e-6, KeyStream(secrets_bytes()))
+    assert encoding.binary == () and encoding.kinds() == [("numeric", 0, 1)] and release.delta == 0.0
+    assert fit_encoding(_table(values)).binary == ("v",)  # in clear it is read off the rows
+    constant = private_scaler(np.full((3000, 1), 7.0), np.ones((3000, 1), bool), 1.0, KeyStream(secrets_bytes()))
+    assert constant.scale[0] > 0 and abs(constant.transform(np.full((5, 1), 7.0))).max() < 1.0
+
+
+def _membership(multiplier: float, trials: int) -> dict[bool, np.ndarray]:
+    """The adversary knows every other row and the target (an outlier far past them) and reads the released
+    centre: present or not (dp.toml: adding one row must not move the others' inputs beyond the budget)."""
+    rest = np.random.default_rng(0).normal(size=(300, 1))
+    scores = {}
+    for present in (True, False):
+        x = np.vstack([rest, [[1000.0]]]) if present else rest
+        stream = KeyStream(secrets_bytes())
+        scores[present] = np.array([private_scaler(x, np.ones(x.shape, bool), multiplier, stream).mean[0]
+                                    for _ in range(trials)])
+    return scores
+
+
+def test_one_rows_membership_from_the_released_standardisation_stays_inside_the_encodings_region(attacked):
+    # The encoding released at multiplier z spends two Gaussian releases: here z is set so that the release alone
+    # is at epsilon 1 (delta 1e-5); the attacker's best threshold on the centre stays inside that region.
+    epsilon, delta = 1.0, 1e-5
+    clear = [fit_encoding(_table(np.append(np.random.default_rng(0).normal(size=300), v))).scaler.mean[0]
+             for v in (1000.0,)] + [fit_encoding(_table(np.random.default_rng(0).normal(size=300))).scaler.mean[0]]
+    assert clear[0] - clear[1] > 3  # the weakened build, fitted in clear: the row moves the centre by 3.3
+    z = privacy.calibrate(epsilon, private_encoding.RELEASES, delta)
+    shipped = _worst_excess(_membership(z, 1500), epsilon, delta)
+    attacked("one row's membership from the party's encoding (dp)", "weakened: fitted in clear",
+             f"the row moves the centre by {clear[0] - clear[1]:.2f}: always told")
+    attacked("one row's membership from the party's encoding (dp)", "shipped: released with DP (epsilon 1)",
+             f"worst TPR - (e^eps FPR + delta) = {shipped:.3f} (<= 0: inside)")
+    assert shipped <= 0.0
+    assert _worst_excess(_membership(z * 0.05, 1500), epsilon, delta) > 0.0  # at 1/20 of the noise it leaves
+
+
+def test_a_category_one_row_holds_is_not_released(attacked):
+    rng = np.random.default_rng(1)
+    values, kinds = rng.normal(size=2000), [f"k{i}" for i in rng.integers(0, 3, 2000)]
+    rare = _table(np.append(values, 0.0), kinds + ["rare"])
+    assert "rare" in fit_encoding(rare).categories["c"]  # weakened: in clear it adds an input column
+    z, trials = 1.0, 200  # a small multiplier: the common categories hold ~670 rows, the threshold is ~8 rows
+    released = [release_encoding(rare, z, 1e-6, KeyStream(secrets_bytes())) for _ in range(trials)]
+    kept = sum("rare" in encoding.categories["c"] for encoding, _ in released)
+    attacked("a category one row holds (dp)", "weakened: fitted in clear", "released in 1 of 1 fits")
+    attacked("a category one row holds (dp)", "shipped: noisy count past a threshold",
+             f"released in {kept} of {trials} fits (threshold {released[0][1].threshold:.1f} rows, delta 1e-6)")
+    assert kept == 0 and all(set(e.categories["c"]) == {"k0", "k1", "k2"} for e, _ in released)
+    encoding = released[0][0]
+    assert sum(encoding.shares["c"]) == pytest.approx(1.0) and min(encoding.shares["c"]) > 0.25
+    block = encode(rare, encoding)
+    assert block.unseen["c"][0] == 1 and not block.observed[-1, 1:].any()  # the rare cell: unobserved, as unseen
+
+
+def test_a_column_whose_every_category_is_rare_is_one_error():
+    from falsevfl_secure.data.errors import DataError
+
+    table = _table(np.zeros(40), [f"k{i}" for i in range(40)])
+    with pytest.raises(DataError, match="column 'c': under the privacy budget a category is kept only when about"):
+        release_encoding(table, 1.0, 1e-6, KeyStream(secrets_bytes()))
+
+
+def test_training_charges_the_encoding_with_its_threshold_delta_and_calibration_leaves_room_for_it(tmp_path):
+    # Independent truth: dp-accounting composing the schedule's releases and the encoding's two, at the delta the
+    # threshold leaves.
+    from dataclasses import replace
+
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    cfg = make_config("digits", "quick", privacy=PrivacyConfig(epsilon=8.0, noise_multiplier=6.0))
+    cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=4), train=replace(cfg.train, epochs=4))
+    z_enc = privacy.encoding_multiplier(cfg.privacy)
+    release = EncodingRelease(z_enc, delta=1e-7, threshold=50.0)
+    used, entry = privacy.charge_training(cfg, "lab", tmp_path, 1, release)
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(6.0), used.releases)
+    accountant.compose(dp_accounting.GaussianDpEvent(z_enc), 2)
+    assert used.epsilon == pytest.approx(accountant.get_epsilon(cfg.privacy.delta - 1e-7), rel=2e-3)
+    ledger = privacy.read_ledger(tmp_path)
+    assert ledger["earlier"] == [[z_enc, 2]] and ledger["threshold_delta"] == 1e-7 and ledger == entry
+    again, _ = privacy.charge_training(cfg, "lab", tmp_path, 1, release)  # retraining: a new encoding, charged too
+    assert privacy.read_ledger(tmp_path)["threshold_delta"] == pytest.approx(2e-7) and again.epsilon > used.epsilon
+    # the encoding's share: 1 / z_enc^2 x 2 is ENCODING_SHARE of the one release that spends the budget
+    single = privacy.calibrate(8.0, 1, cfg.privacy.delta)
+    assert 2 / z_enc**2 == pytest.approx(privacy.ENCODING_SHARE / single**2, rel=1e-5)
+    calibrated = privacy.calibrate(8.0, 30, cfg.privacy.delta, ((z_enc, 2),))
+    assert privacy.epsilon_of(calibrated, 30, cfg.privacy.delta, ((z_enc, 2),)) == pytest.approx(8.0, rel=2e-3)
+    assert privacy.epsilon_of(calibrated, 30, cfg.privacy.delta, ((z_enc, 2),)) <= 8.0 * (1 + 1e-9)
+
+
+def test_a_ledger_whose_thresholds_took_the_delta_refuses_any_more(tmp_path):
+    from falsevfl_secure.errors import InputError
+
+    cfg = make_config("digits", "quick", privacy=PrivacyConfig(epsilon=8.0, noise_multiplier=6.0, delta=1e-5))
+    privacy.charge_proposal(cfg, "lab", tmp_path, 8.0, EncodingRelease(50.0, delta=5e-6))
+    with pytest.raises(InputError, match="category thresholds have taken 1e-05 of its delta"):
+        privacy.charge_training(cfg, "lab", tmp_path, 1, EncodingRelease(50.0, delta=5e-6))
+    assert privacy.read_ledger(tmp_path)["threshold_delta"] == 5e-6  # refused before anything is recorded

@@ -97,14 +97,14 @@ def one_run(dataset: str, epsilon: float, seed: int, reference: bool = False) ->
     nodes: list = []
     result = run_local(cfg, TEST_PATTERNS, progress=False, keep=nodes)
     node, role = nodes
-    # the labels, patterns and the active party's own model's inputs as without a budget; the attacker's inputs
-    # are the role's (under a budget each party standardises its block privately)
+    # the labels, patterns, the active party's and the attacker's own blocks as without a budget; the latent is
+    # computed from the role's views (under a budget each party standardises its block privately)
     data, train, tests = make_splits(replace(cfg, privacy=PrivacyConfig()), TEST_PATTERNS)
     rng = np.random.default_rng([seed, 11])  # the attacker's draws (public)
     test = tests["mcar:0"]
     views = {"train": role.train, "test": role.tests["mcar:0"]}
     received = {name: received_latents(node, view, data.n_classes) for name, view in views.items()}
-    own = {name: view.blocks[PASSIVE][0] for name, view in views.items()}
+    own = {"train": train.blocks[PASSIVE], "test": test.blocks[PASSIVE]}  # the attacker's own rows, as it holds them
     inputs = {k: (v, attacker_inputs(received["test"], own["test"])[k])
               for k, v in attacker_inputs(received["train"], own["train"]).items() if k in ("h mean", "x_p")}
     held = np.flatnonzero(~train.missing[:, PASSIVE])

@@ -184,7 +184,8 @@ class Spent:
                 "epsilon": self.epsilon, "delta": self.delta, "budget_epsilon": self.budget,
                 "earlier": [list(e) for e in self.earlier], "clip_proposals": [], "encodings": [],
                 "threshold_delta": self.threshold_delta,
-                "covers": "the summed rounds, the parties' own networks (DP-SGD) and everything computed from them; "
+                "covers": "the party's encoding (released with DP), the summed rounds, the parties' own networks "
+                          "(DP-SGD) and everything computed from them; "
                           "not the alignment's membership, the record counts or a party's own data at itself"}
 
 

@@ -10,20 +10,24 @@ release that uses them:
 1. A count per public bin of each numeric column (bins over +-[1e-4, 1e12], 4 a decade, and one around 0) and
    a count per category of each categorical column: a row adds 1 to one count of each column it has a value in,
    so the L2 sensitivity is sqrt(columns) and the noise sigma = multiplier x sqrt(columns). A numeric column's
-   range is the span of the bins whose noisy count clears a level that noise alone reaches in any of its empty
-   bins with probability FALSE_BINS; a category is kept when its noisy count clears
-   a threshold T that a category held by one row clears with probability at most `delta` over all the party's
-   categorical columns (the threshold's delta, added to the ledger: a category nobody else holds is released
-   with that probability only). Its share is its noisy count's.
+   range is the span of the bins whose noisy count clears a level that noise alone reaches in any of the
+   party's empty bins with probability FALSE_BINS; a category is kept when its noisy count clears a threshold T
+   that a category held by one row clears with probability at most `delta` over all the party's categorical
+   columns (the threshold's delta, added to the ledger). Its share is its noisy count's.
 2. Per numeric column, over its range mapped to u in [-1, 1] (values outside clipped): the count, the sum of u
-   and of u^2, each row's rounded to a grid of 1 / GRID, so a row moves each column's three numbers by at most sqrt(3) x GRID:
-   sigma = multiplier x sqrt(3 x numeric columns) x GRID. The centre is the noisy mean; the scale the noisy
-   standard deviation, floored at the range / (16 x clip) (noise can take it to 0 or below): a column whose
-   values all lie in one bin and spread under about 0.2 % of their magnitude is scaled by the floor, not by its
-   spread, and its standardised values vary less than they should.
+   and of u^2, each row's rounded to a grid of 1 / GRID, so a row moves each column's three numbers by at most
+   sqrt(3) x GRID: sigma = multiplier x sqrt(3 x numeric columns) x GRID. The centre is the noisy mean; the
+   scale the noisy standard deviation, floored at the range / (16 x clip) (noise can take it to 0 or below).
 
 Binary detection is off (a two-valued column is numeric): which columns hold two values is the rows' fact.
 A row whose every cell is missing adds nothing. Everything after the two releases is post-processing.
+
+What it costs (tests/test_private_encoding.py): values that fewer rows hold than the range's level (about 5
+sigma per bin) fall outside the range and are clipped there for the statistics, so a sparse column (a pixel
+that is 0 in 99 % of rows) is standardised by its bulk and its rare values reach the clip; a column whose
+spread is a few percent of its magnitude or less (a year of sale) has a variance of the order of the noise on
+its second moment, so its scale is noisy and often floored, and its standardised values vary less than they
+should.
 """
 
 from __future__ import annotations
@@ -55,6 +59,13 @@ class EncodingRelease:
     delta: float = 0.0
     threshold: float = 0.0
     releases: int = RELEASES
+    dropped: int = 0  # categories whose noisy count missed the threshold (read as unseen)
+
+    def line(self, party: str) -> str:
+        """What the party's own user reads when its training starts."""
+        kept = (f"; a category needed a noisy count of {self.threshold:.0f} rows, {self.dropped} fell short and "
+                "read as unseen" if self.threshold else "")
+        return f"{party}: encoding released with DP (noise multiplier {self.multiplier:.3g}, charged){kept}"
 
     @property
     def event(self) -> tuple[float, int]:
@@ -104,7 +115,7 @@ def private_encoding(table: PartyTable, multiplier: float, delta: float, stream,
     observed = refuse_empty(table)
     numeric = [j for j, name in enumerate(table.columns) if name not in table.text]
     var = variance(multiplier, math.sqrt(len(table.columns)))  # one count per column a row has a value in
-    categories, shares, threshold = _categories(table, var, delta, stream)
+    categories, shares, threshold, dropped = _categories(table, var, delta, stream)
     _check_size(table, categories)
     scaler = None
     if numeric:
@@ -112,17 +123,18 @@ def private_encoding(table: PartyTable, multiplier: float, delta: float, stream,
         scaler = private_scaler(x, seen, multiplier, stream, others=len(table.categorical), clip=clip)
     encoding = Encoding(table.columns, categories, shares, scaler, ())
     _check(encoding)
-    return encoding, EncodingRelease(multiplier, delta if table.categorical else 0.0, threshold)
+    return encoding, EncodingRelease(multiplier, delta if table.categorical else 0.0, threshold, dropped=dropped)
 
 
-def _categories(table: PartyTable, var: int, delta: float, stream) -> tuple[dict, dict, float]:
-    """The categories whose noisy counts clear the threshold, and their shares (first mechanism's counts)."""
+def _categories(table: PartyTable, var: int, delta: float, stream) -> tuple[dict, dict, float, int]:
+    """The categories whose noisy counts clear the threshold, their shares (first mechanism's counts), the
+    threshold and how many categories missed it."""
     from collections import Counter
 
     from .errors import DataError
 
     threshold = category_threshold(var, delta, len(table.categorical)) if table.categorical else 0.0
-    categories, shares = {}, {}
+    categories, shares, dropped = {}, {}, 0
     for name in table.categorical:
         counts = Counter(cell for cell in table.text[name] if cell is not None)
         values = sorted(counts)
@@ -133,8 +145,9 @@ def _categories(table: PartyTable, var: int, delta: float, stream) -> tuple[dict
                             f"when about {threshold:.0f} rows hold it (noisy count); none of this column's is: "
                             "remove the column, group its categories, or raise epsilon")
         categories[name] = tuple(v for v, k in zip(values, keep, strict=True) if k)
+        dropped += int((~keep).sum())
         shares[name] = tuple(float(c) for c in released[keep] / released[keep].sum())
-    return categories, shares, threshold
+    return categories, shares, threshold, dropped
 
 
 def private_scaler(x: np.ndarray, observed: np.ndarray, multiplier: float, stream, others: int = 0,

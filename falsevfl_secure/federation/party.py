@@ -192,6 +192,8 @@ def _charge(role, cfg, folder: Path, encoding=None):
     (privacy.charge_rerun)."""
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
     spent, _ = charge_training(cfg, role.spec.name, folder, seen, encoding)
+    if encoding is not None:
+        print(encoding.line(role.spec.name), flush=True)
     if spent is not None and role.losses is not None:
         role.losses.on_rerun = partial(charge_rerun, cfg, role.spec.name, folder, exposure=seen)
     return spent

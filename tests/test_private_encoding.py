@@ -199,3 +199,17 @@ def test_a_ledger_whose_thresholds_took_the_delta_refuses_any_more(tmp_path):
     with pytest.raises(InputError, match="category thresholds have taken 1e-05 of its delta"):
         privacy.charge_training(cfg, "lab", tmp_path, 1, EncodingRelease(50.0, delta=5e-6))
     assert privacy.read_ledger(tmp_path)["threshold_delta"] == 5e-6  # refused before anything is recorded
+
+
+def test_check_tells_the_party_which_categories_the_threshold_will_drop():
+    from falsevfl_secure.data.private_encoding import preview, variance
+
+    rng = np.random.default_rng(2)
+    kinds = [f"k{i}" for i in rng.integers(0, 3, 2000)] + ["rare"] * 3
+    table = _table(rng.normal(size=2003), kinds)
+    threshold = category_threshold(variance(1.0, math.sqrt(2)), 1e-6, 1)
+    assert 3 < threshold < 600  # the three common ones hold ~670 rows each
+    assert preview(table, 1.0, 1e-6).endswith(f"a category needs about {threshold:.0f} rows, 1 of 4 hold fewer and "
+                                              "will mostly read as missing")
+    sparse = _table(np.zeros(40), [f"k{i}" for i in range(40)])
+    assert preview(sparse, 1.0, 1e-6).endswith("none of 'c''s is that common: training will refuse it")

@@ -126,6 +126,23 @@ def private_encoding(table: PartyTable, multiplier: float, delta: float, stream,
     return encoding, EncodingRelease(multiplier, delta if table.categorical else 0.0, threshold, dropped=dropped)
 
 
+def preview(table: PartyTable, multiplier: float, delta: float) -> str:
+    """What releasing `table`'s encoding will drop, from its exact counts: for the party's own user (`check`)."""
+    from collections import Counter
+
+    var = variance(multiplier, math.sqrt(len(table.columns)))
+    line = f"  under the privacy budget its encoding is released with DP (noise multiplier {multiplier:.3g})"
+    if not table.categorical:
+        return line + "; two-valued columns stay numeric"
+    threshold = category_threshold(var, delta, len(table.categorical))
+    counts = {name: Counter(c for c in table.text[name] if c is not None) for name in table.categorical}
+    short = sum(sum(n < threshold for n in c.values()) for c in counts.values())
+    empty = [name for name, c in counts.items() if max(c.values(), default=0) < threshold]
+    return (line + f": a category needs about {threshold:.0f} rows, {short} of {sum(map(len, counts.values()))} "
+            "hold fewer and will mostly read as missing" + (f"; none of {', '.join(map(repr, empty))}'s is that "
+                                                            "common: training will refuse it" if empty else ""))
+
+
 def _categories(table: PartyTable, var: int, delta: float, stream) -> tuple[dict, dict, float, int]:
     """The categories whose noisy counts clear the threshold, their shares (first mechanism's counts), the
     threshold and how many categories missed it."""

@@ -79,8 +79,19 @@ def _table_lines(fed: Federation, name: str, command: str, result: PartyCheck) -
         result.inputs = read_prediction_table(fed, name)
         return describe_prediction(fed, name, result.inputs)
     result.inputs = read_training_table(fed, name)
-    lines = describe_training(fed, name, result.inputs)
+    lines = describe_training(fed, name, result.inputs) + _budget_lines(fed, result.inputs)
     return lines + (_prediction_lines(fed, name, result.inputs) if command == "check" else [])
+
+
+def _budget_lines(fed: Federation, inputs: PartyInput) -> list[str]:
+    """Under a privacy budget: what releasing the encoding with DP will drop (the party's own counts, to itself)."""
+    privacy = fed.model.privacy
+    if not privacy.enabled:
+        return []
+    from ..data.private_encoding import preview
+    from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
+
+    return [preview(inputs.table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta)]
 
 
 def role_text(name: str) -> str:

@@ -39,9 +39,8 @@ from falsevfl_secure.config import PrivacyConfig  # noqa: E402
 from falsevfl_secure.data import TEST_PATTERNS, make_splits  # noqa: E402
 from falsevfl_secure.fsio import write_json  # noqa: E402
 from falsevfl_secure.methods import make_config  # noqa: E402
-from falsevfl_secure.privacy import noise_multiplier, spent  # noqa: E402
+from falsevfl_secure.privacy import encoding_events, noise_multiplier, spent  # noqa: E402
 from falsevfl_secure.runtime.local import run_local  # noqa: E402
-from falsevfl_secure.simulate import encoding_events  # noqa: E402
 
 # The DP schedule (the best of the variants tried on digits, README "Output privacy"): few releases per row
 # (each stage-1 epoch releases a row three times with one importance sample; stage 2 runs its rounds once,

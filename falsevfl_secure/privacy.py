@@ -149,14 +149,25 @@ def encoding_multiplier(privacy) -> float:
     return _single(privacy.epsilon, privacy.delta) * math.sqrt(RELEASES / ENCODING_SHARE)
 
 
+def encoding_events(cfg: Config) -> tuple[Event, ...]:
+    """Under a budget, what a party's private encoding releases before training (none where nothing is fitted on
+    the rows: a simulation with `standardize = "none"`)."""
+    if not cfg.privacy.enabled or cfg.standardize == "none":
+        return ()
+    from .data.private_encoding import RELEASES
+
+    return ((encoding_multiplier(cfg.privacy), RELEASES),)
+
+
 def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0, exposure: int = 1,
-                     earlier: tuple[Event, ...] = ()) -> float:
-    """The configuration's multiplier, or the smallest that fits its budget for the schedule after `earlier`."""
+                     earlier: tuple[Event, ...] | None = None) -> float:
+    """The configuration's multiplier, or the smallest that fits its budget for the schedule after `earlier`
+    (by default the party's private encoding, which every run under a budget releases first)."""
     privacy = cfg.privacy
     if privacy.noise_multiplier > 0:
         return privacy.noise_multiplier
     releases = releases_per_row(cfg, predictions, tests, exposure)
-    z = calibrate(privacy.epsilon, releases, privacy.delta, earlier)
+    z = calibrate(privacy.epsilon, releases, privacy.delta, encoding_events(cfg) if earlier is None else earlier)
     if z > MULTIPLIER_RANGE[1]:
         raise InputError(f"privacy epsilon={privacy.epsilon:g}: {releases} releases per row would need a noise "
                          f"multiplier of {z:.3g}, past {MULTIPLIER_RANGE[1]:g}; shorten the schedule or raise epsilon")
@@ -195,8 +206,18 @@ def spent(cfg: Config, party: str, predictions: int = 1, tests: int = 0, earlier
     privacy, releases = cfg.privacy, releases_per_row(cfg, predictions, tests, exposure)
     z = noise_multiplier(cfg, predictions, tests, exposure)
     earlier = tuple((float(m), int(r)) for m, r in earlier)
-    epsilon = epsilon_of(z, releases, gaussian_part(privacy, party, threshold_delta), earlier)
+    epsilon = ledger_epsilon(z, releases, privacy, party, threshold_delta, earlier)
     return Spent(party, releases, z, epsilon, privacy.delta, privacy.epsilon, earlier, exposure, threshold_delta)
+
+
+def ledger_epsilon(multiplier: float, releases: int, privacy, party: str, taken: float,
+                   earlier: tuple[Event, ...] = ()) -> float:
+    """epsilon at the party's delta of its Gaussian releases and its encodings' category thresholds, which kept a
+    category that one row holds with probability p (`taken`: their sum). Such a release is Gaussian on the
+    categories both neighbours hold and, with probability p, a category only one of them holds: P[S] <= e^eps
+    P'[S] + delta_G + p one way, P'[S] <= e^eps P[S] / (1 - p) + delta_G the other; so delta_G = delta - p and
+    epsilon grows by -ln(1 - p) (superadditive: the sum's covers each encoding's)."""
+    return epsilon_of(multiplier, releases, gaussian_part(privacy, party, taken), earlier) - math.log1p(-taken)
 
 
 def gaussian_part(privacy, party: str, threshold_delta: float) -> float:
@@ -204,7 +225,7 @@ def gaussian_part(privacy, party: str, threshold_delta: float) -> float:
     left = privacy.delta - threshold_delta
     if left <= privacy.delta * 1e-6:
         raise InputError(f"{party}: its encodings' category thresholds have taken {threshold_delta:.3g} of its "
-                         f"delta {privacy.delta:g} (ENCODING_DELTA_SHARE each training); nothing is left for a "
+                         f"delta {privacy.delta:g} (ENCODING_DELTA_SHARE each encoding); nothing is left for a "
                          "release: raise delta or start a ledger for new rows")
     return left
 
@@ -307,13 +328,28 @@ def _locked(charge):
 
 
 @_locked
-def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float, encoding=None) -> float:
-    """Before a clip proposal is released: refuse it when it, and the private encoding it was measured under
-    (`EncodingRelease`), would take `party` past its own budget with what its ledger records; else record both
-    there first; the epsilon of everything the ledger records then."""
+def charge_encoding(cfg: Config, party: str, folder: Path, encoding) -> float:
+    """Before a private encoding (`EncodingRelease`: its multiplier, releases and threshold delta, none of them
+    depending on the rows) is drawn: refuse it past `party`'s own budget with what its ledger records; else record
+    it there first, so that nothing computed from it (a refusal included) is ever uncounted."""
     ledger = with_encoding(read_ledger(folder), encoding)
+    _check_cap(cfg.privacy, party, "releasing its encoding", 0, all_spent(ledger))
+    epsilon = ledger_epsilon(1.0, 0, cfg.privacy, party, threshold_delta(ledger), all_spent(ledger))
+    if epsilon > cfg.privacy.epsilon:
+        raise InputError(f"{party}: releasing its encoding would take its rows to epsilon = {epsilon:.3g} (delta "
+                         f"{cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}")
+    write_json(Path(folder) / LEDGER, {**ledger, "ledger_version": LEDGER_VERSION})
+    return epsilon
+
+
+@_locked
+def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) -> float:
+    """Before a clip proposal is released: refuse it when it would take `party` past its own budget with what its
+    ledger records (the encoding it was measured under included); else record it there first; the epsilon of
+    everything the ledger records then."""
+    ledger = read_ledger(folder)
     _check_cap(cfg.privacy, party, "a clip proposal", 1, all_spent(ledger))
-    epsilon = epsilon_of(multiplier, 1, gaussian_part(cfg.privacy, party, threshold_delta(ledger)), all_spent(ledger))
+    epsilon = ledger_epsilon(multiplier, 1, cfg.privacy, party, threshold_delta(ledger), all_spent(ledger))
     if epsilon > cfg.privacy.epsilon:
         raise InputError(f"{party}: with this clip proposal its rows would have spent epsilon = {epsilon:.3g} "
                          f"(delta {cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}; "
@@ -324,13 +360,12 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float, en
 
 
 @_locked
-def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1, encoding=None
-                    ) -> tuple[Spent | None, dict]:
+def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) -> tuple[Spent | None, dict]:
     """Before training: refuse a schedule that would take `party` past its budget after everything its ledger
-    records (an earlier model's releases of the same rows count: retraining does not reset them) and the private
-    encoding its block was encoded with (`EncodingRelease`, counted among the model's earlier events); what it
-    spends and the new model's ledger entry."""
-    ledger = with_encoding(read_ledger(folder), encoding) if cfg.privacy.enabled else {}
+    records (an earlier model's releases of the same rows count: retraining does not reset them; the private
+    encoding its block was encoded with is there already, charge_encoding); what it spends and the new model's
+    ledger entry."""
+    ledger = read_ledger(folder) if cfg.privacy.enabled else {}
     used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=all_spent(ledger), exposure=exposure,
                         threshold_delta=threshold_delta(ledger))
     if used is None:
@@ -378,7 +413,7 @@ def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: s
     z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + int(extra)
     earlier, taken = before_model(ledger), threshold_delta(ledger)
     _check_cap(privacy, party, what, releases, earlier)
-    epsilon = epsilon_of(z, releases, gaussian_part(privacy, party, taken), earlier)
+    epsilon = ledger_epsilon(z, releases, privacy, party, taken, earlier)
     used = Spent(party, releases, z, epsilon, privacy.delta, privacy.epsilon, earlier, int(ledger.get("exposure", 1)),
                  taken)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):

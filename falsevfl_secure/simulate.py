@@ -25,7 +25,7 @@ from .data.mechanisms import MECHANISM_ROWS
 from .errors import InputError
 from .fsio import atomic_write, write_json
 from .methods import METHODS, make_config, method_for, method_labels, parse_method
-from .privacy import check_budget, encoding_multiplier, exposure, noise_multiplier, spent
+from .privacy import check_budget, encoding_events, exposure, noise_multiplier, spent
 from .transport.protocols import PROTOCOLS, protocol_named
 
 TESTS = len(TEST_PATTERNS)  # a test row's prediction passes (test rows never train; training rows: 1 validation pass)
@@ -169,14 +169,6 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
         check_budget(cfg, f"party {k}", 1, TESTS, encoding_events(cfg), exposure=seen)
     return cfg, runtime
 
-
-def encoding_events(cfg: Config) -> tuple[tuple[float, int], ...]:
-    """Under a budget, what each party's private standardisation releases (runtime.simulated) before training."""
-    if not cfg.privacy.enabled or cfg.standardize == "none":
-        return ()
-    from .data.private_encoding import RELEASES
-
-    return ((encoding_multiplier(cfg.privacy), RELEASES),)
 
 
 def exposures(cfg: Config, protocol) -> list[int]:

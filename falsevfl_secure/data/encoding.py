@@ -7,7 +7,9 @@ named `column=category`. A missing cell is imputed with its column's training me
 standardised numeric cell, the category's training share for each one-hot cell of a missing category)
 and marked unobserved in the per-cell `observed` mask; a missing categorical cell is unobserved in all
 its one-hot cells. A category the training table never held (at prediction) gives all-zero one-hot
-cells, unobserved, and is counted. A row whose every encoded cell is unobserved is not held.
+cells, unobserved, and is counted; under a budget the encoding is released with DP instead
+(data/private_encoding.py) and every categorical column has an OTHER cell, which takes every value the release
+did not keep, observed. A row whose every encoded cell is unobserved is not held.
 
 The encoding (categories, their shares, the standardisation) is saved in the party's manifest and never
 leaves the party.
@@ -27,6 +29,7 @@ from .standardize import DEFAULT_CLIP, Standardizer
 from .tables import PartyTable
 
 _UNSEEN_SHOWN = 5  # unseen values kept per column for the report
+OTHER = "(other)"  # a private encoding's cell of every category it did not release (data/private_encoding.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +42,7 @@ class Encoding:
     shares: Mapping[str, tuple[float, ...]]
     scaler: Standardizer | None  # the numeric columns, in column order; None when there is none
     binary: tuple[str, ...] = ()  # numeric columns with two values in training: encoded 0/1 (by the scaler)
+    private: bool = False  # released with DP: each categorical column's OTHER cell takes every unreleased value
 
     @property
     def numeric(self) -> tuple[str, ...]:
@@ -77,7 +81,7 @@ class Encoding:
                 "categories": {name: list(values) for name, values in self.categories.items()},
                 "shares": {name: [float(v) for v in values] for name, values in self.shares.items()},
                 "standardizer": None if self.scaler is None else self.scaler.to_dict(),
-                "binary": list(self.binary)}
+                "binary": list(self.binary), "private": self.private}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Encoding:
@@ -88,9 +92,10 @@ class Encoding:
             shares = {str(k): tuple(float(v) for v in values) for k, values in d["shares"].items()}
             scaler = None if d["standardizer"] is None else Standardizer.from_dict(d["standardizer"])
             binary = tuple(str(c) for c in d.get("binary", ()))  # older manifests: none
+            private = bool(d.get("private", False))
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise DataError(f"encoding: not a saved encoding ({type(error).__name__}: {error})") from None
-        encoding = cls(columns, categories, shares, scaler, binary)
+        encoding = cls(columns, categories, shares, scaler, binary, private)
         _check(encoding)
         return encoding
 
@@ -104,6 +109,8 @@ def _check(encoding: Encoding) -> None:
             raise DataError(f"encoding: column {name!r} needs at least one category and one share per category")
     if set(encoding.binary) - set(encoding.numeric):
         raise DataError("encoding: a binary column must be one of the numeric columns")
+    if encoding.private and any(OTHER not in values for values in encoding.categories.values()):
+        raise DataError(f"encoding: a private encoding's categorical columns each need the {OTHER!r} cell")
     numeric = len(encoding.numeric)
     if (encoding.scaler.n_features if encoding.scaler is not None else 0) != numeric:
         raise DataError(f"encoding: the standardisation must cover the {numeric} numeric columns")
@@ -227,11 +234,13 @@ def _one_hot(cells: tuple[str | None, ...], encoding: Encoding, name: str, x: np
     """Write one column's one-hot cells into the views `x` and `observed`; (unseen cells, some values)."""
     index = {category: i for i, category in enumerate(encoding.categories[name])}
     codes = np.array([-2 if cell is None else index.get(cell, -1) for cell in cells], dtype=np.int64)
+    strange = [cells[i] for i in np.flatnonzero(codes == -1)]
+    if encoding.private:  # a value it did not release (rare in training, or new) is observed in the OTHER cell
+        codes[codes == -1] = index[OTHER]
     known = np.flatnonzero(codes >= 0)
     x[known, codes[known]] = 1.0
     observed[known] = True
     x[codes == -2] = np.asarray(encoding.shares[name], dtype=np.float32)
-    strange = [cells[i] for i in np.flatnonzero(codes == -1)]
     return len(strange), tuple(dict.fromkeys(strange))[:_UNSEEN_SHOWN]
 
 

@@ -13,7 +13,9 @@ release that uses them:
    range is the span of the bins whose noisy count clears a level that noise alone reaches in any of the
    party's empty bins with probability FALSE_BINS; a category is kept when its noisy count clears a threshold T
    that a category held by one row clears with probability at most `delta` over all the party's categorical
-   columns (the threshold's delta, added to the ledger). Its share is its noisy count's.
+   columns (the threshold's delta, added to the ledger). Its share is its noisy count's. Every categorical
+   column also has the OTHER cell, whatever the rows: a value not released is observed there, so which rows a
+   party holds (and lists in the alignment) does not depend on the release.
 2. Per numeric column, over its range mapped to u in [-1, 1] (values outside clipped): the count, the sum of u
    and of u^2, each row's rounded to a grid of 1 / GRID, so a row moves each column's three numbers by at most
    sqrt(3) x GRID: sigma = multiplier x sqrt(3 x numeric columns) x GRID. The centre is the noisy mean; the
@@ -34,11 +36,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from scipy.special import ndtri
 
-from .encoding import Encoding, _check, _check_size, refuse_empty
+from .encoding import OTHER, Encoding, _check, _check_size, refuse_empty
 from .standardize import DEFAULT_CLIP, Standardizer
 from .tables import PartyTable
 
@@ -59,12 +62,12 @@ class EncodingRelease:
     delta: float = 0.0
     threshold: float = 0.0
     releases: int = RELEASES
-    dropped: int = 0  # categories whose noisy count missed the threshold (read as unseen)
+    dropped: int = 0  # categories whose noisy count missed the threshold (encoded in the OTHER cell)
 
     def line(self, party: str) -> str:
         """What the party's own user reads when its training starts."""
         kept = (f"; a category needed a noisy count of {self.threshold:.0f} rows, {self.dropped} fell short and "
-                "read as unseen" if self.threshold else "")
+                f"read as {OTHER!r}" if self.threshold else "")
         return f"{party}: encoding released with DP (noise multiplier {self.multiplier:.3g}, charged){kept}"
 
     @property
@@ -72,9 +75,10 @@ class EncodingRelease:
         return (self.multiplier, self.releases)
 
 
-def variance(multiplier: float, sensitivity: float) -> int:
-    """The discrete Gaussian's variance for noise of at least `multiplier` x `sensitivity` standard deviation."""
-    return max(1, math.ceil((multiplier * sensitivity) ** 2))
+def variance(multiplier: float, squared_sensitivity: int) -> int:
+    """The discrete Gaussian's variance for noise of at least `multiplier` x sqrt(`squared_sensitivity`) standard
+    deviation: ceil(multiplier^2 x squared_sensitivity), exactly (a float square may round up past an integer)."""
+    return max(1, math.ceil(Fraction(multiplier) ** 2 * int(squared_sensitivity)))
 
 
 def noisy(counts: np.ndarray, var: int, stream) -> np.ndarray:
@@ -89,7 +93,7 @@ def category_threshold(var: int, delta: float, columns: int) -> float:
     """The noisy count T a category needs: a category held by one row (count 1) clears T in any of `columns`
     columns with probability at most columns x P(noise >= T - 1) <= delta. The discrete Gaussian's tail from
     T - 1 is at most the continuous one's from T - 2 (its normaliser is at least sqrt(2 pi var))."""
-    return 2.0 + math.sqrt(var) * float(ndtri(1.0 - delta / max(columns, 1)))
+    return 2.0 - math.sqrt(var) * float(ndtri(delta / max(columns, 1)))  # ndtri(p) < 0: its tail, to any p
 
 
 def bin_counts(x: np.ndarray, observed: np.ndarray) -> np.ndarray:
@@ -114,14 +118,14 @@ def private_encoding(table: PartyTable, multiplier: float, delta: float, stream,
     the party's own secret `stream`; `delta` bounds the chance a category held by one row is kept."""
     observed = refuse_empty(table)
     numeric = [j for j, name in enumerate(table.columns) if name not in table.text]
-    var = variance(multiplier, math.sqrt(len(table.columns)))  # one count per column a row has a value in
+    _check_size(table, {name: (*set(table.text[name]) - {None}, OTHER) for name in table.categorical})  # at most
+    var = variance(multiplier, len(table.columns))  # one count per column a row has a value in
     categories, shares, threshold, dropped = _categories(table, var, delta, stream)
-    _check_size(table, categories)
     scaler = None
     if numeric:
         x, seen = table.x[:, numeric], observed[:, numeric]
         scaler = private_scaler(x, seen, multiplier, stream, others=len(table.categorical), clip=clip)
-    encoding = Encoding(table.columns, categories, shares, scaler, ())
+    encoding = Encoding(table.columns, categories, shares, scaler, (), private=True)
     _check(encoding)
     return encoding, EncodingRelease(multiplier, delta if table.categorical else 0.0, threshold, dropped=dropped)
 
@@ -130,7 +134,7 @@ def preview(table: PartyTable, multiplier: float, delta: float) -> str:
     """What releasing `table`'s encoding will drop, from its exact counts: for the party's own user (`check`)."""
     from collections import Counter
 
-    var = variance(multiplier, math.sqrt(len(table.columns)))
+    var = variance(multiplier, len(table.columns))
     line = f"  under the privacy budget its encoding is released with DP (noise multiplier {multiplier:.3g})"
     if not table.categorical:
         return line + "; two-valued columns stay numeric"
@@ -139,31 +143,28 @@ def preview(table: PartyTable, multiplier: float, delta: float) -> str:
     short = sum(sum(n < threshold for n in c.values()) for c in counts.values())
     empty = [name for name, c in counts.items() if max(c.values(), default=0) < threshold]
     return (line + f": a category needs about {threshold:.0f} rows, {short} of {sum(map(len, counts.values()))} "
-            "hold fewer and will mostly read as missing" + (f"; none of {', '.join(map(repr, empty))}'s is that "
-                                                            "common: training will refuse it" if empty else ""))
+            f"hold fewer and will mostly read as {OTHER!r}" + (f"; every category of {', '.join(map(repr, empty))} "
+                                                               "does: the column will carry next to nothing"
+                                                               if empty else ""))
 
 
 def _categories(table: PartyTable, var: int, delta: float, stream) -> tuple[dict, dict, float, int]:
-    """The categories whose noisy counts clear the threshold, their shares (first mechanism's counts), the
-    threshold and how many categories missed it."""
+    """The categories whose noisy counts clear the threshold and OTHER (every column has it, whatever the rows:
+    the rest are encoded there), their shares (the first mechanism's counts; OTHER's 0: post-processing of the
+    released counts only), the threshold and how many categories missed it."""
     from collections import Counter
-
-    from .errors import DataError
 
     threshold = category_threshold(var, delta, len(table.categorical)) if table.categorical else 0.0
     categories, shares, dropped = {}, {}, 0
     for name in table.categorical:
         counts = Counter(cell for cell in table.text[name] if cell is not None)
         values = sorted(counts)
-        released = noisy(np.array([counts[v] for v in values]), var, stream)
-        keep = released >= threshold
-        if not keep.any():
-            raise DataError(f"{table.where}, column {name!r}: under the privacy budget a category is kept only "
-                            f"when about {threshold:.0f} rows hold it (noisy count); none of this column's is: "
-                            "remove the column, group its categories, or raise epsilon")
-        categories[name] = tuple(v for v, k in zip(values, keep, strict=True) if k)
-        dropped += int((~keep).sum())
-        shares[name] = tuple(float(c) for c in released[keep] / released[keep].sum())
+        released = noisy(np.array([counts[v] for v in values], dtype=np.int64), var, stream)
+        kept = {v: c for v, c in zip(values, released, strict=True) if c >= threshold}
+        dropped += len(values) - len(kept)
+        categories[name] = tuple(sorted({*kept, OTHER}))
+        total = sum(kept.values())
+        shares[name] = tuple(kept.get(v, 0.0) / total if total else 0.0 for v in categories[name])
     return categories, shares, threshold, dropped
 
 
@@ -172,11 +173,11 @@ def private_scaler(x: np.ndarray, observed: np.ndarray, multiplier: float, strea
     """The numeric columns' standardisation from the two mechanisms (module docstring); `others`: the
     categorical columns that share the first mechanism's sensitivity (their counts are released with it)."""
     x, d = np.asarray(x, dtype=np.float64), x.shape[1]
-    var = variance(multiplier, math.sqrt(d + others))
+    var = variance(multiplier, d + others)
     counts = bin_counts(x, observed)
     present = math.sqrt(var) * float(ndtri(1.0 - FALSE_BINS / counts.size))  # an empty bin: with that chance
     low, high = _ranges(noisy(counts, var, stream), present)
-    sums = noisy(moment_sums(x, observed, low, high), variance(multiplier, math.sqrt(3 * d) * GRID), stream) / GRID
+    sums = noisy(moment_sums(x, observed, low, high), variance(multiplier, 3 * d * GRID**2), stream) / GRID
     n = np.maximum(sums[0], 1.0)
     mean = np.clip(sums[1] / n, -1.0, 1.0)
     spread = np.maximum(sums[2] / n - mean**2, (8 * clip) ** -2)  # noise can take it to 0 or below

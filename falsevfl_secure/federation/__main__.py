@@ -36,7 +36,7 @@ import numpy as np
 from ..cli import guarded
 from ..config import MULTIPLIER_RANGE
 from ..errors import InputError, PartyFailure
-from ..privacy import LEDGER, all_spent, before_model, epsilon_of, gaussian_part, read_ledger, threshold_delta
+from ..privacy import LEDGER, all_spent, before_model, ledger_epsilon, read_ledger, threshold_delta
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
 from .config import AGGREGATOR, MAX_VALIDATION_FRACTION, load_federation
@@ -499,7 +499,7 @@ def privacy(args: argparse.Namespace) -> int:
         print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; nothing spent yet "
               f"(no {LEDGER} in {fed.party(args.party).model_dir})")
         return 0
-    epsilon = epsilon_of(1.0, 0, gaussian_part(budget, args.party, threshold_delta(ledger)), events)
+    epsilon = ledger_epsilon(1.0, 0, budget, args.party, threshold_delta(ledger), events)
     model = (f"its model: {ledger['releases_per_row']} releases per row at noise multiplier "
              f"{ledger['noise_multiplier']:g}, {ledger.get('prediction_runs', 0)} prediction run(s) since training"
              f"{_reruns(ledger)}; "
@@ -537,7 +537,7 @@ def propose_clips(args: argparse.Namespace) -> int:
     norms = measure_norms(fed.model, inputs.block.x[held], inputs.block.observed[held],
                           CellLayout.from_kinds(inputs.encoding.kinds()), records=args.records)
     me.model_dir.mkdir(parents=True, exist_ok=True)
-    epsilon = charge_proposal(fed.model, args.party, me.model_dir, args.multiplier, inputs.release)  # before any output
+    epsilon = charge_proposal(fed.model, args.party, me.model_dir, args.multiplier)  # before anything is shown
     counts = release(norms, args.multiplier, RoleSecret.fresh().stream("clip-proposal"))
     print(f"# {args.party}: the {args.quantile:g} quantile of its rows' norms, released with noise multiplier "
           f"{args.multiplier:g} (its ledger now: epsilon = {epsilon:.3g} at delta "

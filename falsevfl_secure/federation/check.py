@@ -199,8 +199,9 @@ def describe_prediction(fed: Federation, name: str, inputs: PartyInput, against:
     if block.unseen:
         listed = "; ".join(f"{c}: {count} ({', '.join(repr(v) for v in values)})"
                            for c, (count, values) in block.unseen.items())
-        lines.append(f"{NOTE}{block.unseen_cells} cells hold categories unseen in training, encoded as missing: "
-                     f"{listed}")
+        how = "in the '(other)' cell (the model's encoding was released with DP)" if inputs.encoding.private \
+            else "as missing"
+        lines.append(f"{NOTE}{block.unseen_cells} cells hold categories unseen in training, encoded {how}: {listed}")
     return lines + _id_lines(fed, table)
 
 

@@ -64,16 +64,18 @@ def read_training_table(fed: Federation, name: str, private: bool = False) -> Pa
 
 def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encoding, object | None]:
     """The encoding fitted in clear, or under the party's own budget the one released with DP from its own fresh
-    secret (data/private_encoding.py; its ledger is charged before any release uses it)."""
+    secret (data/private_encoding.py), charged to its own ledger before it is drawn."""
     privacy = fed.model.privacy
     if not (private and privacy.enabled):
         return fit_encoding(table), None
-    from ..data.private_encoding import private_encoding
-    from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
+    from ..data.private_encoding import EncodingRelease, private_encoding
+    from ..privacy import ENCODING_DELTA_SHARE, charge_encoding, encoding_multiplier
     from ..randomness import RoleSecret
 
-    return private_encoding(table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta,
-                            RoleSecret.fresh().stream("encoding"))
+    delta = ENCODING_DELTA_SHARE * privacy.delta
+    charge_encoding(fed.model, table.party, fed.party(table.party).model_dir,
+                    EncodingRelease(encoding_multiplier(privacy), delta if table.categorical else 0.0))
+    return private_encoding(table, encoding_multiplier(privacy), delta, RoleSecret.fresh().stream("encoding"))
 
 
 def read_prediction_table(fed: Federation, name: str) -> PartyInput:

@@ -187,11 +187,11 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
 
 
 def _charge(role, cfg, folder: Path, encoding=None):
-    """Under a privacy budget: what this party's training and its private encoding spend, recorded in its own
-    ledger and refused past it; a pass's batch run again without a lost party is charged to it too
-    (privacy.charge_rerun)."""
+    """Under a privacy budget: what this party's training spends after its private encoding (charged when it was
+    drawn), recorded in its own ledger and refused past it; a pass's batch run again without a lost party is
+    charged to it too (privacy.charge_rerun)."""
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
-    spent, _ = charge_training(cfg, role.spec.name, folder, seen, encoding)
+    spent, _ = charge_training(cfg, role.spec.name, folder, seen)
     if encoding is not None:
         print(encoding.line(role.spec.name), flush=True)
     if spent is not None and role.losses is not None:

@@ -254,3 +254,26 @@ def test_check_tells_the_party_which_categories_the_threshold_will_drop():
                                               "will mostly read as '(other)'")
     sparse = _table(np.zeros(40), [f"k{i}" for i in range(40)])
     assert preview(sparse, 1.0, 1e-6).endswith("every category of 'c' does: the column will carry next to nothing")
+
+
+def test_a_released_encoding_is_reused_for_the_same_table_and_charged_once(tmp_path):
+    # Review finding: every propose-clips run and every training drew (and paid for) a fresh encoding of the same
+    # rows. The released one is kept in the party's model folder for the table it was drawn from.
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.inputs import RELEASED, read_training_table
+    from falsevfl_secure.federation.tables_demo import Spec, write_federation
+
+    written = write_federation(tmp_path, Spec(categorical=True, messy=False))
+    written.path.write_text(written.path.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
+    fed = load_federation(written.path)
+    first, again = (read_training_table(fed, "lab", private=True) for _ in range(2))
+    ledger = privacy.read_ledger(fed.party("lab").model_dir)
+    assert first.encoding.to_dict() == again.encoding.to_dict() and again.release.reused and not first.release.reused
+    assert len(ledger["encodings"]) == 1 and first.encoding.private
+    table = fed.own("lab").train
+    table.write_text("\n".join(table.read_text().splitlines()[:-1]) + "\n")  # one row fewer: other rows, drawn again
+    other = read_training_table(fed, "lab", private=True)
+    assert not other.release.reused and len(privacy.read_ledger(fed.party("lab").model_dir)["encodings"]) == 2
+    (fed.party("lab").model_dir / RELEASED).write_text("{not json")  # unreadable: drawn and charged afresh
+    assert not read_training_table(fed, "lab", private=True).release.reused
+    assert read_training_table(fed, "lab").release is None  # `check`: in clear, nothing drawn or charged

@@ -63,12 +63,14 @@ class EncodingRelease:
     threshold: float = 0.0
     releases: int = RELEASES
     dropped: int = 0  # categories whose noisy count missed the threshold (encoded in the OTHER cell)
+    reused: bool = False  # kept from an earlier run over the same table (charged when it was drawn)
 
     def line(self, party: str) -> str:
         """What the party's own user reads when its training starts."""
         kept = (f"; a category needed a noisy count of {self.threshold:.0f} rows, {self.dropped} fell short and "
                 f"read as {OTHER!r}" if self.threshold else "")
-        return f"{party}: encoding released with DP (noise multiplier {self.multiplier:.3g}, charged){kept}"
+        how = "the one released for this table before, charged then" if self.reused else "charged"
+        return f"{party}: encoding released with DP (noise multiplier {self.multiplier:.3g}, {how}){kept}"
 
     @property
     def event(self) -> tuple[float, int]:

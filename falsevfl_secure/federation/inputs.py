@@ -6,7 +6,10 @@ Nothing here imports torch, so `federation check` stays fast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -14,6 +17,7 @@ from ..data.encoding import EncodedBlock, Encoding, encode, fit_encoding
 from ..data.errors import DataError
 from ..data.tables import PartyTable, encode_labels, read_party_table
 from ..data.targets import TargetScale
+from ..fsio import atomic_write
 from .config import Federation
 from .store import Manifest, load_manifest
 
@@ -62,9 +66,13 @@ def read_training_table(fed: Federation, name: str, private: bool = False) -> Pa
     return PartyInput(table, encoding, block, None, scale.transform(raw), (), scale, release)
 
 
+RELEASED = "encoding.released.json"  # in a party's model folder: its encoding released with DP, kept for reuse
+
+
 def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encoding, object | None]:
     """The encoding fitted in clear, or under the party's own budget the one released with DP from its own fresh
-    secret (data/private_encoding.py), charged to its own ledger before it is drawn."""
+    secret (data/private_encoding.py), charged to its own ledger before it is drawn, and kept in its model folder:
+    a later run over the same table (training again, after `propose-clips`) reuses it, post-processing, uncharged."""
     privacy = fed.model.privacy
     if not (private and privacy.enabled):
         return fit_encoding(table), None
@@ -72,10 +80,40 @@ def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encodi
     from ..privacy import ENCODING_DELTA_SHARE, charge_encoding, encoding_multiplier
     from ..randomness import RoleSecret
 
-    delta = ENCODING_DELTA_SHARE * privacy.delta
-    charge_encoding(fed.model, table.party, fed.party(table.party).model_dir,
-                    EncodingRelease(encoding_multiplier(privacy), delta if table.categorical else 0.0))
-    return private_encoding(table, encoding_multiplier(privacy), delta, RoleSecret.fresh().stream("encoding"))
+    path, key = fed.party(table.party).model_dir / RELEASED, table_key(table)
+    kept = _kept(path, key)
+    if kept is not None:
+        return kept
+    delta, multiplier = ENCODING_DELTA_SHARE * privacy.delta, encoding_multiplier(privacy)
+    charge_encoding(fed.model, table.party, path.parent,
+                    EncodingRelease(multiplier, delta if table.categorical else 0.0))
+    encoding, release = private_encoding(table, multiplier, delta, RoleSecret.fresh().stream("encoding"))
+    atomic_write(path, json.dumps({"table": key, "encoding": encoding.to_dict(), "release": asdict(release)}),
+                 private=True)
+    return encoding, release
+
+
+def table_key(table: PartyTable) -> str:
+    """sha256 of a table as read (its IDs, columns and every cell): a released encoding is reused for it only."""
+    digest = hashlib.sha256()
+    for part in (table.ids, table.columns, *(table.text[name] for name in sorted(table.text))):
+        digest.update("\0".join("\1" if cell is None else cell for cell in part).encode() + b"\2")
+    digest.update(np.ascontiguousarray(table.x).tobytes())
+    return digest.hexdigest()
+
+
+def _kept(path: Path, key: str) -> tuple[Encoding, object] | None:
+    """The released encoding kept at `path` for the table `key` names; None for another table or an unreadable
+    file (a fresh one is then drawn and charged)."""
+    from ..data.private_encoding import EncodingRelease
+
+    try:
+        kept = json.loads(path.read_text())
+        if kept["table"] != key:
+            return None
+        return Encoding.from_dict(kept["encoding"]), replace(EncodingRelease(**kept["release"]), reused=True)
+    except (OSError, ValueError, KeyError, TypeError, DataError):
+        return None
 
 
 def read_prediction_table(fed: Federation, name: str) -> PartyInput:

@@ -259,9 +259,9 @@ def _check_cap(privacy, party: str, what: str, releases: int, earlier: tuple[Eve
 def _earlier_note(earlier: tuple[Event, ...]) -> str:
     if not earlier:
         return ""
-    return (f" (with the {sum(r for _, r in earlier)} releases its rows spend before the schedule: its encoding's "
-            "(a tenth of the budget under a budget), its clip proposals and earlier models, in its ledger; a "
-            "calibrated noise_multiplier spends the whole budget on this schedule alone)")
+    return (f" (with the {sum(r for _, r in earlier)} releases its rows spent before the schedule, in its ledger: "
+            "its encoding's (a tenth of the budget), its clip proposals and earlier models; a calibrated "
+            "noise_multiplier leaves room for the encoding only)")
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far

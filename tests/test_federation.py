@@ -291,9 +291,10 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     for party in fed["party"]:
         ledger = json.loads((config.parent / party["model"] / "privacy.json").read_text())
         assert ledger["epsilon"] <= 8.0 and ledger["noise_multiplier"] == 10.0 and ledger["prediction_runs"] == 0
-        # its encoding is charged before it is drawn, among the model's earlier releases: the refused run drew it
-        # (at its own budget's multiplier) and this run reused it, for the same table
-        assert ledger["earlier"] == [[privacy.encoding_multiplier(PrivacyConfig(epsilon=0.5)), RELEASES]], ledger
+        # its encoding is charged before it is drawn, among the model's earlier releases: the refused run's too (at
+        # its budget's multiplier: a kept encoding is reused at the same budget only)
+        drawn = [[privacy.encoding_multiplier(PrivacyConfig(epsilon=e)), RELEASES] for e in (0.5, 8.0)]
+        assert ledger["earlier"] == drawn, ledger
         manifest = json.loads((config.parent / party["model"] / "manifest.json").read_text())
         assert manifest["encoding"]["binary"] == [], "two-valued columns are read off the rows only in clear"
     active = next(p for p in fed["party"] if p["name"] == fed["federation"]["active"])

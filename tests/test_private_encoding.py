@@ -199,7 +199,8 @@ def test_each_mechanism_is_noised_for_its_sensitivity(monkeypatch):
                              "m": tuple(f"y{i}" for i in rng.integers(0, 2, n))})
     release_encoding(table, 10.0, 1e-6, KeyStream(secrets_bytes()))
     assert seen == [((4,), 100 * 5), ((2,), 100 * 5), ((3, EDGES.size + 1), 100 * 5), ((3, 3), 3 * 3 * 100 * GRID**2)]
-    assert private_encoding.variance(2.0, 3) == 12 and private_encoding.variance(1.5, 2) == 5  # exact ceilings
+    # exact ceilings: the float 0.1 is a little above 1/10, so 100 x its square is just above 1 (floats say 1.0)
+    assert private_encoding.variance(2.0, 3) == 12 and private_encoding.variance(0.1, 100) == 2
 
 
 def test_training_charges_the_encoding_with_its_threshold_delta_and_calibration_leaves_room_for_it(tmp_path):
@@ -277,3 +278,76 @@ def test_a_released_encoding_is_reused_for_the_same_table_and_charged_once(tmp_p
     (fed.party("lab").model_dir / RELEASED).write_text("{not json")  # unreadable: drawn and charged afresh
     assert not read_training_table(fed, "lab", private=True).release.reused
     assert read_training_table(fed, "lab").release is None  # `check`: in clear, nothing drawn or charged
+
+
+def test_the_thresholds_probability_is_taken_from_delta_and_added_to_epsilon():
+    # Review finding: a build without either part passed every budget test (p was 1e-7 there). At p = 0.1 of a
+    # delta of 0.2, both parts are far above the tolerance: delta_G = 0.1 and epsilon + ln(1 / 0.9).
+    budget = PrivacyConfig(epsilon=100.0, delta=0.2)
+    got = privacy.ledger_epsilon(3.0, 10, budget, "lab", 0.1, ((5.0, 2),))
+    assert got == pytest.approx(privacy.epsilon_of(3.0, 10, 0.1, ((5.0, 2),)) + math.log(1 / 0.9), rel=1e-12)
+    assert got > privacy.epsilon_of(3.0, 10, 0.2, ((5.0, 2),)) + 0.1
+
+
+def _released(tmp_path, epsilon: float = 8.0):
+    from falsevfl_secure.federation.tables_demo import Spec, write_federation
+
+    written = write_federation(tmp_path, Spec(categorical=True, messy=False))
+    text = written.path.read_text()
+    written.path.write_text(text + f"\n[privacy]\nepsilon = {epsilon}\nnoise_multiplier = 10.0\n")
+    return written.path, text
+
+
+@pytest.mark.parametrize("spoil", ["private false", "private text", "multiplier text", "multiplier negative",
+                                   "share nan", "nested", "other budget"])
+def test_a_kept_encoding_is_reused_only_as_it_was_written_and_at_the_same_budget(tmp_path, spoil):
+    # Review findings: a kept file was reused whatever budget it was drawn under (a refused run's encoding at
+    # epsilon 0.5 served a run at epsilon 8, multiplier 31 instead of 2.7), and the loader took files no release
+    # writes (no OTHER cell, "false" read as true, a text multiplier that failed after the training charge).
+    import json
+
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.inputs import RELEASED, read_training_table
+
+    path, text = _released(tmp_path)
+    fed = load_federation(path)
+    kept = fed.party("lab").model_dir / RELEASED
+    read_training_table(fed, "lab", private=True)
+    record = json.loads(kept.read_text())
+    if spoil == "private false":
+        record["encoding"]["private"] = False
+    elif spoil == "private text":
+        record["encoding"]["private"] = "false"
+    elif spoil == "multiplier text":
+        record["release"]["multiplier"] = "2.7"
+    elif spoil == "multiplier negative":
+        record["release"]["multiplier"] = -record["release"]["multiplier"]
+    elif spoil == "share nan":
+        record["encoding"]["shares"]["region"][0] = float("nan")
+    elif spoil == "other budget":
+        path.write_text(text + "\n[privacy]\nepsilon = 6.0\nnoise_multiplier = 10.0\n")
+        fed = load_federation(path)
+    kept.write_text("[" * 100_000 + "]" * 100_000 if spoil == "nested" else json.dumps(record))
+    again = read_training_table(fed, "lab", private=True)
+    assert not again.release.reused and again.encoding.private  # drawn afresh, and charged
+    assert len(privacy.read_ledger(fed.party("lab").model_dir)["encodings"]) == 2
+
+
+def test_what_fails_on_the_rows_alone_fails_before_the_encoding_is_charged(tmp_path):
+    # Review finding: a column with no value was refused after the charge, so each try cost a tenth of the budget.
+    from falsevfl_secure.data.errors import DataError
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.inputs import read_training_table
+
+    path, _ = _released(tmp_path)
+    fed = load_federation(path)
+    table = fed.own("lab").train
+    lines = table.read_text().splitlines()
+    header = lines[0].split(",")
+    blank = next(i for i, name in enumerate(header) if name not in ("id", "region") and not name.endswith("_id"))
+    table.write_text("\n".join([lines[0], *(",".join("" if i == blank else c for i, c in enumerate(line.split(",")))
+                                            for line in lines[1:])]) + "\n")
+    for _ in range(2):
+        with pytest.raises(DataError, match="no cell of the column holds a value"):
+            read_training_table(fed, "lab", private=True)
+    assert privacy.read_ledger(fed.party("lab").model_dir) == {}

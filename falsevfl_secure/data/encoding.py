@@ -92,7 +92,9 @@ class Encoding:
             shares = {str(k): tuple(float(v) for v in values) for k, values in d["shares"].items()}
             scaler = None if d["standardizer"] is None else Standardizer.from_dict(d["standardizer"])
             binary = tuple(str(c) for c in d.get("binary", ()))  # older manifests: none
-            private = bool(d.get("private", False))
+            private = d.get("private", False)
+            if not isinstance(private, bool):
+                raise TypeError(f"private must be true or false, not {private!r}")
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise DataError(f"encoding: not a saved encoding ({type(error).__name__}: {error})") from None
         encoding = cls(columns, categories, shares, scaler, binary, private)
@@ -105,8 +107,11 @@ def _check(encoding: Encoding) -> None:
     if len(set(encoding.columns)) != len(encoding.columns) or set(encoding.categories) - set(encoding.columns):
         raise DataError("encoding: the columns must be distinct and include every categorical column")
     for name, values in encoding.categories.items():
-        if not values or len(encoding.shares.get(name, ())) != len(values):
-            raise DataError(f"encoding: column {name!r} needs at least one category and one share per category")
+        shares = encoding.shares.get(name, ())
+        if not values or len(shares) != len(values) or len(set(values)) != len(values):
+            raise DataError(f"encoding: column {name!r} needs distinct categories, at least one, and one share each")
+        if not all(0.0 <= share <= 1.0 for share in shares):  # (NaN fails too)
+            raise DataError(f"encoding: column {name!r}: a category's share must lie in [0, 1]")
     if set(encoding.binary) - set(encoding.numeric):
         raise DataError("encoding: a binary column must be one of the numeric columns")
     if encoding.private and any(OTHER not in values for values in encoding.categories.values()):

@@ -76,6 +76,13 @@ class EncodingRelease:
     def event(self) -> tuple[float, int]:
         return (self.multiplier, self.releases)
 
+    def plausible(self) -> bool:
+        """Every field of the kind and range a release writes (a kept file read back is checked with it)."""
+        numbers = (self.multiplier, self.delta, self.threshold)
+        return (all(type(v) in (int, float) and math.isfinite(v) for v in numbers) and self.multiplier > 0
+                and 0 <= self.delta < 1 and self.threshold >= 0 and type(self.releases) is int
+                and type(self.dropped) is int and self.dropped >= 0 and type(self.reused) is bool)
+
 
 def variance(multiplier: float, squared_sensitivity: int) -> int:
     """The discrete Gaussian's variance for noise of at least `multiplier` x sqrt(`squared_sensitivity`) standard
@@ -118,9 +125,8 @@ def private_encoding(table: PartyTable, multiplier: float, delta: float, stream,
                      clip: float = DEFAULT_CLIP) -> tuple[Encoding, EncodingRelease]:
     """The encoding of `table` from two Gaussian mechanisms of `multiplier` (module docstring) with noise from
     the party's own secret `stream`; `delta` bounds the chance a category held by one row is kept."""
-    observed = refuse_empty(table)
+    observed = refuse_local(table)
     numeric = [j for j, name in enumerate(table.columns) if name not in table.text]
-    _check_size(table, {name: (*set(table.text[name]) - {None}, OTHER) for name in table.categorical})  # at most
     var = variance(multiplier, len(table.columns))  # one count per column a row has a value in
     categories, shares, threshold, dropped = _categories(table, var, delta, stream)
     scaler = None
@@ -130,6 +136,14 @@ def private_encoding(table: PartyTable, multiplier: float, delta: float, stream,
     encoding = Encoding(table.columns, categories, shares, scaler, (), private=True)
     _check(encoding)
     return encoding, EncodingRelease(multiplier, delta if table.categorical else 0.0, threshold, dropped=dropped)
+
+
+def refuse_local(table: PartyTable) -> np.ndarray:
+    """The refusals that depend on the rows alone, before anything is charged or drawn (a column with no value; a
+    block past the memory bound at its widest, every category kept and OTHER): the table's observed cells."""
+    observed = refuse_empty(table)
+    _check_size(table, {name: (*set(table.text[name]) - {None}, OTHER) for name in table.categorical})
+    return observed
 
 
 def preview(table: PartyTable, multiplier: float, delta: float) -> str:
@@ -152,8 +166,8 @@ def preview(table: PartyTable, multiplier: float, delta: float) -> str:
 
 def _categories(table: PartyTable, var: int, delta: float, stream) -> tuple[dict, dict, float, int]:
     """The categories whose noisy counts clear the threshold and OTHER (every column has it, whatever the rows:
-    the rest are encoded there), their shares (the first mechanism's counts; OTHER's 0: post-processing of the
-    released counts only), the threshold and how many categories missed it."""
+    the rest are encoded there), their shares (the first mechanism's kept counts, OTHER's 0, or 1 where none is
+    kept: post-processing of the released counts only), the threshold and how many categories missed it."""
     from collections import Counter
 
     threshold = category_threshold(var, delta, len(table.categorical)) if table.categorical else 0.0
@@ -165,8 +179,8 @@ def _categories(table: PartyTable, var: int, delta: float, stream) -> tuple[dict
         kept = {v: c for v, c in zip(values, released, strict=True) if c >= threshold}
         dropped += len(values) - len(kept)
         categories[name] = tuple(sorted({*kept, OTHER}))
-        total = sum(kept.values())
-        shares[name] = tuple(kept.get(v, 0.0) / total if total else 0.0 for v in categories[name])
+        total = sum(kept.values())  # none kept: a missing cell is imputed as OTHER
+        shares[name] = tuple(kept.get(v, 0.0) / total if total else float(v == OTHER) for v in categories[name])
     return categories, shares, threshold, dropped
 
 

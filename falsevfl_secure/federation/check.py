@@ -191,6 +191,15 @@ def _groups_line(fed: Federation, inputs: PartyInput) -> str:
             f"({np.unique(groups).size} groups among {groups.size} labeled rows)")
 
 
+def _unseen_how(fed: Federation, inputs: PartyInput) -> str:
+    """What a prediction cell of a category outside the encoding is, and how it is encoded."""
+    if inputs.encoding.private:
+        return "categories the model's encoding (released with DP) does not hold, encoded in its '(other)' cell"
+    if fed.model.privacy.enabled:  # `check` before training: the encoding trained under the budget will have one
+        return "categories unseen in training, encoded in the '(other)' cell of an encoding released under the budget"
+    return "categories unseen in training, encoded as missing"
+
+
 def describe_prediction(fed: Federation, name: str, inputs: PartyInput, against: str = "the saved model") -> list[str]:
     """Report lines of a prediction table: rows, matched columns, missing cells, unseen categories."""
     table, block = inputs.table, inputs.block
@@ -199,9 +208,7 @@ def describe_prediction(fed: Federation, name: str, inputs: PartyInput, against:
     if block.unseen:
         listed = "; ".join(f"{c}: {count} ({', '.join(repr(v) for v in values)})"
                            for c, (count, values) in block.unseen.items())
-        how = "in the '(other)' cell (the model's encoding was released with DP)" if inputs.encoding.private \
-            else "as missing"
-        lines.append(f"{NOTE}{block.unseen_cells} cells hold categories unseen in training, encoded {how}: {listed}")
+        lines.append(f"{NOTE}{block.unseen_cells} cells hold {_unseen_how(fed, inputs)}: {listed}")
     return lines + _id_lines(fed, table)
 
 

@@ -72,47 +72,54 @@ RELEASED = "encoding.released.json"  # in a party's model folder: its encoding r
 def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encoding, object | None]:
     """The encoding fitted in clear, or under the party's own budget the one released with DP from its own fresh
     secret (data/private_encoding.py), charged to its own ledger before it is drawn, and kept in its model folder:
-    a later run over the same table (training again, after `propose-clips`) reuses it, post-processing, uncharged."""
+    a later run over the same table at the same budget (training again, after `propose-clips`) reuses it,
+    post-processing, uncharged."""
     privacy = fed.model.privacy
     if not (private and privacy.enabled):
         return fit_encoding(table), None
-    from ..data.private_encoding import EncodingRelease, private_encoding
+    from ..data.private_encoding import EncodingRelease, private_encoding, refuse_local
     from ..privacy import ENCODING_DELTA_SHARE, charge_encoding, encoding_multiplier
     from ..randomness import RoleSecret
 
+    refuse_local(table)  # what fails on the rows alone fails before anything is charged
+    delta = ENCODING_DELTA_SHARE * privacy.delta
+    release = EncodingRelease(encoding_multiplier(privacy), delta if table.categorical else 0.0)
     path, key = fed.party(table.party).model_dir / RELEASED, table_key(table)
-    kept = _kept(path, key)
+    kept = _kept(path, key, release)
     if kept is not None:
         return kept
-    delta, multiplier = ENCODING_DELTA_SHARE * privacy.delta, encoding_multiplier(privacy)
-    charge_encoding(fed.model, table.party, path.parent,
-                    EncodingRelease(multiplier, delta if table.categorical else 0.0))
-    encoding, release = private_encoding(table, multiplier, delta, RoleSecret.fresh().stream("encoding"))
+    charge_encoding(fed.model, table.party, path.parent, release)
+    encoding, release = private_encoding(table, release.multiplier, delta, RoleSecret.fresh().stream("encoding"))
     atomic_write(path, json.dumps({"table": key, "encoding": encoding.to_dict(), "release": asdict(release)}),
                  private=True)
     return encoding, release
 
 
 def table_key(table: PartyTable) -> str:
-    """sha256 of a table as read (its IDs, columns and every cell): a released encoding is reused for it only."""
-    digest = hashlib.sha256()
-    for part in (table.ids, table.columns, *(table.text[name] for name in sorted(table.text))):
-        digest.update("\0".join("\1" if cell is None else cell for cell in part).encode() + b"\2")
-    digest.update(np.ascontiguousarray(table.x).tobytes())
+    """sha256 of a table as read (its IDs, columns and every cell, written unambiguously as JSON): a released
+    encoding is reused for that table only."""
+    text = [table.text[name] for name in sorted(table.text)]
+    digest = hashlib.sha256(json.dumps([table.ids, table.columns, sorted(table.text), text]).encode())
+    digest.update(np.ascontiguousarray(table.x, dtype=np.float32).tobytes())
     return digest.hexdigest()
 
 
-def _kept(path: Path, key: str) -> tuple[Encoding, object] | None:
-    """The released encoding kept at `path` for the table `key` names; None for another table or an unreadable
-    file (a fresh one is then drawn and charged)."""
+def _kept(path: Path, key: str, wanted) -> tuple[Encoding, object] | None:
+    """The released encoding kept at `path`, where it was drawn from the table `key` names at the multiplier and
+    delta `wanted` asks for (an `EncodingRelease`); None otherwise, or for a file that is not one (a fresh one is
+    then drawn and charged)."""
     from ..data.private_encoding import EncodingRelease
 
     try:
         kept = json.loads(path.read_text())
-        if kept["table"] != key:
+        release = EncodingRelease(**kept["release"])
+        if kept["table"] != key or (release.multiplier, release.delta) != (wanted.multiplier, wanted.delta):
             return None
-        return Encoding.from_dict(kept["encoding"]), replace(EncodingRelease(**kept["release"]), reused=True)
-    except (OSError, ValueError, KeyError, TypeError, DataError):
+        encoding = Encoding.from_dict(kept["encoding"])
+        if not encoding.private or release.releases != wanted.releases or not release.plausible():
+            return None
+        return encoding, replace(release, reused=True)
+    except (OSError, ValueError, KeyError, TypeError, DataError, RecursionError):
         return None
 
 

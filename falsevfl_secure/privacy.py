@@ -41,6 +41,13 @@ RELEASES = {"pretrain": 4, "train": 2, "predict": 2}
 STEP_RELEASES = {Stage.PRETRAIN: RELEASES["pretrain"] - 1, Stage.TRAIN: RELEASES["train"]}
 
 
+def step_releases(cfg: Config, stage: Stage) -> int:
+    """The summed rounds that release a row in one training step of `stage` (what a party charges when a step
+    runs again). With one importance sample (kappa 1) a row's likelihood, centred over its samples, is exactly 0
+    at every party: stage 1's likelihood round then releases nothing about it."""
+    return STEP_RELEASES[stage] - (1 if stage == Stage.PRETRAIN and cfg.kappa == 1 else 0)
+
+
 def exposure(cfg: Config, hides_contributions: bool, active: bool) -> int:
     """How many releases one summed release of a row counts as at a party. Where the active party sees only the
     sum (mpc; he, whose aggregator does not pool with it) the sum carries sigma^2 from the honest parties: 1; so
@@ -58,9 +65,7 @@ def releases_per_row(cfg: Config, predictions: int = 1, tests: int = 0, exposure
     of the training rows (the validation pass; in a federation every later prediction run, as the same records
     may come back); or `tests` passes of records that never train (a simulation's test rows under each test
     pattern), whichever is more. Each summed release counts `exposure` times (see `exposure`); a DP-SGD update once."""
-    # With one importance sample (kappa 1) a row's likelihood, centred over its samples, is exactly 0 at every
-    # party: stage 1's likelihood round then releases nothing about it.
-    summed1 = STEP_RELEASES[Stage.PRETRAIN] - (1 if cfg.kappa == 1 else 0)
+    summed1 = step_releases(cfg, Stage.PRETRAIN)
     stage1 = summed1 * exposure + 1  # and the epoch's DP-SGD update of the party's own networks
     trees = 1 if cfg.options.get("head") == "network+trees" and cfg.train.epochs else 0  # the trees' pass
     stage2 = min(cfg.train.epochs, 1) if cfg.options.get("stage2_pass") == "once" else cfg.train.epochs

@@ -32,7 +32,7 @@ from .network.network import PartyLost
 from .node import Batch, HostedData, Node, host_split
 from .passes import each_batch
 from .placement import Active, apply
-from .privacy import STEP_RELEASES
+from .privacy import step_releases
 from .reference import FOLDS
 
 EpochHook = Callable[[Stage, int, dict], None]
@@ -129,7 +129,7 @@ def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimiz
             node.transport.abandon()
             resumed = max(0, handler(lost, (int(stage), epoch, index if batches is not None else -1)))  # -1: before
             if batches is not None and resumed <= index:  # a step whose sums may be out runs again (never honestly:
-                handler.charge(STEP_RELEASES[stage])  # the step in flight is abandoned); its party counts it first
+                handler.charge(step_releases(node.cfg, stage))  # the step in flight is abandoned); charged first
             index = resumed  # (a loss announced between epochs: this epoch from its first step, not its last)
             data.set_dropped(handler.lost)  # from now on they hold no row
             batches = None if batches is None else stage_batches(node, data, stage, epoch)  # the same public plan

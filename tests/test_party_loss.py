@@ -385,10 +385,15 @@ def test_an_epoch_resumes_where_the_loss_says_and_a_step_run_again_is_charged(mo
     monkeypatch.setattr(train, "stage_batches", lambda *a: batches)
     monkeypatch.setattr(train, "_step", step)
     node = SimpleNamespace(transport=SimpleNamespace(on_party_lost=Handler(), abandon=lambda: None),
-                           method=SimpleNamespace(survives_party_loss=True), forget_private=lambda: None)
+                           method=SimpleNamespace(survives_party_loss=True), forget_private=lambda: None,
+                           cfg=SimpleNamespace(kappa=10))
     data = SimpleNamespace(set_dropped=lambda lost: None)
     train._epoch_steps(node, data, Stage.PRETRAIN, 1, {})
     assert (ran, charges) == (runs, charged)
+    if charged:  # with one importance sample the likelihood round releases nothing: two summed rounds, not three
+        node.cfg.kappa, raised[:], charges[:] = 1, [], []
+        train._epoch_steps(node, data, Stage.PRETRAIN, 1, {})
+        assert charges == [c - 1 for c in charged]
 
 
 def test_the_single_holder_rows_a_loss_leaves_are_as_the_threat_model_states():

@@ -167,7 +167,9 @@ def encoding_events(cfg: Config) -> tuple[Event, ...]:
 def noise_multiplier(cfg: Config, predictions: int = 1, tests: int = 0, exposure: int = 1,
                      earlier: tuple[Event, ...] | None = None) -> float:
     """The configuration's multiplier, or the smallest that fits its budget for the schedule after `earlier`
-    (by default the party's private encoding, which every run under a budget releases first)."""
+    (by default the party's private encoding, which every run under a budget releases first). It is solved at the
+    whole delta: a calibrated multiplier serves simulations, whose blocks are numeric (no category threshold takes
+    a part of delta); a federation states its multiplier."""
     privacy = cfg.privacy
     if privacy.noise_multiplier > 0:
         return privacy.noise_multiplier

@@ -163,12 +163,11 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
     protocol.check_parties(cfg.parties, args.allow_two_party_disclosure)
     if cfg.privacy.enabled:  # the noise every party adds, stated once (for the party most exposed: under plain a
         worst = max(exposures(cfg, protocol))  # passive one), then each party's own budget checked
-        z = noise_multiplier(cfg, 1, TESTS, worst, encoding_events(cfg))
+        z = noise_multiplier(cfg, 1, TESTS, worst)  # (after each party's private standardisation: encoding_events)
         cfg = replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=z))
     for k, seen in enumerate(exposures(cfg, protocol)):  # (here every party runs from the same settings)
         check_budget(cfg, f"party {k}", 1, TESTS, encoding_events(cfg), exposure=seen)
     return cfg, runtime
-
 
 
 def exposures(cfg: Config, protocol) -> list[int]:

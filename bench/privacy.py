@@ -11,9 +11,10 @@ only the sums (under plain a passive party counts each summed release n - 1 - co
 exposure`, which `simulate` applies); epsilon "inf" is the same schedule without DP, and the
 dataset's own preset without DP is the non-private reference. Scored: accuracy on the seven test patterns
 (their mean is the headline), the active party's own model (logistic regression on its block, fitted on the
-labeled training rows) on the same test rows, and README's label-inference attack (bench/disclosure.py): a
-passive party that knows 40 training labels fits a logistic regression on the latent samples it received,
-against the same attacker on its own features. Every run is written as soon as it ends; a rerun skips
+labeled training rows) on the same test rows, and README's label- and feature-inference attacks
+(bench/disclosure.py): a passive party that knows 40 training labels fits a logistic regression on the latent
+samples it received, and one that knows another party's features on 100 rows a ridge regression of them (mean
+test R^2), each against the same attacker on its own features. Every run is written as soon as it ends; a rerun skips
 finished runs. Writes OUT/privacy.json, OUT/privacy.md and OUT/privacy.png.
 """
 
@@ -31,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from disclosure import PASSIVE, attacker_inputs, label_attack, received_latents  # noqa: E402
+from disclosure import OTHER, PASSIVE, attacker_inputs, feature_attack, label_attack, received_latents  # noqa: E402
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.cli import guarded  # noqa: E402
@@ -56,7 +57,7 @@ DP_EPOCHS = {"pretrain": (10, 128), "train": (20, 64)}  # (epochs, batch size)
 # with 60 above it (35.8 %; 35.0 % with the trees' score alone); digits with 60 scored 44.0-45.0 % against
 # 45.1 % alone (the last epoch is kept).
 DP_TRAIN_EPOCHS = {"isolet": 60}
-LABEL_ROWS, DRAWS = 40, 5
+LABEL_ROWS, FEATURE_ROWS, DRAWS = 40, 100, 5
 
 
 def configure(dataset: str, epsilon: float, seed: int, reference: bool = False):
@@ -72,7 +73,7 @@ def configure(dataset: str, epsilon: float, seed: int, reference: bool = False):
     if math.isinf(epsilon):
         return cfg
     cfg = replace(cfg, privacy=PrivacyConfig(epsilon=epsilon))
-    z = noise_multiplier(cfg, 1, len(TEST_PATTERNS), earlier=encoding_events(cfg))
+    z = noise_multiplier(cfg, 1, len(TEST_PATTERNS))  # (leaving each party's private standardisation its room)
     return replace(cfg, privacy=replace(cfg.privacy, noise_multiplier=z)).validate()
 
 
@@ -108,6 +109,8 @@ def one_run(dataset: str, epsilon: float, seed: int, reference: bool = False) ->
               for k, v in attacker_inputs(received["train"], own["train"]).items() if k in ("h mean", "x_p")}
     held = np.flatnonzero(~train.missing[:, PASSIVE])
     attack = label_attack(inputs, train.y, test.y, held, LABEL_ROWS, DRAWS, rng)
+    both = np.flatnonzero(~train.missing[:, PASSIVE] & ~train.missing[:, OTHER])  # q's features, as q holds them
+    features = feature_attack(inputs, train.blocks[OTHER], test.blocks[OTHER], both, FEATURE_ROWS, DRAWS, rng)
     alone = active_alone(cfg, train, tests)
     used = spent(cfg, "party 0", 1, len(TEST_PATTERNS), encoding_events(cfg)) if cfg.privacy.enabled else None
     label = "reference" if reference else ("inf" if math.isinf(epsilon) else epsilon)
@@ -115,6 +118,8 @@ def one_run(dataset: str, epsilon: float, seed: int, reference: bool = False) ->
             "accuracy": result.accuracy, "mean_accuracy": float(np.mean(list(result.accuracy.values()))),
             "active_alone": alone, "active_alone_mean": float(np.mean(list(alone.values()))),
             "label_attack_latent": float(np.mean(attack["h mean"])), "label_attack_own": float(np.mean(attack["x_p"])),
+            "feature_attack_latent": float(np.mean(features["h mean"])),
+            "feature_attack_own": float(np.mean(features["x_p"])),
             "privacy": None if used is None else used.to_dict(), "config": cfg.to_dict(),
             "wall_s": round(time.perf_counter() - began, 1)}
 
@@ -126,26 +131,30 @@ def key(record: dict) -> tuple:
 def markdown(records: list[dict]) -> str:
     """Per dataset and epsilon: mean ± std over seeds of each number."""
     lines = ["| dataset | epsilon | noise multiplier | releases per row | accuracy, mean of 7 patterns | active party "
-             "alone | label attack on h | attacker's own features | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+             "alone | label attack on h | attacker's own features | feature attack on h (R^2) | attacker's own "
+             "features (R^2) | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["dataset"], str(r["epsilon"])), []).append(r)
     order = {"reference": math.inf, "inf": 1e300}
     for (dataset, eps), rs in sorted(groups.items(), key=lambda g: (g[0][0], order.get(g[0][1]) or float(g[0][1]))):
-        def stat(name: str, rs: list[dict] = rs) -> str:
-            return f"{np.mean([r[name] for r in rs]):.1f} ± {np.std([r[name] for r in rs]):.1f}"
+        def stat(name: str, rs: list[dict] = rs, places: int = 1) -> str:
+            if any(name not in r for r in rs):  # a record of an earlier version of the script
+                return "-"
+            return f"{np.mean([r[name] for r in rs]):.{places}f} ± {np.std([r[name] for r in rs]):.{places}f}"
 
         p = rs[0]["privacy"]
         label = "preset, no DP" if eps == "reference" else ("DP schedule, no DP" if eps == "inf" else eps)
         lines.append(f"| {dataset} | {label} | {p['noise_multiplier']:.2f} | {p['releases_per_row']} | "
                      if p else f"| {dataset} | {label} | - | - | ")
         lines[-1] += (f"{stat('mean_accuracy')} | {stat('active_alone_mean')} | {stat('label_attack_latent')} | "
-                      f"{stat('label_attack_own')} | {len(rs)} |")
+                      f"{stat('label_attack_own')} | {stat('feature_attack_latent', places=3)} | "
+                      f"{stat('feature_attack_own', places=3)} | {len(rs)} |")
     return "\n".join(lines) + "\n"
 
 
 def _mean(records: list[dict], epsilon: str, name: str) -> float:
-    return float(np.mean([r[name] for r in records if str(r["epsilon"]) == epsilon]))
+    return float(np.mean([r[name] for r in records if str(r["epsilon"]) == epsilon and name in r]))
 
 
 def plot(records: list[dict], path: Path) -> None:
@@ -155,9 +164,11 @@ def plot(records: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     panels = (("mean_accuracy", "accuracy (mean of 7 test patterns) %", "active_alone_mean", "active party alone"),
               ("label_attack_latent", "passive party's label attack on h %", "label_attack_own",
+               "attacker's own features"),
+              ("feature_attack_latent", "its attack on another party's features (R^2)", "feature_attack_own",
                "attacker's own features"))
     finite = sorted({float(r["epsilon"]) for r in records if str(r["epsilon"]) not in ("reference", "inf")})
     keys = [*(str(e) for e in finite), "inf"]
@@ -165,10 +176,13 @@ def plot(records: list[dict], path: Path) -> None:
     for i, dataset in enumerate(sorted({r["dataset"] for r in records})):
         colour, mine = f"C{i}", [r for r in records if r["dataset"] == dataset]
         for ax, (name, title, base, base_label) in zip(axes, panels, strict=True):
-            present = [(x, k) for x, k in zip(xs, keys, strict=True) if any(str(r["epsilon"]) == k for r in mine)]
+            present = [(x, k) for x, k in zip(xs, keys, strict=True)
+                       if any(str(r["epsilon"]) == k and name in r for r in mine)]
+            if not present:
+                continue
             ax.plot([x for x, _ in present], [_mean(mine, k, name) for _, k in present], "o-", c=colour,
                     label=f"{dataset}: FALSE-VFL-I, DP")
-            ax.axhline(float(np.mean([r[base] for r in mine])), ls="--", c=colour, alpha=0.6,
+            ax.axhline(float(np.mean([r[base] for r in mine if base in r])), ls="--", c=colour, alpha=0.6,
                        label=f"{dataset}: {base_label}")
             if name == "mean_accuracy" and any(r["epsilon"] == "reference" for r in mine):
                 ax.axhline(_mean(mine, "reference", name), ls=":", c=colour, label=f"{dataset}: preset, no DP")

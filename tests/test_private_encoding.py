@@ -351,3 +351,20 @@ def test_what_fails_on_the_rows_alone_fails_before_the_encoding_is_charged(tmp_p
         with pytest.raises(DataError, match="no cell of the column holds a value"):
             read_training_table(fed, "lab", private=True)
     assert privacy.read_ledger(fed.party("lab").model_dir) == {}
+
+
+def test_check_refuses_under_a_budget_a_block_training_would_refuse(tmp_path, monkeypatch):
+    # Review finding: check sized the block without the '(other)' cells, so a table at the memory bound passed
+    # check and failed at every train (after the charge, then; before it now).
+    from falsevfl_secure.data import encoding as encoding_module
+    from falsevfl_secure.federation.check import check_party
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.inputs import read_training_table
+
+    path, _ = _released(tmp_path)
+    fed = load_federation(path)
+    clear = read_training_table(fed, "lab")
+    monkeypatch.setattr(encoding_module, "MAX_CELLS", clear.table.n_rows * clear.encoding.width)  # clear fits
+    result = check_party(fed, "lab", "check")
+    assert any("encoded cells is more than" in error for error in result.errors), result.errors
+    assert privacy.read_ledger(fed.party("lab").model_dir) == {}

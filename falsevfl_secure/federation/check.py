@@ -88,9 +88,10 @@ def _budget_lines(fed: Federation, inputs: PartyInput) -> list[str]:
     privacy = fed.model.privacy
     if not privacy.enabled:
         return []
-    from ..data.private_encoding import preview
+    from ..data.private_encoding import preview, refuse_local
     from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
 
+    refuse_local(inputs.table)  # as training will (its block with the '(other)' cells): refused here already
     return [preview(inputs.table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta)]
 
 

@@ -144,9 +144,17 @@ def test_short_mpc_training_on_digits_reaches_the_plain_accuracy(tmp_path):
     cfg = make_config("digits", "quick")
     cfg = replace(cfg, pretrain=replace(cfg.pretrain, epochs=8), train=replace(cfg.train, epochs=20))
     patterns = ("mcar:0", "mcar:0.5")
-    secrets = {k: RoleSecret.for_tests(5, k) for k in range(cfg.parties)}
-    plain = run_local(cfg, patterns, progress=False, secrets=secrets).accuracy
-    mpc = run_distributed(cfg, "mpc", patterns, progress=False, out_dir=tmp_path, secrets=secrets).accuracy
-    assert plain["mcar:0"] > 40.0  # it learned something (chance is 10 %)
-    for pattern in patterns:
-        assert abs(mpc[pattern] - plain[pattern]) <= 1.0, (pattern, mpc[pattern], plain[pattern])
+    gaps = {pattern: [] for pattern in patterns}
+    # the fixed-point sums perturb every step, so the two runs part ways like runs summing in another order: one
+    # seed's gap reached 1.2 pp (about 5 test rows of 450) where a dozen others stayed within 0.72; three seeds' mean
+    for seed in (5, 6, 7):
+        secrets = {k: RoleSecret.for_tests(seed, k) for k in range(cfg.parties)}
+        plain = run_local(cfg, patterns, progress=False, secrets=secrets).accuracy
+        mpc = run_distributed(cfg, "mpc", patterns, progress=False, out_dir=tmp_path / str(seed),
+                              secrets=secrets).accuracy
+        assert plain["mcar:0"] > 40.0  # it learned something (chance is 10 %)
+        for pattern in patterns:
+            assert abs(mpc[pattern] - plain[pattern]) <= 2.0, (seed, pattern, mpc[pattern], plain[pattern])
+            gaps[pattern].append(mpc[pattern] - plain[pattern])
+    for pattern, gap in gaps.items():
+        assert abs(sum(gap) / len(gap)) <= 1.0, (pattern, gap)

@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..model import PartyStack
 from ..model.likelihood import CellLayout
 from ..model.private_sgd import PrivateGradients
-from ..node import ActiveRole, Node, PartyRole, flush_denormals
+from ..node import ActiveRole, Node, PartyRole, flush_denormals, keep_freed_memory
 from ..placement import Active
 from ..privacy import noise_multiplier
 from ..randomness import RoleRandomness, RoleSecret
@@ -108,6 +108,7 @@ def build_node(cfg: Config, widths: Mapping[int, int], n_classes: int | None, tr
     encoding's; a party without one has numeric cells only). `own_extra`: the width of the active party's
     extra discriminator inputs (`HostedData.own_extra`). `method`: the configuration's unless given."""
     flush_denormals()
+    keep_freed_memory()
     method, secrets, layouts = method or method_for(cfg), secrets or {}, layouts or {}
     transport.use(method.rounds, method.wire_sizes(cfg))
     randomness = {k: RoleRandomness(secrets.get(k) or RoleSecret.fresh()) for k in widths}

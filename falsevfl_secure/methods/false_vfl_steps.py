@@ -100,9 +100,10 @@ def _row_mean(values: Tensor, n_observed: Tensor) -> Tensor:
     return values.mean() if bool(kept.all()) else values[kept].mean()
 
 
-def _weigh(role: ActiveRole, noise, latent: tuple[Tensor, Tensor, Tensor], likelihood: Tensor) -> Weighted:
+def _weigh(role: ActiveRole, noise, latent: tuple[Tensor, Tensor, Tensor], likelihood: Tensor,
+           terms: tuple[Tensor, Tensor, Tensor]) -> Weighted:
     h, log_q_h, loc = latent
-    return Weighted(role.model.log_weights(h, log_q_h, likelihood, noise), h, loc.detach())
+    return Weighted(role.model.log_weights(h, log_q_h, likelihood, noise, terms), h, loc.detach())
 
 
 def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Active[Weighted]:
@@ -117,8 +118,11 @@ def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Ac
     else:
         latent = apply(_sample, node.active, noise, posterior, encoded_count(node, batch), n_samples)
         h = node.transport.broadcast(LATENT, latent.map(lambda s: s[0]), (n_samples, batch.size, node.cfg.h_dim))
+    # z and its terms read the samples only: drawn before the likelihood round, they overlap the parties' decoders,
+    # and the round's adjoint (created later) runs first in the backward pass, before their gradients
+    terms = apply(lambda role, n, sampled: role.model.global_terms(sampled[0], n), node.active, noise, latent)
     likelihood = node.transport.aggregate(LIKELIHOOD, node.likelihood_contributions(h, batch, stage))
-    return apply(_weigh, node.active, noise, latent, likelihood)
+    return apply(_weigh, node.active, noise, latent, likelihood, terms)
 
 
 # -- the moments variant of the latent broadcast (measured, not the default: README) --------------------

@@ -20,7 +20,7 @@ MIN_STD = 1e-3
 
 def _gaussian_head(raw: Tensor) -> tuple[Tensor, Tensor]:
     mean, raw_std = raw.chunk(2, dim=-1)
-    return mean, F.softplus(raw_std) + MIN_STD
+    return mean, F.softplus(raw_std.contiguous()) + MIN_STD  # on a strided half, torch 2.13's softplus is 15x slower
 
 
 class ActiveModel(nn.Module):
@@ -76,14 +76,21 @@ class ActiveModel(nn.Module):
         q_h = latent_posterior(sum_mean, sum_precision, n_observed)
         return q_h.loc, q_h.scale
 
-    def log_weights(self, h: Tensor, log_q_h: Tensor, log_likelihood: Tensor, noise: KeyStream) -> Tensor:
-        """log w_j of the IWAE bound, (kappa, B): draws z_j ~ q(z | h_j) and scores p(h|z) p(z)."""
+    def global_terms(self, h: Tensor, noise: KeyStream) -> tuple[Tensor, Tensor, Tensor]:
+        """log p(h_j | z_j), log p(z_j) and log q(z_j | h_j), (kappa, B) each, of z_j ~ q(z | h_j): they read
+        the latent samples only, so the active party computes them while the parties compute their likelihoods."""
         z_mean, z_std = _gaussian_head(self.global_encoder(h))
         z = z_mean + z_std * noise.normal(tuple(z_mean.shape), h.dtype, h.device)
         log_q_z = diagonal_gaussian_log_prob(z, z_mean, z_std)
         h_mean, h_std = _gaussian_head(self.global_decoder(z))
         log_p_h = diagonal_gaussian_log_prob(h, h_mean, h_std)
         log_p_z = -0.5 * (z * z).sum(-1) - 0.5 * math.log(2 * math.pi) * self.z_dim
+        return log_p_h, log_p_z, log_q_z
+
+    def log_weights(self, h: Tensor, log_q_h: Tensor, log_likelihood: Tensor, noise: KeyStream,
+                    terms: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+        """log w_j of the IWAE bound, (kappa, B): the likelihoods with `global_terms` (drawn here if not given)."""
+        log_p_h, log_p_z, log_q_z = terms if terms is not None else self.global_terms(h, noise)
         return log_importance_weights(log_likelihood, log_p_h, log_p_z, log_q_h, log_q_z)
 
     def discriminate(self, h: Tensor, own: Tensor | None = None) -> Tensor:

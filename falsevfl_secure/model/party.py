@@ -47,7 +47,8 @@ def posterior_terms(encoded: Tensor, held: Tensor) -> Tensor:
     cannot change the sum: `torch.where` also blocks their gradients.
     """
     mean, raw_precision = encoded.chunk(2, dim=-1)
-    contribution = torch.cat([mean, F.softplus(raw_precision) + MIN_PRECISION], dim=-1)
+    # contiguous: on a strided half, softplus takes a slow path (model/active.py _gaussian_head)
+    contribution = torch.cat([mean, F.softplus(raw_precision.contiguous()) + MIN_PRECISION], dim=-1)
     return torch.where(held.unsqueeze(-1), contribution, torch.zeros_like(contribution))
 
 

@@ -62,10 +62,11 @@ def run_role(spec, program: Callable, args: tuple = (), parent: Parent | None = 
     telling the peers). `on_port` receives the hub's port and may return the address book; `where`, when
     given, receives the round the role was in when it failed; `role_class` (tests) replaces `Role`."""
     from ..network.network import RunAborted
-    from ..node import flush_denormals
+    from ..node import flush_denormals, keep_freed_memory
     from .role import Role
 
     flush_denormals()  # before any product: torch's worker threads, started later, inherit it
+    keep_freed_memory()
     role = (role_class or Role)(spec, parent)
     clean = False
     try:

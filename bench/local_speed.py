@@ -102,7 +102,7 @@ def world_step(cfg: Config, width: int):
 def fused_step(cfg: Config, width: int):
     """The same FLOPs through ONE party network over the concatenated blocks (K B rows)."""
     device = resolve_device(cfg.device)
-    world = build_node(replace(cfg, parties=2, active_party=0), {0: width}, 26, None, device)
+    world = build_node(replace(cfg, parties=2, active_party=0), {0: width}, 26, LocalTransport(2, 0), device)
     party, active = world.parties[0].model, world.active.get().model
     k, b = cfg.parties, cfg.pretrain.batch_size
     generator = torch.Generator(device=device).manual_seed(0)  # the benchmark's synthetic inputs, not secrets

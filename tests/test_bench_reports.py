@@ -119,3 +119,18 @@ def test_every_piece_of_one_ckks_ciphertext_is_timed():
 
     costs = crypto_costs.he_costs(1)
     assert len(costs) == 9 and all(ms > 0 for ms in costs.values()), costs
+
+
+def test_the_local_speed_bench_times_every_mode(tmp_path):
+    # the fused mode built its node without a transport and failed once build_node began to need one; the bench
+    # had no test, so the README's table went stale. A tiny run of every mode, then the summary row.
+    import local_speed
+
+    out = tmp_path / "cpu-tiny"
+    args = ["--parties", "2", "--width", "4", "--batch", "8", "--kappa", "2", "--party-hidden", "8",
+            "--global-hidden", "8", "--repeats", "1", "--warmup", "0", "--out", str(out)]
+    assert local_speed.main(args) == 0
+    record = json.loads((out / "local_speed.json").read_text())
+    assert [c["mode"] for c in record["cells"]] == ["sequential", "stacked", "fused"]
+    assert all(c["step_ms_median"] > 0 for c in record["cells"])
+    assert local_speed.summary_table(tmp_path).count("| cpu-tiny |") == 1

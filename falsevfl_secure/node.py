@@ -9,9 +9,6 @@ every runtime runs the same code. Each party draws its initial weights and its n
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,27 +37,6 @@ def flush_denormals() -> None:
     product, and every run again where it resolves its device and builds its node (x86 keeps it per thread,
     and a thread inherits it only when it starts)."""
     torch.set_flush_denormal(True)
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
-@functools.cache
-def keep_freed_memory() -> None:
-    """glibc's malloc keeps freed blocks of up to 32 MB for the next tensor instead of giving them back to the
-    kernel: by default it unmaps a freed block above its dynamic threshold and trims the heap's top above 128 KB,
-    so every step's activations (5 MB each on a table at batch 1,024) came back as fresh pages, one page fault per
-    4 KB (bench/overhead.py --shape tables, one process, one thread: 55 -> 49 ms a stage-1 step; peak RSS the
-    same). Both are set: a trim threshold alone fixes the mmap threshold at 128 KB (137 ms). Once per process;
-    elsewhere than glibc, nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return
-    mallopt(M_MMAP_THRESHOLD, 32 << 20)
-    mallopt(M_TRIM_THRESHOLD, 1 << 30)
 
 
 def resolve_device(name: str) -> torch.device:

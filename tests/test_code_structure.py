@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "falsevfl_secure"
 
 # Lower layers never import higher ones (README, "Layout").
 LAYERS: dict[str, int] = {
-    "errors": 0, "fsio": 0, "randomness": 0, "placement": 0, "bounds": 0,
+    "errors": 0, "fsio": 0, "randomness": 0, "placement": 0, "bounds": 0, "heap": 0,
     "config": 1, "privacy": 1, "data": 1, "model": 1, "secure": 1, "metrics": 1,
     "network": 2,
     "transport": 3,

@@ -35,6 +35,7 @@ from ..data.encoding import EncodedBlock
 from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
+from ..heap import give_back_freed_memory
 from ..randomness import PublicStream, RoleSecret, public_rng
 from ..secure import frames
 from ..secure.align import MAX_IDS, Alignment, align, alignment_bounds
@@ -105,6 +106,7 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     if role.peers.n_parties > 1:
         result = align(role.channel(), [ids[i] for i in listed], active, restrict_to_active=restrict,
                        max_ids=policy.max_ids)
+        give_back_freed_memory()
     else:  # the active party alone: nothing to align
         result = Alignment(listed.size, np.arange(listed.size), np.ones((listed.size, 1), dtype=bool))
     positions = np.full(len(ids), -1, dtype=np.int64)

@@ -14,10 +14,11 @@ import torch
 from ..config import Config, dataset_preset
 from ..data.loaders import canonical_name
 from ..errors import InputError
+from ..heap import keep_freed_memory
 from ..model import PartyStack
 from ..model.likelihood import CellLayout
 from ..model.private_sgd import PrivateGradients
-from ..node import ActiveRole, Node, PartyRole, flush_denormals, keep_freed_memory
+from ..node import ActiveRole, Node, PartyRole, flush_denormals
 from ..placement import Active
 from ..privacy import noise_multiplier
 from ..randomness import RoleRandomness, RoleSecret

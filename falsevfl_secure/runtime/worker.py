@@ -61,8 +61,9 @@ def run_role(spec, program: Callable, args: tuple = (), parent: Parent | None = 
     """Join as `spec`, run `program(role, *args)`, leave; returns its value or raises what ended it (after
     telling the peers). `on_port` receives the hub's port and may return the address book; `where`, when
     given, receives the round the role was in when it failed; `role_class` (tests) replaces `Role`."""
+    from ..heap import keep_freed_memory
     from ..network.network import RunAborted
-    from ..node import flush_denormals, keep_freed_memory
+    from ..node import flush_denormals
     from .role import Role
 
     flush_denormals()  # before any product: torch's worker threads, started later, inherit it

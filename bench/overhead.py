@@ -21,9 +21,10 @@ combiner's time to combine K messages, the active party's time to reveal, and th
 Writes DIR/ciphers.json and DIR/ciphers.md.
 
 Writes DIR/overhead.json (a list of {"protocol", "parties", "batch", "stage", "step_ms_median",
-"step_ms_min", "step_ms_max", "bytes_per_party", "rounds"}), DIR/overhead_summary.json (the ratios
-mpc/plain and he/plain per cell, the ratio of the plain distributed step to the local
-single-process step, and the threat-model audit of one recorded step per protocol and K) and
+"step_ms_min", "step_ms_max", "bytes_per_party", "rounds", "cpu_ms": the median CPU ms of the active party's
+process, the busiest passive party's and all roles' together (the he aggregator not counted)}),
+DIR/overhead_summary.json (the ratios mpc/plain and he/plain per cell, the ratio of the plain distributed step
+to the local single-process step, and the threat-model audit of one recorded step per protocol and K) and
 DIR/overhead.png. Every cell is written as soon as it is measured and a rerun skips finished
 cells, so a killed benchmark resumes. Timings are measurements on this machine, never asserted.
 """
@@ -97,17 +98,30 @@ def time_cells(worlds: dict[str, StepSession], job: dict, warmup: int, repeats: 
         for _ in range(warmup):
             world.run(job)
     ms: dict[str, list[float]] = {protocol: [] for protocol in worlds}
+    cpu: dict[str, list[dict]] = {protocol: [] for protocol in worlds}
     reports: dict[str, dict] = {}
     for _ in range(repeats):
         for protocol, world in worlds.items():
             elapsed, reports[protocol] = step_ms(world, job)
             ms[protocol].append(elapsed)
+            cpu[protocol].append({k: r["cpu_seconds"] for k, r in reports[protocol].items()})
     active = job.config.parties - 1
     return {protocol: {"step_ms_median": round(statistics.median(values), 2), "step_ms_min": round(min(values), 2),
                        "step_ms_max": round(max(values), 2),
                        "bytes_per_party": passive_bytes(reports[protocol], active),
-                       "rounds": len(reports[protocol][active]["trace"])}
+                       "rounds": len(reports[protocol][active]["trace"]),
+                       "cpu_ms": role_cpu_ms(cpu[protocol], active)}
             for protocol, values in ms.items()}
+
+
+def role_cpu_ms(steps: list[dict[int, float]], active: int) -> dict[str, float]:
+    """Median CPU ms a step of the active party's process and of the busiest passive party's (the critical path
+    is the role whose CPU fills its step; on one machine the roles' sum over the cores bounds the step from below)."""
+    passive = [max(v for k, v in step.items() if k != active) for step in steps]
+    total = [sum(step.values()) for step in steps]
+    return {"active": round(1000 * statistics.median(s[active] for s in steps), 1),
+            "busiest_passive": round(1000 * statistics.median(passive), 1),
+            "all_roles": round(1000 * statistics.median(total), 1)}
 
 
 def time_local(job: StepJob, warmup: int, repeats: int) -> float:
@@ -381,7 +395,9 @@ def main(argv=None) -> int:
                     cells.append(cell)
                     print(f"{protocol:>5} K={parties:<3} B={batch:<4} {stage:<8} {cell['step_ms_median']:9.1f} ms "
                           f"(min {cell['step_ms_min']:.1f}, max {cell['step_ms_max']:.1f})  "
-                          f"{cell['bytes_per_party'] / 2**20:8.2f} MiB/party  {cell['rounds']} rounds", flush=True)
+                          f"{cell['bytes_per_party'] / 2**20:8.2f} MiB/party  {cell['rounds']} rounds  CPU ms: "
+                          f"active {cell['cpu_ms']['active']}, busiest passive {cell['cpu_ms']['busiest_passive']}, "
+                          f"all roles {cell['cpu_ms']['all_roles']}", flush=True)
                 write_json(path, cells)
             for protocol in need_audit:
                 audit = audit_cell(worlds[protocol], protocol, parties, min(args.batch))

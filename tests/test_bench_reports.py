@@ -134,3 +134,11 @@ def test_the_local_speed_bench_times_every_mode(tmp_path):
     assert [c["mode"] for c in record["cells"]] == ["sequential", "stacked", "fused"]
     assert all(c["step_ms_median"] > 0 for c in record["cells"])
     assert local_speed.summary_table(tmp_path).count("| cpu-tiny |") == 1
+
+
+def test_the_price_of_security_reports_each_roles_cpu_per_step():
+    # what says which role is the critical path (README "Real tables": the active party's CPU fills its step)
+    import overhead
+
+    steps = [{0: 0.010, 1: 0.020, 2: 0.040}, {0: 0.030, 1: 0.010, 2: 0.050}, {0: 0.012, 1: 0.011, 2: 0.042}]
+    assert overhead.role_cpu_ms(steps, active=2) == {"active": 42.0, "busiest_passive": 20.0, "all_roles": 70.0}

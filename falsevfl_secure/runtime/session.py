@@ -77,7 +77,7 @@ def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -
 def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
     """One step of the job's stage (the method's loss, then `transport.backward`; or its predictions), then,
     with `epoch_end`, the stage's end-of-epoch rounds; plain numbers and arrays only."""
-    method, start, out = node.method, time.perf_counter(), {}
+    method, start, cpu, out = node.method, time.perf_counter(), time.process_time(), {}
     batch = method.batch(data, np.asarray(job.rows), job.stage, 0, 0, job.config.seed)
     if job.stage is Stage.PREDICT:
         loss = method.predict(node, batch)
@@ -92,6 +92,7 @@ def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
             out["parameters"] = {f"party{k}.{name}": p.detach().numpy().copy() for k, role in node.parties.items()
                                  for name, p in role.model.named_parameters()}
     out["seconds"] = time.perf_counter() - start  # the step and its rounds only
+    out["cpu_seconds"] = time.process_time() - cpu  # this role's process, its network threads included
     if loss.present and job.stage is not Stage.PREDICT:
         out["loss"] = float(loss.get().item())
     out["grads"] = {f"{owner}.{name}": p.grad.numpy().copy() for owner, module in _owned(node)

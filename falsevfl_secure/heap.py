@@ -1,5 +1,6 @@
 """This process's C heap (glibc's malloc): keep freed blocks for the next step's tensors, and hand them back to
-the kernel after a phase whose memory the next one does not reuse. Elsewhere than glibc, nothing."""
+the kernel after a phase whose memory the next one does not reuse. Elsewhere than glibc, nothing. The settings
+are the whole process's and stay: a program that builds a run in its own process (a notebook) inherits them."""
 
 from __future__ import annotations
 

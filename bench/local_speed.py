@@ -122,7 +122,7 @@ def fused_step(cfg: Config, width: int):
         draws = noise.normal(tuple(mean.shape), mean.dtype, device) if party.indicator is not None else None
         terms = likelihood_terms(mean, std, x, held, party.indicator, draws)
         log_lik = terms.view(cfg.kappa, k, b).sum(1)
-        loss = -iwae_bound(active.log_weights(h, log_q_h, log_lik, noise)).mean()
+        loss = -iwae_bound(active.log_weights(log_q_h, log_lik, active.global_terms(h, noise))).mean()
         loss.backward()
         optimizer.step()
 

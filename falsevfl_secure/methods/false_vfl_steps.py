@@ -100,10 +100,10 @@ def _row_mean(values: Tensor, n_observed: Tensor) -> Tensor:
     return values.mean() if bool(kept.all()) else values[kept].mean()
 
 
-def _weigh(role: ActiveRole, noise, latent: tuple[Tensor, Tensor, Tensor], likelihood: Tensor,
+def _weigh(role: ActiveRole, latent: tuple[Tensor, Tensor, Tensor], likelihood: Tensor,
            terms: tuple[Tensor, Tensor, Tensor]) -> Weighted:
     h, log_q_h, loc = latent
-    return Weighted(role.model.log_weights(h, log_q_h, likelihood, noise, terms), h, loc.detach())
+    return Weighted(role.model.log_weights(log_q_h, likelihood, terms), h, loc.detach())
 
 
 def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Active[Weighted]:
@@ -122,7 +122,7 @@ def forward_rounds(node: Node, batch: Batch, n_samples: int, stage: Stage) -> Ac
     # and the round's adjoint (created later) runs first in the backward pass, before their gradients
     terms = apply(lambda role, n, sampled: role.model.global_terms(sampled[0], n), node.active, noise, latent)
     likelihood = node.transport.aggregate(LIKELIHOOD, node.likelihood_contributions(h, batch, stage))
-    return apply(_weigh, node.active, noise, latent, likelihood, terms)
+    return apply(_weigh, node.active, latent, likelihood, terms)
 
 
 # -- the moments variant of the latent broadcast (measured, not the default: README) --------------------

@@ -87,10 +87,10 @@ class ActiveModel(nn.Module):
         log_p_z = -0.5 * (z * z).sum(-1) - 0.5 * math.log(2 * math.pi) * self.z_dim
         return log_p_h, log_p_z, log_q_z
 
-    def log_weights(self, h: Tensor, log_q_h: Tensor, log_likelihood: Tensor, noise: KeyStream,
-                    terms: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-        """log w_j of the IWAE bound, (kappa, B): the likelihoods with `global_terms` (drawn here if not given)."""
-        log_p_h, log_p_z, log_q_z = terms if terms is not None else self.global_terms(h, noise)
+    @staticmethod
+    def log_weights(log_q_h: Tensor, log_likelihood: Tensor, terms: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """log w_j of the IWAE bound, (kappa, B): the summed likelihoods with the samples' `global_terms`."""
+        log_p_h, log_p_z, log_q_z = terms
         return log_importance_weights(log_likelihood, log_p_h, log_p_z, log_q_h, log_q_z)
 
     def discriminate(self, h: Tensor, own: Tensor | None = None) -> Tensor:

@@ -22,7 +22,9 @@ Writes DIR/ciphers.json and DIR/ciphers.md.
 
 Writes DIR/overhead.json (a list of {"protocol", "parties", "batch", "stage", "step_ms_median",
 "step_ms_min", "step_ms_max", "bytes_per_party", "rounds", "cpu_ms": the median CPU ms of the active party's
-process, the busiest passive party's and all roles' together (the he aggregator not counted)}),
+process, the busiest passive party's and all roles' together (the he aggregator not counted), "timeline": for the
+active party and one passive party each round of the step as [name, ms from the step's start when the role
+entered it, ms when it left], medians: what a role computes between its rounds, and how long it waits in them}),
 DIR/overhead_summary.json (the ratios mpc/plain and he/plain per cell, the ratio of the plain distributed step
 to the local single-process step, and the threat-model audit of one recorded step per protocol and K) and
 DIR/overhead.png. Every cell is written as soon as it is measured and a rerun skips finished
@@ -99,18 +101,21 @@ def time_cells(worlds: dict[str, StepSession], job: dict, warmup: int, repeats: 
             world.run(job)
     ms: dict[str, list[float]] = {protocol: [] for protocol in worlds}
     cpu: dict[str, list[dict]] = {protocol: [] for protocol in worlds}
+    spans: dict[str, list[dict]] = {protocol: [] for protocol in worlds}
     reports: dict[str, dict] = {}
     for _ in range(repeats):
         for protocol, world in worlds.items():
             elapsed, reports[protocol] = step_ms(world, job)
             ms[protocol].append(elapsed)
             cpu[protocol].append({k: r["cpu_seconds"] for k, r in reports[protocol].items()})
+            spans[protocol].append({k: r["timeline"] for k, r in reports[protocol].items()})
     active = job.config.parties - 1
     return {protocol: {"step_ms_median": round(statistics.median(values), 2), "step_ms_min": round(min(values), 2),
                        "step_ms_max": round(max(values), 2),
                        "bytes_per_party": passive_bytes(reports[protocol], active),
                        "rounds": len(reports[protocol][active]["trace"]),
-                       "cpu_ms": role_cpu_ms(cpu[protocol], active)}
+                       "cpu_ms": role_cpu_ms(cpu[protocol], active),
+                       "timeline": role_timeline(spans[protocol], active)}
             for protocol, values in ms.items()}
 
 
@@ -122,6 +127,25 @@ def role_cpu_ms(steps: list[dict[int, float]], active: int) -> dict[str, float]:
     return {"active": round(1000 * statistics.median(s[active] for s in steps), 1),
             "busiest_passive": round(1000 * statistics.median(passive), 1),
             "all_roles": round(1000 * statistics.median(total), 1)}
+
+
+def role_timeline(steps: list[dict[int, list]], active: int) -> dict[str, list[list]]:
+    """Per role (the active party and passive party 0), each round of the step as [name, ms from the step's
+    start when the role entered it, ms when it left], medians over the steps: where each role waits on whom."""
+    out = {}
+    for label, role in (("active", active), ("passive", 0 if active else 1)):
+        runs = [step[role] for step in steps if role in step]
+        names = [span[0] for span in runs[0]] if runs else []
+        runs = [run for run in runs if [span[0] for span in run] == names]  # (a step with other rounds: skipped)
+        out[label] = [[name, round(statistics.median(run[i][1] for run in runs), 2),
+                       round(statistics.median(run[i][2] for run in runs), 2)] for i, name in enumerate(names)]
+    return out
+
+
+def timeline_text(timeline: dict[str, list[list]]) -> str:
+    """Two lines: each round as `name start-end` (ms within the step) for the active and a passive party."""
+    return "\n".join(f"      {label:>7}: " + "  ".join(f"{name} {a:.1f}-{b:.1f}" for name, a, b in spans)
+                     for label, spans in timeline.items())
 
 
 def time_local(job: StepJob, warmup: int, repeats: int) -> float:
@@ -398,6 +422,7 @@ def main(argv=None) -> int:
                           f"{cell['bytes_per_party'] / 2**20:8.2f} MiB/party  {cell['rounds']} rounds  CPU ms: "
                           f"active {cell['cpu_ms']['active']}, busiest passive {cell['cpu_ms']['busiest_passive']}, "
                           f"all roles {cell['cpu_ms']['all_roles']}", flush=True)
+                    print(timeline_text(cell["timeline"]), flush=True)
                 write_json(path, cells)
             for protocol in need_audit:
                 audit = audit_cell(worlds[protocol], protocol, parties, min(args.batch))

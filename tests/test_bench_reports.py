@@ -142,3 +142,18 @@ def test_the_price_of_security_reports_each_roles_cpu_per_step():
 
     steps = [{0: 0.010, 1: 0.020, 2: 0.040}, {0: 0.030, 1: 0.010, 2: 0.050}, {0: 0.012, 1: 0.011, 2: 0.042}]
     assert overhead.role_cpu_ms(steps, active=2) == {"active": 42.0, "busiest_passive": 20.0, "all_roles": 70.0}
+
+
+def test_the_price_of_security_reports_where_each_role_waits_in_the_step():
+    # medians per round of the active party and a passive party; a step that ran other rounds is left out
+    import overhead
+
+    def step(shift: float, names=("posterior", "latent")) -> dict:
+        return {k: [[n, i * 10 + shift + k, i * 10 + shift + k + 1] for i, n in enumerate(names)] for k in (0, 1, 2)}
+
+    steps = [step(0.0), step(2.0), step(1.0), step(50.0, ("posterior",))]
+    timeline = overhead.role_timeline(steps, active=2)
+    assert timeline == {"active": [["posterior", 3.0, 4.0], ["latent", 13.0, 14.0]],
+                        "passive": [["posterior", 1.0, 2.0], ["latent", 11.0, 12.0]]}
+    assert overhead.timeline_text(timeline).splitlines()[0].split() == ["active:", "posterior", "3.0-4.0", "latent",
+                                                                         "13.0-14.0"]

@@ -58,6 +58,15 @@ def test_executed_rounds_equal_the_table(sessions, protocol):
             reports = sessions(protocol, 3).run(job(stage, name, broadcast))
             for rank, report in reports.items():
                 assert report["trace"] == [r.name for r in table.step(stage)], (protocol, name, stage, rank)
+                assert_timeline(report)
+
+
+def assert_timeline(report: dict) -> None:
+    """The step's timeline (bench/overhead.py): each round of the trace once, in order, inside the step."""
+    spans = report["timeline"]
+    assert [name for name, _, _ in spans] == report["trace"]
+    edges = [t for _, start, end in spans for t in (start, end)]
+    assert edges == sorted(edges) and all(0 <= t <= 1000 * report["seconds"] + 1e-3 for t in edges)
 
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))

@@ -97,8 +97,14 @@ def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
         out["loss"] = float(loss.get().item())
     out["grads"] = {f"{owner}.{name}": p.grad.numpy().copy() for owner, module in _owned(node)
                     for name, p in module.named_parameters() if p.grad is not None}
-    out.update(communication=node.transport.log.table(), trace=list(node.transport.log.trace))
+    out.update(communication=node.transport.log.table(), trace=list(node.transport.log.trace),
+               timeline=_timeline(node.transport.log.spans, start))
     return out
+
+
+def _timeline(spans, start: float) -> list[tuple[str, float, float]]:
+    """This step's rounds as (name, ms from the step's start at which this role entered it, ms it left)."""
+    return [(name, round(1000 * (a - start), 3), round(1000 * (b - start), 3)) for name, a, b in spans if a >= start]
 
 
 def _owned(node: Node):

@@ -3,10 +3,12 @@ largest magnitude a party contributed to a sum (how close a run comes to a secur
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from .rounds import VOCABULARY
+
+SPANS = 256  # rounds kept for the timeline: a step's rounds, whatever the method (a long run keeps no more)
 
 
 @dataclass
@@ -15,10 +17,12 @@ class CommLog:
 
     `trace` holds one entry per executed round (forward or adjoint) in execution order, so a test can
     compare it with the protocol's table. `timed` says whether `seconds` were measured (a distributed
-    transport times every round; the local one has nothing to time)."""
+    transport times every round; the local one has nothing to time). `spans`: the last rounds' (name, start,
+    end) on `time.perf_counter`'s clock (bounded: a step's timeline, `runtime.session.run_step`)."""
 
     timed: bool = False
     trace: list[str] = field(default_factory=list)
+    spans: deque = field(default_factory=lambda: deque(maxlen=SPANS))
     _counters: dict[tuple[str, int], list[float]] = field(
         default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0, 0.0, 0.0]))
 
@@ -26,9 +30,12 @@ class CommLog:
         self.trace.append(name)
 
     def ran(self, name: str, party: int, sent: int, received: int, seconds: float, waiting: float,
-            peak: float = 0.0) -> None:
-        """One executed round, traced and counted in one call (the distributed transport's path)."""
+            peak: float = 0.0, started: float | None = None) -> None:
+        """One executed round, traced and counted in one call (the distributed transport's path); `started`:
+        when it began (perf_counter), for the step's timeline."""
         self.trace.append(name)
+        if started is not None:
+            self.spans.append((name, started, started + seconds))
         counter = self._counters[(name, party)]
         counter[0] += 1
         counter[1] += sent

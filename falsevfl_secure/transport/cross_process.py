@@ -235,5 +235,5 @@ class DistributedTransport:
         out = call(*args)
         peak = float(contribution.detach().abs().max()) if contribution is not None and contribution.numel() else 0.0
         self.log.ran(round.name, self.party, traffic[0] - sent, traffic[1] - received, time.perf_counter() - start,
-                     network.waited - waited, peak)
+                     network.waited - waited, peak, started=start)
         return out

@@ -452,3 +452,36 @@ def test_a_prediction_refuses_models_of_different_training_runs(trained):
         path.write_text(original)
     assert code != 0 and "the saved model of party1 is not of the training run that saved party3's" in err, err
     assert not out.exists() and "Traceback" not in err
+
+
+@pytest.mark.parametrize("rendezvous, shared", [("127.0.0.1:29611", True), ("localhost:29611", True),
+                                                ("[::1]:29611", True), ("10.0.0.1:29611", False),
+                                                ("parties.example:29611", False)])
+def test_roles_on_one_host_share_its_cores_and_each_host_of_its_own_keeps_them(tmp_path, monkeypatch, rendezvous,
+                                                                                shared):
+    """Three roles on two cores each with torch's default (all the cores) spun six threads on two: a stage-1 step
+    several times slower. A loopback rendezvous means every role is on this host: each takes its share."""
+    import os
+
+    import torch
+
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.launch import share_cores
+    from falsevfl_secure.transport.protocols import protocol_named
+
+    assert cli("demo", "--dataset", "breast-cancer", "--parties", "3", "--out", str(tmp_path))[0] == 0
+    config = tmp_path / "federation.toml"
+    config.write_text(config.read_text().replace('rendezvous = "127.0.0.1:29611"', f'rendezvous = "{rendezvous}"'))
+    fed, before = load_federation(config), torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        torch.set_num_threads(7)
+        threads = share_cores(fed, protocol_named("plain"))
+        expected = max(1, len(os.sched_getaffinity(0)) // 3) if shared else None
+        assert threads == expected and torch.get_num_threads() == (expected or 7)
+        if shared:  # he: the aggregator is a role of this host too
+            assert share_cores(fed, protocol_named("he")) == max(1, len(os.sched_getaffinity(0)) // 4)
+            monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the operator's own setting wins
+            assert share_cores(fed, protocol_named("plain")) is None
+    finally:
+        torch.set_num_threads(before)

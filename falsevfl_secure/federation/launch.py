@@ -14,6 +14,8 @@ failed or killed run leaves the previous models and predictions as they were.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -76,11 +78,37 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
         raise InputError(f"--party {name!r} is not a role of this run; the roles are "
                          f"{', '.join(role_names(fed, fed.names, proto))}")
     spec = spec_of(fed, name, command, proto, present, file_addresses(fed, proto))
+    share_cores(fed, proto)
     if options.get("rejoin"):
         spec = replace(spec, request=replace(spec.request, rejoin=True))
     committed(outputs_of(fed, [name], command, options),
               lambda: run_role(spec, federation_program, (str(fed.path), command, options)))
     return 0
+
+
+def share_cores(fed: Federation, protocol: Protocol) -> int | None:
+    """Where every role runs on this host (the file's rendezvous, and the he aggregator's address, are loopback
+    addresses: every role dials them here), torch's threads in this process are this host's cores divided among
+    the roles: each role's default, all of them, had six threads spin on two cores for three parties (a stage-1
+    step six times slower). Elsewhere torch's default; `OMP_NUM_THREADS`, when set, wins. The threads set, or None."""
+    hosts = [fed.rendezvous[0], *([fed.aggregator.address[0]] if protocol.helpers and fed.aggregator.address else [])]
+    if os.environ.get("OMP_NUM_THREADS") or not all(_is_loopback(host) for host in hosts):
+        return None
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // len(role_names(fed, fed.names, protocol)))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _is_loopback(host: str) -> bool:
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may name this host or another; not assumed
+        return False
 
 
 def run_all(fed: Federation, command: str, protocol: str, present: list[str], options: dict) -> None:

@@ -5,6 +5,7 @@ regression RMSE, MAE and R^2. `primary` is the one the lift is reported in (ROC 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -48,8 +49,11 @@ def classification_metrics(probabilities: np.ndarray, y: np.ndarray) -> dict[str
     predicted = probabilities.argmax(axis=1)
     from sklearn.metrics import balanced_accuracy_score
 
+    with warnings.catch_warnings():  # "y_pred contains classes not in y_true": the mean recall is still defined
+        warnings.simplefilter("ignore")
+        balanced = float(balanced_accuracy_score(y, predicted)) if y.size else math.nan
     return {**_ranking(probabilities, y),
-            "balanced_accuracy": float(balanced_accuracy_score(y, predicted)) if y.size else math.nan,
+            "balanced_accuracy": balanced,
             "accuracy": float(np.mean(predicted == y)),
             "log_loss": float(-np.mean(np.log(probabilities[np.arange(y.size), y]))),
             "ece": expected_calibration_error(probabilities, y),

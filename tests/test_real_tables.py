@@ -422,7 +422,27 @@ def test_score_reports_rmse_mae_and_r2_for_a_regression_file(tmp_path):
                                     "C,3,1,x,0,1\nD,4,1,x,0,1\nE,5,1,x,0,1\n")
     code, out, _ = cli("score", "--predictions", str(tmp_path / "c.csv"), "--truth", str(tmp_path / "truth.csv"),
                        "--id-column", "patient_id", "--label-column", "y")
-    assert code == 0 and out.startswith("accuracy 80.00 % on 5 records")
+    assert code == 0 and out.startswith("accuracy 80.00 %, ROC AUC ") and "on 5 records" in out
+
+
+def test_score_reads_the_class_probabilities_a_tabular_user_needs(tmp_path):
+    # a new user's churn table (26 % positive): `score` said accuracy alone, which reads little on it
+    (tmp_path / "truth.csv").write_text("id,label\nA,yes\nB,no\nC,yes\nD,no\n")
+    (tmp_path / "p.csv").write_text("id,prediction,parties_observed,parties,p_no,p_yes\nA,yes,2,x;y,0.1,0.9\n"
+                                    "B,no,2,x;y,0.7,0.3\nC,no,1,x,0.6,0.4\nD,yes,1,x,0.4,0.6\n")
+    code, out, err = cli("score", "--predictions", str(tmp_path / "p.csv"), "--truth", str(tmp_path / "truth.csv"))
+    assert code == 0, err
+    # by hand: 3 of the 4 (yes, no) pairs ranked right; average precision of yes 1/2 + 1/2 x 2/3; recall 1/2 in
+    # each class; -(ln .9 + ln .7 + 2 ln .4) / 4; ECE |1 - .9| / 4 + |1 - .7| / 4 + 2 |0 - .6| / 4
+    assert out.splitlines()[0] == ("accuracy 50.00 %, ROC AUC 0.7500, PR AUC (yes) 0.833, balanced accuracy 50.00 %, "
+                                   "log loss 0.5737, ECE 0.4000 on 4 records (0 held by no present party)")
+    assert out.splitlines()[1] == ("by parties observed: 1: accuracy 0.00 %, ROC AUC 0.000 (2), "
+                                   "2: accuracy 100.00 %, ROC AUC 1.000 (2)")
+    (tmp_path / "yes.csv").write_text("id,label\nA,yes\nC,yes\n")  # one class: no ranking to measure
+    (tmp_path / "q.csv").write_text("id,prediction,parties_observed,parties,p_no,p_yes\nA,yes,2,x;y,0.1,0.9\n"
+                                    "C,no,2,x;y,0.6,0.4\n")
+    code, out, err = cli("score", "--predictions", str(tmp_path / "q.csv"), "--truth", str(tmp_path / "yes.csv"))
+    assert code == 0 and "ROC AUC n/a (one class), PR AUC (yes) n/a (one class)" in out, out + err
 
 
 def test_validation_metric_per_parties_observed_against_hand_counts():

@@ -75,7 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     privacy.add_argument("--party", required=True, help="the party (its own ledger, in its model folder)")
     _propose_options(commands.add_parser(
         "propose-clips", help="propose the [privacy] clip norms from a party's own rows, released with DP"))
-    score = commands.add_parser("score", help="accuracy, or RMSE, MAE and R^2, of a predictions CSV against the truth")
+    score = commands.add_parser("score", help="accuracy, ROC AUC, PR AUC, balanced accuracy, log loss and ECE, or "
+                                "RMSE, MAE and R^2, of a predictions CSV against the truth")
     score.add_argument("--predictions", required=True)
     score.add_argument("--truth", required=True)
     score.add_argument("--id-column", default="id", help="the truth's ID column (default id)")
@@ -442,12 +443,39 @@ def _score_line(ids: list[str], predicted: dict, truth: dict, regression: bool, 
 
     if not regression:
         value = accuracy(np.array([predicted[i]["prediction"] for i in ids]), np.array([truth[i] for i in ids]))
-        return f"accuracy {value:.2f} %"
+        return f"accuracy {value:.2f} %" + _probability_scores(ids, predicted, truth, args, short)
     metrics = regression_metrics(_numbers([predicted[i]["prediction"] for i in ids], args.predictions, "prediction"),
                                  _numbers([truth[i] for i in ids], args.truth, args.label_column))
     if short:
         return f"RMSE {metrics['rmse']:.4g}"
     return f"RMSE {metrics['rmse']:.4g}, MAE {metrics['mae']:.4g}, R^2 {metrics['r2']:.3f}"
+
+
+def _probability_scores(ids: list[str], predicted: dict, truth: dict, args, short: bool) -> str:
+    """What a tabular user reads from the p_<class> columns: ROC AUC (one-vs-rest macro for several classes),
+    and in full PR AUC (of the second class of two: its name is given), balanced accuracy, log loss and ECE.
+    A true class the file has no column for has probability 0 there."""
+    from ..metrics import classification_metrics
+
+    classes = [name[2:] for name in predicted[ids[0]] if name.startswith("p_")]
+    unseen = sorted({truth[i] for i in ids} - set(classes))
+    columns = [*classes, *unseen]
+    probabilities = np.zeros((len(ids), len(columns)))
+    for row, i in enumerate(ids):
+        probabilities[row, :len(classes)] = _numbers([predicted[i][f"p_{c}"] for c in classes], args.predictions,
+                                                     "p_<class>")
+    y = np.array([columns.index(truth[i]) for i in ids])
+    m = {k: v if v == v else "n/a (one class)" for k, v in classification_metrics(probabilities, y).items()}
+    if short:
+        return f", ROC AUC {_rounded(m['roc_auc'], 3)}"
+    pr = f"PR AUC ({classes[1]}) {_rounded(m['pr_auc'], 3)}" if len(columns) == 2 else \
+        f"PR AUC {_rounded(m['pr_auc'], 3)}"
+    return (f", ROC AUC {_rounded(m['roc_auc'], 4)}, {pr}, balanced accuracy {100 * m['balanced_accuracy']:.2f} %, "
+            f"log loss {m['log_loss']:.4f}, ECE {m['ece']:.4f}")
+
+
+def _rounded(value, digits: int) -> str:
+    return value if isinstance(value, str) else f"{value:.{digits}f}"
 
 
 def _numbers(cells: list[str], path: str, column: str) -> np.ndarray:

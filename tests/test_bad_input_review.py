@@ -140,3 +140,13 @@ def test_a_rendezvous_this_host_cannot_listen_on_is_one_error(demo, refused):
     code, _, err = cli("train", "--config", str(path), "--party", "clinic")
     _one_error(code, err, "cannot listen on 192.0.2.1:29691")
     refused("federation file")
+
+
+def test_scoring_a_truth_file_with_its_own_column_names_points_at_the_flags(tmp_path, refused):
+    # a new user's truth file kept the data's names (customer_id, churn): the refusal did not say how to name them
+    (tmp_path / "truth.csv").write_text("customer_id,churn\na,x\n")
+    (tmp_path / "pred.csv").write_text("id,prediction,p_x,p_y\na,x,1,0\n")
+    code, _, err = cli("score", "--predictions", str(tmp_path / "pred.csv"), "--truth", str(tmp_path / "truth.csv"))
+    _one_error(code, err, "found columns 'customer_id', 'churn', 1 rows (name the truth's own columns with "
+                          "--id-column and --label-column)")
+    refused("cli")

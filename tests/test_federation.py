@@ -238,8 +238,12 @@ def test_one_host_per_party_a_party_declared_absent_is_not_waited_for(trained, t
                                      str(config), "--party", name, "--quiet", "--absent", "party1",
                                      *out.get(name, [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name in ("party3", "party0", "party2")}  # party1 never comes
-    errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
-    assert all(proc.returncode == 0 for proc in procs.values()), errors
+    outputs = {name: proc.communicate(timeout=240) for name, proc in procs.items()}
+    assert all(proc.returncode == 0 for proc in procs.values()), {k: v[1] for k, v in outputs.items()}
+    # each host says what its run left there (a new user saw nothing at the active party)
+    assert outputs["party3"][0].splitlines()[-1].startswith(f"predictions: {tmp_path / 'p.csv'} (")
+    assert outputs["party0"][0].splitlines()[-1] == ("party0: prediction done; the active party party3 writes the "
+                                                     "predictions, nothing here")
     predictions = rows(tmp_path / "p.csv")
     assert {r["id"] for r in predictions} == {r["id"] for r in rows(trained / "truth.csv")}
     assert max(int(r["parties_observed"]) for r in predictions) == 3
@@ -247,9 +251,13 @@ def test_one_host_per_party_a_party_declared_absent_is_not_waited_for(trained, t
 
 def test_one_host_per_party_training_needs_every_listed_party(trained, tmp_path, refused):
     config = _copy(trained, tmp_path, "join_timeout_s = 2\n")
-    code, _, err = cli("train", "--config", str(config), "--party", "party3", "--quiet")
+    code, out, err = cli("train", "--config", str(config), "--party", "party3", "--quiet")
     assert code == 2 and "Traceback" not in err, err
     assert "party0, party1, party2 did not join within 2 s" in err and "training needs every listed party" in err
+    # what it waited for, said before it waited (a new user's passive party waited a minute in silence)
+    first = out.splitlines()[0]
+    assert first.startswith("party3: listening at 127.0.0.1:") and first.endswith(
+        " for party0, party1, party2 (join_timeout_s = 2 s)"), err
     refused("federation input")
 
 
@@ -379,8 +387,13 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     procs["party1"].send_signal(signal.SIGKILL)
     procs["party1"].wait()
     procs["party1"] = start("party1", "--rejoin")
-    errors = {name: proc.communicate(timeout=300)[1] for name, proc in procs.items()}
+    outputs = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
+    errors = {name: err for name, (_, err) in outputs.items()}
     assert all(proc.returncode == 0 for proc in procs.values()), errors
+    # each host says where its model is; the active party also what the run did
+    folder = config.parent / "party2" / "model"
+    assert outputs["party2"][0].splitlines()[-1] == f"party2: trained; its model is in {folder}"
+    assert outputs["party3"][0].splitlines()[-1].startswith("trained 4 parties under ")
     record = json.loads((config.parent / "party3" / "model" / "train_result.json").read_text())
     events = [(e["party"], e["how"] == "rejoined") for e in record["lost_parties"]]
     assert events == [("party1", False), ("party1", True)], record["lost_parties"]

@@ -53,6 +53,9 @@ def test_regression_on_diabetes_beats_the_mean_and_the_active_party_alone(tmp_pa
     assert code == 0, err
     record = json.loads((tmp_path / "clinic" / "model" / "train_result.json").read_text())
     assert record["validation"]["metric"] == "rmse" and "rmse" in out
+    # the settings it ran: the auto schedule's (not the preset's placeholders), none of simulate's own
+    assert all(record["config"][stage] == record["schedule"][stage] for stage in ("pretrain", "train"))
+    assert record["config"]["pretrain"]["epochs"] > 1 and not {"dataset", "train_mechanism"} & set(record["config"])
     manifest = json.loads((tmp_path / "clinic" / "model" / "manifest.json").read_text())
     labels = [float(r["outcome"]) for r in rows(tmp_path / "clinic" / "train.csv") if r["outcome"].strip()]
     assert manifest["target"]["mean"] == pytest.approx(np.mean(labels))

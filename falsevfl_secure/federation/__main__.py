@@ -63,7 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         sub.add_argument("--protocol", choices=tuple(PROTOCOLS), default=None,
                          help="as if this party's file said so (every participant passes the same, or nobody runs)")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
-    commands.choices["train"].add_argument("--resume", action="store_true")
+    commands.choices["train"].add_argument(
+        "--resume", action="store_true", help="continue from the last epoch every party completed (each party's own "
+        "checkpoints, of the same configuration), ending with the parameters of an uninterrupted run")
     commands.choices["train"].add_argument(
         "--rejoin", action="store_true", help="a passive party that left a run that went on (on_party_loss = "
         "\"continue\"): come back from its own latest checkpoint, readmitted at the next epoch's start (with --party)")
@@ -210,11 +212,28 @@ def run(args: argparse.Namespace) -> int:
     from .launch import run_all, run_party  # only now: its imports take seconds a refusal should not wait for
 
     if args.party is not None:
-        return _explained(fed, args.party, present, protocol,
+        code = _explained(fed, args.party, present, protocol,
                           lambda: run_party(fed, args.party, args.command, protocol, present, options))
+        print(_party_done(fed, args))
+        return code
     run_all(fed, args.command, protocol, present, options)
     _summarise(fed, args)
     return 0
+
+
+def _party_done(fed, args: argparse.Namespace) -> str:
+    """One host per party: what this role's run left here (the active party's predictions, each party's model)."""
+    if args.command == "predict":
+        if args.party == fed.active:
+            return _predictions_summary(Path(args.out))
+        return f"{args.party}: prediction done; the active party {fed.active} writes the predictions, nothing here"
+    if args.party == AGGREGATOR:
+        return "aggregator: training done (it keeps nothing)"
+    folder = fed.party(args.party).model_dir
+    if args.party != fed.active:
+        return f"{args.party}: trained; its model is in {folder}"
+    return _trained_line(fed, json.loads((folder / "train_result.json").read_text()), f"models in {folder} here and "
+                         "in each party's own folder")
 
 
 def check_rejoin(fed, party: str | None) -> None:
@@ -382,18 +401,22 @@ def _summarise(fed, args: argparse.Namespace) -> None:
         print(_predictions_summary(Path(args.out)))
         return
     record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
-    alignment = record["alignment"]
-    print(f"trained {len(fed.parties)} parties under {record['protocol']} in {record['wall_time_s']:.1f} s: "
-          f"{alignment['union_size']} records aligned in {alignment['seconds']:.1f} s "
-          f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}), "
-          f"{alignment['labeled']} labeled for training, {alignment['validation']} held out; models in each "
-          "party's folder")
+    print(_trained_line(fed, record, "models in each party's folder"))
     print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
-        f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}" for name, o in alignment["overlap"].items()))
+        f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}"
+        for name, o in record["alignment"]["overlap"].items()))
     print(validation_summary(record["validation"]))
     lift = lift_lines(record["lift"], record.get("config")) if record.get("lift") else []
     for line in [*trees_lines(record.get("trees")), *lift]:
         print(line)
+
+
+def _trained_line(fed, record: dict, where: str) -> str:
+    alignment = record["alignment"]
+    return (f"trained {len(fed.parties)} parties under {record['protocol']} in {record['wall_time_s']:.1f} s: "
+            f"{alignment['union_size']} records aligned in {alignment['seconds']:.1f} s "
+            f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}), "
+            f"{alignment['labeled']} labeled for training, {alignment['validation']} held out; {where}")
 
 
 def _predictions_summary(path: Path) -> str:
@@ -407,7 +430,8 @@ def _predictions_summary(path: Path) -> str:
 
 def score(args: argparse.Namespace) -> int:
     """Accuracy (a predictions file with class probabilities) or RMSE, MAE and R^2 (a regression file)."""
-    truth_rows = _table(Path(args.truth), (args.id_column, args.label_column))
+    truth_rows = _table(Path(args.truth), (args.id_column, args.label_column),
+                        " (name the truth's own columns with --id-column and --label-column)")
     rows = _table(Path(args.predictions), ("id", "prediction"))
     _once_each(args.truth, [r[args.id_column] for r in truth_rows])
     _once_each(args.predictions, [r["id"] for r in rows])
@@ -498,8 +522,9 @@ def _is_float(cell: str) -> bool:
     return True
 
 
-def _table(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
-    """The rows of a CSV file (BOM, CRLF and spaces around cells allowed) with the `needed` columns."""
+def _table(path: Path, needed: tuple[str, ...], hint: str = "") -> list[dict[str, str]]:
+    """The rows of a CSV file (BOM, CRLF and spaces around cells allowed) with the `needed` columns; `hint`
+    follows a refusal of its header."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.reader(handle)
@@ -510,7 +535,7 @@ def _table(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
     absent = [name for name in needed if name not in header]
     if absent or not rows:
         raise InputError(f"{path}: expected a header with the columns {', '.join(map(repr, needed))} and at least one "
-                         f"row; found columns {', '.join(map(repr, header)) or 'none'}, {len(rows)} rows")
+                         f"row; found columns {', '.join(map(repr, header)) or 'none'}, {len(rows)} rows{hint}")
     return rows
 
 

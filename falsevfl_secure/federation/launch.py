@@ -79,11 +79,21 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
                          f"{', '.join(role_names(fed, fed.names, proto))}")
     spec = spec_of(fed, name, command, proto, present, file_addresses(fed, proto))
     share_cores(fed, proto)
+    print(_waiting_line(fed, spec), flush=True)
     if options.get("rejoin"):
         spec = replace(spec, request=replace(spec.request, rejoin=True))
     committed(outputs_of(fed, [name], command, options),
               lambda: run_role(spec, federation_program, (str(fed.path), command, options)))
     return 0
+
+
+def _waiting_line(fed: Federation, spec: RoleSpec) -> str:
+    """What this role waits for before anything else is printed (a party whose peers were not up yet waited
+    silently until its join timeout)."""
+    plan = spec.plan
+    waits = [f"listening at {plan.serve_at} for {', '.join(plan.accept)}"] if plan.serve_at else []
+    waits += [f"joining {peer} at {address}" for peer, address in plan.dial]
+    return f"{spec.name}: {'; '.join(waits)} (join_timeout_s = {fed.join_timeout_s:g} s)"
 
 
 def share_cores(fed: Federation, protocol: Protocol) -> int | None:

@@ -172,7 +172,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     spent = _ledger(name, spent, me.model_dir)
     if role.is_active:
         validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
-        record = _train_record(fed, role.protocol.name, aligned, trained, own["communication"],
+        record = _train_record(fed, cfg, role.protocol.name, aligned, trained, own["communication"],
                                time.perf_counter() - started, validation)
         schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
         lost = role.losses.events if role.losses is not None else []
@@ -312,7 +312,18 @@ def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Align
     return validation, lift_report(fed.task, out, references, y[rows], inverse)
 
 
-def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, communication: list[dict],
+# `simulate`'s own settings (the data set it loads, how it draws its splits): not this run's, left out of its record
+_SIMULATION_ONLY = ("dataset", "train_mechanism", "mechanism_rows", "n_labeled", "n_aligned", "max_rows",
+                    "cell_missing", "standardize")
+
+
+def run_settings(cfg) -> dict:
+    """The settings this run trained with, as `train_result.json` records them: the schedule it ran (the `auto`
+    rule's batches and epochs, not the preset's placeholders), without `simulate`'s own settings."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in _SIMULATION_ONLY}
+
+
+def _train_record(fed: Federation, cfg, protocol: str, aligned: Aligned, trained, communication: list[dict],
                   wall: float, validation: dict | None) -> dict:
     rows = dict(zip(fed.names, aligned.holders.sum(axis=0).tolist(), strict=True))
     per_party = aligned.overlap.per_party
@@ -327,7 +338,7 @@ def _train_record(fed: Federation, protocol: str, aligned: Aligned, trained, com
                                                 "overlap": overlap,
                                                 "dropped_no_observed_party": aligned.dropped,
                                                 "seconds": round(aligned.seconds, 3)},
-            "validation": validation, "communication": communication, "config": fed.model.to_dict()}
+            "validation": validation, "communication": communication, "config": run_settings(cfg)}
 
 
 def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:

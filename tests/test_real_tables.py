@@ -443,6 +443,10 @@ def test_score_reads_the_class_probabilities_a_tabular_user_needs(tmp_path):
                                     "C,no,2,x;y,0.6,0.4\n")
     code, out, err = cli("score", "--predictions", str(tmp_path / "q.csv"), "--truth", str(tmp_path / "yes.csv"))
     assert code == 0 and "ROC AUC n/a (one class), PR AUC (yes) n/a (one class)" in out, out + err
+    (tmp_path / "r.csv").write_text("id,prediction,parties_observed,parties,p_yes\nA,yes,2,x;y,1\nC,yes,2,x;y,1\n")
+    (tmp_path / "mixed.csv").write_text("id,label\nA,yes\nC,no\n")  # a class the model never saw
+    code, out, err = cli("score", "--predictions", str(tmp_path / "r.csv"), "--truth", str(tmp_path / "mixed.csv"))
+    assert code == 0 and out.startswith("accuracy 50.00 %, ROC AUC 0.5000, PR AUC (no) 0.500"), out + err
 
 
 def test_validation_metric_per_parties_observed_against_hand_counts():

@@ -429,7 +429,8 @@ def _predictions_summary(path: Path) -> str:
 
 
 def score(args: argparse.Namespace) -> int:
-    """Accuracy (a predictions file with class probabilities) or RMSE, MAE and R^2 (a regression file)."""
+    """Accuracy and the class probabilities' scores (a file with p_<class> columns), or RMSE, MAE and R^2 (a
+    regression file)."""
     truth_rows = _table(Path(args.truth), (args.id_column, args.label_column),
                         " (name the truth's own columns with --id-column and --label-column)")
     rows = _table(Path(args.predictions), ("id", "prediction"))
@@ -492,7 +493,7 @@ def _probability_scores(ids: list[str], predicted: dict, truth: dict, args, shor
     m = {k: v if v == v else "n/a (one class)" for k, v in classification_metrics(probabilities, y).items()}
     if short:
         return f", ROC AUC {_rounded(m['roc_auc'], 3)}"
-    pr = f"PR AUC ({classes[1]}) {_rounded(m['pr_auc'], 3)}" if len(columns) == 2 else \
+    pr = f"PR AUC ({columns[1]}) {_rounded(m['pr_auc'], 3)}" if len(columns) == 2 else \
         f"PR AUC {_rounded(m['pr_auc'], 3)}"
     return (f", ROC AUC {_rounded(m['roc_auc'], 4)}, {pr}, balanced accuracy {100 * m['balanced_accuracy']:.2f} %, "
             f"log loss {m['log_loss']:.4f}, ECE {m['ece']:.4f}")

@@ -314,10 +314,10 @@ def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Align
 
 # `simulate`'s own settings (the data set it loads, how it draws its splits): not this run's, left out of its record
 _SIMULATION_ONLY = ("dataset", "train_mechanism", "mechanism_rows", "n_labeled", "n_aligned", "max_rows",
-                    "cell_missing", "standardize")
+                    "cell_missing")
 
 
-def run_settings(cfg) -> dict:
+def _run_settings(cfg) -> dict:
     """The settings this run trained with, as `train_result.json` records them: the schedule it ran (the `auto`
     rule's batches and epochs, not the preset's placeholders), without `simulate`'s own settings."""
     return {k: v for k, v in cfg.to_dict().items() if k not in _SIMULATION_ONLY}
@@ -338,7 +338,7 @@ def _train_record(fed: Federation, cfg, protocol: str, aligned: Aligned, trained
                                                 "overlap": overlap,
                                                 "dropped_no_observed_party": aligned.dropped,
                                                 "seconds": round(aligned.seconds, 3)},
-            "validation": validation, "communication": communication, "config": run_settings(cfg)}
+            "validation": validation, "communication": communication, "config": _run_settings(cfg)}
 
 
 def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:

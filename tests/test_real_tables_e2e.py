@@ -56,6 +56,10 @@ def test_regression_on_diabetes_beats_the_mean_and_the_active_party_alone(tmp_pa
     # the settings it ran: the auto schedule's (not the preset's placeholders), none of simulate's own
     assert all(record["config"][stage] == record["schedule"][stage] for stage in ("pretrain", "train"))
     assert record["config"]["pretrain"]["epochs"] > 1 and not {"dataset", "train_mechanism"} & set(record["config"])
+    # and its plot beside it (the active party's alone: the others keep no record of the run's quality)
+    assert (tmp_path / "clinic" / "model" / "train_result.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert written.names[0] == "clinic" and not any((tmp_path / n / "model" / "train_result.png").exists()
+                                                    for n in written.names[1:])
     manifest = json.loads((tmp_path / "clinic" / "model" / "manifest.json").read_text())
     labels = [float(r["outcome"]) for r in rows(tmp_path / "clinic" / "train.csv") if r["outcome"].strip()]
     assert manifest["target"]["mean"] == pytest.approx(np.mean(labels))

@@ -176,10 +176,10 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
                                time.perf_counter() - started, validation)
         schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
         lost = role.losses.events if role.losses is not None else []
-        write_json(out / "train_result.json", {**record, "lift": lift, "selection": trained.selection,
-                                               "trees": trained.trees,
-                                               "schedule": schedule, "lost_parties": lost,
-                                               "privacy": None if spent is None else spent.to_dict()})
+        record = {**record, "lift": lift, "selection": trained.selection, "trees": trained.trees,
+                  "schedule": schedule, "lost_parties": lost, "privacy": None if spent is None else spent.to_dict()}
+        write_json(out / "train_result.json", record)
+        _plot(record, out / "train_result.png")
         for event in _still_out(lost):
             print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
                   f"part of the model is from before; predict with --absent {event['party']}", flush=True)
@@ -310,6 +310,16 @@ def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Align
     references = fit_reference(placed, y, aligned.labeled, rows, fed.task, n_classes, fed.model.seed)
     inverse = inputs.target_scale.inverse if inputs.target_scale is not None else None
     return validation, lift_report(fed.task, out, references, y[rows], inverse)
+
+
+def _plot(record: dict, path: Path) -> None:
+    """The record's plot; a plot that fails costs the run nothing but the plot (its models are what matter)."""
+    from .plot import plot_training
+
+    try:
+        plot_training(record, path)
+    except Exception as error:  # noqa: BLE001 (matplotlib's own failures are many; none should cost the models)
+        print(f"warning: {path.name} not written ({type(error).__name__}: {error})", flush=True)
 
 
 # `simulate`'s own settings (the data set it loads, how it draws its splits): not this run's, left out of its record

@@ -119,3 +119,16 @@ def test_ids_written_differently_stop_training_until_a_pattern_makes_them_meet(t
     assert code == 0, err
     overlap = json.loads((tmp_path / "clinic" / "model" / "train_result.json").read_text())["alignment"]["overlap"]
     assert overlap["lab"]["with_active"] == overlap["lab"]["listed"] > 0
+
+
+def test_a_plot_that_fails_costs_the_training_only_the_plot(tmp_path, monkeypatch, capsys):
+    # the models are staged and kept only when the run ends well: a matplotlib failure must not end it
+    from falsevfl_secure.federation import party, plot
+
+    def broken(record, path):
+        raise RuntimeError("no backend")
+
+    monkeypatch.setattr(plot, "plot_training", broken)
+    party._plot({}, tmp_path / "train_result.png")
+    assert capsys.readouterr().out == "warning: train_result.png not written (RuntimeError: no backend)\n"
+    assert not (tmp_path / "train_result.png").exists()

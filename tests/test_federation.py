@@ -310,9 +310,21 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     assert result["privacy"]["epsilon"] == ledger["epsilon"]
     code, out, _ = cli("privacy", "--config", str(config), "--party", "party0")
     assert code == 0 and "party0: epsilon = " in out and "0 prediction run(s)" in out
-    code, _, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "p.csv"), "--quiet")
+    code, out, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "p.csv"), "--quiet")
     assert code == 0, err
-    assert json.loads((config.parent / active["model"] / "privacy.json").read_text())["prediction_runs"] == 1
+    after = json.loads((config.parent / active["model"] / "privacy.json").read_text())
+    assert after["prediction_runs"] == 1
+    # each party says what the prediction run spent (a reviewer found it only through `privacy`)
+    mine = json.loads((config.parent / "party0" / "model" / "privacy.json").read_text())
+    assert f"privacy: party0's rows at epsilon = {mine['epsilon']:.3g} per row of its budget 8 " in out, out
+    # a budget lowered after the releases: `privacy` says so and exits 1 (a reviewer saw 3.25 "of its budget 3", 0)
+    config.write_text(text + "\n[privacy]\nepsilon = 0.01\nnoise_multiplier = 10.0\n")
+    code, out, _ = cli("privacy", "--config", str(config), "--party", "party3")
+    assert code == 1 and "warning: party3's rows have spent more than the budget its file now sets" in out, out
+    # a party whose ledger is on another host: one error line, not a traceback from reading a folder of None
+    config.write_text(config.read_text().replace('model = "party0/model"\n', ""))
+    code, _, err = cli("privacy", "--config", str(config), "--party", "party0")
+    assert code == 2 and "Traceback" not in err and "party0" in err and "has no model" in err, err
     refused("privacy budget")
 
 

@@ -397,6 +397,8 @@ def _summarise(fed, args: argparse.Namespace) -> None:
     from ..reference import lift_lines
     from .quality import trees_lines, validation_summary
 
+    for line in _spent_lines(fed):
+        print(line)
     if args.command == "predict":
         print(_predictions_summary(Path(args.out)))
         return
@@ -409,6 +411,16 @@ def _summarise(fed, args: argparse.Namespace) -> None:
     lift = lift_lines(record["lift"], record.get("config")) if record.get("lift") else []
     for line in [*trees_lines(record.get("trees")), *lift]:
         print(line)
+
+
+def _spent_lines(fed) -> list[str]:
+    """Under a budget, where each local party's rows stand after the run (its own ledger's total)."""
+    if not fed.model.privacy.enabled:
+        return []
+    ledgers = {name: read_ledger(fed.party(name).model_dir) for name in fed.local}
+    return [f"privacy: {name}'s rows at epsilon = {ledger['epsilon']:.3g} per row of its budget "
+            f"{fed.model.privacy.epsilon:g} (delta {fed.model.privacy.delta:g})"
+            for name, ledger in ledgers.items() if "epsilon" in ledger]
 
 
 def _trained_line(fed, record: dict, where: str) -> str:
@@ -547,11 +559,12 @@ def privacy(args: argparse.Namespace) -> int:
     if not budget.enabled:
         print(f"{args.party}: no privacy budget in {fed.path} (no [privacy] epsilon): nothing is noised")
         return 0
-    ledger = read_ledger(fed.party(args.party).model_dir)
+    folder = fed.own(args.party).model_dir  # another host's party: its ledger is there, not here
+    ledger = read_ledger(folder)
     events = all_spent(ledger)
     if not events:
         print(f"{args.party}: budget epsilon = {budget.epsilon:g} at delta {budget.delta:g}; nothing spent yet "
-              f"(no {LEDGER} in {fed.party(args.party).model_dir})")
+              f"(no {LEDGER} in {folder})")
         return 0
     epsilon = ledger_epsilon(1.0, 0, budget, args.party, threshold_delta(ledger), events)
     model = (f"its model: {ledger['releases_per_row']} releases per row at noise multiplier "
@@ -561,6 +574,10 @@ def privacy(args: argparse.Namespace) -> int:
     before = before_model(ledger)
     print(f"{args.party}: epsilon = {epsilon:.3g} per row of its budget {budget.epsilon:g} (delta {budget.delta:g}): "
           f"{model}before it {sum(r for _, r in before)} release(s) (its encodings, clip proposals, earlier models)")
+    if epsilon > budget.epsilon * (1 + 1e-9):  # the file's budget was lowered after these releases
+        print(f"warning: {args.party}'s rows have spent more than the budget its file now sets (epsilon = "
+              f"{epsilon:.3g} > {budget.epsilon:g}): every run that releases them more is refused")
+        return 1
     return 0
 
 
@@ -579,7 +596,7 @@ def propose_clips(args: argparse.Namespace) -> int:
     from .inputs import read_training_table
 
     fed = load_federation(args.config)
-    me = fed.party(args.party)
+    me = fed.own(args.party)  # its own table and ledger: another host's party has none here
     if not fed.model.privacy.enabled:
         raise InputError(f"{fed.path}: no [privacy] epsilon: a clip proposal is released under the party's budget")
     (low, high), records = MULTIPLIER_RANGE, 1 if args.records is None else args.records

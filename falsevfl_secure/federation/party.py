@@ -365,8 +365,13 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
-    if charge_prediction(cfg, name, model_dir, seen) is not None and role.losses is not None:  # its own budget, first
-        role.losses.on_rerun = partial(charge_rerun, cfg, name, model_dir, exposure=seen)  # and a batch run again
+    spent = charge_prediction(cfg, name, model_dir, seen)  # its own budget, first
+    if spent is not None:
+        print(f"privacy: this prediction run takes {name}'s rows to epsilon = {spent.epsilon:.3g} per row of its "
+              f"budget {spent.budget:g} (delta {spent.delta:g}, {spent.releases} releases at noise multiplier "
+              f"{spent.multiplier:g}; charged before anything is sent)", flush=True)
+        if role.losses is not None:
+            role.losses.on_rerun = partial(charge_rerun, cfg, name, model_dir, exposure=seen)  # a batch run again
     kinds = method_for(cfg).own_reference_kinds
     scores = refit_scores(model_dir, placed, fed.task, n_classes, cfg.seed, kinds) \
         if role.is_active and kinds else None

@@ -280,6 +280,28 @@ def test_a_released_encoding_is_reused_for_the_same_table_and_charged_once(tmp_p
     assert read_training_table(fed, "lab").release is None  # `check`: in clear, nothing drawn or charged
 
 
+def test_a_kept_encoding_is_charged_again_to_a_ledger_that_no_longer_counts_it(tmp_path):
+    # Privacy review finding: a ledger deleted to start afresh, the kept encoding reused "charged then", and the
+    # epsilon `privacy` reported left it out (3.25 where 4.04 had been spent). Its values are reused (no new
+    # draw), its release is counted again.
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.inputs import read_training_table
+    from falsevfl_secure.federation.tables_demo import Spec, write_federation
+
+    written = write_federation(tmp_path, Spec(categorical=True, messy=False))
+    written.path.write_text(written.path.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
+    fed = load_federation(written.path)
+    first = read_training_table(fed, "lab", private=True)
+    ledger = fed.party("lab").model_dir / privacy.LEDGER
+    charged = privacy.read_ledger(ledger.parent)
+    ledger.unlink()
+    again = read_training_table(fed, "lab", private=True)
+    assert again.encoding.to_dict() == first.encoding.to_dict() and not again.release.reused
+    assert "charged)" in again.release.line("lab")
+    assert privacy.read_ledger(ledger.parent) == charged  # counted as when it was drawn
+    assert read_training_table(fed, "lab", private=True).release.reused  # and then not again
+
+
 def test_the_thresholds_probability_is_taken_from_delta_and_added_to_epsilon():
     # Review finding: a build without either part passed every budget test (p was 1e-7 there). At p = 0.1 of a
     # delta of 0.2, both parts are far above the tolerance: delta_G = 0.1 and epsilon + ln(1 / 0.9).

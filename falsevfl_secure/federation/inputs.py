@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -86,9 +87,11 @@ def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encodi
     release = EncodingRelease(encoding_multiplier(privacy), delta if table.categorical else 0.0)
     path, key = fed.party(table.party).model_dir / RELEASED, table_key(table)
     kept = _kept(path, key, release)
-    if kept is not None:
+    if kept is not None and _accounted(path.parent, kept[1]):
         return kept
     charge_encoding(fed.model, table.party, path.parent, release)
+    if kept is not None:  # released before, but its ledger (reset since) no longer counts it: counted again
+        return kept[0], replace(kept[1], reused=False)
     encoding, release = private_encoding(table, release.multiplier, delta, RoleSecret.fresh().stream("encoding"))
     atomic_write(path, json.dumps({"table": key, "encoding": encoding.to_dict(), "release": asdict(release)}),
                  private=True)
@@ -102,6 +105,16 @@ def table_key(table: PartyTable) -> str:
     digest = hashlib.sha256(json.dumps([table.ids, table.columns, sorted(table.text), text]).encode())
     digest.update(np.ascontiguousarray(table.x, dtype=np.float32).tobytes())
     return digest.hexdigest()
+
+
+def _accounted(folder: Path, release) -> bool:
+    """Whether the party's ledger counts a release like this one (a ledger deleted to start afresh does not: a
+    kept encoding reused uncharged would then be missing from the epsilon it reports; privacy review finding)."""
+    from ..privacy import all_spent, read_ledger
+
+    wanted = release.event
+    return any(math.isclose(float(z), wanted[0], rel_tol=1e-12) and int(r) == wanted[1]
+               for z, r in all_spent(read_ledger(folder)))
 
 
 def _kept(path: Path, key: str, wanted) -> tuple[Encoding, object] | None:

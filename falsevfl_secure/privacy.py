@@ -366,6 +366,18 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) ->
     return epsilon
 
 
+def training_refusal(cfg: Config, party: str, folder: Path, exposure: int = 1) -> InputError | None:
+    """What `charge_training` would refuse, found without charging (every party's verdict is agreed first:
+    federation/party.py); None where the schedule fits `party`'s budget."""
+    ledger = read_ledger(folder) if cfg.privacy.enabled else {}
+    try:
+        check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=all_spent(ledger), exposure=exposure,
+                     threshold_delta=threshold_delta(ledger))
+    except InputError as refusal:
+        return refusal
+    return None
+
+
 @_locked
 def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) -> tuple[Spent | None, dict]:
     """Before training: refuse a schedule that would take `party` past its budget after everything its ledger

@@ -366,6 +366,31 @@ def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_hand
     assert all((config.parent / name / "model" / "model.pt").read_bytes() == saved for name, saved in before.items())
 
 
+def test_one_partys_budget_refusal_stops_every_party_before_any_charges(trained, tmp_path):
+    """Privacy review finding: party1's own budget (epsilon 0.5) refused the schedule after the others had charged
+    theirs (epsilon 8): they were charged for a run that never happened and refused every retrain after. Now the
+    parties agree on their verdicts first (one bit each): every party stops, naming party1, no schedule charged."""
+    import subprocess
+    import sys
+
+    config = _copy(trained, tmp_path)
+    config.write_text(config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
+    low = config.with_name("party1.toml")
+    low.write_text(config.read_text().replace("epsilon = 8.0", "epsilon = 0.5"))
+    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
+                                     str(low if name == "party1" else config), "--party", name, "--quiet"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("party3", "party0", "party1", "party2")}
+    errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
+    assert all(proc.returncode == 2 for proc in procs.values()), errors
+    assert "party1: the schedule would spend epsilon" in errors["party1"], errors
+    assert "no party charged this schedule to its ledger" in errors["party1"]
+    for name in ("party0", "party2", "party3"):
+        assert "party1: its own privacy budget refuses the schedule every party sized" in errors[name], errors
+        ledger = json.loads((config.parent / name / "model" / "privacy.json").read_text())
+        assert "releases_per_row" not in ledger and len(ledger["encodings"]) == 1, ledger  # its encoding only
+
+
 def _ledger(party: Path) -> bytes | None:
     path = party / "model" / "privacy.json"
     return path.read_bytes() if path.exists() else None

@@ -35,7 +35,7 @@ from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
-from ..privacy import charge_prediction, charge_rerun, charge_training, exposure, read_ledger
+from ..privacy import charge_prediction, charge_rerun, charge_training, exposure, read_ledger, training_refusal
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
@@ -191,12 +191,52 @@ def _charge(role, cfg, folder: Path, encoding=None):
     drawn), recorded in its own ledger and refused past it; a pass's batch run again without a lost party is
     charged to it too (privacy.charge_rerun)."""
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
+    if cfg.privacy.enabled:  # (every party's file agrees on it: the noise is in the model's fingerprint)
+        _budgets_agree(role, training_refusal(cfg, role.spec.name, folder, seen))
     spent, _ = charge_training(cfg, role.spec.name, folder, seen)
     if encoding is not None:
         print(encoding.line(role.spec.name), flush=True)
     if spent is not None and role.losses is not None:
         role.losses.on_rerun = partial(charge_rerun, cfg, role.spec.name, folder, exposure=seen)
     return spent
+
+
+BUDGET = "budget"  # the set-up step in which the parties agree that every own budget allows the schedule
+
+
+def _budgets_agree(role, refusal: InputError | None) -> None:
+    """Every party's own verdict on the sized schedule reaches the active party, which tells each party the names
+    of those that refuse; a refusal stops every party before any of them charges its ledger (privacy review: one
+    party's refusal left the others charged for a run that never happened). One bit per party crosses."""
+    peers, me = role.peers, role.spec.name
+    if role.is_active:
+        verdicts = {peers.names[k]: peers.recv(k, BUDGET) for k in range(peers.n_parties) if k != peers.active_index}
+        odd = [name for name, verdict in verdicts.items() if verdict not in (b"\x00", b"\x01")]
+        if odd:
+            raise ProtocolError(f"{', '.join(odd)} sent a budget verdict that is neither 0 nor 1")
+        refusing = [name for name, verdict in verdicts.items() if verdict == b"\x00"] + ([me] if refusal else [])
+        for k in range(peers.n_parties):
+            if k != peers.active_index:
+                peers.send(k, BUDGET, ",".join(refusing).encode())
+    else:
+        peers.send(peers.active_index, BUDGET, b"\x00" if refusal else b"\x01")
+        refusing = _refusing(peers.recv(peers.active_index, BUDGET), peers.names)
+    if refusal is not None:
+        raise InputError(f"{refusal}; no party charged this schedule to its ledger")
+    if refusing:
+        raise InputError(f"{', '.join(refusing)}: its own privacy budget refuses the schedule every party sized, so "
+                         f"every party stops here, nothing charged or released ({me}'s ledger untouched)")
+
+
+def _refusing(payload: bytes, names: list[str]) -> list[str]:
+    """The active party's answer: the refusing parties, each one of the run's (anything else ends the run)."""
+    try:
+        refusing = [name for name in payload.decode("ascii").split(",") if name]
+    except UnicodeDecodeError:
+        refusing = [""]
+    if any(name not in names for name in refusing):
+        raise ProtocolError("the active party's budget answer names a party that is not in the run")
+    return refusing
 
 
 def _say(validation: dict | None, trees: dict | None, lift: dict | None, config: dict) -> None:

@@ -65,11 +65,11 @@ SETUP: dict[str, tuple[int, int]] = {
     "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (4 << 10, 2), "barrier": (1 << 10, 2),
     "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
     "rejoin": (4 << 20, 2), "epoch": (64 << 10, 2), "epoch-ack": (64, 2), "bounds": (64 << 10, 2),
-    "bounds-ack": (64, 2), "pass-done": (1 << 10, 2), "model": (64, 2)}
+    "bounds-ack": (64, 2), "pass-done": (1 << 10, 2), "model": (64, 2), "budget": (4 << 10, 2)}
 # Set-up steps that are over once a method's rounds are declared (the public context, the alignment and its
 # announcement, a bare secure sum): from then on a frame of theirs is refused, so that no peer can keep their
 # 3 GiB of allowance waiting at this role for the rest of the run; one still waiting then is dropped, its sender named.
-BEFORE_ROUNDS = ("context", "align", "kept", "sum", "model")
+BEFORE_ROUNDS = ("context", "align", "kept", "sum", "model", "budget")
 
 
 def _routes(senders: str, receivers: str) -> frozenset[tuple[str, str]]:
@@ -93,7 +93,7 @@ ROUTES: dict[str, frozenset[tuple[str, str]]] = {
     "rejoin": _routes("active", "passive"), "epoch": _routes("active", "passive helper"),
     "epoch-ack": _routes("helper", "active"), "bounds": _routes("active", "helper"),
     "bounds-ack": _routes("helper", "active"), "pass-done": _routes("active", "passive"),
-    "model": _routes("passive", "active")}
+    "model": _routes("passive", "active"), "budget": _routes("passive", "active") | _routes("active", "passive")}
 # A round's frames (any tag not above): the active party's broadcasts, a party's contribution to the combiner (the
 # active party or a helper), a helper's combined sum to the active party; never between passive parties.
 ROUND_ROUTES = _routes("active", "passive") | _routes("passive", "active helper") | _routes("helper", "active")

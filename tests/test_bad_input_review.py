@@ -53,7 +53,7 @@ def test_a_demo_never_replaces_a_federation_already_there(demo, refused):
     (lambda t: t.replace("[model]", '[model]\nauto_schedule = "no"'), "auto_schedule='no': true or false"),
     (lambda t: t.replace("[model]", '[model]\nselect_best = "false"'), "select_best='false': true or false"),
     (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = 1e300\n\n[[party]]", 1),
-     "noise_multiplier=1e+300: a number in [0.05, 10000]"),  # (the sampler's ValueError, two tracebacks)
+     "[privacy] noise_multiplier = 1e+300 must be in [0.05, 10000]"),  # (the sampler's ValueError, two tracebacks)
     (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = 1\nclip_gradient = 1e300\n\n"
                          "[[party]]", 1), "clip_gradient=1e+300: a number in (0, 10000]"),
 ], ids=["party name a path", "bool as text", "bool as false text", "multiplier past the sampler", "clip past it"])

@@ -309,6 +309,15 @@ TYPOS = [
     (lambda t: t.replace("[[party]]", '[privacy]\nepsilon = "1"\n\n[[party]]', 1), "[privacy] epsilon = '1'"),
     (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = inf\n\n[[party]]", 1),
      "[privacy] noise_multiplier = inf"),
+    # a privacy reviewer's: named as [model], contradicting the range, or accepted silently
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\nnoise_multiplier = 4\ncollusion = 2\n\n[[party]]", 1),
+     "[privacy] collusion=2"),
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\nnoise_multiplier = 0.01\n\n[[party]]", 1),
+     "[privacy] noise_multiplier = 0.01 must be in [0.05, 10000] in a federation"),
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\ndelta = 0.5\nnoise_multiplier = 4\n\n[[party]]", 1),
+     "[privacy] delta = 0.5 must be at most 0.01"),
+    (lambda t: t.replace("[[party]]", "[privacy]\nnoise_multiplier = 4\n\n[[party]]", 1),
+     "[privacy] has no epsilon > 0"),
     (lambda t: t.replace('model = "lab/model"', 'model = "lab/train.csv"'), "is a file"),
 ]
 

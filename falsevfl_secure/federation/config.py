@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..config import PRESETS, Config, PrivacyConfig, StageConfig, real_number
+from ..config import MULTIPLIER_RANGE, PRESETS, Config, PrivacyConfig, StageConfig, real_number
 from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
@@ -66,6 +66,7 @@ STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 _NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "mechanism_rows", "n_labeled",
                    "n_aligned", "max_rows", "standardize", "cell_missing", "privacy"}
 PRIVACY_KEYS = tuple(f.name for f in fields(PrivacyConfig))
+MAX_DELTA = 1e-2  # a [privacy] delta past it is refused: the guarantee would fail outright too often
 # Config's settings and every registered method's own options (a method refuses another's by name)
 MODEL_KEYS = ("preset", *sorted(({f.name for f in fields(Config)} - _NOT_MODEL_KEYS - {"options"})
                                 | {name for method in METHODS.values() for name in method.options}))
@@ -508,7 +509,9 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
                       privacy=privacy).validate()
         method_for(cfg)  # a budget refused for a method that it does not cover
     except (TypeError, ValueError) as error:
-        raise InputError(f"{path}: [model] {error}") from error
+        text = str(error)  # Config.validate checks [privacy] too, its messages starting "privacy "
+        where = "[privacy] " + text.removeprefix("privacy ") if text.startswith("privacy ") else f"[model] {text}"
+        raise InputError(f"{path}: {where}") from error
     _check_device(cfg.device, path)
     return cfg
 
@@ -526,9 +529,18 @@ def _privacy(raw: dict, path: Path) -> PrivacyConfig:
         if not real_number(value):
             raise InputError(f"{path}: [privacy] {key} = {value!r} must be a finite number")
     privacy = PrivacyConfig(**section)
-    if privacy.enabled and privacy.noise_multiplier <= 0:
-        raise InputError(f"{path}: [privacy] needs noise_multiplier > 0 in a federation: every party states the same "
-                         "noise, and each checks its own epsilon budget against it (`federation privacy` shows it)")
+    if section and not privacy.enabled:  # (review finding: noise settings without a budget turned DP off silently)
+        raise InputError(f"{path}: [privacy] has no epsilon > 0: give this party's budget epsilon (with the noise "
+                         "every party states), or remove [privacy] to train without differential privacy")
+    low, high = MULTIPLIER_RANGE
+    if privacy.enabled and not low <= privacy.noise_multiplier <= high:
+        raise InputError(f"{path}: [privacy] noise_multiplier = {privacy.noise_multiplier:g} must be in [{low:g}, "
+                         f"{high:g}] in a federation: every party states the same noise, and each checks its own "
+                         "epsilon budget against it (`federation privacy` shows it)")
+    if privacy.enabled and privacy.delta > MAX_DELTA:
+        raise InputError(f"{path}: [privacy] delta = {privacy.delta:g} must be at most {MAX_DELTA:g}: delta is the "
+                         "chance that the guarantee fails outright (a row may then be released whole); choose one "
+                         "well below 1 / the number of records, 1e-5 for instance")
     return privacy
 
 

@@ -152,7 +152,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
-    spent = _charge(role, cfg, me.model_dir, inputs.release)  # its own budget and ledger, before any sum is sent
+    spent = _agreed_charge(role, cfg, me.model_dir, inputs.release)  # its own budget and ledger, before any sum
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None
     if role.is_active:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
@@ -186,13 +186,20 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         _say(validation, trained.trees, lift, cfg.to_dict())
 
 
+def _agreed_charge(role, cfg, folder: Path, encoding=None):
+    """`_charge`, once every party's own budget allows the schedule (`_budgets_agree`; with a budget only: each
+    file states the same noise, part of the model's fingerprint, so every party runs that step or none)."""
+    if cfg.privacy.enabled:
+        seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
+        _budgets_agree(role, training_refusal(cfg, role.spec.name, folder, seen))
+    return _charge(role, cfg, folder, encoding)
+
+
 def _charge(role, cfg, folder: Path, encoding=None):
     """Under a privacy budget: what this party's training spends after its private encoding (charged when it was
     drawn), recorded in its own ledger and refused past it; a pass's batch run again without a lost party is
     charged to it too (privacy.charge_rerun)."""
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
-    if cfg.privacy.enabled:  # (every party's file agrees on it: the noise is in the model's fingerprint)
-        _budgets_agree(role, training_refusal(cfg, role.spec.name, folder, seen))
     spent, _ = charge_training(cfg, role.spec.name, folder, seen)
     if encoding is not None:
         print(encoding.line(role.spec.name), flush=True)

@@ -41,6 +41,11 @@ REJOIN_WAIT_S = 7 * 24 * 3600.0  # a returning party waits for the next epoch's 
 MAX_RECORD_BYTES = 1 << 20
 
 
+# 'model' is a fingerprint of every [model] setting and the noise [privacy] states (what each file must say alike)
+_MODEL_HINT = (" (the fingerprint of the [model] settings and of [privacy]'s noise_multiplier, collusion and clip "
+               "norms; each party's epsilon, delta and max_releases_per_row are its own)")
+
+
 @dataclass(frozen=True)
 class Cast:
     """The roles of a run as this role's own configuration names them; `pins`: role name -> public key."""
@@ -191,8 +196,8 @@ class Handshake:
         differ = self.agreement.differences(theirs)
         if differ:
             raise InputError(f"the configurations of {name} and {self.me} differ in "
-                             f"{', '.join(repr(f) for f in differ)}: every participant must agree on them; the run "
-                             "stops before any data is sent")
+                             f"{', '.join(repr(f) for f in differ)}{_MODEL_HINT if 'model' in differ else ''}: every "
+                             "participant must agree on them; the run stops before any data is sent")
         return theirs
 
     def lead(self) -> Session:

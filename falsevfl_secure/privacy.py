@@ -264,11 +264,16 @@ def _check_cap(privacy, party: str, what: str, releases: int, earlier: tuple[Eve
 
 
 def _earlier_note(earlier: tuple[Event, ...]) -> str:
+    """What the ledger held before, as a reader can check it: each release count at its own noise multiplier
+    (privacy review: one total added releases made at different noises)."""
     if not earlier:
         return ""
-    return (f" (with the {sum(r for _, r in earlier)} releases its rows spent before the schedule, in its ledger: "
-            "its encoding's (a tenth of the budget), its clip proposals and earlier models; a calibrated "
-            "noise_multiplier leaves room for the encoding only)")
+    counts: dict[float, int] = {}
+    for z, releases in earlier:
+        counts[float(z)] = counts.get(float(z), 0) + int(releases)
+    each = ", ".join(f"{r} at noise multiplier {z:.3g}" for z, r in counts.items())
+    return (f" (composed with what its ledger records from before the schedule: {each}; its encoding's, its clip "
+            "proposals' and earlier models' releases; `federation privacy` shows the epsilon they reach)")
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far

@@ -384,7 +384,8 @@ def training_refusal(cfg: Config, party: str, folder: Path, exposure: int = 1) -
 
 
 @_locked
-def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) -> tuple[Spent | None, dict]:
+def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1,
+                    trained_in: str | None = None) -> tuple[Spent | None, dict]:
     """Before training: refuse a schedule that would take `party` past its budget after everything its ledger
     records (an earlier model's releases of the same rows count: retraining does not reset them; the private
     encoding its block was encoded with is there already, charge_encoding); what it spends and the new model's
@@ -394,13 +395,14 @@ def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1) ->
                         threshold_delta=threshold_delta(ledger))
     if used is None:
         return None, {}
-    entry = {**used.to_dict(), "prediction_runs": 0}
+    entry = {**used.to_dict(), "prediction_runs": 0, **({"trained_in": trained_in} if trained_in else {})}
     write_json(Path(folder) / LEDGER, entry)  # first: a run that fails later (a peer ends it) has still spent it
     return used, entry
 
 
 @_locked
-def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1) -> Spent | None:
+def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1,
+                      trained_in: str | None = None) -> Spent | None:
     """Before a prediction run: refuse it when it would take `party` past its own budget; else record it in
     the ledger first (a run that fails later has still spent it) and return what the rows have spent then. The
     run noises at the multiplier its model was trained at, as recorded (a calibrated multiplier recomputed from
@@ -411,12 +413,26 @@ def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1) 
     if "releases_per_row" not in ledger:
         raise InputError(f"{party}: its privacy ledger ({Path(folder) / LEDGER}) records no training of this model; "
                          "a model trained without it cannot be accounted, so it does not predict under a budget")
+    ledger = _of_saved_model(ledger, cfg, trained_in)
     z = float(ledger["noise_multiplier"])
     if cfg.privacy.noise_multiplier > 0 and not math.isclose(cfg.privacy.noise_multiplier, z, rel_tol=1e-9):
         raise InputError(f"{party}: its file's noise_multiplier = {cfg.privacy.noise_multiplier:g} differs from the "
                          f"{z:g} its model was trained at (its ledger); predict with the trained one")
     return _charge_more(cfg, party, folder, ledger, "prediction_runs", "one more prediction run",
                         RELEASES["predict"] * exposure)
+
+
+def _of_saved_model(ledger: dict, cfg: Config, trained_in: str | None) -> dict:
+    """The ledger with the saved model as its model. A training charged and then ended before it saved its model (a
+    peer stopped it) left the ledger describing that run's model: its releases stay counted, among the earlier
+    ones, and the saved model (`trained_in` its manifest's run, at its file's noise, which its fingerprint matched)
+    starts a new entry of no releases (privacy review: the saved model could no longer predict)."""
+    if not trained_in or ledger.get("trained_in", trained_in) == trained_in:
+        return ledger
+    earlier = [list(e) for e in all_spent(ledger)]
+    return {**ledger, "earlier": earlier, "clip_proposals": [], "encodings": [], "releases_per_row": 0,
+            "noise_multiplier": cfg.privacy.noise_multiplier, "prediction_runs": 0, "reruns": 0,
+            "trained_in": trained_in}
 
 
 @_locked

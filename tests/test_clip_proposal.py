@@ -129,7 +129,8 @@ def test_the_ledger_counts_each_proposal_and_training_composes_them(tmp_path):
     assert both.epsilon > alone.epsilon and both.to_dict()["earlier"] == [[8.0, 1], [8.0, 1]]
     tight = replace(base, privacy=replace(base.privacy, epsilon=alone.epsilon * 1.0001))
     assert privacy.check_budget(tight, "lab").epsilon <= tight.privacy.epsilon
-    with pytest.raises(InputError, match="from before the schedule: 2 at noise multiplier 8; its encoding.s, its clip proposals. and earlier models"):
+    with pytest.raises(InputError, match="before the schedule: 2 at noise multiplier 8; its encoding.s, its clip "
+                                         "proposals. and earlier models"):
         privacy.charge_training(tight, "lab", tmp_path)  # the proposals in its ledger leave no room: refused
     with pytest.raises(InputError, match="raise --multiplier"):
         privacy.charge_proposal(replace(CFG, privacy=replace(CFG.privacy, epsilon=0.1)), "lab", tmp_path / "x", 1.0)

@@ -539,6 +539,29 @@ def test_a_longer_schedule_or_one_more_prediction_is_refused_by_the_partys_own_f
     assert ledger["prediction_runs"] == 3 and ledger["epsilon"] <= budget
 
 
+def test_a_training_that_never_saved_its_model_leaves_the_saved_one_predicting_and_every_release_counted(tmp_path):
+    """Privacy review finding: a retrain at noise 10 charged, then stopped by a peer, left the ledger describing its
+    model; the saved model (noise 8) was refused ("differs from the 10 its model was trained at"). The ledger now
+    names the run its model is of; a prediction of another run's model keeps every release counted and adds its
+    own at the saved model's noise."""
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=50.0, noise_multiplier=8.0))
+    base = replace(base, pretrain=replace(base.pretrain, epochs=5), train=replace(base.train, epochs=5))
+    noisier = replace(base, privacy=replace(base.privacy, noise_multiplier=10.0))
+    saved, stopped = "a" * 64, "b" * 64
+    first, _ = privacy.charge_training(base, "clinic", tmp_path, trained_in=saved)
+    privacy.charge_prediction(base, "clinic", tmp_path, trained_in=saved)
+    second, _ = privacy.charge_training(noisier, "clinic", tmp_path, trained_in=stopped)  # its model never saved
+    with pytest.raises(InputError, match="differs from the 10 its model was trained at"):
+        privacy.charge_prediction(base, "clinic", tmp_path)  # (the ledger taken for the saved model's)
+    used = privacy.charge_prediction(base, "clinic", tmp_path, trained_in=saved)
+    every = ((8.0, first.releases + 2), (10.0, second.releases))
+    assert (used.multiplier, used.releases) == (8.0, 2) and sorted(used.earlier) == sorted(every)
+    assert used.epsilon == pytest.approx(privacy.epsilon_of(8.0, 2, base.privacy.delta, every), rel=1e-9)
+    assert privacy.read_ledger(tmp_path)["trained_in"] == saved
+    again = privacy.charge_prediction(base, "clinic", tmp_path, trained_in=saved)  # now its own model's entry
+    assert (again.releases, sorted(again.earlier)) == (4, sorted(every)) and again.epsilon > used.epsilon
+
+
 def test_a_charge_made_while_a_training_commits_its_folder_is_kept(tmp_path):
     """Review finding: training staged a copy of its ledger in its model folder, so a prediction run (or a clip
     proposal) charged between that copy and the folder's commit was undone by the commit."""

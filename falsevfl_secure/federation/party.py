@@ -192,15 +192,15 @@ def _agreed_charge(role, cfg, folder: Path, encoding=None):
     if cfg.privacy.enabled:
         seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
         _budgets_agree(role, training_refusal(cfg, role.spec.name, folder, seen))
-    return _charge(role, cfg, folder, encoding)
+    return _charge(role, cfg, folder, encoding, trained_in=role.session.id.hex())
 
 
-def _charge(role, cfg, folder: Path, encoding=None):
+def _charge(role, cfg, folder: Path, encoding=None, trained_in: str | None = None):
     """Under a privacy budget: what this party's training spends after its private encoding (charged when it was
     drawn), recorded in its own ledger and refused past it; a pass's batch run again without a lost party is
     charged to it too (privacy.charge_rerun)."""
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
-    spent, _ = charge_training(cfg, role.spec.name, folder, seen)
+    spent, _ = charge_training(cfg, role.spec.name, folder, seen, trained_in=trained_in)  # the run its model is of
     if encoding is not None:
         print(encoding.line(role.spec.name), flush=True)
     if spent is not None and role.losses is not None:
@@ -412,7 +412,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
-    spent = charge_prediction(cfg, name, model_dir, seen)  # its own budget, first
+    spent = charge_prediction(cfg, name, model_dir, seen, trained_in=manifest.trained_in)  # its own budget, first
     if spent is not None:
         print(f"privacy: this prediction run takes {name}'s rows to epsilon = {spent.epsilon:.3g} per row of its "
               f"budget {spent.budget:g} (delta {spent.delta:g}, {spent.releases} releases at noise multiplier "

@@ -535,3 +535,24 @@ def test_roles_on_one_host_share_its_cores_and_each_host_of_its_own_keeps_them(t
             assert share_cores(fed, protocol_named("plain")) is None
     finally:
         torch.set_num_threads(before)
+
+
+def test_check_tells_each_party_what_training_would_spend_and_the_noise_that_fits(tmp_path):
+    """Privacy review: nothing said what the schedule would spend, or what noise would fit the budget, before
+    `train` refused it. `check` now says both, from the party's own file and ledger, as training counts them."""
+    import re
+
+    assert cli("demo", "--dataset", "wine", "--parties", "3", "--out", str(tmp_path))[0] == 0
+    config = tmp_path / "federation.toml"
+    text = config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 4.0\n"
+    config.write_text(text)
+    code, out, err = cli("check", "--config", str(config), "--party", "clinic")
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("privacy: training"))
+    said, fits = re.search(r"about epsilon = ([\d.]+), past its budget 8.*noise_multiplier >= ([\d.]+) fits",
+                           line).groups()
+    code, _, err = cli("train", "--config", str(config), "--quiet")
+    assert code != 0 and f"the schedule would spend epsilon = {said} per row" in err, (line, err)
+    config.write_text(text.replace("noise_multiplier = 4.0", f"noise_multiplier = {float(fits) * 1.01:.4g}"))
+    code, out, _ = cli("check", "--config", str(config), "--party", "clinic")
+    assert code == 0 and ", within its budget 8 (" in out, out

@@ -92,7 +92,34 @@ def _budget_lines(fed: Federation, inputs: PartyInput) -> list[str]:
     from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
 
     refuse_local(inputs.table)  # as training will (its block with the '(other)' cells): refused here already
-    return [preview(inputs.table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta)]
+    return [preview(inputs.table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta),
+            _schedule_line(fed, inputs)]
+
+
+def _schedule_line(fed: Federation, inputs: PartyInput) -> str:
+    """What training's schedule would spend of this party's budget, from its own file and ledger, and the noise
+    multiplier that would fit it (privacy review: nothing said either before `train` refused). The auto schedule
+    is sized here for the records this party's table lists; training sizes it for the shared order."""
+    from ..config import sized_schedule
+    from ..privacy import TRAINING_PREDICTIONS, all_spent, calibrate, encoding_events, exposure, read_ledger, spent
+
+    name, privacy = inputs.table.party, fed.model.privacy
+    rows = len(inputs.table.ids)
+    labeled = int(is_labeled(inputs.targets).sum()) if inputs.targets is not None else rows
+    cfg = sized_schedule(fed.model, rows, labeled)
+    earlier = all_spent(read_ledger(fed.own(name).model_dir))
+    earlier += tuple(e for e in encoding_events(cfg) if e not in earlier)  # unless a kept one is counted
+    seen = exposure(cfg, protocol_named(fed.protocol).hides_contributions, name == fed.active)
+    used = spent(cfg, name, TRAINING_PREDICTIONS, earlier=earlier, exposure=seen)
+    try:
+        fits = f"noise_multiplier >= {calibrate(privacy.epsilon, used.releases, privacy.delta, earlier):.3g} fits it"
+    except InputError:
+        fits = "no noise fits it: what its ledger records takes the whole budget"
+    verdict = "within" if used.epsilon <= privacy.epsilon else "past"
+    return (f"privacy: training (stage 1 {cfg.pretrain.epochs} epochs, stage 2 {cfg.train.epochs}; sized for the "
+            f"{rows} records this table lists) would take {name}'s rows to about epsilon = {used.epsilon:.3g}, "
+            f"{verdict} its budget {privacy.epsilon:g} ({used.releases} releases per row at noise multiplier "
+            f"{used.multiplier:g}, with its encoding and its ledger); {fits}")
 
 
 def role_text(name: str) -> str:

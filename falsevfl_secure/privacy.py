@@ -290,12 +290,28 @@ def read_ledger(folder: Path) -> dict:
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: the party's privacy ledger cannot be read ({error}); it is its budget's only "
                          "record, so nothing runs until it is restored") from error
+    _well_formed(ledger, path)
     if "ledger_version" not in ledger and int(ledger.get("prediction_runs", 0)) > 0:
         raise InputError(f"{path}: written by an earlier version, whose prediction runs recounted the releases "
                          "from the file's schedule and may understate what the rows spent; set its releases_per_row "
                          "to the trained schedule's plus 2 per prediction run and add \"ledger_version\": 2, or "
                          "remove it (the party's own decision)")
     return ledger
+
+
+def _well_formed(ledger, path: Path) -> None:
+    """A ledger of the shape this version writes (review finding: a mistyped one ended `check`, `train` and `privacy`
+    in tracebacks): its events, counts and multiplier read as numbers, each finite."""
+    try:
+        numbers = [float(z) for z, _ in all_spent(ledger)] + [float(r) for _, r in all_spent(ledger)]
+        numbers += [threshold_delta(ledger), float(ledger.get("epsilon", 0)), float(ledger.get("prediction_runs", 0))]
+        ok = all(math.isfinite(v) and v >= 0 for v in numbers)
+    except (TypeError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise InputError(f"{path}: not a privacy ledger this version wrote (its events must be [noise multiplier, "
+                         "releases] pairs of numbers); it is its budget's only record, so nothing runs until it is "
+                         "restored")
 
 
 def before_model(ledger: dict) -> tuple[Event, ...]:

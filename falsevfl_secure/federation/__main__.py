@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
                "out": _predictions_path(fed, args, roles), "rejoin": getattr(args, "rejoin", False)}
     if options["rejoin"]:
         check_rejoin(fed, args.party)
+    if options["resume"] and fed.model.privacy.enabled:  # before any party agrees and charges (review finding)
+        raise InputError("--resume: a run under a privacy budget cannot resume: the interrupted epoch's rows would "
+                         "be released again, which the budget does not count; train again from the start")
     if not _ready(fed, roles, args.command, protocol, args.party is not None, quiet=args.quiet):
         return 2
     from .launch import run_all, run_party  # only now: its imports take seconds a refusal should not wait for

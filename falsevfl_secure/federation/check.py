@@ -15,9 +15,10 @@ training reports it after the private alignment.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -97,29 +98,57 @@ def _budget_lines(fed: Federation, inputs: PartyInput) -> list[str]:
 
 
 def _schedule_line(fed: Federation, inputs: PartyInput) -> str:
-    """What training's schedule would spend of this party's budget, from its own file and ledger, and the noise
-    multiplier that would fit it (privacy review: nothing said either before `train` refused). The auto schedule
-    is sized here for the records this party's table lists; training sizes it for the shared order."""
+    """What training's schedule would spend of this party's budget, from its own file and ledger as training counts
+    them (its encoding charged again or not, the categories' threshold delta), and the smallest noise multiplier
+    that fits it, rounded up (privacy review: nothing said either before `train` refused). The auto schedule is
+    sized here for the records this party's table lists; training sizes it for the shared order."""
     from ..config import sized_schedule
-    from ..privacy import TRAINING_PREDICTIONS, all_spent, calibrate, encoding_events, exposure, read_ledger, spent
+    from ..privacy import TRAINING_PREDICTIONS, all_spent, exposure, read_ledger, spent, threshold_delta
+    from .inputs import encoding_charge
 
-    name, privacy = inputs.table.party, fed.model.privacy
-    rows = len(inputs.table.ids)
+    name, privacy, rows = inputs.table.party, fed.model.privacy, len(inputs.table.ids)
     labeled = int(is_labeled(inputs.targets).sum()) if inputs.targets is not None else rows
     cfg = sized_schedule(fed.model, rows, labeled)
-    earlier = all_spent(read_ledger(fed.own(name).model_dir))
-    earlier += tuple(e for e in encoding_events(cfg) if e not in earlier)  # unless a kept one is counted
+    ledger = read_ledger(fed.own(name).model_dir)
+    earlier, taken, release = all_spent(ledger), threshold_delta(ledger), encoding_charge(fed, inputs.table)
+    if release is not None:
+        earlier, taken = (*earlier, release.event), taken + release.delta
     seen = exposure(cfg, protocol_named(fed.protocol).hides_contributions, name == fed.active)
-    used = spent(cfg, name, TRAINING_PREDICTIONS, earlier=earlier, exposure=seen)
-    try:
-        fits = f"noise_multiplier >= {calibrate(privacy.epsilon, used.releases, privacy.delta, earlier):.3g} fits it"
-    except InputError:
-        fits = "no noise fits it: what its ledger records takes the whole budget"
-    verdict = "within" if used.epsilon <= privacy.epsilon else "past"
+
+    def at(z: float):
+        noised = replace(cfg, privacy=replace(privacy, noise_multiplier=z))
+        return spent(noised, name, TRAINING_PREDICTIONS, earlier=earlier, exposure=seen, threshold_delta=taken)
+
+    used = at(privacy.noise_multiplier)
+    verdict = "within" if used.epsilon <= privacy.epsilon * (1 + 1e-9) else "past"
     return (f"privacy: training (stage 1 {cfg.pretrain.epochs} epochs, stage 2 {cfg.train.epochs}; sized for the "
             f"{rows} records this table lists) would take {name}'s rows to about epsilon = {used.epsilon:.3g}, "
             f"{verdict} its budget {privacy.epsilon:g} ({used.releases} releases per row at noise multiplier "
-            f"{used.multiplier:g}, with its encoding and its ledger); {fits}")
+            f"{used.multiplier:g}, with its encoding and its ledger; under {fed.protocol}); "
+            f"{_fitting(at, used.releases, earlier, taken, privacy)}")
+
+
+def _fitting(at, releases: int, earlier, taken: float, privacy) -> str:
+    """The smallest noise multiplier, at three significant digits rounded up, whose schedule stays within the
+    budget by `at`'s own count: the composed Gaussians' closed form at the Gaussian part of delta, checked."""
+    from ..privacy import calibrate
+
+    try:
+        z = calibrate(privacy.epsilon + math.log1p(-taken), releases, privacy.delta - taken, earlier)
+    except InputError:
+        return "no noise fits it: what its ledger records takes the whole budget"
+    for _ in range(20):
+        z = _up3(z)
+        if at(z).epsilon <= privacy.epsilon * (1 + 1e-9):
+            return f"noise_multiplier = {z:g} or more fits it"
+        z *= 1.002
+    return "no noise multiplier found that fits it"
+
+
+def _up3(z: float) -> float:
+    """`z` rounded up to three significant digits."""
+    scale = 10 ** (math.floor(math.log10(z)) - 2)
+    return math.ceil(z / scale - 1e-9) * scale
 
 
 def role_text(name: str) -> str:

@@ -98,6 +98,20 @@ def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encodi
     return encoding, release
 
 
+def encoding_charge(fed: Federation, table: PartyTable):
+    """What training's encoding would charge under the party's budget (an `EncodingRelease`), or None where a kept
+    one its ledger counts is reused, as `_encoding` decides (for `check`'s estimate)."""
+    from ..data.private_encoding import EncodingRelease
+    from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
+
+    privacy = fed.model.privacy
+    release = EncodingRelease(encoding_multiplier(privacy),
+                              ENCODING_DELTA_SHARE * privacy.delta if table.categorical else 0.0)
+    path = fed.party(table.party).model_dir / RELEASED
+    kept = _kept(path, table_key(table), release)
+    return None if kept is not None and _accounted(path.parent, kept[1]) else release
+
+
 def table_key(table: PartyTable) -> str:
     """sha256 of a table as read (its IDs, columns and every cell, written unambiguously as JSON): a released
     encoding is reused for that table only."""

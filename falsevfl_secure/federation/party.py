@@ -227,7 +227,7 @@ def _budgets_agree(role, refusal: InputError | None) -> None:
                 peers.send(k, BUDGET, ",".join(refusing).encode())
     else:
         peers.send(peers.active_index, BUDGET, b"\x00" if refusal else b"\x01")
-        refusing = _refusing(peers.recv(peers.active_index, BUDGET), peers.names)
+        refusing = _refusing(peers.recv(peers.active_index, BUDGET), peers.names[:peers.n_parties])
     if refusal is not None:
         raise InputError(f"{refusal}; no party charged this schedule to its ledger")
     if refusing:
@@ -236,7 +236,8 @@ def _budgets_agree(role, refusal: InputError | None) -> None:
 
 
 def _refusing(payload: bytes, names: list[str]) -> list[str]:
-    """The active party's answer: the refusing parties, each one of the run's (anything else ends the run)."""
+    """The active party's answer: the refusing parties, each one of the run's parties (anything else, a helper's
+    name included, ends the run)."""
     try:
         refusing = [name for name in payload.decode("ascii").split(",") if name]
     except UnicodeDecodeError:

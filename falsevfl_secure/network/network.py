@@ -65,7 +65,7 @@ SETUP: dict[str, tuple[int, int]] = {
     "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (4 << 10, 2), "barrier": (1 << 10, 2),
     "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
     "rejoin": (4 << 20, 2), "epoch": (64 << 10, 2), "epoch-ack": (64, 2), "bounds": (64 << 10, 2),
-    "bounds-ack": (64, 2), "pass-done": (1 << 10, 2), "model": (64, 2), "budget": (4 << 10, 2)}
+    "bounds-ack": (64, 2), "pass-done": (1 << 10, 2), "model": (64, 2), "budget": (64 << 10, 2)}
 # Set-up steps that are over once a method's rounds are declared (the public context, the alignment and its
 # announcement, a bare secure sum): from then on a frame of theirs is refused, so that no peer can keep their
 # 3 GiB of allowance waiting at this role for the rest of the run; one still waiting then is dropped, its sender named.

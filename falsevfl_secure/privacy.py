@@ -387,13 +387,20 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) ->
     return epsilon
 
 
+def _training_spend(cfg: Config, party: str, folder: Path, exposure: int) -> Spent | None:
+    """What training would spend after everything `party`'s ledger records (None without a budget); refused past
+    its budget (an earlier model's releases of the same rows count: retraining does not reset them; the private
+    encoding its block was encoded with is there already, charge_encoding)."""
+    ledger = read_ledger(folder) if cfg.privacy.enabled else {}
+    return check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=all_spent(ledger), exposure=exposure,
+                        threshold_delta=threshold_delta(ledger))
+
+
 def training_refusal(cfg: Config, party: str, folder: Path, exposure: int = 1) -> InputError | None:
     """What `charge_training` would refuse, found without charging (every party's verdict is agreed first:
     federation/party.py); None where the schedule fits `party`'s budget."""
-    ledger = read_ledger(folder) if cfg.privacy.enabled else {}
     try:
-        check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=all_spent(ledger), exposure=exposure,
-                     threshold_delta=threshold_delta(ledger))
+        _training_spend(cfg, party, folder, exposure)
     except InputError as refusal:
         return refusal
     return None
@@ -402,13 +409,9 @@ def training_refusal(cfg: Config, party: str, folder: Path, exposure: int = 1) -
 @_locked
 def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1,
                     trained_in: str | None = None) -> tuple[Spent | None, dict]:
-    """Before training: refuse a schedule that would take `party` past its budget after everything its ledger
-    records (an earlier model's releases of the same rows count: retraining does not reset them; the private
-    encoding its block was encoded with is there already, charge_encoding); what it spends and the new model's
-    ledger entry."""
-    ledger = read_ledger(folder) if cfg.privacy.enabled else {}
-    used = check_budget(cfg, party, TRAINING_PREDICTIONS, earlier=all_spent(ledger), exposure=exposure,
-                        threshold_delta=threshold_delta(ledger))
+    """Before training: `_training_spend`, recorded in the ledger as the new model's entry (its run `trained_in`);
+    what it spends and that entry."""
+    used = _training_spend(cfg, party, folder, exposure)
     if used is None:
         return None, {}
     entry = {**used.to_dict(), "prediction_runs": 0, **({"trained_in": trained_in} if trained_in else {})}

@@ -78,37 +78,41 @@ def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encodi
     privacy = fed.model.privacy
     if not (private and privacy.enabled):
         return fit_encoding(table), None
-    from ..data.private_encoding import EncodingRelease, private_encoding, refuse_local
-    from ..privacy import ENCODING_DELTA_SHARE, charge_encoding, encoding_multiplier
+    from ..data.private_encoding import private_encoding, refuse_local
+    from ..privacy import charge_encoding
     from ..randomness import RoleSecret
 
     refuse_local(table)  # what fails on the rows alone fails before anything is charged
-    delta = ENCODING_DELTA_SHARE * privacy.delta
-    release = EncodingRelease(encoding_multiplier(privacy), delta if table.categorical else 0.0)
-    path, key = fed.party(table.party).model_dir / RELEASED, table_key(table)
-    kept = _kept(path, key, release)
+    release, path, key, kept = _planned_release(fed, table)
     if kept is not None and _accounted(path.parent, kept[1]):
         return kept
     charge_encoding(fed.model, table.party, path.parent, release)
     if kept is not None:  # released before, but its ledger (reset since) no longer counts it: counted again
         return kept[0], replace(kept[1], reused=False)
-    encoding, release = private_encoding(table, release.multiplier, delta, RoleSecret.fresh().stream("encoding"))
+    encoding, release = private_encoding(table, release.multiplier, release.delta,
+                                         RoleSecret.fresh().stream("encoding"))
     atomic_write(path, json.dumps({"table": key, "encoding": encoding.to_dict(), "release": asdict(release)}),
                  private=True)
     return encoding, release
 
 
-def encoding_charge(fed: Federation, table: PartyTable):
-    """What training's encoding would charge under the party's budget (an `EncodingRelease`), or None where a kept
-    one its ledger counts is reused, as `_encoding` decides (for `check`'s estimate)."""
+def _planned_release(fed: Federation, table: PartyTable):
+    """(the `EncodingRelease` a private encoding of `table` makes under the party's budget, the kept file's path,
+    the table's key, the kept encoding that release may reuse or None)."""
     from ..data.private_encoding import EncodingRelease
     from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
 
     privacy = fed.model.privacy
     release = EncodingRelease(encoding_multiplier(privacy),
                               ENCODING_DELTA_SHARE * privacy.delta if table.categorical else 0.0)
-    path = fed.party(table.party).model_dir / RELEASED
-    kept = _kept(path, table_key(table), release)
+    path, key = fed.party(table.party).model_dir / RELEASED, table_key(table)
+    return release, path, key, _kept(path, key, release)
+
+
+def encoding_charge(fed: Federation, table: PartyTable):
+    """What training's encoding would charge under the party's budget (an `EncodingRelease`), or None where a kept
+    one its ledger counts is reused: `_encoding`'s decision, for `check`'s estimate."""
+    release, path, _, kept = _planned_release(fed, table)
     return None if kept is not None and _accounted(path.parent, kept[1]) else release
 
 

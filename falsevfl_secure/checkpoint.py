@@ -73,7 +73,7 @@ class Checkpointer:
     def load(self, progress: Progress) -> dict:
         path = self.path(progress)
         try:
-            return torch.load(path, weights_only=True)
+            return torch.load(path, weights_only=True, map_location="cpu")  # saved on a GPU, resumed anywhere
         except Exception as error:  # a foreign or corrupt file: torch raises several types here
             raise InputError(f"{path}: not a checkpoint of this program ({type(error).__name__}: "
                              f"{(str(error).splitlines() or [''])[0]})") from error

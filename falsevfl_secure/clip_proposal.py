@@ -94,9 +94,9 @@ def measure_norms(cfg: Config, x: np.ndarray, observed: np.ndarray, layout: Cell
                       Active(torch.ones(n)), Active(torch.zeros(n, dtype=torch.long)), np.arange(0),
                       observed={} if observed.all() else {0: torch.from_numpy(observed)})
     run_stage(node, data, Stage.PRETRAIN, {}, progress=False)  # no optimiser: the weights stay initial
-    norms = {name: torch.cat(recorder.norms[name]).numpy() for name in ROUNDS}
+    norms = {name: torch.cat(recorder.norms[name]).cpu().numpy() for name in ROUNDS}
     norms["latent_grad"] = norms["latent_grad"] / sized_schedule(cfg, records or n, 0).pretrain.batch_size
-    return {**norms, "gradient": torch.cat(gradients.seen).numpy()}
+    return {**norms, "gradient": torch.cat(gradients.seen).cpu().numpy()}
 
 
 def release(norms: dict[str, np.ndarray], multiplier: float, stream: KeyStream) -> dict[str, np.ndarray]:

@@ -163,3 +163,29 @@ def test_a_cached_stage_two_resumes_from_stage_one_to_the_same_parameters(tmp_pa
     assert (Stage.PRETRAIN, 2) in Checkpointer(tmp_path / "b", 0).available()
     run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", resume=True)
     assert_same_states(final_states(tmp_path / "a", 2), final_states(tmp_path / "b", 2))
+
+
+# Checkpoint files as a GPU host writes them: every storage tagged "cuda:0" (in its own process: the tag stays).
+AS_ON_A_GPU = """
+import sys, torch
+torch.serialization.register_package(0, lambda storage: "cuda:0", lambda storage, location: None)
+for path in sys.argv[1:]:
+    torch.save(torch.load(path, weights_only=True), path)
+"""
+
+
+def test_checkpoints_written_on_a_gpu_resume_on_a_host_without_one(tmp_path):
+    """A run killed on a GPU host resumes where there is none (`[model] device` is each party's own): torch reads
+    CUDA storages only where CUDA is, unless the reader maps them to the host; the resumed run ends where an
+    uninterrupted one does."""
+    cfg = small_config()
+    run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "a", secrets=SECRETS)
+    interrupted(cfg, tmp_path / "b", (1, 1))
+    files = sorted(str(p) for p in (tmp_path / "b").glob("*.pt"))
+    done = subprocess.run([sys.executable, "-c", AS_ON_A_GPU, *files], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and files, done.stderr
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(files[0], weights_only=True)  # the files are what a GPU host writes
+    run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", resume=True)
+    assert_same_states(final_states(tmp_path / "a", 2), final_states(tmp_path / "b", 2))

@@ -225,3 +225,28 @@ def test_no_non_cryptographic_generator_where_secrets_are_drawn():
         allowed = {"np.random", "np.random.SeedSequence", "np.random.default_rng", "np.random.Generator"} \
             if path.name == "randomness.py" else set()  # public_rng: the batch order and simulated splits only
         assert used <= allowed, (path, used - allowed)
+
+
+def unhosted_numpy(source: str) -> list[int]:
+    """Lines where a tensor becomes an array without first being moved to the host (`.cpu()` or
+    `.to("cpu", ...)`): on a party's GPU that call raises (found on a lent H200: the federation's validation)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "numpy":
+            inner = node.func.value
+            hosted = isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and (
+                inner.func.attr == "cpu" or inner.func.attr == "to" and bool(inner.args)
+                and isinstance(inner.args[0], ast.Constant) and inner.args[0].value == "cpu")
+            found += [] if hosted else [node.lineno]
+    return found
+
+
+def test_every_tensor_reaches_numpy_through_the_host():
+    """Models, methods and the federation may run on a GPU (`[model] device`); the transport and the secure
+    layer see host tensors only (the rounds move a value to the host before a cipher reads it)."""
+    wire = {PACKAGE / "transport", PACKAGE / "secure"}
+    bad = [f"{p.relative_to(PACKAGE)}:{line}" for p in modules() if not wire & set(p.parents)
+           for line in unhosted_numpy(p.read_text())]
+    assert not bad, bad
+    assert unhosted_numpy("a = t.get().numpy()\nb = t.cpu().numpy()\nc = t.to('cpu', torch.float64).numpy()\n"
+                          "d = t.to(x).numpy()\n") == [1, 4]

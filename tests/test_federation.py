@@ -110,6 +110,47 @@ def test_two_predictions_of_one_saved_model_agree(trained):
     assert gap <= 1e-4
 
 
+# Each party's saved model written as a GPU host writes it: every storage tagged "cuda:0" (a tag torch gives a
+# CUDA tensor's storage), its manifest naming the new file's digest. In its own process: the tag stays registered.
+AS_ON_A_GPU = """
+import hashlib, io, json, sys, torch
+from pathlib import Path
+torch.serialization.register_package(0, lambda storage: "cuda:0", lambda storage, location: None)
+for folder in map(Path, sys.argv[1:]):
+    buffer = io.BytesIO()
+    torch.save(torch.load(folder / "model.pt", weights_only=True), buffer)
+    (folder / "model.pt").write_bytes(buffer.getvalue())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["weights_sha256"] = hashlib.sha256(buffer.getvalue()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+"""
+
+
+def test_a_model_trained_on_a_gpu_predicts_on_a_host_without_one(trained, tmp_path):
+    """`[model] device` is each party's own choice, not agreed: a party trains on its GPU and predicts where it
+    has none. Its model.pt then names CUDA storages, which torch refuses to read without a CUDA device unless
+    the reader maps them to the host (found on a lent H200: the federation had only been run on CPUs)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    _broken(trained, tmp_path, "party0", "predict.csv", lambda text: text)  # a copy, models included
+    folders = [str(tmp_path / "copy" / f"party{k}" / "model") for k in range(4)]
+    done = subprocess.run([sys.executable, "-c", AS_ON_A_GPU, *folders], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    probe = "import torch; torch.load(sys.argv[1], weights_only=True)"
+    refused = subprocess.run([sys.executable, "-c", "import sys; " + probe, folders[0] + "/model.pt"],
+                             capture_output=True, text=True, timeout=120)
+    assert torch.cuda.is_available() or "CUDA" in refused.stderr  # the file is one a GPU host writes
+    for folder, out in ((trained, "before.csv"), (tmp_path / "copy", "after.csv")):
+        code, _, err = cli("predict", "--config", str(folder / "federation.toml"), "--out", str(tmp_path / out),
+                           "--quiet")
+        assert code == 0, err
+    assert [r["prediction"] for r in rows(tmp_path / "before.csv")] == \
+        [r["prediction"] for r in rows(tmp_path / "after.csv")]
+
+
 def _broken(trained: Path, tmp_path: Path, party: str, which: str, edit) -> Path:
     """A copy of the federation (models included) whose `party` file `which` is edited; None removes it."""
     import shutil

@@ -353,7 +353,7 @@ def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Align
         return None, None
     view = party_view(placed, aligned, fed.names.index(fed.active), targets)
     y, rows = view.labels.y, aligned.validation
-    out = predictions.get().numpy()
+    out = predictions.get().cpu().numpy()  # on the host: a party may train on its GPU
     validation = validation_table(out, y[rows], view.labels.n_observed[rows], fed.task, inputs.target_scale)
     references = fit_reference(placed, y, aligned.labeled, rows, fed.task, n_classes, fed.model.seed)
     inverse = inputs.target_scale.inverse if inputs.target_scale is not None else None
@@ -435,7 +435,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
         hosted.own_extra = Active(torch.from_numpy(scores).to(device))
     predictions = predict_split(node, hosted)
     if role.is_active:
-        atomic_write(staged(options["out"]), predictions_csv(loaded.table, aligned, predictions.get().numpy(),
+        atomic_write(staged(options["out"]), predictions_csv(loaded.table, aligned, predictions.get().cpu().numpy(),
                                                              manifest, present))
 
 

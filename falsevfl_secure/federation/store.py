@@ -152,7 +152,7 @@ def load_weights(model_dir: Path, node: Node, rank: int, expected: str | None = 
         raise InputError(f"{path}: not the weights its manifest.json names (the folder was written half-way, or by "
                          "another run): train again")
     try:
-        state = torch.load(io.BytesIO(data), weights_only=True)
+        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")  # a GPU-trained model on any host
         role = node.parties[rank]
         for name, module in node.method.checkpoint_modules(node, rank).items():
             module.load_state_dict(state[name])

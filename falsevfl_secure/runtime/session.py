@@ -81,7 +81,7 @@ def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
     batch = method.batch(data, np.asarray(job.rows), job.stage, 0, 0, job.config.seed)
     if job.stage is Stage.PREDICT:
         loss = method.predict(node, batch)
-        out.update({"predictions": loss.get().numpy()} if loss.present else {})
+        out.update({"predictions": loss.get().cpu().numpy()} if loss.present else {})
     else:
         objective = method.loss(node, batch, job.stage)
         node.transport.backward(objective.active, list(objective.local.values()))
@@ -89,13 +89,13 @@ def run_step(node: Node, data: HostedData, job: StepJob) -> dict:
         loss = objective.reported(node.cfg.active_index)
         if job.epoch_end:
             method.end_epoch(node, job.stage)
-            out["parameters"] = {f"party{k}.{name}": p.detach().numpy().copy() for k, role in node.parties.items()
+            out["parameters"] = {f"party{k}.{name}": p.detach().cpu().numpy().copy() for k, role in node.parties.items()
                                  for name, p in role.model.named_parameters()}
     out["seconds"] = time.perf_counter() - start  # the step and its rounds only
     out["cpu_seconds"] = time.process_time() - cpu  # this role's process, its network threads included
     if loss.present and job.stage is not Stage.PREDICT:
         out["loss"] = float(loss.get().item())
-    out["grads"] = {f"{owner}.{name}": p.grad.numpy().copy() for owner, module in _owned(node)
+    out["grads"] = {f"{owner}.{name}": p.grad.cpu().numpy().copy() for owner, module in _owned(node)
                     for name, p in module.named_parameters() if p.grad is not None}
     out.update(communication=node.transport.log.table(), trace=list(node.transport.log.trace),
                timeline=_timeline(node.transport.log.spans, start))

@@ -46,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from paillier import Paillier  # noqa: E402
 from readme_section import relative_link, update_readme  # noqa: E402
 
 from falsevfl_secure.audit import ADDEND_ATOL, audit_active_view, contributions  # noqa: E402
@@ -290,6 +289,8 @@ def time_cipher(name: str, parties: int, numel: int, repeats: int) -> dict:
 
 def cipher_table(args) -> int:
     """`--ciphers`: the sum alone, per registered cipher; resumes like the step cells."""
+    from paillier import Paillier  # here: python-paillier (the dev extra) is needed by --ciphers alone
+
     register(Paillier())  # the plug-in outside the package: one line
     out = Path(args.out)
     path = out / "ciphers.json"

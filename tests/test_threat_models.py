@@ -122,6 +122,22 @@ def test_the_audit_decodes_shares_per_row_and_catches_unmasked_ones(sessions):
     assert not report.passed and all("received from" in leak for leak in report.leaks)
 
 
+def test_the_audit_catches_an_he_aggregator_that_forwards_one_partys_ciphertext(sessions):
+    """he: a ciphertext the active party receives is audited as what it decrypts to, its revealed sum (the round
+    table lets it receive one message a round, the aggregator's). An aggregator that forwarded party 0's
+    ciphertext instead of the sum would make it reveal that contribution: the audit names every round."""
+    views = recorded(sessions, "he", stage1_job())
+    truth = contributions(views)
+    assert audit_active_view(views[ACTIVE], truth, ACTIVE, ATOL).passed
+
+    def forwarded(e: Entry) -> Entry:  # what the active party decrypts from party 0's ciphertext
+        return Entry(e.round, e.kind, e.peer, e.protection, truth[e.round][0]) if e.kind == "revealed" else e
+
+    report = audit_active_view(View(forwarded(e) for e in views[ACTIVE]), truth, ACTIVE, ATOL)
+    named = {leak.split("'")[1] for leak in report.leaks if "party 0's contribution" in leak}
+    assert named == {"posterior", "likelihood", "latent_grad"}, report.leaks
+
+
 def test_mpc_shares_are_uniform_and_too_few_to_test_is_a_failure(sessions):
     views = recorded(sessions, "mpc", make_job(PARTIES, "I", 96, 4, 9, 0.3, "pretrain", record=True))
     shares = [e.value for e in views[ACTIVE].of("received")]
@@ -273,14 +289,15 @@ def test_no_label_dependent_message_reaches_a_passive_party(sessions, stage, own
     original = session.run(job)
     from dataclasses import replace
 
-    permuted = session.run(replace(job, permute_labels=True))
-    for party in range(PARTIES - 1):
-        a = [e for e in original[party]["view"] if e["kind"] == "received"]
-        b = [e for e in permuted[party]["view"] if e["kind"] == "received"]
-        assert [e["round"] for e in a] == [e["round"] for e in b]
-        assert all(np.array_equal(x["value"], y["value"]) for x, y in zip(a, b, strict=True)), party
-        if stage != "pretrain":
-            assert [e["round"] for e in a] == ["latent"]
+    for relabel in ("permuted", "constant"):  # the same class counts, and another histogram
+        other = session.run(replace(job, relabel=relabel))
+        for party in range(PARTIES - 1):
+            a = [e for e in original[party]["view"] if e["kind"] == "received"]
+            b = [e for e in other[party]["view"] if e["kind"] == "received"]
+            assert [e["round"] for e in a] == [e["round"] for e in b]
+            assert all(np.array_equal(x["value"], y["value"]) for x, y in zip(a, b, strict=True)), (party, relabel)
+            if stage != "pretrain":
+                assert [e["round"] for e in a] == ["latent"]
 
 
 def test_plugvfl_sends_label_dependent_gradients_to_passive_parties(sessions):
@@ -291,11 +308,12 @@ def test_plugvfl_sends_label_dependent_gradients_to_passive_parties(sessions):
     original = session.run(job)
     from dataclasses import replace
 
-    permuted = session.run(replace(job, permute_labels=True))
-    for party in range(PARTIES - 1):
-        a = {e["round"]: e["value"] for e in original[party]["view"] if e["kind"] == "received"}
-        b = {e["round"]: e["value"] for e in permuted[party]["view"] if e["kind"] == "received"}
-        assert "embedding_grad" in a and not np.array_equal(a["embedding_grad"], b["embedding_grad"]), party
+    for relabel in ("permuted", "constant"):
+        other = session.run(replace(job, relabel=relabel))
+        for party in range(PARTIES - 1):
+            a = {e["round"]: e["value"] for e in original[party]["view"] if e["kind"] == "received"}
+            b = {e["round"]: e["value"] for e in other[party]["view"] if e["kind"] == "received"}
+            assert "embedding_grad" in a and not np.array_equal(a["embedding_grad"], b["embedding_grad"]), party
 
 
 @pytest.mark.parametrize("build", ["weakened: context published with its secret key", "shipped"])

@@ -46,7 +46,7 @@ class StepJob:
     stage: Stage
     secret_seed: int | None = None  # each party's secret: RoleSecret.for_tests(secret_seed, party) (tests); None: fresh
     record: bool = False  # every party reports its view of the step
-    permute_labels: bool = False  # the label-privacy test: same features, permuted labels
+    relabel: str = ""  # the label-privacy tests: same features, labels "permuted" or all one class ("constant")
     epoch_end: bool = False  # after the step, the stage's end-of-epoch rounds (FedHSSL's model average)
     kinds: tuple | None = None  # every party's cell kinds, (kind, start, stop) per column (model.likelihood)
 
@@ -64,8 +64,10 @@ class StepJob:
 def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -> tuple[Node, HostedData]:
     """The node and data of a process hosting `parties` for a job (all parties: the local reference)."""
     split = synthetic_split(**job.split)
-    if job.permute_labels:
+    if job.relabel == "permuted":  # the same class counts
         split.y = public_rng(job.config.seed, PublicStream.PERMUTED_LABELS).permutation(split.y)
+    elif job.relabel == "constant":  # another class histogram (a count-dependent message would differ)
+        split.y = np.zeros_like(split.y)
     n_classes = job.split.get("n_classes", 3) if with_labels else None
     secrets = {k: RoleSecret.for_tests(job.secret_seed, k) for k in parties} if job.secret_seed is not None else None
     layouts = None if job.kinds is None else {k: CellLayout.from_kinds(job.kinds) for k in parties}

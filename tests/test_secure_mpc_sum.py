@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from falsevfl_secure.audit import share_bits_uniform
 from falsevfl_secure.randomness import KeyStream
 from falsevfl_secure.runtime.world import WorkerError, run_world
 from falsevfl_secure.secure.errors import SecureRangeError
@@ -18,7 +19,7 @@ from falsevfl_secure.secure.mpc_sum import ReceivedShare, secure_sum
 from falsevfl_secure.transport.protocols import Mpc
 
 SCALE = 2**16
-SHAPES = ((4, 3), (2, 5, 7))
+SHAPES = ((4, 3), (2, 5, 7), (48, 64))  # the last: enough values to test a partial unmasking for uniformity
 PAIR_KEYS: dict[int, bytes] = {}  # filled inside each rank's process by the recording agreement
 
 
@@ -133,6 +134,27 @@ def test_unmasking_a_party_takes_every_other_party_together(attacked) -> None:
         assert (partial[:-1] != encoded).all(), missing
     # Both ends of a pair derive the same key (the agreement is symmetric).
     assert results[target]["keys"][str(dst)] == results[dst]["keys"][str(target)]
+
+
+def test_what_a_coalition_short_of_the_threshold_unmasks_is_uniform(attacked) -> None:
+    """collusion.toml, mpc, beyond inequality: for every target and every coalition of dst and the others but one,
+    what the coalition's pooled keys leave of the target's share is uniform on Z_2^64 (every bit and the top
+    byte at 5 sigma); the same statistic rejects what the full coalition unmasks (the fixed-point input)."""
+    size, i, dst = 4, 2, 0
+    results = _world(size)
+    offset = sum(torch.Size(shape).numel() + 1 for shape in SHAPES[:i])
+    for target in range(1, size):
+        share = torch.as_tensor(dict((s, r) for s, r in results[dst]["views"][i])[target])
+        keys = results[target]["keys"]
+        masks = {p: _mask_from(keys, offset, target, p, share.numel()) for p in range(size) if p != target}
+        full = (share - sum(masks.values()))[:-1]
+        assert not share_bits_uniform([full.numpy()])[0]  # the threshold coalition reads the input
+        for missing in (p for p in range(size) if p not in (target, dst)):
+            partial = (share - sum(m for p, m in masks.items() if p != missing))[:-1]
+            ok, z = share_bits_uniform([partial.numpy()])
+            attacked("mpc collusion (one party missing)", f"shipped, K=4, target {target}, without {missing}",
+                     f"partial unmasking uniform: worst z {z:.2f}")
+            assert ok, (target, missing, z)
 
 
 def _rank1_fails(role) -> None:

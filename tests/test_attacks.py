@@ -174,8 +174,18 @@ def test_passive_party_regenerates_the_active_partys_latent_noise(sessions, buil
              f"mean error {mean_error:.1e} std, feature error {feature_error:.2f}")
     if build == "public-seed":
         assert mean_error < 1e-3 and feature_error < 0.5, (mean_error, feature_error)
-    else:
-        assert mean_error > 0.3 and feature_error > 0.8, (mean_error, feature_error)
+        return
+    assert mean_error > 0.3 and feature_error > 0.8, (mean_error, feature_error)
+    # Many samples approach the posterior itself (disclosed by design: 50 a row at prediction); even given it
+    # exactly, the other party's features stay behind its secret weights.
+    exact = torch.cat([2 * true_mean - own[:, :h], true_std.pow(-2) - own[:, h:]], dim=-1)[rows]
+    x = invert_encoders([public_seed_party(job.config, 1, WIDTH)], torch.ones(int(rows.sum()), 1, dtype=torch.bool),
+                        exact)[0]
+    exact_error = relative_error(x, torch.as_tensor(split.blocks[1])[rows],
+                                 torch.as_tensor(split.blocks[1])[~split.missing[:, 1]])
+    attacked("latent noise regeneration (passive)", "shipped, given the exact posterior",
+             f"feature error {exact_error:.2f}")
+    assert exact_error > 0.8, exact_error
 
 
 # -- nothing another role sends is unpickled --------------------------------------------------------

@@ -18,6 +18,7 @@ Z_2^64; a step with too few share values to test fails the audit instead of skip
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,10 +209,39 @@ def _carries(payload: bytes, contribution: np.ndarray, round_name: str) -> bool:
     return False
 
 
+_NUMBER = re.compile(rb"[-+]?(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_DIGITS = 6  # a number written with fewer significant digits is not read as a leaked float (nor is one in noise)
+
+
+def _statistics(contribution: np.ndarray, round_name: str) -> np.ndarray:
+    """The single numbers a contribution could leak as: each value, each row's largest |value| and norm, and
+    the largest |value| of all; non-integral ones only (a count or an epoch is integral, a leaked float is not)."""
+    rows = _rows(contribution, round_name)
+    values = np.concatenate([rows.reshape(-1), np.abs(rows).max(axis=1), np.linalg.norm(rows, axis=1),
+                             [np.abs(rows).max(initial=0.0)]])
+    return np.unique(values[(np.abs(values) > 1e-6) & (values != np.round(values))])
+
+
+def _carries_number(payload: bytes, contribution: np.ndarray, round_name: str) -> bool:
+    """Whether `payload` holds one such number: its float64 bytes at any offset, or written as text (to within
+    float32's precision)."""
+    stats = _statistics(contribution, round_name)
+    if not len(stats):
+        return False
+    raw = np.frombuffer(payload, dtype=np.uint8)
+    for offset in range(min(8, max(len(raw) - 7, 0))):  # every alignment of an 8-byte value
+        words = raw[offset:offset + (len(raw) - offset) // 8 * 8].view("<u8")
+        if np.isin(stats.astype("<f8").view("<u8"), words).any():
+            return True
+    written = [float(m) for m in _NUMBER.findall(payload) if sum(c in b"0123456789" for c in m) >= _DIGITS]
+    return any(bool((np.abs(stats - w) <= 1e-6 * abs(w)).any()) for w in written)
+
+
 def audit_control(view: View, truth: dict[str, dict[int, np.ndarray]], party: int,
                   report: AuditReport | None = None) -> AuditReport:
     """Everything a role received outside the rounds: each message must be a declared set-up or control step
-    (`transport.rounds.CONTROL_STEPS`) and carry no other party's contribution."""
+    (`transport.rounds.CONTROL_STEPS`) and carry no other party's contribution: none of its rows, and none of
+    its single values or rows' peaks and norms (as float64 bytes, or written as text)."""
     report = report or AuditReport()
     for entry in view.of("control"):
         report.entries_checked += 1
@@ -221,7 +251,8 @@ def audit_control(view: View, truth: dict[str, dict[int, np.ndarray]], party: in
         payload = entry.value.tobytes()
         for round_name, parts in truth.items():
             for k, contribution in parts.items():
-                if k != party and _carries(payload, contribution, round_name):
+                if k != party and (_carries(payload, contribution, round_name)
+                                   or _carries_number(payload, contribution, round_name)):
                     report.leaks.append(f"rank {party}'s {entry.round!r} message from rank {entry.peer} carries "
                                         f"party {k}'s {round_name!r} contribution")
     return report

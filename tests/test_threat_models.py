@@ -3,6 +3,7 @@ shown not to be vacuous (it fails on plain, on unmasked shares, and when there a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -11,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from test_equivalence import make_job
 
 from falsevfl_secure.audit import (
@@ -516,19 +519,23 @@ def _contribute_and_maybe_leak(role, leak: str) -> list[dict]:
         role.network.bounds[leak] = (1 << 20, 2)
         barrier(role)  # every role accepts the tag before party 0 sends it
     role.backend.sum_to_active(POSTERIOR, value)
-    if leak and role.rank == 0:
+    tag = leak.split("-")[0]
+    if leak == "resume-text" and role.rank == 0:  # its peak alone, written as text in a declared step
+        role.peers.send(role.peers.active_index, tag, json.dumps({"peak": float(value.abs().max())}).encode())
+    elif leak and role.rank == 0:
         peak = value.abs().max().reshape(1)  # a late row, as float64: the audit reads every row in both widths
-        role.peers.send(role.peers.active_index, leak, torch.cat([peak, value[37]]).double().numpy().tobytes())
+        role.peers.send(role.peers.active_index, tag, torch.cat([peak, value[37]]).double().numpy().tobytes())
     elif leak and role.is_active:
-        role.peers.recv(0, leak)
+        role.peers.recv(0, tag)
     return [{"round": e.round, "kind": e.kind, "peer": e.peer, "protection": e.protection, "value": e.value}
             for e in role.view]
 
 
-@pytest.mark.parametrize("leak", ["", "stats", "resume"])
+@pytest.mark.parametrize("leak", ["", "stats", "resume", "resume-text"])
 def test_the_audit_checks_everything_received_not_only_the_rounds(leak, attacked):
     """A weakened party that sends values outside the rounds is caught: in an undeclared message ("stats"),
-    or inside a declared control step ("resume"); the shipped build's views pass."""
+    or inside a declared control step ("resume": a row; "resume-text": its peak alone, as JSON text); the
+    shipped build's views pass."""
     from falsevfl_secure.runtime.world import run_world
 
     reports = run_world("mpc", PARTIES, _contribute_and_maybe_leak, (leak,), record=True, timeout_s=90)
@@ -542,3 +549,28 @@ def test_the_audit_checks_everything_received_not_only_the_rounds(leak, attacked
         assert any("undeclared message 'stats'" in text for text in audit["leaks"]), audit["leaks"]
     else:
         assert any("carries party 0's 'posterior' contribution" in text for text in audit["leaks"]), audit["leaks"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(2, 16), st.floats(1e-3, 1e6), st.integers(0, 2**32 - 1),
+       st.sampled_from(["value", "peak", "norm"]), st.sampled_from(["text", "float64"]))
+def test_a_single_number_of_a_contribution_is_found_in_a_control_payload(rows, width, scale, seed, which, form):
+    """The control audit's scalar check: any one value, a row's peak or norm, written as JSON text (float32's
+    precision) or as float64 bytes at any offset, is found; the same payload with the number's last digits
+    changed, and integral counts, are not."""
+    from falsevfl_secure.audit import _carries_number
+
+    value = (np.random.default_rng(seed).standard_normal((rows, width)) * scale).astype(np.float32)
+    pick = {"value": value[rows // 2, width - 1], "peak": np.abs(value[0]).max(),
+            "norm": np.linalg.norm(value.astype(np.float64), axis=1)[-1]}[which]  # bytes: found when bit-equal
+    leaked = float(pick)
+    assume(leaked != round(leaked))  # an integral number is read as a count, not a leak (float32 at 1e6 often is)
+    if form == "text":
+        payload = json.dumps({"epoch": 3, "rows": rows, "x": leaked}).encode()
+        wrong = json.dumps({"epoch": 3, "rows": rows, "x": leaked * (1 + 1e-4)}).encode()
+    else:
+        payload = b"k" * (seed % 8) + np.float64(leaked).tobytes() + b"tail"
+        wrong = b"k" * (seed % 8) + np.float64(leaked * (1 + 1e-4)).tobytes() + b"tail"
+    assert _carries_number(payload, value, "posterior")
+    assert not _carries_number(wrong, value, "posterior") or bool(np.isclose(value, leaked * (1 + 1e-4)).any())
+    assert not _carries_number(json.dumps({"epoch": 3, "rows": rows}).encode(), value, "posterior")

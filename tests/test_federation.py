@@ -487,6 +487,44 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     assert (config.parent / "party1" / "model" / "manifest.json").is_file()
 
 
+def test_a_party_lost_for_good_is_left_out_of_the_summary_and_named_when_predicting_with_it(trained, tmp_path):
+    """Operations trial findings: after party1 left a run that went on (killed in stage 1, never back), the active
+    party still said "trained 4 parties" and counted 4 holders per validation record; predicting with party1 blamed
+    its model folder's run ("restore every party's model folder") where the cause is that it left: predict
+    without it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = _copy(trained, tmp_path, 'on_party_loss = "continue"\nmin_parties = 3\n')  # trained's model settings
+    config.write_text(config.read_text().replace("validation_fraction = 0.0", "validation_fraction = 0.2"))
+    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
+                                     str(config), "--party", name, "--quiet"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name in ("party3", "party0", "party1", "party2")}
+    checkpoints, deadline = config.parent / "party1" / "model" / "checkpoints", time.monotonic() + 120
+    while not list(checkpoints.glob("party*-stage1-epoch00001.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs.pop("party1").send_signal(signal.SIGKILL)
+    outputs = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
+    assert all(proc.returncode == 0 for proc in procs.values()), {n: e for n, (_, e) in outputs.items()}
+    lines = outputs["party3"][0].splitlines()
+    assert lines[-1].startswith("trained 3 parties (party1 lost) under "), lines[-1]
+    record = json.loads((config.parent / "party3" / "model" / "train_result.json").read_text())
+    assert max(map(int, record["validation"]["by_parties_observed"])) <= 3, record["validation"]
+    manifest = config.parent / "party1" / "model" / "manifest.json"
+    for folder in ("its earlier run's", "other settings"):  # found as the parties meet, or before any starts
+        if folder == "other settings":
+            manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "fingerprint": "0" * 16}))
+        code, _, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "p.csv"), "--quiet")
+        assert code != 0 and "party1 left the training run of this model" in err and "--absent party1" in err, err
+        assert "restore" not in err and not (tmp_path / "p.csv").exists(), (folder, err)
+    code, _, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "p.csv"), "--quiet",
+                       "--absent", "party1")
+    assert code == 0, err
+
+
 @pytest.mark.parametrize("edit", [
     lambda m: {**m, "settings": "x"}, lambda m: {**m, "classes": ["1", "1"]}, lambda m: {**m, "classes": []},
     lambda m: {**m, "classes": "xy"}, lambda m: {**m, "settings": {"a": [[[[]]]]}, "fingerprint": "f"},

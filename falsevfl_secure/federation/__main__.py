@@ -334,7 +334,8 @@ def _ready(fed, names: list[str], command: str, protocol: str, one_host: bool, q
         for line in report.notes if quiet else report.lines:
             print(line)
     problems = [(None, p) for p in run_problems(fed, protocol, one_host)]
-    problems += [(r.name, e) for r in reports for e in r.errors]
+    gone = _lost_for_good(fed) if command == "predict" else {}
+    problems += [(r.name, gone.get(r.name, e)) for r in reports for e in r.errors]
     for name, problem in problems:
         before = "" if command == "check" else f"{command}: " + (
             f"the files of {name} need fixing (nothing was started): " if name else "nothing was started: ")
@@ -344,6 +345,22 @@ def _ready(fed, names: list[str], command: str, protocol: str, one_host: bool, q
     if not quiet:
         print(f"checked the files of {_whom(names)} in {seconds:.2f} s")
     return True
+
+
+def _lost_for_good(fed) -> dict[str, str]:
+    """Where this host holds the active party's model: each party that left its training run and never came
+    back, with what to do (its folder keeps a model of another run or other settings, which is not the cause)."""
+    from .quality import still_out
+
+    if fed.active not in fed.local:
+        return {}
+    try:
+        record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {e["party"]: f"{e['party']} left the training run of this model (stage {e['stage']}, epoch {e['epoch']}) "
+            f"and did not come back: predict with --absent {e['party']}"
+            for e in still_out(record.get("lost_parties", []))}
 
 
 def _whom(names: list[str]) -> str:
@@ -398,7 +415,7 @@ def _two_party_cause(fed, present: list[str], text: str) -> str | None:
 
 def _summarise(fed, args: argparse.Namespace) -> None:
     from ..reference import lift_lines
-    from .quality import trees_lines, validation_summary
+    from .quality import lost_lines, trees_lines, validation_summary
 
     for line in _spent_lines(fed):
         print(line)
@@ -407,6 +424,11 @@ def _summarise(fed, args: argparse.Namespace) -> None:
         return
     record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
     print(_trained_line(fed, record, "models in each party's folder"))
+    one, two = record["schedule"]["pretrain"], record["schedule"]["train"]
+    print(f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}, stage 2 {two['epochs']} epochs "
+          f"of batch {two['batch_size']}")
+    for line in lost_lines(record.get("lost_parties", [])):
+        print(line)
     print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
         f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}"
         for name, o in record["alignment"]["overlap"].items()))
@@ -427,8 +449,11 @@ def _spent_lines(fed) -> list[str]:
 
 
 def _trained_line(fed, record: dict, where: str) -> str:
-    alignment = record["alignment"]
-    return (f"trained {len(fed.parties)} parties under {record['protocol']} in {record['wall_time_s']:.1f} s: "
+    from .quality import still_out
+
+    alignment, out = record["alignment"], [e["party"] for e in still_out(record.get("lost_parties", []))]
+    parties = f"{len(fed.parties) - len(out)} parties ({', '.join(out)} lost)" if out else f"{len(fed.parties)} parties"
+    return (f"trained {parties} under {record['protocol']} in {record['wall_time_s']:.1f} s: "
             f"{alignment['union_size']} records aligned in {alignment['seconds']:.1f} s "
             f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}), "
             f"{alignment['labeled']} labeled for training, {alignment['validation']} held out; {where}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import sys
 import time
 from dataclasses import asdict, replace
@@ -56,7 +57,7 @@ from .aligned import (
 )
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
-from .quality import trees_lines, validation_summary, validation_table
+from .quality import lost_lines, still_out, trees_lines, validation_summary, validation_table
 from .store import Manifest, load_weights, save_model
 
 MODEL_RUN = "model"  # the set-up step in which a passive party names its model's training run (network.SETUP)
@@ -111,10 +112,11 @@ def federation_program(role, config: str, command: str, options: dict):
     return _train(role, fed, inputs, options) if command == "train" else _predict(role, fed, inputs, options)
 
 
-def _same_training(role, manifest: Manifest) -> None:
+def _same_training(role, manifest: Manifest, folder: Path) -> None:
     """Every present party's model is of one training run (its manifest's `trained_in`): each passive party
     tells the active party, which refuses a mix naming the parties (a retrain, or a run killed while the parties
-    committed their folders one by one, would pair one run's encoder with another's decoder, silently)."""
+    committed their folders one by one, would pair one run's encoder with another's decoder, silently); a party
+    that left that run for good is named as such (its folder keeps what it had: predict without it)."""
     peers, mine = role.peers, bytes.fromhex(manifest.trained_in or "")
     if not role.is_active:
         peers.send(peers.active_index, MODEL_RUN, mine)
@@ -124,10 +126,23 @@ def _same_training(role, manifest: Manifest) -> None:
     if odd:
         raise ProtocolError(f"{', '.join(odd)} named a training run that is not a session id")
     other = [name for name, run in runs.items() if run != mine]
+    lost = {e["party"]: e for e in still_out(_own_record(folder).get("lost_parties", [])) if e["party"] in other}
+    if lost:
+        raise InputError("; ".join(f"{name} left the training run of this model (stage {e['stage']}, epoch "
+                                   f"{e['epoch']}) and did not come back" for name, e in lost.items()) +
+                         f": predict with --absent {' '.join(lost)}; no predictions were written")
     if other:
         raise InputError(f"the saved model of {', '.join(other)} is not of the training run that saved "
                          f"{role.spec.name}'s (manifest.json, trained_in): train again, or restore every party's "
                          "model folder from one run; no predictions were written")
+
+
+def _own_record(folder: Path) -> dict:
+    """The active party's `train_result.json` of its saved model ({} where there is none to read)."""
+    try:
+        return json.loads((Path(folder) / "train_result.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _left_out(fed: Federation, names: tuple[str, ...]) -> None:
@@ -171,7 +186,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
     spent = _ledger(name, spent, me.model_dir)
     if role.is_active:
-        validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes)
+        validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes, held_out)
         record = _train_record(fed, cfg, role.protocol.name, aligned, trained, own["communication"],
                                time.perf_counter() - started, validation)
         schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
@@ -180,9 +195,8 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
                   "schedule": schedule, "lost_parties": lost, "privacy": None if spent is None else spent.to_dict()}
         write_json(out / "train_result.json", record)
         _plot(record, out / "train_result.png")
-        for event in _still_out(lost):
-            print(f"warning: {event['party']} left training (stage {event['stage']}, epoch {event['epoch']}): its "
-                  f"part of the model is from before; predict with --absent {event['party']}", flush=True)
+        for line in lost_lines(lost):
+            print(line, flush=True)
         _say(validation, trained.trees, lift, cfg.to_dict())
 
 
@@ -279,12 +293,6 @@ def _groups(role, fed: Federation, inputs: PartyInput, labeled_rows) -> np.ndarr
     return validation_groups(inputs.table, labeled_rows, fed, group_key(role.key)) if role.is_active else None
 
 
-def _still_out(events: list[dict]) -> list[dict]:
-    """The loss events of the parties that did not come back."""
-    last = {e["party"]: e for e in events}
-    return [e for e in last.values() if e["how"] != "rejoined"]
-
-
 def _ledger(name: str, spent, live: Path):
     """What a party's rows spent, as its live ledger now records it (with any batch a pass ran again), and its line
     (with a budget only). The ledger stays where it is charged, never staged: a copy committed with the model
@@ -347,14 +355,15 @@ def _validation_data(placed: Placed, aligned: Aligned, rank: int, targets: np.nd
 
 
 def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Aligned, targets: np.ndarray,
-             predictions, n_classes: int) -> tuple[dict | None, dict | None]:
-    """At the active party: the validation table and the lift over its own model on the same records."""
+             predictions, n_classes: int, held_out) -> tuple[dict | None, dict | None]:
+    """At the active party: the validation table and the lift over its own model on the same records (each
+    counted by the parties that held it in the end: a party lost for good holds none)."""
     if predictions is None:
         return None, None
-    view = party_view(placed, aligned, fed.names.index(fed.active), targets)
-    y, rows = view.labels.y, aligned.validation
+    y, rows = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y, aligned.validation
     out = predictions.get().cpu().numpy()  # on the host: a party may train on its GPU
-    validation = validation_table(out, y[rows], view.labels.n_observed[rows], fed.task, inputs.target_scale)
+    observed = held_out.n_observed.get().cpu().numpy()
+    validation = validation_table(out, y[rows], observed, fed.task, inputs.target_scale)
     references = fit_reference(placed, y, aligned.labeled, rows, fed.task, n_classes, fed.model.seed)
     inverse = inputs.target_scale.inverse if inputs.target_scale is not None else None
     return validation, lift_report(fed.task, out, references, y[rows], inverse)
@@ -405,7 +414,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     present = list(role.session.present)
     cfg = replace(fed.model, parties=len(present), active_party=present.index(fed.active))
     name, rank, manifest = role.spec.name, role.rank, loaded.manifest
-    _same_training(role, manifest)
+    _same_training(role, manifest, fed.party(name).model_dir)
     aligned = align_table(role, loaded.table.ids, loaded.block.held, None, restrict=True,
                           policy=Policy(max_ids=fed.max_ids))
     print(overlap_line(fed, name, aligned), flush=True)

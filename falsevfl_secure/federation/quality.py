@@ -61,3 +61,15 @@ def trees_lines(trees: dict | None) -> list[str]:
     return [f"{made} {trees['weight']:g} of the "
             f"blend (validation loss {chosen:.4f}; the discriminator alone {scores['0.0']:.4f}, the trees alone "
             f"{scores['1.0']:.4f})"]
+
+
+def still_out(events: list[dict]) -> list[dict]:
+    """The loss events (`train_result.json`'s `lost_parties`) of the parties that did not come back."""
+    last = {e["party"]: e for e in events}
+    return [e for e in last.values() if e["how"] != "rejoined"]
+
+
+def lost_lines(events: list[dict]) -> list[str]:
+    """A warning per party that left training for good: its model folder holds what it had before."""
+    return [f"warning: {e['party']} left training (stage {e['stage']}, epoch {e['epoch']}): its part of the model "
+            f"is from before; predict with --absent {e['party']}" for e in still_out(events)]

@@ -232,7 +232,7 @@ def simulate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return guarded(lambda: simulate(args))
+    return guarded(lambda: simulate(args), resumable=True)
 
 
 if __name__ == "__main__":

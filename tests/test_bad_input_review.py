@@ -150,3 +150,20 @@ def test_scoring_a_truth_file_with_its_own_column_names_points_at_the_flags(tmp_
     _one_error(code, err, "found columns 'customer_id', 'churn', 1 rows (name the truth's own columns with "
                           "--id-column and --label-column)")
     refused("cli")
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
+    """`federation score ... | head -1` (operations trial): the reader closing the pipe ended in
+    "error: : Broken pipe" and exit 2; now the command stops as a pipeline member does (141), saying nothing."""
+    import subprocess
+    import sys
+
+    (tmp_path / "truth.csv").write_text("id,label\n" + "".join(f"r{i},{i % 3}\n" for i in range(50)))
+    (tmp_path / "p.csv").write_text("id,prediction,parties_observed\n" +
+                                    "".join(f"r{i},{i % 2},{1 + i % 2}\n" for i in range(50)))
+    proc = subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "score", "--predictions",
+                             str(tmp_path / "p.csv"), "--truth", str(tmp_path / "truth.csv")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err

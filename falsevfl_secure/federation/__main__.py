@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = {"demo": demo, "keygen": keygen, "check": check, "train": run, "predict": run,
                "score": score, "privacy": privacy, "propose-clips": propose_clips}[args.command]
-    return guarded(lambda: command(args))
+    return guarded(lambda: command(args), resumable=args.command == "train")
 
 
 if __name__ == "__main__":

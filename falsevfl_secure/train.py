@@ -209,6 +209,7 @@ class Fit:
     split: dict[str, dict[str, float]] = field(default_factory=dict)
     selection: dict | None = None  # stage 2's best epoch on the validation records (selection.py), or None
     trees: dict | None = None  # the active party's trees and their share of the blend (`head`), or None
+    resumed: dict[str, int] = field(default_factory=dict)  # a resumed run: the epochs each stage had done before
 
 
 def time_split(total: float, rounds: float, waiting: float) -> dict[str, float]:
@@ -257,7 +258,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         if after_epoch is not None:
             after_epoch(stage, epoch, opts)
 
-    result = Fit()
+    result = Fit(resumed={st.key: start[st] for st in start if start[st]} if resume else {})
     for stage in (Stage.PRETRAIN, Stage.TRAIN):
         began, (rounds, waiting) = time.perf_counter(), node.transport.log.totals()
         if validation is not None:

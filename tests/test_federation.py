@@ -525,6 +525,34 @@ def test_a_party_lost_for_good_is_left_out_of_the_summary_and_named_when_predict
     assert code == 0, err
 
 
+def test_a_run_stopped_by_a_lost_party_resumes_and_says_what_its_record_covers(trained, tmp_path):
+    """`on_party_loss = "stop"`: party1 is killed in stage 1, every party stops; `train --resume` goes on from the
+    last epoch every party completed, and its record and summary say so (operations trial: they read as a whole
+    run's, 38 of 60 epochs' losses and the resumed part's time, with no word of the resume)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = _copy(trained, tmp_path, epochs="kappa = 2\n[model.pretrain]\nepochs = 8\n[model.train]\nepochs = 4\n")
+    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
+                                     str(config), "--party", name, "--quiet"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name in ("party3", "party0", "party1", "party2")}
+    checkpoints, deadline = config.parent / "party3" / "model" / "checkpoints", time.monotonic() + 120
+    while not list(checkpoints.glob("party*-stage1-epoch00002.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs["party1"].send_signal(signal.SIGKILL)
+    errors = {name: proc.communicate(timeout=120)[1] for name, proc in procs.items()}
+    assert all(procs[n].returncode != 0 for n in procs), errors
+    code, out, err = cli("train", "--config", str(config), "--resume", "--quiet")
+    assert code == 0, err
+    record = json.loads((config.parent / "party3" / "model" / "train_result.json").read_text())
+    done = record["resumed_after_epochs"]["pretrain"]
+    assert 2 <= done < 8 and len(record["losses"]["pretrain"]) == 8 - done, record["resumed_after_epochs"]
+    assert f"(resumed after stage 1 epoch {done}: the time and losses are the resumed part's)" in out, out
+
+
 @pytest.mark.parametrize("edit", [
     lambda m: {**m, "settings": "x"}, lambda m: {**m, "classes": ["1", "1"]}, lambda m: {**m, "classes": []},
     lambda m: {**m, "classes": "xy"}, lambda m: {**m, "settings": {"a": [[[[]]]]}, "fingerprint": "f"},

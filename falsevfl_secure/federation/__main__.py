@@ -448,12 +448,19 @@ def _spent_lines(fed) -> list[str]:
             for name, ledger in ledgers.items() if "epsilon" in ledger]
 
 
+def _resumed(record: dict) -> str:
+    """What a resumed run's time and losses cover ('' for a run from the start)."""
+    done = record.get("resumed_after_epochs") or {}
+    after = ", ".join(f"stage {1 if key == 'pretrain' else 2} epoch {n}" for key, n in done.items())
+    return f" (resumed after {after}: the time and losses are the resumed part's)" if done else ""
+
+
 def _trained_line(fed, record: dict, where: str) -> str:
     from .quality import still_out
 
     alignment, out = record["alignment"], [e["party"] for e in still_out(record.get("lost_parties", []))]
     parties = f"{len(fed.parties) - len(out)} parties ({', '.join(out)} lost)" if out else f"{len(fed.parties)} parties"
-    return (f"trained {parties} under {record['protocol']} in {record['wall_time_s']:.1f} s: "
+    return (f"trained {parties} under {record['protocol']} in {record['wall_time_s']:.1f} s{_resumed(record)}: "
             f"{alignment['union_size']} records aligned in {alignment['seconds']:.1f} s "
             f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}), "
             f"{alignment['labeled']} labeled for training, {alignment['validation']} held out; {where}")

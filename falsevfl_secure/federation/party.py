@@ -397,7 +397,7 @@ def _train_record(fed: Federation, cfg, protocol: str, aligned: Aligned, trained
     overlap = {n: {"listed": int(per_party[k, 0]), "shared": int(per_party[k, 1]),
                    "with_active": int(per_party[k, 2])} for k, n in enumerate(fed.names)}
     return {"losses": trained.losses, "stage_time_s": trained.seconds, "stage_split": trained.split,
-            "wall_time_s": round(wall, 3),
+            "wall_time_s": round(wall, 3), "resumed_after_epochs": trained.resumed,  # losses and times: from there
             "protocol": protocol, "alignment": {"union_size": aligned.n + aligned.dropped, "records": aligned.n,
                                                 "rows_per_party": rows, "labeled": int(aligned.labeled.size),
                                                 "validation": int(aligned.validation.size),

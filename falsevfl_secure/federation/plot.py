@@ -23,7 +23,7 @@ def plot_training(record: dict, path: Path | str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    _stage1(axes[0], record["losses"].get("pretrain", []))
+    _stage1(axes[0], record["losses"].get("pretrain", []), record.get("resumed_after_epochs", {}).get("pretrain", 0))
     _stage2(axes[1], record.get("selection"), record["losses"].get("train", []))
     _lift(axes[2], record.get("lift"))
     alignment = record["alignment"]
@@ -37,9 +37,11 @@ def plot_training(record: dict, path: Path | str) -> None:
     atomic_write(path, image.getvalue())
 
 
-def _stage1(ax, losses: list[float]) -> None:
-    ax.plot(range(1, len(losses) + 1), losses, color=_BLUE)
-    ax.set(title="stage 1: loss (negative IWAE bound)", xlabel="epoch", ylabel="loss")
+def _stage1(ax, losses: list[float], before: int = 0) -> None:
+    """`before`: the epochs a resumed run had done (their losses are not in this run's record)."""
+    ax.plot(range(before + 1, before + len(losses) + 1), losses, color=_BLUE)
+    resumed = f" (resumed after epoch {before})" if before else ""
+    ax.set(title=f"stage 1: loss (negative IWAE bound){resumed}", xlabel="epoch", ylabel="loss")
     ax.title.set_fontsize(9)
 
 

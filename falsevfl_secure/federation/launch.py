@@ -90,8 +90,9 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
 def _waiting_line(fed: Federation, spec: RoleSpec) -> str:
     """What this role waits for before anything else is printed (a party whose peers were not up yet waited
     silently until its join timeout)."""
-    plan = spec.plan
-    waits = [f"listening at {plan.serve_at} for {', '.join(plan.accept)}"] if plan.serve_at else []
+    plan, present = spec.plan, set(spec.request.expected)
+    expected = [peer for peer in plan.accept if peer in present or peer not in spec.cast.parties]  # not the absent
+    waits = [f"listening at {plan.serve_at} for {', '.join(expected)}"] if plan.serve_at else []
     waits += [f"joining {peer} at {address}" for peer, address in plan.dial]
     return f"{spec.name}: {'; '.join(waits)} (join_timeout_s = {fed.join_timeout_s:g} s)"
 

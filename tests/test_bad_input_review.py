@@ -167,3 +167,18 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and err == "", err
+
+
+def test_check_notes_a_column_of_one_value(demo):
+    """Operations trial: a column whose every present cell holds one value (a category, or a number) was taken
+    in silence ("1 categories"); it tells the model nothing, and often means a broken export."""
+    for table in ("train.csv", "predict.csv"):
+        path = demo / "lab" / table
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        extra = [",site,version"] + [",north,2" if i % 7 else ",north," for i in range(1, len(lines))]
+        path.write_text("\n".join(a + b for a, b in zip(lines, extra, strict=True)) + "\n")
+    code, out, err = cli("check", "--config", str(demo / "federation.toml"))
+    assert code == 0, err
+    assert "note: column 'site' has one value ('north') in every row that has one" in out, out
+    assert "note: column 'version' has one value (2.0) in every row that has one" in out, out
+    assert "column 'hue' has one value" not in out

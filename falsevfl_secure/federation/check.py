@@ -232,12 +232,28 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
     lines += [f"{NOTE}column {c!r} has {len(encoding.categories[c])} categories in "
               f"{sum(v is not None for v in table.text[c])} cells: if it identifies records, remove it"
               for c in table.categorical if _looks_like_identifier(table.text[c])]
+    lines += [f"{NOTE}column {c!r} has one value ({v}) in every row that has one: it tells the model nothing "
+              "(remove it, or check the export)" for c, v in _constant_columns(table)]
     if name == fed.active and fed.validation_group:
         lines.append(_groups_line(fed, inputs))
     if name != fed.active and fed.label_column in table.columns:
         lines.append(f"{NOTE}column {fed.label_column!r} has the label column's name; it is a feature of "
                      f"party {name!r}")
     return lines
+
+
+def _constant_columns(table) -> list[tuple[str, str]]:
+    """(column, its one value) of each column whose present cells all hold one value (operations trial: a
+    column of one category was taken in silence)."""
+    out = []
+    for k, column in enumerate(table.columns):
+        if column in table.text:
+            values = {v for v in table.text[column] if v is not None}
+        else:
+            values = set(np.unique(table.x[:, k][~np.isnan(table.x[:, k])]).tolist())
+        if len(values) == 1:
+            out.append((column, repr(next(iter(values)))))
+    return out
 
 
 def _groups_line(fed: Federation, inputs: PartyInput) -> str:

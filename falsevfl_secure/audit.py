@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -210,51 +211,74 @@ def _carries(payload: bytes, contribution: np.ndarray, round_name: str) -> bool:
 
 
 _NUMBER = re.compile(rb"[-+]?(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_DIGITS = 6  # a number written with fewer significant digits is not read as a leaked float (nor is one in noise)
+_DIGITS = 7  # fewer significant digits are not read as a leaked float: a random number matches too often
+_BITS = 12  # nor, as bytes, a value of fewer significant bits (0.125, 2.5: they occur in integer arrays)
 
 
 def _statistics(contribution: np.ndarray, round_name: str) -> np.ndarray:
-    """The single numbers a contribution could leak as: each value, each row's largest |value| and norm, and
-    the largest |value| of all; non-integral ones only (a count or an epoch is integral, a leaked float is not)."""
+    """The single numbers a contribution could leak as, sorted: each value, each row's largest |value| and norm,
+    and the largest |value| of all; non-integral ones only (a count or an epoch is integral, a leaked float is not)."""
     rows = _rows(contribution, round_name)
     values = np.concatenate([rows.reshape(-1), np.abs(rows).max(axis=1), np.linalg.norm(rows, axis=1),
                              [np.abs(rows).max(initial=0.0)]])
     return np.unique(values[(np.abs(values) > 1e-6) & (values != np.round(values))])
 
 
-def _carries_number(payload: bytes, contribution: np.ndarray, round_name: str) -> bool:
-    """Whether `payload` holds one such number: its float64 bytes at any offset, or written as text (to within
-    float32's precision)."""
-    stats = _statistics(contribution, round_name)
-    if not len(stats):
-        return False
+def _words(stats: np.ndarray) -> np.ndarray:
+    """The float64 bit patterns of the values of `_BITS` significant bits or more, sorted."""
+    words = stats.astype("<f8").view("<u8")
+    mantissa = words & np.uint64((1 << 52) - 1)
+    lowest = mantissa & (~mantissa + np.uint64(1))  # the lowest set bit (0 for a power of two's mantissa)
+    trailing = np.where(mantissa > 0, np.log2(np.maximum(lowest, 1).astype(np.float64)), 52)
+    return np.sort(words[52 - trailing >= _BITS])
+
+
+def _in_bytes(payload: bytes, words: np.ndarray) -> bool:
+    """Whether one of `words` (`_words`) lies in `payload` as 8 bytes, at any offset."""
     raw = np.frombuffer(payload, dtype=np.uint8)
-    for offset in range(min(8, max(len(raw) - 7, 0))):  # every alignment of an 8-byte value
-        words = raw[offset:offset + (len(raw) - offset) // 8 * 8].view("<u8")
-        if np.isin(stats.astype("<f8").view("<u8"), words).any():
+    for offset in range(min(8, max(len(raw) - 7, 0)) if len(words) else 0):
+        window = raw[offset:offset + (len(raw) - offset) // 8 * 8].view("<u8")
+        at = np.minimum(np.searchsorted(words, window), len(words) - 1)
+        if (words[at] == window).any():
             return True
-    written = [float(m) for m in _NUMBER.findall(payload) if sum(c in b"0123456789" for c in m) >= _DIGITS]
-    return any(bool((np.abs(stats - w) <= 1e-6 * abs(w)).any()) for w in written)
+    return False
+
+
+def _in_text(payload: bytes, stats: np.ndarray) -> bool:
+    """Whether a number of `_DIGITS` significant digits or more in `payload` is one of `stats` written out: within
+    its last digit's rounding (and float32's precision)."""
+    for match in _NUMBER.findall(payload):
+        written = Decimal(match.decode())
+        digits = written.as_tuple()
+        if len(str(int("".join(map(str, digits.digits)) or "0"))) < _DIGITS or not len(stats):
+            continue
+        value, tolerance = float(written), 0.5 * 10.0 ** digits.exponent + 1e-7 * abs(float(written))
+        at = np.searchsorted(stats, value)
+        near = stats[max(at - 1, 0):at + 1]
+        if (np.abs(near - value) <= tolerance).any():
+            return True
+    return False
 
 
 def audit_control(view: View, truth: dict[str, dict[int, np.ndarray]], party: int,
                   report: AuditReport | None = None) -> AuditReport:
     """Everything a role received outside the rounds: each message must be a declared set-up or control step
     (`transport.rounds.CONTROL_STEPS`) and carry no other party's contribution: none of its rows, and none of
-    its single values or rows' peaks and norms (as float64 bytes, or written as text)."""
+    its single values or rows' peaks and norms as float64 bytes or written out in text (a float32 value's 4
+    bytes are not looked for: they would occur by chance in any large payload)."""
     report = report or AuditReport()
+    others = [(r, k, c, _statistics(c, r)) for r, parts in truth.items() for k, c in parts.items() if k != party]
+    others = [(r, k, c, stats, _words(stats)) for r, k, c, stats in others]
     for entry in view.of("control"):
         report.entries_checked += 1
         if entry.round not in CONTROL_STEPS:
             report.leaks.append(f"rank {party} received an undeclared message {entry.round!r} from rank {entry.peer}")
             continue
         payload = entry.value.tobytes()
-        for round_name, parts in truth.items():
-            for k, contribution in parts.items():
-                if k != party and (_carries(payload, contribution, round_name)
-                                   or _carries_number(payload, contribution, round_name)):
-                    report.leaks.append(f"rank {party}'s {entry.round!r} message from rank {entry.peer} carries "
-                                        f"party {k}'s {round_name!r} contribution")
+        for round_name, k, contribution, stats, words in others:
+            if _carries(payload, contribution, round_name) or _in_bytes(payload, words) or _in_text(payload, stats):
+                report.leaks.append(f"rank {party}'s {entry.round!r} message from rank {entry.peer} carries "
+                                    f"party {k}'s {round_name!r} contribution")
     return report
 
 

@@ -155,15 +155,17 @@ def test_scoring_a_truth_file_with_its_own_column_names_points_at_the_flags(tmp_
 def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
     """`federation score ... | head -1` (operations trial): the reader closing the pipe ended in
     "error: : Broken pipe" and exit 2; now the command stops as a pipeline member does (141), saying nothing."""
+    import os
     import subprocess
     import sys
 
     (tmp_path / "truth.csv").write_text("id,label\n" + "".join(f"r{i},{i % 3}\n" for i in range(50)))
     (tmp_path / "p.csv").write_text("id,prediction,parties_observed\n" +
                                     "".join(f"r{i},{i % 2},{1 + i % 2}\n" for i in range(50)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered, as a user's is
     proc = subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "score", "--predictions",
                              str(tmp_path / "p.csv"), "--truth", str(tmp_path / "truth.csv")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and err == "", err
@@ -182,3 +184,14 @@ def test_check_notes_a_column_of_one_value(demo):
     assert "note: column 'site' has one value ('north') in every row that has one" in out, out
     assert "note: column 'version' has one value (2.0) in every row that has one" in out, out
     assert "column 'hue' has one value" not in out
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_reported(capsys):
+    """Only a reader of stdout that left ends a command quietly: a pipe to a child that died is an error."""
+    from falsevfl_secure.cli import guarded
+
+    def child_died() -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert guarded(child_died) == 2
+    assert capsys.readouterr().err.startswith("error: ")

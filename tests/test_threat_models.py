@@ -555,25 +555,32 @@ def test_the_audit_checks_everything_received_not_only_the_rounds(leak, attacked
 @given(st.integers(1, 40), st.integers(2, 16), st.floats(1e-3, 1e6), st.integers(0, 2**32 - 1),
        st.sampled_from(["value", "peak", "norm"]), st.sampled_from(["text", "float64"]))
 def test_a_single_number_of_a_contribution_is_found_in_a_control_payload(rows, width, scale, seed, which, form):
-    """The control audit's scalar check: any one value, a row's peak or norm, written as JSON text (float32's
-    precision) or as float64 bytes at any offset, is found; the same payload with the number's last digits
-    changed, and integral counts, are not."""
-    from falsevfl_secure.audit import _carries_number
+    """The control audit's scalar check: any one value, a row's peak or norm, written as JSON text or as float64
+    bytes at any offset, is found; the same payload with the number moved in its fourth digit is not, nor a
+    count, nor an array of integer positions (whose bytes hold short binary fractions at odd offsets)."""
+    from falsevfl_secure.audit import _in_bytes, _in_text, _statistics, _words
 
     value = (np.random.default_rng(seed).standard_normal((rows, width)) * scale).astype(np.float32)
+    stats = _statistics(value, "posterior")
+
+    def carries(payload: bytes) -> bool:
+        return _in_bytes(payload, _words(stats)) or _in_text(payload, stats)
+
     pick = {"value": value[rows // 2, width - 1], "peak": np.abs(value[0]).max(),
             "norm": np.linalg.norm(value.astype(np.float64), axis=1)[-1]}[which]  # bytes: found when bit-equal
     leaked = float(pick)
-    assume(leaked != round(leaked))  # an integral number is read as a count, not a leak (float32 at 1e6 often is)
+    assume(leaked != round(leaked) and len(repr(leaked).replace("-", "").lstrip("0.").replace(".", "")) >= 7)
+    moved = leaked * (1 + 1e-3)
     if form == "text":
-        payload = json.dumps({"epoch": 3, "rows": rows, "x": leaked}).encode()
-        wrong = json.dumps({"epoch": 3, "rows": rows, "x": leaked * (1 + 1e-4)}).encode()
+        payload, wrong = (json.dumps({"epoch": 3, "rows": rows, "x": x}).encode() for x in (leaked, moved))
     else:
-        payload = b"k" * (seed % 8) + np.float64(leaked).tobytes() + b"tail"
-        wrong = b"k" * (seed % 8) + np.float64(leaked * (1 + 1e-4)).tobytes() + b"tail"
-    assert _carries_number(payload, value, "posterior")
-    assert not _carries_number(wrong, value, "posterior") or bool(np.isclose(value, leaked * (1 + 1e-4)).any())
-    assert not _carries_number(json.dumps({"epoch": 3, "rows": rows}).encode(), value, "posterior")
+        assume(_words(np.array([leaked])).size)  # a value of few significant bits is not looked for as bytes
+        payload, wrong = (b"k" * (seed % 8) + np.float64(x).tobytes() + b"tail" for x in (leaked, moved))
+    assert carries(payload)
+    assert not carries(wrong) or bool(np.isclose(stats, moved, rtol=1e-6).any())
+    assert not carries(json.dumps({"epoch": 3, "rows": rows}).encode())
+    assert not carries(np.arange(0, 40000, dtype="<i8").tobytes())
+
 
 
 def test_what_the_latent_broadcast_discloses_is_there_at_a_small_scale():

@@ -940,45 +940,58 @@ def test_the_budget_answer_names_parties_of_the_run_only():
 @pytest.mark.parametrize("stage2_pass", ["every epoch", "once"])
 def test_the_releases_a_run_makes_are_no_more_than_the_accountant_counts(monkeypatch, stage2_pass):
     """The accountant's count against a run's own (privacy review: the count was only ever compared with
-    constants): every party's noise stage and DP-SGD are counted as a real run calls them, row by row, and the
-    totals must be the schedule's (each epoch a permutation of the rows: stage 1 every training row in its three
-    summed rounds and one update, stage 2 the labeled rows in two, each test pass the test rows in two); a row's
-    most releases then stay within `releases_per_row`, which also counts a validation pass the simulation skips."""
+    constants): each row's releases are counted as a real run makes them, every party's noised sums and DP-SGD
+    updates attributed to the rows of the batch in flight; the row released most must be released exactly as
+    often as `releases_per_row` counts without the validation pass a simulation skips (and so within what
+    `simulate` charges), in every party alike."""
     from collections import Counter
 
+    from falsevfl_secure import train as train_module
     from falsevfl_secure.config import StageConfig
     from falsevfl_secure.model import private_sgd
+    from falsevfl_secure.node import HostedData
     from falsevfl_secure.runtime.local import run_local
 
-    seen, updates = Counter(), Counter()
-    noised, privatize = NoiseStage.apply, private_sgd.PrivateGradients.privatize
+    flight, rows_of, per_row, unmatched = {}, {}, Counter(), []
+    batch, noised, privatize = HostedData.batch, NoiseStage.apply, private_sgd.PrivateGradients.privatize
+    step = train_module._step
+
+    def batch_in_flight(self, rows):  # a pass runs each batch as it is made; an epoch makes them all first
+        made = batch(self, rows)
+        flight["rows"] = rows_of[id(made)] = [(id(self), int(r)) for r in rows]
+        return made
+
+    def step_in_flight(node, made, stage, optimizers):
+        flight["rows"] = rows_of[id(made)]
+        return step(node, made, stage, optimizers)
+
+    def release(rows: int) -> None:
+        if rows != len(flight["rows"]):
+            unmatched.append((rows, len(flight["rows"])))
+        per_row.update(flight["rows"])
 
     def counted(self, round, value, n_addends):
-        seen[id(self), round.name] += 0 if round.batch_axis is None else value.shape[round.batch_axis]
+        if round.batch_axis is not None:
+            release(value.shape[round.batch_axis])
         return noised(self, round, value, n_addends)
 
     def counted_update(self):
         calls = [c for layer in self.layers for c in layer.calls if c[1] is not None]
-        updates[id(self)] += calls[0][0].shape[1] if calls else 0  # the rows of this update
+        if calls:
+            release(calls[0][0].shape[1])
         return privatize(self)
 
+    monkeypatch.setattr(HostedData, "batch", batch_in_flight)
+    monkeypatch.setattr(train_module, "_step", step_in_flight)
     monkeypatch.setattr(NoiseStage, "apply", counted)
     monkeypatch.setattr(private_sgd.PrivateGradients, "privatize", counted_update)
     cfg = replace(make_config("digits", "quick", parties=4), pretrain=StageConfig(2e-3, 128, 2),
                   train=StageConfig(2e-3, 64, 3), privacy=PrivacyConfig(epsilon=8.0, noise_multiplier=2.0))
     cfg = cfg.with_options(stage2_pass="once") if stage2_pass == "once" else cfg
-    keep: list = []
-    run_local(cfg, ("mcar:0", "mar1"), progress=False, keep=keep)
-    role = keep[1]
-    n, labeled, tests = role.train.n, role.train.labeled_index.size, sum(v.n for v in role.tests.values())
-    e1, e2 = cfg.pretrain.epochs, (1 if stage2_pass == "once" else cfg.train.epochs)
-    total = Counter()
-    for (_, name), rows in seen.items():  # every party's stages (a prediction builds its own), together
-        total[name] += rows
-    parties = cfg.parties
-    assert total["latent_grad"] == parties * e1 * n
-    assert total["posterior"] == total["likelihood"] == parties * (e1 * n + e2 * labeled + tests)
-    assert sorted(updates.values()) == [e1 * n] * parties  # each party's own DP-SGD: every row once an epoch
-    most = max(3 * e1 + e1 + 2 * e2, 2 * len(role.tests))  # a labeled training row; a test row
-    assert most == privacy.releases_per_row(cfg, 0, len(role.tests))  # the schedule without a validation pass
-    assert most <= privacy.releases_per_row(cfg, 1, len(role.tests))  # what `simulate` charges
+    patterns = ("mcar:0", "mar1")
+    run_local(cfg, patterns, progress=False)
+    assert not unmatched and per_row
+    assert all(n % cfg.parties == 0 for n in per_row.values())  # every party released the row as often
+    most = max(per_row.values()) // cfg.parties
+    assert most == privacy.releases_per_row(cfg, 0, len(patterns))  # the schedule, no validation pass
+    assert most <= privacy.releases_per_row(cfg, 1, len(patterns))  # what `simulate` charges

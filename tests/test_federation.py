@@ -466,6 +466,7 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     deadline = time.monotonic() + 120
     while not list(checkpoints.glob("party*-stage1-epoch00002.pt")) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert list(checkpoints.glob("party*-stage1-epoch00002.pt")), "no stage-1 checkpoint within 120 s"
     procs["party1"].send_signal(signal.SIGKILL)
     procs["party1"].wait()
     procs["party1"] = start("party1", "--rejoin")
@@ -507,7 +508,10 @@ def test_a_party_lost_for_good_is_left_out_of_the_summary_and_named_when_predict
     checkpoints, deadline = config.parent / "party1" / "model" / "checkpoints", time.monotonic() + 120
     while not list(checkpoints.glob("party*-stage1-epoch00001.pt")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    procs.pop("party1").send_signal(signal.SIGKILL)
+    assert list(checkpoints.glob("party*-stage1-epoch00001.pt")), "no stage-1 checkpoint within 120 s"
+    killed = procs.pop("party1")
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=60)
     outputs = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
     assert all(proc.returncode == 0 for proc in procs.values()), {n: e for n, (_, e) in outputs.items()}
     lines = outputs["party3"][0].splitlines()
@@ -543,6 +547,7 @@ def test_a_run_stopped_by_a_lost_party_resumes_and_says_what_its_record_covers(t
     checkpoints, deadline = config.parent / "party3" / "model" / "checkpoints", time.monotonic() + 120
     while not list(checkpoints.glob("party*-stage1-epoch00002.pt")) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert list(checkpoints.glob("party*-stage1-epoch00002.pt")), "no stage-1 checkpoint within 120 s"
     procs["party1"].send_signal(signal.SIGKILL)
     errors = {name: proc.communicate(timeout=120)[1] for name, proc in procs.items()}
     assert all(procs[n].returncode != 0 for n in procs), errors

@@ -335,7 +335,8 @@ def _ready(fed, names: list[str], command: str, protocol: str, one_host: bool, q
             print(line)
     problems = [(None, p) for p in run_problems(fed, protocol, one_host)]
     gone = _lost_for_good(fed) if command == "predict" else {}
-    problems += [(r.name, gone.get(r.name, e)) for r in reports for e in r.errors]
+    problems += [(None, gone[r.name]) for r in reports if r.errors and r.name in gone]  # its cause, once
+    problems += [(r.name, e) for r in reports if r.name not in gone for e in r.errors]
     for name, problem in problems:
         before = "" if command == "check" else f"{command}: " + (
             f"the files of {name} need fixing (nothing was started): " if name else "nothing was started: ")

@@ -252,7 +252,8 @@ def _constant_columns(table) -> list[tuple[str, str]]:
         else:
             values = set(np.unique(table.x[:, k][~np.isnan(table.x[:, k])]).tolist())
         if len(values) == 1:
-            out.append((column, repr(next(iter(values)))))
+            value = next(iter(values))
+            out.append((column, repr(value) if isinstance(value, str) else f"{value:g}"))
     return out
 
 

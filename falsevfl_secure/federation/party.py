@@ -127,14 +127,13 @@ def _same_training(role, manifest: Manifest, folder: Path) -> None:
         raise ProtocolError(f"{', '.join(odd)} named a training run that is not a session id")
     other = [name for name, run in runs.items() if run != mine]
     lost = {e["party"]: e for e in still_out(_own_record(folder).get("lost_parties", [])) if e["party"] in other}
-    if lost:
-        raise InputError("; ".join(f"{name} left the training run of this model (stage {e['stage']}, epoch "
-                                   f"{e['epoch']}) and did not come back" for name, e in lost.items()) +
-                         f": predict with --absent {' '.join(lost)}; no predictions were written")
-    if other:
-        raise InputError(f"the saved model of {', '.join(other)} is not of the training run that saved "
-                         f"{role.spec.name}'s (manifest.json, trained_in): train again, or restore every party's "
-                         "model folder from one run; no predictions were written")
+    said = [f"{name} left the training run of this model (stage {e['stage']}, epoch {e['epoch']}) and did not "
+            f"come back: predict with --absent {name}" for name, e in lost.items()]
+    if stale := [name for name in other if name not in lost]:
+        said.append(f"the saved model of {', '.join(stale)} is not of the training run that saved {role.spec.name}'s "
+                    "(manifest.json, trained_in): train again, or restore every party's model folder from one run")
+    if said:
+        raise InputError("; ".join(said) + "; no predictions were written")
 
 
 def _own_record(folder: Path) -> dict:

@@ -24,7 +24,8 @@ def plot_training(record: dict, path: Path | str) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     _stage1(axes[0], record["losses"].get("pretrain", []), record.get("resumed_after_epochs", {}).get("pretrain", 0))
-    _stage2(axes[1], record.get("selection"), record["losses"].get("train", []))
+    _stage2(axes[1], record.get("selection"), record["losses"].get("train", []),
+            record.get("resumed_after_epochs", {}).get("train", 0))
     _lift(axes[2], record.get("lift"))
     alignment = record["alignment"]
     fig.suptitle(f"{record['config'].get('method', '')} under {record['protocol']}: "
@@ -45,7 +46,8 @@ def _stage1(ax, losses: list[float], before: int = 0) -> None:
     ax.title.set_fontsize(9)
 
 
-def _stage2(ax, selection: dict | None, losses: list[float]) -> None:
+def _stage2(ax, selection: dict | None, losses: list[float], before: int = 0) -> None:
+    """The validation score of every epoch (a resumed run's selection keeps them all), or this run's losses."""
     if selection and selection.get("per_epoch"):
         scores = selection["per_epoch"]
         ax.plot(range(1, len(scores) + 1), scores, color=_BLUE)
@@ -54,8 +56,9 @@ def _stage2(ax, selection: dict | None, losses: list[float]) -> None:
         ax.legend(fontsize=8)
         ax.set(title=f"stage 2: validation {selection['metric']}", xlabel="epoch", ylabel=selection["metric"])
     else:
-        ax.plot(range(1, len(losses) + 1), losses, color=_BLUE)
-        ax.set(title="stage 2: training loss (no validation records)", xlabel="epoch", ylabel="loss")
+        ax.plot(range(before + 1, before + len(losses) + 1), losses, color=_BLUE)
+        resumed = f", resumed after epoch {before}" if before else ""
+        ax.set(title=f"stage 2: training loss (no validation records{resumed})", xlabel="epoch", ylabel="loss")
     ax.title.set_fontsize(9)
 
 

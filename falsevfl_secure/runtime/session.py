@@ -64,6 +64,8 @@ class StepJob:
 def build_step(job: StepJob, parties: list[int], with_labels: bool, transport) -> tuple[Node, HostedData]:
     """The node and data of a process hosting `parties` for a job (all parties: the local reference)."""
     split = synthetic_split(**job.split)
+    if job.relabel not in ("", "permuted", "constant"):
+        raise ValueError(f"relabel = {job.relabel!r}: '', 'permuted' or 'constant'")
     if job.relabel == "permuted":  # the same class counts
         split.y = public_rng(job.config.seed, PublicStream.PERMUTED_LABELS).permutation(split.y)
     elif job.relabel == "constant":  # another class histogram (a count-dependent message would differ)

@@ -489,26 +489,38 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     assert (config.parent / "party1" / "model" / "manifest.json").is_file()
 
 
+def _training_parties(config: Path) -> dict:
+    """`train --party NAME` of each of the demo's four parties, each its own process."""
+    import subprocess
+    import sys
+
+    return {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
+                                    str(config), "--party", name, "--quiet"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+            for name in ("party3", "party0", "party1", "party2")}
+
+
+def _stage1_checkpoint(folder: Path, epoch: int) -> None:
+    """Wait (at most 120 s) for a checkpoint of stage 1's epoch `epoch` in `folder`."""
+    import time
+
+    deadline, pattern = time.monotonic() + 120, f"party*-stage1-epoch{epoch:05d}.pt"
+    while not list(folder.glob(pattern)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(folder.glob(pattern)), f"no {pattern} in {folder} within 120 s"
+
+
 def test_a_party_lost_for_good_is_left_out_of_the_summary_and_named_when_predicting_with_it(trained, tmp_path):
     """Operations trial findings: after party1 left a run that went on (killed in stage 1, never back), the active
     party still said "trained 4 parties" and counted 4 holders per validation record; predicting with party1 blamed
     its model folder's run ("restore every party's model folder") where the cause is that it left: predict
     without it."""
     import signal
-    import subprocess
-    import sys
-    import time
 
     config = _copy(trained, tmp_path, 'on_party_loss = "continue"\nmin_parties = 3\n')  # trained's model settings
     config.write_text(config.read_text().replace("validation_fraction = 0.0", "validation_fraction = 0.2"))
-    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
-                                     str(config), "--party", name, "--quiet"], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for name in ("party3", "party0", "party1", "party2")}
-    checkpoints, deadline = config.parent / "party1" / "model" / "checkpoints", time.monotonic() + 120
-    while not list(checkpoints.glob("party*-stage1-epoch00001.pt")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(checkpoints.glob("party*-stage1-epoch00001.pt")), "no stage-1 checkpoint within 120 s"
+    procs = _training_parties(config)
+    _stage1_checkpoint(config.parent / "party1" / "model" / "checkpoints", 1)
     killed = procs.pop("party1")
     killed.send_signal(signal.SIGKILL)
     killed.communicate(timeout=60)
@@ -535,19 +547,10 @@ def test_a_run_stopped_by_a_lost_party_resumes_and_says_what_its_record_covers(t
     last epoch every party completed, and its record and summary say so (operations trial: they read as a whole
     run's, 38 of 60 epochs' losses and the resumed part's time, with no word of the resume)."""
     import signal
-    import subprocess
-    import sys
-    import time
 
     config = _copy(trained, tmp_path, epochs="kappa = 2\n[model.pretrain]\nepochs = 8\n[model.train]\nepochs = 4\n")
-    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
-                                     str(config), "--party", name, "--quiet"], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for name in ("party3", "party0", "party1", "party2")}
-    checkpoints, deadline = config.parent / "party3" / "model" / "checkpoints", time.monotonic() + 120
-    while not list(checkpoints.glob("party*-stage1-epoch00002.pt")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(checkpoints.glob("party*-stage1-epoch00002.pt")), "no stage-1 checkpoint within 120 s"
+    procs = _training_parties(config)
+    _stage1_checkpoint(config.parent / "party3" / "model" / "checkpoints", 2)
     procs["party1"].send_signal(signal.SIGKILL)
     errors = {name: proc.communicate(timeout=120)[1] for name, proc in procs.items()}
     assert all(procs[n].returncode != 0 for n in procs), errors

@@ -534,3 +534,15 @@ def test_a_partys_ack_of_a_loss_ahead_of_the_active_partys_notice_is_no_rounds_f
         time.sleep(0.05)
     assert forwarded == ["bounds-ack", "lost-ack", "posterior"]  # before: the ack, then nothing for 900 s
     assert not aggregator._mail["X"] and aggregator.aborted is None
+
+
+def test_a_peers_error_of_its_own_says_where_to_look_and_nothing_of_its_text():
+    """Operations trial: a passive party read "agency stopped with an error of its own (InputError)", a type
+    name; it now reads what kind of problem it is and where it is told (the text itself stays with its owner)."""
+    from falsevfl_secure.network.network import Blame
+
+    said = Blame("agency", "failed", kind="InputError").text()
+    assert said == ("agency stopped with an error of its own (InputError: its input, its own file or a party it "
+                    "expected; its host's output says which) outside the rounds (start-up or shut-down)")
+    assert Blame("agency", "failed", kind="KeyError").text().startswith("agency stopped with an error of its own "
+                                                                         "(KeyError)")

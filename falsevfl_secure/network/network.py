@@ -132,6 +132,11 @@ class Wait:
         return link.work - (work if then is link else 0)
 
 
+# What an error type a role announces means to the others (its text stays with its owner: it may quote values)
+_KINDS = {"InputError": "InputError: its input, its own file or a party it expected; its host's output says which",
+          "DataError": "DataError: its table; its host's output says which line"}
+
+
 @dataclass(frozen=True)
 class Blame:
     """Why a run ended, as it may cross a party boundary: the role, how ("stalled", "left", "failed")
@@ -148,7 +153,8 @@ class Blame:
         what = {"stalled": f"stalled (no heartbeat for {STALL_S:.0f} s)", "left": "left (its connection closed)",
                 "stuck": f"delivered nothing ({self.kind or 'past its deadline'}) while its heartbeat went on",
                 "refused": f"was refused ({self.kind})",
-                "failed": f"stopped with an error of its own ({self.kind or 'see its output'})"}.get(self.how, self.how)
+                "failed": f"stopped with an error of its own ({_KINDS.get(self.kind, self.kind or 'see its output')})",
+                }.get(self.how, self.how)
         said = f"{self.by} reports: " if self.by and self.by != self.role else ""
         return f"{said}{self.role} {what}{where}"
 

@@ -134,7 +134,7 @@ class Wait:
 
 # What an error type a role announces means to the others (its text stays with its owner: it may quote values)
 _KINDS = {"InputError": "InputError: its input, its own file or a party it expected; its host's output says which",
-          "DataError": "DataError: its table; its host's output says which line"}
+          "DataError": "DataError: its data; its host's output says what"}
 
 
 @dataclass(frozen=True)

@@ -66,10 +66,10 @@ def discard(path: Path | str) -> None:
         source.unlink(missing_ok=True)
 
 
-def write_json(path: Path | str, record: object) -> None:
-    """`record` as indented JSON, written atomically; numpy scalars and arrays as the numbers they hold (an
-    audit's `numpy.bool_` once made `simulate --audit` fail at the very end)."""
-    atomic_write(path, json.dumps(record, indent=2, default=_plain) + "\n")
+def write_json(path: Path | str, record: object, private: bool = False) -> None:
+    """`record` as indented JSON, written atomically (owner-only when `private`); numpy scalars and arrays as the
+    numbers they hold (an audit's `numpy.bool_` once made `simulate --audit` fail at the very end)."""
+    atomic_write(path, json.dumps(record, indent=2, default=_plain) + "\n", private=private)
 
 
 def _plain(value: object) -> object:

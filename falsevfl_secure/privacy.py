@@ -247,11 +247,17 @@ def check_budget(cfg: Config, party: str, predictions: int = 1, tests: int = 0,
     used = spent(cfg, party, predictions, tests, earlier, exposure, threshold_delta)
     _check_cap(privacy, party, "the schedule", used.releases, earlier)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
-        raise InputError(f"{party}: the schedule would spend epsilon = {used.epsilon:.3g} per row (delta "
+        raise InputError(f"{party}: the schedule would spend epsilon = {above(used.epsilon)} per row (delta "
                          f"{privacy.delta:g}, {used.releases} releases at noise multiplier {used.multiplier:.3g}), "
                          f"more than its budget epsilon = {privacy.epsilon:g}; shorten the schedule or raise the "
                          "noise" + _earlier_note(earlier))
     return used
+
+
+def above(epsilon: float) -> str:
+    """An epsilon past a budget, rounded up at three decimals so that it never reads as the budget itself (a trial
+    read "epsilon = 8 ... more than its budget epsilon = 8" for 8.0046)."""
+    return f"{math.ceil(epsilon * 1000 - 1e-9) / 1000:g}"
 
 
 def _check_cap(privacy, party: str, what: str, releases: int, earlier: tuple[Event, ...]) -> None:
@@ -277,6 +283,11 @@ def _earlier_note(earlier: tuple[Event, ...]) -> str:
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far
+
+
+def _write_ledger(folder: Path, ledger: dict) -> None:
+    """The party's ledger, owner-only like its other own files (a trial found it world-readable)."""
+    write_json(Path(folder) / LEDGER, ledger, private=True)
 LEDGER_VERSION = 2  # 1 (unstated): a prediction run recounted the releases from the file's schedule
 
 
@@ -364,9 +375,9 @@ def charge_encoding(cfg: Config, party: str, folder: Path, encoding) -> float:
     _check_cap(cfg.privacy, party, "releasing its encoding", 0, all_spent(ledger))
     epsilon = ledger_epsilon(1.0, 0, cfg.privacy, party, threshold_delta(ledger), all_spent(ledger))
     if epsilon > cfg.privacy.epsilon:
-        raise InputError(f"{party}: releasing its encoding would take its rows to epsilon = {epsilon:.3g} (delta "
+        raise InputError(f"{party}: releasing its encoding would take its rows to epsilon = {above(epsilon)} (delta "
                          f"{cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}")
-    write_json(Path(folder) / LEDGER, {**ledger, "ledger_version": LEDGER_VERSION})
+    _write_ledger(folder, {**ledger, "ledger_version": LEDGER_VERSION})
     return epsilon
 
 
@@ -379,11 +390,11 @@ def charge_proposal(cfg: Config, party: str, folder: Path, multiplier: float) ->
     _check_cap(cfg.privacy, party, "a clip proposal", 1, all_spent(ledger))
     epsilon = ledger_epsilon(multiplier, 1, cfg.privacy, party, threshold_delta(ledger), all_spent(ledger))
     if epsilon > cfg.privacy.epsilon:
-        raise InputError(f"{party}: with this clip proposal its rows would have spent epsilon = {epsilon:.3g} "
+        raise InputError(f"{party}: with this clip proposal its rows would have spent epsilon = {above(epsilon)} "
                          f"(delta {cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}; "
                          "raise --multiplier")
-    write_json(Path(folder) / LEDGER, {**ledger, "ledger_version": LEDGER_VERSION,
-                                       "clip_proposals": [*ledger.get("clip_proposals", []), multiplier]})
+    _write_ledger(folder, {**ledger, "ledger_version": LEDGER_VERSION,
+                           "clip_proposals": [*ledger.get("clip_proposals", []), multiplier]})
     return epsilon
 
 
@@ -415,17 +426,16 @@ def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1,
     if used is None:
         return None, {}
     entry = {**used.to_dict(), "prediction_runs": 0, **({"trained_in": trained_in} if trained_in else {})}
-    write_json(Path(folder) / LEDGER, entry)  # first: a run that fails later (a peer ends it) has still spent it
+    _write_ledger(folder, entry)  # first: a run that fails later (a peer ends it) has still spent it
     return used, entry
 
 
-@_locked
-def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1,
-                      trained_in: str | None = None) -> Spent | None:
-    """Before a prediction run: refuse it when it would take `party` past its own budget; else record it in
-    the ledger first (a run that fails later has still spent it) and return what the rows have spent then. The
-    run noises at the multiplier its model was trained at, as recorded (a calibrated multiplier recomputed from
-    the file's unsized schedule is another number), and adds one prediction's releases to those recorded."""
+def _prediction_spend(cfg: Config, party: str, folder: Path, exposure: int,
+                      trained_in: str | None) -> tuple[Spent, dict] | None:
+    """What one more prediction run would spend and the ledger that records it (None without a budget); refused
+    when it would take `party` past its own budget. The run noises at the multiplier its model was trained at, as
+    recorded (a calibrated multiplier recomputed from the file's unsized schedule is another number), and adds one
+    prediction's releases to those recorded."""
     if not cfg.privacy.enabled:
         return None
     ledger = read_ledger(folder)
@@ -437,8 +447,30 @@ def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1,
     if cfg.privacy.noise_multiplier > 0 and not math.isclose(cfg.privacy.noise_multiplier, z, rel_tol=1e-9):
         raise InputError(f"{party}: its file's noise_multiplier = {cfg.privacy.noise_multiplier:g} differs from the "
                          f"{z:g} its model was trained at (its ledger); predict with the trained one")
-    return _charge_more(cfg, party, folder, ledger, "prediction_runs", "one more prediction run",
-                        RELEASES["predict"] * exposure)
+    return _more(cfg, party, ledger, "prediction_runs", "one more prediction run", RELEASES["predict"] * exposure)
+
+
+def prediction_refusal(cfg: Config, party: str, folder: Path, exposure: int = 1,
+                       trained_in: str | None = None) -> InputError | None:
+    """What `charge_prediction` would refuse, found without charging (every party's verdict is agreed first, as
+    for training: a trial found the others charged for a run one party refused); None where it fits."""
+    try:
+        _prediction_spend(cfg, party, folder, exposure, trained_in)
+    except InputError as refusal:
+        return refusal
+    return None
+
+
+@_locked
+def charge_prediction(cfg: Config, party: str, folder: Path, exposure: int = 1,
+                      trained_in: str | None = None) -> Spent | None:
+    """Before a prediction run: `_prediction_spend`, recorded in the ledger first (a run that fails later has
+    still spent it); what the rows have spent then."""
+    found = _prediction_spend(cfg, party, folder, exposure, trained_in)
+    if found is None:
+        return None
+    _write_ledger(folder, found[1])
+    return found[0]
 
 
 def _of_saved_model(ledger: dict, cfg: Config, trained_in: str | None) -> dict:
@@ -466,8 +498,16 @@ def charge_rerun(cfg: Config, party: str, folder: Path, releases: int = RELEASES
 
 
 def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: str, what: str, extra: int) -> Spent:
+    """`_more`, written to the ledger first."""
+    used, ledger = _more(cfg, party, ledger, counter, what, extra)
+    _write_ledger(folder, ledger)
+    return used
+
+
+def _more(cfg: Config, party: str, ledger: dict, counter: str, what: str, extra: int) -> tuple[Spent, dict]:
     """`extra` more releases of some rows (a prediction pass, a batch or step run again) at the model's recorded
-    multiplier, composed with everything the ledger records; written to the ledger first, refused past the budget."""
+    multiplier, composed with everything the ledger records: what they spend and the ledger that counts them;
+    refused past the budget."""
     privacy = cfg.privacy
     z, releases = float(ledger["noise_multiplier"]), int(ledger["releases_per_row"]) + int(extra)
     earlier, taken = before_model(ledger), threshold_delta(ledger)
@@ -476,11 +516,10 @@ def _charge_more(cfg: Config, party: str, folder: Path, ledger: dict, counter: s
     used = Spent(party, releases, z, epsilon, privacy.delta, privacy.epsilon, earlier, int(ledger.get("exposure", 1)),
                  taken)
     if used.epsilon > privacy.epsilon * (1 + 1e-9):
-        raise InputError(f"{party}: {what} would spend epsilon = {used.epsilon:.3g} per row (delta "
+        raise InputError(f"{party}: {what} would spend epsilon = {above(used.epsilon)} per row (delta "
                          f"{privacy.delta:g}, {releases} releases at noise multiplier {z:.3g}), more than its "
                          f"budget epsilon = {privacy.epsilon:g}" + _earlier_note(earlier))
-    write_json(Path(folder) / LEDGER, {**ledger, **used.to_dict(), counter: int(ledger.get(counter, 0)) + 1})
-    return used
+    return used, {**ledger, **used.to_dict(), counter: int(ledger.get(counter, 0)) + 1}
 
 
 TRAINING_PREDICTIONS = 1  # the validation pass at the end of training

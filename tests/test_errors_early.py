@@ -315,7 +315,12 @@ TYPOS = [
     (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\nnoise_multiplier = 0.01\n\n[[party]]", 1),
      "[privacy] noise_multiplier = 0.01 must be in [0.05, 10000] in a federation"),
     (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\ndelta = 0.5\nnoise_multiplier = 4\n\n[[party]]", 1),
-     "[privacy] delta = 0.5 must be at most 0.01"),
+     "[privacy] delta = 0.5 must be in (0, 0.01]"),
+    # a DP trial's: the library's wider range was quoted for 0, and a missing multiplier read as "= 0"
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\ndelta = 0\nnoise_multiplier = 4\n\n[[party]]", 1),
+     "[privacy] delta = 0 must be in (0, 0.01]"),
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\n\n[[party]]", 1),
+     "[privacy] noise_multiplier is required with epsilon"),
     (lambda t: t.replace("[[party]]", "[privacy]\nnoise_multiplier = 4\n\n[[party]]", 1),
      "[privacy] has no epsilon > 0"),
     (lambda t: t.replace('model = "lab/model"', 'model = "lab/train.csv"'), "is a file"),

@@ -362,6 +362,8 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     # each party says what the prediction run spent (a reviewer found it only through `privacy`)
     mine = json.loads((config.parent / "party0" / "model" / "privacy.json").read_text())
     assert f"privacy: party0's rows at epsilon = {mine['epsilon']:.3g} per row of its budget 8 " in out, out
+    assert (config.parent / "party0" / "model" / "privacy.json").stat().st_mode & 0o077 == 0  # owner-only
+    _one_refused_prediction_charges_no_party(config, mine["epsilon"])
     # a budget lowered after the releases: `privacy` says so and exits 1 (a reviewer saw 3.25 "of its budget 3", 0)
     config.write_text(text + "\n[privacy]\nepsilon = 0.01\nnoise_multiplier = 10.0\n")
     code, out, _ = cli("privacy", "--config", str(config), "--party", "party3")
@@ -378,9 +380,6 @@ def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_hand
     budgets were checked against 3. A weakened party that followed it would spend epsilon 9.7 of its 8 (its
     own accountant on the announced schedule); the shipped parties' hellos carry other model fingerprints,
     and every party stops before any sum is sent, naming the differing field, its ledger untouched."""
-    import subprocess
-    import sys
-
     from falsevfl_secure.errors import InputError
     from falsevfl_secure.federation.config import load_federation
 
@@ -395,16 +394,12 @@ def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_hand
         privacy.check_budget(announced, "party0")
     weak = privacy.spent(announced, "party0").epsilon
     ledgers = {name: _ledger(config.parent / name) for name in ("party0", "party1", "party2", "party3")}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
-                                     str(longer if name == "party3" else config), "--party", name, "--quiet"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in ("party3", "party0", "party1", "party2")}
-    errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
+    codes, errors = _each_party("train", config, {"party3": longer})
     attacked("a longer schedule announced (active, dp)", "weakened: a party follows it",
              f"epsilon {weak:.1f} of its budget 8")
     attacked("a longer schedule announced (active, dp)", "shipped", "refused at the handshake by every party")
     assert weak > 8
-    assert all(proc.returncode != 0 for proc in procs.values()), errors
+    assert all(code != 0 for code in codes.values()), errors
     assert all("differ in 'model'" in err and "before any data is sent" in err for err in errors.values()), errors
     assert {name: _ledger(config.parent / name) for name in ledgers} == ledgers  # nothing charged
     before = {name: (trained / name / "model" / "model.pt").read_bytes() for name in ("party0", "party3")}
@@ -415,25 +410,50 @@ def test_one_partys_budget_refusal_stops_every_party_before_any_charges(trained,
     """Privacy review finding: party1's own budget (epsilon 0.5) refused the schedule after the others had charged
     theirs (epsilon 8): they were charged for a run that never happened and refused every retrain after. Now the
     parties agree on their verdicts first (one bit each): every party stops, naming party1, no schedule charged."""
-    import subprocess
-    import sys
-
     config = _copy(trained, tmp_path)
     config.write_text(config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
     low = config.with_name("party1.toml")
     low.write_text(config.read_text().replace("epsilon = 8.0", "epsilon = 0.5"))
-    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config",
-                                     str(low if name == "party1" else config), "--party", name, "--quiet"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in ("party3", "party0", "party1", "party2")}
-    errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
-    assert all(proc.returncode == 2 for proc in procs.values()), errors
+    codes, errors = _each_party("train", config, {"party1": low})
+    assert all(code == 2 for code in codes.values()), errors
     assert "party1: the schedule would spend epsilon" in errors["party1"], errors
     assert "no party charged this schedule to its ledger" in errors["party1"]
     for name in ("party0", "party2", "party3"):
         assert "party1: its own privacy budget refuses the schedule every party sized" in errors[name], errors
         ledger = json.loads((config.parent / name / "model" / "privacy.json").read_text())
         assert "releases_per_row" not in ledger and len(ledger["encodings"]) == 1, ledger  # its encoding only
+
+
+def _one_refused_prediction_charges_no_party(config: Path, spent: float) -> None:
+    """A trial's finding: a prediction run that party1's own budget refused had charged the others first (no
+    verdicts were agreed for predictions). party1's file now sets its budget at what its rows have spent, so one
+    more prediction run passes it: every party stops, naming party1, and no ledger moves."""
+    low = config.with_name("party1.toml")
+    low.write_text(config.read_text().replace("epsilon = 8.0", f"epsilon = {spent!r}"))
+    ledgers = {name: _ledger(config.parent / name) for name in ("party0", "party1", "party2", "party3")}
+    codes, errors = _each_party("predict", config, {"party1": low}, "--out", str(config.parent / "refused.csv"))
+    assert all(code == 2 for code in codes.values()), errors
+    assert "party1: one more prediction run would spend epsilon" in errors["party1"], errors
+    assert "no party charged this prediction run to its ledger" in errors["party1"], errors
+    for name in ("party0", "party2", "party3"):
+        assert "party1: its own privacy budget refuses one more prediction run" in errors[name], errors
+    assert {name: _ledger(config.parent / name) for name in ledgers} == ledgers
+    assert not (config.parent / "refused.csv").exists()
+    low.unlink()
+
+
+def _each_party(command: str, config: Path, own: dict[str, Path], *extra: str) -> tuple[dict, dict]:
+    """`command` run by each of the four parties in a process of its own (`--party`), from its own file (`own`,
+    else `config`): each one's exit code and error output."""
+    import subprocess
+    import sys
+
+    procs = {name: subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", command, "--config",
+                                     str(own.get(name, config)), "--party", name, "--quiet", *extra],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("party3", "party0", "party1", "party2")}
+    errors = {name: proc.communicate(timeout=240)[1] for name, proc in procs.items()}
+    return {name: proc.returncode for name, proc in procs.items()}, errors
 
 
 def _ledger(party: Path) -> bytes | None:
@@ -658,20 +678,40 @@ def test_roles_on_one_host_share_its_cores_and_each_host_of_its_own_keeps_them(t
 
 def test_check_tells_each_party_what_training_would_spend_and_the_noise_that_fits(tmp_path):
     """Privacy review: nothing said what the schedule would spend, or what noise would fit the budget, before
-    `train` refused it. `check` now says both, from the party's own file and ledger, as training counts them."""
+    `train` refused it. `check` now says both, from the party's own file and ledger, as training counts them. A
+    trial then set the noise `check` proposed and trained a model that could never predict: the proposal now fits
+    the schedule and one prediction run, and the real runs spend what `check` said. A schedule past the budget or
+    the release cap is a note (a trial saw `check` silent and `train` refuse)."""
     import re
 
     assert cli("demo", "--dataset", "wine", "--parties", "3", "--out", str(tmp_path))[0] == 0
     config = tmp_path / "federation.toml"
-    text = config.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 4.0\n"
+    text = config.read_text() + ("\n[model.pretrain]\nepochs = 2\n[model.train]\nepochs = 2\n"
+                                 "[privacy]\nepsilon = 1.0\nnoise_multiplier = 4.0\n")
     config.write_text(text)
-    code, out, err = cli("check", "--config", str(config), "--party", "clinic")
-    assert code == 0, err
-    line = next(line for line in out.splitlines() if line.startswith("privacy: training"))
-    said, fits = re.search(r"about epsilon = ([\d.]+), past its budget 8.*noise_multiplier = ([\d.]+) or more fits",
-                           line).groups()
+    line = _schedule_line(config)
+    said, then, fits = re.search(r"about epsilon = ([\d.]+) .*one prediction run after it to ([\d.]+); "
+                                 r"noise_multiplier = ([\d.]+) or more fits both; that is past its budget epsilon = 1:",
+                                 line).groups()
+    assert line.startswith("  note: ") and float(then) > float(said) > 1, line
     code, _, err = cli("train", "--config", str(config), "--quiet")
-    assert code != 0 and f"the schedule would spend epsilon = {said} per row" in err, (line, err)
+    refused = float(re.search(r"the schedule would spend epsilon = ([\d.]+) per row", err).group(1))
+    assert code != 0 and abs(refused - float(said)) <= 0.006 * float(said), (line, err)
     config.write_text(text.replace("noise_multiplier = 4.0", f"noise_multiplier = {fits}"))  # exactly what it said
-    code, out, _ = cli("check", "--config", str(config), "--party", "clinic")
-    assert code == 0 and ", within its budget 8 (" in out, out
+    line = _schedule_line(config)
+    said, then = re.search(r"about epsilon = ([\d.]+) .*one prediction run after it to ([\d.]+);", line).groups()
+    assert not line.startswith("  note: ") and float(said) < float(then) <= 1.0, line
+    config.write_text(config.read_text() + "max_releases_per_row = 10\n")
+    assert "past its max_releases_per_row = 10: training would refuse it" in _schedule_line(config)
+    config.write_text(config.read_text().replace("max_releases_per_row = 10\n", ""))
+    assert cli("train", "--config", str(config), "--quiet")[0] == 0
+    code, _, err = cli("predict", "--config", str(config), "--quiet", "--out", str(tmp_path / "p.csv"))
+    assert code == 0, err
+    ledger = json.loads((tmp_path / "clinic" / "model" / "privacy.json").read_text())
+    assert ledger["prediction_runs"] == 1 and float(f"{ledger['epsilon']:.3g}") == float(then), (line, ledger)
+
+
+def _schedule_line(config: Path, party: str = "clinic") -> str:
+    code, out, err = cli("check", "--config", str(config), "--party", party)
+    assert code == 0, err
+    return next(line for line in out.splitlines() if "privacy: training" in line)

@@ -19,6 +19,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -100,8 +101,9 @@ def _budget_lines(fed: Federation, inputs: PartyInput) -> list[str]:
 def _schedule_line(fed: Federation, inputs: PartyInput) -> str:
     """What training's schedule would spend of this party's budget, from its own file and ledger as training counts
     them (its encoding charged again or not, the categories' threshold delta), and the smallest noise multiplier
-    that fits it, rounded up (privacy review: nothing said either before `train` refused). The auto schedule is
-    sized here for the records this party's table lists; training sizes it for the shared order."""
+    that fits it and one prediction run after (privacy review: nothing said either before `train` refused; a trial
+    followed a suggestion that left no prediction run). The auto schedule is sized here for the records this
+    party's table lists; training sizes it for the shared order. Past the budget or the release cap: a note."""
     from ..config import sized_schedule
     from ..privacy import TRAINING_PREDICTIONS, all_spent, exposure, read_ledger, spent, threshold_delta
     from .inputs import encoding_charge
@@ -115,22 +117,38 @@ def _schedule_line(fed: Federation, inputs: PartyInput) -> str:
         earlier, taken = (*earlier, release.event), taken + release.delta
     seen = exposure(cfg, protocol_named(fed.protocol).hides_contributions, name == fed.active)
 
-    def at(z: float):
+    def at(z: float, predictions: int = TRAINING_PREDICTIONS):
         noised = replace(cfg, privacy=replace(privacy, noise_multiplier=z))
-        return spent(noised, name, TRAINING_PREDICTIONS, earlier=earlier, exposure=seen, threshold_delta=taken)
+        return spent(noised, name, predictions, earlier=earlier, exposure=seen, threshold_delta=taken)
 
-    used = at(privacy.noise_multiplier)
-    verdict = "within" if used.epsilon <= privacy.epsilon * (1 + 1e-9) else "past"
-    return (f"privacy: training (stage 1 {cfg.pretrain.epochs} epochs, stage 2 {cfg.train.epochs}; sized for the "
-            f"{rows} records this table lists) would take {name}'s rows to about epsilon = {used.epsilon:.3g}, "
-            f"{verdict} its budget {privacy.epsilon:g} ({used.releases} releases per row at noise multiplier "
-            f"{used.multiplier:g}, with its encoding and its ledger; under {fed.protocol}); "
-            f"{_fitting(at, used.releases, earlier, taken, privacy)}")
+    used, then = at(privacy.noise_multiplier), at(privacy.noise_multiplier, TRAINING_PREDICTIONS + 1)
+    text = (f"privacy: training (stage 1 {cfg.pretrain.epochs} epochs, stage 2 {cfg.train.epochs}; sized for the "
+            f"{rows} records this table lists) would take {name}'s rows to about epsilon = {used.epsilon:.3g} "
+            f"({used.releases} releases per row at noise multiplier {used.multiplier:g}, composed with its "
+            f"encoding and its ledger; under {fed.protocol}), and one prediction run after it to {then.epsilon:.3g}; "
+            f"{_fitting(partial(at, predictions=TRAINING_PREDICTIONS + 1), then.releases, earlier, taken, privacy)}")
+    past = _past(privacy, used, then, sum(r for _, r in earlier))
+    return f"{NOTE}{text}; {past}" if past else text
+
+
+def _past(privacy, used, then, earlier: int) -> str:
+    """What the check's numbers pass of the party's own file: its budget or its release cap (training refuses
+    those; a trial saw `check` say nothing and `train` refuse after charging the encoding)."""
+    budget, cap = privacy.epsilon * (1 + 1e-9), privacy.max_releases_per_row
+    if used.epsilon > budget:
+        return f"that is past its budget epsilon = {privacy.epsilon:g}: training would refuse it"
+    if cap and used.releases + earlier > cap:
+        return (f"its rows would be released {used.releases + earlier} times with what its ledger holds, past its "
+                f"max_releases_per_row = {cap}: training would refuse it")
+    if then.epsilon > budget or (cap and then.releases + earlier > cap):
+        return "training fits its budget but leaves no room for a prediction run"
+    return ""
 
 
 def _fitting(at, releases: int, earlier, taken: float, privacy) -> str:
-    """The smallest noise multiplier, at three significant digits rounded up, whose schedule stays within the
-    budget by `at`'s own count: the composed Gaussians' closed form at the Gaussian part of delta, checked."""
+    """The smallest noise multiplier, at three significant digits rounded up, whose schedule (and one prediction
+    run) stays within the budget by `at`'s own count: the composed Gaussians' closed form at the Gaussian part of
+    delta, checked."""
     from ..privacy import calibrate
 
     try:
@@ -140,9 +158,9 @@ def _fitting(at, releases: int, earlier, taken: float, privacy) -> str:
     for _ in range(20):
         z = _up3(z)
         if at(z).epsilon <= privacy.epsilon * (1 + 1e-9):
-            return f"noise_multiplier = {z:g} or more fits it"
+            return f"noise_multiplier = {z:g} or more fits both"
         z *= 1.002
-    return "no noise multiplier found that fits it"
+    return "no noise multiplier found that fits both"
 
 
 def _up3(z: float) -> float:

@@ -528,19 +528,23 @@ def _privacy(raw: dict, path: Path) -> PrivacyConfig:
     for key, value in section.items():
         if not real_number(value):
             raise InputError(f"{path}: [privacy] {key} = {value!r} must be a finite number")
+    if "delta" in section and not 0 < section["delta"] <= MAX_DELTA:  # before the library's own wider range
+        raise InputError(f"{path}: [privacy] delta = {section['delta']:g} must be in (0, {MAX_DELTA:g}]: delta is "
+                         "the chance that the guarantee fails outright (a row may then be released whole); choose "
+                         "one well below 1 / the number of records, 1e-5 for instance")
     privacy = PrivacyConfig(**section)
     if section and not privacy.enabled:  # (review finding: noise settings without a budget turned DP off silently)
         raise InputError(f"{path}: [privacy] has no epsilon > 0: give this party's budget epsilon (with the noise "
                          "every party states), or remove [privacy] to train without differential privacy")
     low, high = MULTIPLIER_RANGE
+    if privacy.enabled and "noise_multiplier" not in section:
+        raise InputError(f"{path}: [privacy] noise_multiplier is required with epsilon in a federation: every party "
+                         "states the same noise; set one (4.0, say) and `federation check --party NAME` says what "
+                         "it spends of this party's budget and the smallest that fits")
     if privacy.enabled and not low <= privacy.noise_multiplier <= high:
         raise InputError(f"{path}: [privacy] noise_multiplier = {privacy.noise_multiplier:g} must be in [{low:g}, "
                          f"{high:g}] in a federation: every party states the same noise, and each checks its own "
                          "epsilon budget against it (`federation privacy` shows it)")
-    if privacy.enabled and privacy.delta > MAX_DELTA:
-        raise InputError(f"{path}: [privacy] delta = {privacy.delta:g} must be at most {MAX_DELTA:g}: delta is the "
-                         "chance that the guarantee fails outright (a row may then be released whole); choose one "
-                         "well below 1 / the number of records, 1e-5 for instance")
     return privacy
 
 

@@ -36,7 +36,15 @@ from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
 from ..node import resolve_device
 from ..placement import Active
-from ..privacy import charge_prediction, charge_rerun, charge_training, exposure, read_ledger, training_refusal
+from ..privacy import (
+    charge_prediction,
+    charge_rerun,
+    charge_training,
+    exposure,
+    prediction_refusal,
+    read_ledger,
+    training_refusal,
+)
 from ..randomness import record_keys
 from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
@@ -224,10 +232,12 @@ def _charge(role, cfg, folder: Path, encoding=None, trained_in: str | None = Non
 BUDGET = "budget"  # the set-up step in which the parties agree that every own budget allows the schedule
 
 
-def _budgets_agree(role, refusal: InputError | None) -> None:
-    """Every party's own verdict on the sized schedule reaches the active party, which tells each party the names
-    of those that refuse; a refusal stops every party before any of them charges its ledger (privacy review: one
-    party's refusal left the others charged for a run that never happened). One bit per party crosses."""
+def _budgets_agree(role, refusal: InputError | None, what: str = "the schedule every party sized",
+                   charged: str = "this schedule") -> None:
+    """Every party's own verdict on `what` (the sized schedule, or one more prediction run) reaches the active
+    party, which tells each party the names of those that refuse; a refusal stops every party before any of them
+    charges its ledger (privacy review: one party's refusal left the others charged for a run that never happened;
+    a trial found the same of prediction runs). One bit per party crosses."""
     peers, me = role.peers, role.spec.name
     if role.is_active:
         verdicts = {peers.names[k]: peers.recv(k, BUDGET) for k in range(peers.n_parties) if k != peers.active_index}
@@ -242,10 +252,10 @@ def _budgets_agree(role, refusal: InputError | None) -> None:
         peers.send(peers.active_index, BUDGET, b"\x00" if refusal else b"\x01")
         refusing = _refusing(peers.recv(peers.active_index, BUDGET), peers.names[:peers.n_parties])
     if refusal is not None:
-        raise InputError(f"{refusal}; no party charged this schedule to its ledger")
+        raise InputError(f"{refusal}; no party charged {charged} to its ledger")
     if refusing:
-        raise InputError(f"{', '.join(refusing)}: its own privacy budget refuses the schedule every party sized, so "
-                         f"every party stops here, nothing charged or released ({me}'s ledger untouched)")
+        raise InputError(f"{', '.join(refusing)}: its own privacy budget refuses {what}, so every party stops here "
+                         f"before anything is released; {me}'s ledger is not charged for {charged}")
 
 
 def _refusing(payload: bytes, names: list[str]) -> list[str]:
@@ -421,6 +431,9 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
+    if cfg.privacy.enabled:  # every party's own verdict first, so that no party is charged for a refused run
+        _budgets_agree(role, prediction_refusal(cfg, name, model_dir, seen, trained_in=manifest.trained_in),
+                       "one more prediction run", "this prediction run")
     spent = charge_prediction(cfg, name, model_dir, seen, trained_in=manifest.trained_in)  # its own budget, first
     if spent is not None:
         print(f"privacy: this prediction run takes {name}'s rows to epsilon = {spent.epsilon:.3g} per row of its "

@@ -709,6 +709,8 @@ def test_check_tells_each_party_what_training_would_spend_and_the_noise_that_fit
     assert code == 0, err
     ledger = json.loads((tmp_path / "clinic" / "model" / "privacy.json").read_text())
     assert ledger["prediction_runs"] == 1 and float(f"{ledger['epsilon']:.3g}") == float(then), (line, ledger)
+    config.write_text(text.replace("epsilon = 1.0", "epsilon = 1e9"))  # once proposed a multiplier the file refuses
+    assert "any noise_multiplier the file allows (from 0.05) fits both" in _schedule_line(config)
 
 
 def _schedule_line(config: Path, party: str = "clinic") -> str:

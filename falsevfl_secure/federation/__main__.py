@@ -648,11 +648,14 @@ def propose_clips(args: argparse.Namespace) -> int:
     counts = release(norms, args.multiplier, RoleSecret.fresh().stream("clip-proposal"))
     print(f"# {args.party}: the {args.quantile:g} quantile of its rows' norms, released with noise multiplier "
           f"{args.multiplier:g} (its ledger now: epsilon = {epsilon:.3g} at delta "
-          f"{fed.model.privacy.delta:g}); agree on one value per line with the other parties")
+          f"{fed.model.privacy.delta:g}, its encoding's charge included); agree on one value per line with the "
+          "other parties")
     for name in NAMES:
         value = quantile(counts[name], args.quantile)
         print(f"clip_{name} = {value:.3g}" if value == value else  # NaN: the noise left no positive count
               f"# clip_{name}: no proposal (the noise left no positive count; more rows or a larger --multiplier)")
+    if fed.model.kappa == 1:  # a trial asked why this clip always came out at the lowest bin
+        print("# clip_likelihood is unused with kappa = 1: the likelihood round, centred over one sample, is zero")
     return 0
 
 

@@ -23,6 +23,7 @@ from functools import partial
 
 import numpy as np
 
+from ..config import MULTIPLIER_RANGE
 from ..errors import FalseVflError, InputError
 from ..secure import identity
 from ..transport.protocols import protocol_named
@@ -158,7 +159,9 @@ def _fitting(at, releases: int, earlier, taken: float, privacy) -> str:
     for _ in range(20):
         z = _up3(z)
         if at(z).epsilon <= privacy.epsilon * (1 + 1e-9):
-            return f"noise_multiplier = {z:g} or more fits both"
+            low = MULTIPLIER_RANGE[0]  # a trial's epsilon 1e9 was "fitted" by a multiplier the file refuses
+            return (f"noise_multiplier = {z:g} or more fits both" if z >= low else
+                    f"any noise_multiplier the file allows (from {low:g}) fits both: a budget this large bounds little")
         z *= 1.002
     return "no noise multiplier found that fits both"
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from falsevfl_secure.network import wire
 from falsevfl_secure.network.channel import PairChannel
 from falsevfl_secure.network.link import Hub
 from falsevfl_secure.network.network import Network
@@ -242,9 +243,12 @@ def test_the_he_aggregator_counts_the_work_of_the_party_its_peer_waits_on(tmp_pa
     elif units:  # the passive parties' allowance holds; the aggregator's own does not
         assert "aggregator waited 3 s for 'barrier' from party0, which made no progress it could count" in \
             ended[3].get("error", ""), ended
-    else:  # no work anywhere: the first role to give up names whom it waited on and ends the run
-        said = [e["error"] for e in ended if "waited 3 s for 'barrier' from party" in e.get("error", "")]
-        assert said and all("which made no progress it could count" in e for e in said), ended
+    else:  # no work anywhere: the first role to give up names whom it waited on, and every role reads who (red
+        # team: the others read that the role that gave up had failed)
+        said = [e.get("error", "") for e in ended if "error" in e]
+        assert any("waited 3 s for 'barrier' from party" in e and "which made no progress it could count" in e
+                   for e in said), ended
+        assert said and all("delivered nothing" in e for e in said), ended
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -517,4 +521,82 @@ def test_a_peer_that_leaves_while_another_waits_for_its_frame_is_named_at_once(t
     # it waited out RECV_TIMEOUT_S (900 s), far past this test's 60 s.
     ended = _world(tmp_path, "plain", 3, _wait_for_party0).start().outcomes(60)
     assert ended[0] == {"ok": "left"}, ended[0]
-    assert "party0 left the run while party2 waited for 'never'" in ended[2].get("error", ""), ended[2]
+    assert "party0 left (its goodbye came while party2 waited for 'never')" in ended[2].get("error", ""), ended[2]
+
+
+def _stalls_with_a_story(role, story: str) -> str:
+    """party0 enters the round the active party waits in and never sends its frame, for 12 s, while its heartbeat
+    tells `story`: "count" (its rounds entered rise every 0.3 s) or "waiting" (it waits on party1, another passive
+    party, which never sends it a round's frame). The active party's round deadline is 2 s."""
+    if role.is_active:
+        role.network.min_deadline_s = 2.0
+        role.network.enter("posterior")
+        role.network.recv("party0", "posterior")
+        return "received"
+    if role.spec.name == "party0":
+        role.network.enter("posterior")
+        for _ in range(40):
+            if story == "count":
+                role.network.enter("posterior")
+            else:
+                role.network.waiting_on = "party1"
+            time.sleep(0.3)
+        return "held"
+    role.network.recv(role.peers.names[-1], "never")
+    return "done"
+
+
+class ExcusingNetwork(Network):
+    """A weakened build: any `waiting_on` in a heartbeat excuses the peer, and every round it says it entered
+    renews its deadline (the excuses before the red team's review)."""
+
+    rounds_per_wait = 10**9
+
+    def _waits_on_another(self, src, link) -> bool:
+        return bool(link.waiting_on)
+
+
+class ExcusingRole(Role):
+    network_class = ExcusingNetwork
+
+
+@pytest.mark.parametrize("story", ["count", "waiting"])
+@pytest.mark.parametrize("build", ["weakened: its word excuses it", "shipped"])
+def test_a_stalled_party_is_named_whatever_its_heartbeat_claims(tmp_path, attacked, story, build):
+    # Red team: a passive party that held its frame back while its heartbeat's round count rose, or while it said
+    # it waited on another passive party, was never named (only the 900 s limit would have ended the wait). A
+    # peer's count now renews a wait for at most ROUNDS_PER_WAIT rounds, and only a claim to wait on a role that
+    # may send it a round's frame excuses it.
+    weak = build != "shipped"
+    classes = {"party2": ExcusingRole} if weak else None
+    began = time.monotonic()
+    ended = _world(tmp_path, "plain", 3, _stalls_with_a_story, (story,), classes).start().outcomes(60)
+    said = ended[2].get("error", "")
+    attacked(f"a stalled party whose heartbeat claims {story}", build, said[:90])
+    if weak:  # it went on until party0 chose to leave
+        assert "party0 left" in said and "delivered nothing" not in said, ended
+        return
+    assert "party0 delivered nothing (none for 2 s) while its heartbeat went on in round 'posterior'" in said, ended
+    assert time.monotonic() - began < 40
+
+
+def test_a_heartbeat_flood_is_refused_naming_its_sender():
+    # Red team: 3 million valid heartbeats in 3 minutes took most of a core at the active party and slowed its
+    # training a hundredfold, naming nobody. A link accepts twice its period's beats plus a burst.
+    from falsevfl_secure.network.link import BEAT_SLACK, Link
+    from falsevfl_secure.network.network import HEARTBEAT_S, Network
+
+    link = Link("party0", lambda *a: None, lambda *a: None)
+    assert all(link.beat_within(HEARTBEAT_S) for _ in range(BEAT_SLACK))  # a burst queued behind a long frame
+    assert not link.beat_within(HEARTBEAT_S)
+    slow = Link("party1", lambda *a: None, lambda *a: None)
+    slow.opened -= 100 * HEARTBEAT_S  # a link open for 100 periods took 100 beats: within
+    assert all(slow.beat_within(HEARTBEAT_S) for _ in range(100 + BEAT_SLACK))
+    network = Network.__new__(Network)
+    network._dismissed, network._aborted, network._cond = set(), None, threading.Condition()
+    named = []
+    network._abort = lambda blame, **_: named.append(blame)
+    network.links, network.round, network.me = {}, None, "party2"
+    beat = wire.Envelope(wire.Kind.HEARTBEAT, "party0", "", "", b"posterior\t1\t\t0")
+    network._arrived(link, beat)
+    assert [(b.role, b.how) for b in named] == [("party0", "refused")] and "heartbeats" in named[0].kind

@@ -60,6 +60,9 @@ OnEnvelope = Callable[["Link", wire.Envelope], None]
 OnClosed = Callable[["Link", str | None], None]
 
 
+BEAT_SLACK = 64  # heartbeats a peer may send ahead of its period (Link.beat_within)
+
+
 class Link:
     """One authenticated stream to `peer`; `last_seen` is when anything last arrived from it, `progress` the
     rounds it says it entered (`progressed_at`: when that last grew), `waiting_on` whom it says it waits on,
@@ -70,12 +73,19 @@ class Link:
         self.last_seen, self.last_round = time.monotonic(), None
         self.progress, self.progressed_at, self.waiting_on = 0, self.last_seen, None
         self.work, self.worked_at = 0, self.last_seen  # units of its own work it showed, and when the last came
+        self.opened, self.beats = self.last_seen, 0
         self._outbound: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.queued = 0
         self.held = False  # its reader waits for room (this role is behind, not the peer): no stall
         self.open = True
         self.sent_all, self.ended = threading.Event(), threading.Event()  # gRPC took our last; the peer's ended
+
+    def beat_within(self, period_s: float) -> bool:
+        """Count one heartbeat; False once the peer sent more than twice one per `period_s` since the link opened,
+        plus BEAT_SLACK (beats queued behind a long frame come in a burst)."""
+        self.beats += 1
+        return self.beats <= BEAT_SLACK + 2 * (time.monotonic() - self.opened) / period_s
 
     def heard(self, round: str | None, progress: int, waiting_on: str | None, work: int = 0) -> None:
         """A heartbeat: the peer's round, rounds entered, whom it waits on and units of its own work done. Both

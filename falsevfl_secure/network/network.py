@@ -35,7 +35,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 
 from ..errors import PartyFailure, ProtocolError
@@ -55,6 +55,7 @@ LINGER_S = 1.0  # what leaving waits, at most, for its last frames to go out
 # (the first rounds, before any measurement, get DEADLINE_MIN_S).
 DEADLINE_MIN_S = 45.0
 DEADLINE_FACTOR = 20.0
+ROUNDS_PER_WAIT = 4  # rounds a peer's heartbeat may say it entered while this role waits on it, and count
 ROUND_DEPTH = 2  # frames of one round a sender may have waiting: its current step's and the next step's
 RELAY_QUEUE_BYTES = 8 << 20  # the hub holds a sender back while this much waits for the receiver
 # The set-up steps a role accepts from the start: (largest frame in bytes, frames that may wait). The
@@ -63,7 +64,7 @@ RELAY_QUEUE_BYTES = 8 << 20  # the hub holds a sender back while this much waits
 SETUP: dict[str, tuple[int, int]] = {
     "hello": (64 << 10, 2), "roster": (1 << 20, 2), "keys": (1 << 20, 2), "context": (64 << 20, 2),
     "align": (256 << 20, 8), "kept": (256 << 20, 2), "resume": (4 << 10, 2), "barrier": (1 << 10, 2),
-    "stop": (1 << 10, 2), "sum": (64 << 20, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
+    "stop": (1 << 10, 2), "sum": (256 << 10, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
     "rejoin": (4 << 20, 2), "epoch": (64 << 10, 2), "epoch-ack": (64, 2), "bounds": (64 << 10, 2),
     "bounds-ack": (64, 2), "pass-done": (1 << 10, 2), "model": (64, 2), "budget": (64 << 10, 2)}
 # Set-up steps that are over once a method's rounds are declared (the public context, the alignment and its
@@ -120,11 +121,23 @@ class Wait:
     began: float
     seen: dict[str, tuple[Link, int]]
     latest: float
+    rounds: dict[str, tuple[int, int, float]] = field(default_factory=dict)  # rounds entered: first, last, when
 
     @classmethod
     def of(cls, links: dict[str, Link]) -> Wait:
         now = time.monotonic()
         return cls(now, {peer: (link, link.work) for peer, link in list(links.items())}, now)
+
+    def renewed(self, peer: str, link: Link, rounds_per_wait: int = ROUNDS_PER_WAIT) -> float:
+        """When `peer` last entered a round this wait may count: at most ROUNDS_PER_WAIT of them (a peer cannot
+        go further while this role, whose frames each round needs, waits on it; a red team's stalled party raised
+        its count every second and was never named). Rounds entered are its count less its units of work."""
+        rounds = link.progress - link.work
+        start, last, at = self.rounds.setdefault(peer, (rounds, rounds, self.began))
+        if last < rounds <= start + rounds_per_wait:
+            self.rounds[peer] = (start, rounds, time.monotonic())
+            return time.monotonic()
+        return at
 
     def shown(self, peer: str, link: Link) -> int:
         """Units `peer` showed since the wait began (all of a link opened since: a party that linked again)."""
@@ -150,7 +163,8 @@ class Blame:
 
     def text(self) -> str:
         where = f" in round {self.round!r}" if self.round else " outside the rounds (start-up or shut-down)"
-        what = {"stalled": f"stalled (no heartbeat for {STALL_S:.0f} s)", "left": "left (its connection closed)",
+        what = {"stalled": f"stalled (no heartbeat for {STALL_S:.0f} s)",
+                "left": f"left ({self.kind or 'its connection closed'})",
                 "stuck": f"delivered nothing ({self.kind or 'past its deadline'}) while its heartbeat went on",
                 "refused": f"was refused ({self.kind})",
                 "failed": f"stopped with an error of its own ({_KINDS.get(self.kind, self.kind or 'see its output')})",
@@ -200,6 +214,7 @@ class Network:
     hub_class = Hub
     open_channel = staticmethod(secure_channel)
     min_deadline_s = DEADLINE_MIN_S
+    rounds_per_wait = ROUNDS_PER_WAIT
     _mail: Mapping[str, deque] = MappingProxyType({})  # (each instance's own, from __init__: a bare one holds none)
 
     def __init__(self, me: str, key: PrivateKey, pins: dict[str, bytes], plan: Plan,
@@ -445,8 +460,8 @@ class Network:
     def recv(self, src: str, tag: str, limit_s: float = RECV_TIMEOUT_S) -> bytes:
         """The next frame from `src`; a `ProtocolError` if it is not a `tag` frame."""
         got, payload = self.recv_any(src, tag, limit_s)
-        if got != tag:
-            raise ProtocolError(f"round {tag!r}: field 'round': {src} sent {got!r} instead")
+        if got != tag:  # the sender's refusal: every role reads who (red team: the others read the receiver failed)
+            raise Refused(f"round {tag!r}: field 'round': {src} sent {got!r} instead", src)
         return payload
 
     def recv_any(self, src: str, expecting: str = "a frame", limit_s: float = RECV_TIMEOUT_S) -> tuple[str, bytes]:
@@ -541,18 +556,35 @@ class Network:
     def _check_wait(self, src: str, expecting: str, wait: Wait, limit_s: float = RECV_TIMEOUT_S) -> bool:
         """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round)."""
         self._raise_if_aborted()
-        if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
-            raise PartyFailure(f"{src} left the run while {self.me} waited for {expecting!r}")
         now, link = time.monotonic(), self.links.get(src)
-        if now - self._counted_work(src, wait) > limit_s:
-            raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}, which made no "
-                               "progress it could count meanwhile")
-        if link is None or self.round is None or link.waiting_on or link.last_round is None:
+        last_round = link.last_round if link is not None else None
+        if src in self._byes:  # its goodbye follows its last frame on the same stream: none is coming
+            return self._blamed(Blame(src, "left", last_round or self.round,
+                                      f"its goodbye came while {self.me} waited for {expecting!r}"))
+        if now - self._counted_work(src, wait) > limit_s:  # named, so that every peer reads who (a red team's find)
+            return self._blamed(Blame(src, "stuck", last_round or self.round, f"{self.me} waited {limit_s:.0f} s for "
+                                      f"{expecting!r} from {src}, which made no progress it could count meanwhile"))
+        if link is None or self.round is None or self._waits_on_another(src, link) or link.last_round is None:
             return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
-        if now - max(wait.began, link.progressed_at) > self.deadline_s:  # (the condition's lock is reentrant)
-            self._fault(Blame(src, "stuck", link.last_round, f"none for {self.deadline_s:.0f} s"))
-            self._raise_if_aborted()
+        if now - wait.renewed(src, link, self.rounds_per_wait) > self.deadline_s:  # (the condition's lock is reentrant)
+            self._blamed(Blame(src, "stuck", link.last_round, f"none for {self.deadline_s:.0f} s"))
         return False
+
+    def _blamed(self, blame: Blame) -> bool:
+        """A peer that holds this role's wait up is named: the run ends, or the peer is lost where tolerated."""
+        self._fault(blame)
+        self._raise_if_aborted()
+        return True
+
+    def _waits_on_another(self, src: str, link: Link) -> bool:
+        """`src`'s heartbeat says it waits on a third role that may send it round frames (a passive party on the
+        active party, the he aggregator on a passive party): that role's own deadline covers it. A claim to wait on
+        a role that never sends it a round's frame, or on this role, excuses nothing (red team: a stalled passive
+        party said it waited on another passive party and was never named)."""
+        other = link.waiting_on
+        if not other or other == self.me:
+            return False
+        return any((s, r) in ROUND_ROUTES for s in self._places(other) for r in self._places(src))
 
     def _counted_work(self, src: str, wait: Wait) -> float:
         """When `src` last showed a unit of its own work (`advanced`) this wait may count, else when the wait
@@ -562,7 +594,7 @@ class Network:
         counts. Else never earlier than a time it counted before in this wait (whom a peer waits on changes
         between its receives)."""
         link = self.links.get(src)
-        for peer in {src, link.waiting_on} if link is not None else ():
+        for peer in {src, link.waiting_on} & {self.coordinator} if link is not None else ():  # only it works alone
             if (other := self.links.get(peer)) is None:
                 continue
             shown = wait.shown(peer, other)
@@ -615,6 +647,8 @@ class Network:
         if link.peer in self._dismissed:
             return  # a role that is not in this run has nothing more to say to it
         if envelope.kind is wire.Kind.HEARTBEAT:
+            if not link.beat_within(HEARTBEAT_S):  # (red team: 3 million beats took most of a core, unnamed)
+                raise Refused(f"{link.peer} sent heartbeats far faster than one each {HEARTBEAT_S:g} s", link.peer)
             link.heard(*_beat_of(envelope.payload))
         elif envelope.kind is wire.Kind.ABORT and link.peer in self.lost:  # a lost party's stop ends its return only
             self._fault(Blame(link.peer, "left", link.last_round))

@@ -22,6 +22,7 @@ from ..network.channel import PairChannel
 from ..network.handshake import Cast, Handshake, Request, Session, pair_keys
 from ..network.network import Blame, Network, Plan
 from ..network.peers import Peers
+from ..network.wire import Refused
 from ..secure.align import alignment_bounds
 from ..secure.identity import read_private_key
 from ..transport.accounting import CommLog
@@ -154,7 +155,11 @@ class Role:
         self.protocol.serve(self.membership)
 
     def fail(self, error: BaseException) -> None:
-        """Tell every peer this role stopped (its error type only: the text stays here)."""
+        """Tell every peer this role stopped (its error type only: the text stays here), or, where its program
+        refused a peer's frame, who that peer is (red team: the others read that this role failed)."""
+        if isinstance(error, Refused) and error.offender not in (None, self.spec.name):
+            self.network.refuse(error)
+            return
         self.network.fail(Blame(self.spec.name, "failed", self.network.round, type(error).__name__))
 
     def leave(self, clean: bool) -> None:

@@ -104,7 +104,8 @@ def open_total(total: torch.Tensor, parties: int, precision_bits: int = PRECISIO
     refused = int(total[-1])
     if not 0 <= refused <= parties:
         raise SecureMessageError(f"the secure sum's check element came out as {refused}: the masks do not cancel "
-                                 "(the parties did not agree the same pair keys)")
+                                 "(a party's message was altered, replayed or of another step, or the parties did not "
+                                 "agree the same pair keys; additive masks cannot tell which party)")
     if refused:
         raise SecureRangeError(f"the input of {refused} part{'y' if refused == 1 else 'ies'} was non-finite or "
                                "outside the secure sum's range (see those parties' own errors)")

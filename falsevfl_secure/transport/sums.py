@@ -112,9 +112,9 @@ class SumBackend:
         message, numel = self.peers.recv(sender, round.name), math.prod(shape)
         expected = self.cipher.message_bytes(round, numel) if sender < self.peers.n_parties else None
         if expected is not None and len(message) != expected:
-            raise ProtocolError(f"round {round.name!r}: field 'shape': {self.peers.names[sender]} sent "
-                                f"{len(message)} bytes, a message of {numel} values under {self.protection} "
-                                f"holds {expected}")
+            raise Refused(f"round {round.name!r}: field 'shape': {self.peers.names[sender]} sent {len(message)} "
+                          f"bytes, a message of {numel} values under {self.protection} holds {expected}",
+                          self.peers.names[sender])  # the sender's refusal, named to every role (red team)
         if self.view is not None:
             self._record(round, "received", sender, self.cipher.seen(message, shape))
         return message

@@ -283,12 +283,12 @@ def _earlier_note(earlier: tuple[Event, ...]) -> str:
 
 
 LEDGER = "privacy.json"  # in a party's own model folder: what its rows have spent so far
+LEDGER_VERSION = 2  # 1 (unstated): a prediction run recounted the releases from the file's schedule
 
 
 def _write_ledger(folder: Path, ledger: dict) -> None:
     """The party's ledger, owner-only like its other own files (a trial found it world-readable)."""
     write_json(Path(folder) / LEDGER, ledger, private=True)
-LEDGER_VERSION = 2  # 1 (unstated): a prediction run recounted the releases from the file's schedule
 
 
 def read_ledger(folder: Path) -> dict:

@@ -20,7 +20,8 @@ Liveness. Both ends of every link send a heartbeat each `HEARTBEAT_S` naming the
 rounds they have entered, whether they are waiting on someone and how many units of their own work between passes
 they have done (a wait past `RECV_TIMEOUT_S` counts those, within its own schedule's allowance). A peer silent for
 `STALL_S` is stalled, a link that closes without a goodbye means its peer left, and a peer that heartbeats but
-delivers nothing in a round for `deadline_s` (while not itself waiting on someone) is stuck: each ends the run at
+delivers nothing in a round for `deadline_s` (while not itself waiting on a role that may send it a round's frame;
+its rising round count renews that for at most `ROUNDS_PER_WAIT` rounds) is stuck: each ends the run at
 this role, which tells every peer it is linked to (`ABORT`, flooded onward once), so every role fails naming the
 role and round. An ABORT carries only who, how and in which round: never a value, never another role's error text,
 and it is believed only as its sender's word (`Blame.by`). `close()` is a goodbye barrier, so a role leaves only
@@ -592,12 +593,11 @@ class Network:
         return any((s, r) in ROUND_ROUTES for s in self._places(other) for r in self._places(src))
 
     def _counted_work(self, src: str, wait: Wait) -> float:
-        """When `src` last showed a unit of its own work (`advanced`) this wait may count, else when the wait
-        began: its own, or that of the peer it says it waits on (the he aggregator waits on passive parties that
-        wait on the active party working alone), while that peer's units since the wait began stay within what
-        is left of those this role's own schedule allows it in the whole run (`allow_work`); past that, none
-        counts. Else never earlier than a time it counted before in this wait (whom a peer waits on changes
-        between its receives)."""
+        """When the active party last showed a unit of its own work (`advanced`) this wait may count, as `src` or
+        as the peer `src` says it waits on (only it works alone; the he aggregator waits on passive parties that
+        wait on it), while its units since the wait began stay within what is left of those this role's own
+        schedule allows in the whole run (`allow_work`); past that, none counts. Else when the wait began, and never
+        earlier than a time it counted before in this wait (whom a peer waits on changes between its receives)."""
         link = self.links.get(src)
         for peer in {src, link.waiting_on} & {self.coordinator} if link is not None else ():  # only it works alone
             if (other := self.links.get(peer)) is None:

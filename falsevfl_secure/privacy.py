@@ -22,10 +22,13 @@ grid steps; `tests/test_privacy.py` compares the two with dp-accounting's own di
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
 import math
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,16 +355,51 @@ def all_spent(ledger: dict) -> tuple[Event, ...]:
     return (*before_model(ledger), *model)
 
 
+LEDGER_WAIT_S = 120.0  # how long a run waits for another run of the same party to finish charging its ledger
+_holding = threading.local()  # the ledger folders this thread holds (a charge inside a held verdict takes no lock)
+
+
+@contextlib.contextmanager
+def ledger_held(cfg: Config, party: str, folder: Path):
+    """An exclusive lock on `party`'s ledger for what the block does: a charge, or a run's verdict, its agreement
+    with the other parties and its charge together, so that another run of the same party neither charges between
+    them (review finding: both runs' verdicts passed, the second's charge was then refused after every other party
+    had charged) nor waits past LEDGER_WAIT_S for it."""
+    held = getattr(_holding, "folders", set())
+    key = str(Path(folder).resolve())
+    if not cfg.privacy.enabled or key in held:
+        yield
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / ".privacy.lock", "a") as lock:  # released when the file closes
+        _acquire(lock, party, Path(folder))
+        _holding.folders = held | {key}
+        try:
+            yield
+        finally:
+            _holding.folders = held
+
+
+def _acquire(lock, party: str, folder: Path) -> None:
+    deadline = time.monotonic() + LEDGER_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise InputError(f"{party}: another run of this party has held its privacy ledger ({folder / LEDGER}) "
+                                 f"for over {LEDGER_WAIT_S:g} s; nothing was charged, run again when it has "
+                                 "finished") from None
+            time.sleep(0.05)
+
+
 def _locked(charge):
-    """A charge reads and rewrites the party's ledger under an exclusive lock on its folder, so that two runs of
-    one party at once (two prediction runs) each count (review finding: one charge was lost)."""
+    """A charge reads and rewrites the party's ledger under `ledger_held`, so that two runs of one party at once
+    (two prediction runs) each count (review finding: one charge was lost)."""
     @functools.wraps(charge)
     def run(cfg: Config, party: str, folder: Path, *args, **kwargs):
-        if not cfg.privacy.enabled:
-            return charge(cfg, party, folder, *args, **kwargs)
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        with open(Path(folder) / ".privacy.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with ledger_held(cfg, party, folder):
             return charge(cfg, party, folder, *args, **kwargs)
     return run
 

@@ -4,7 +4,9 @@ with colluders' noise removed), and the refusals of a schedule past a party's bu
 
 from __future__ import annotations
 
+import functools
 import math
+import time
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -885,6 +887,88 @@ def test_prediction_runs_of_one_party_at_once_are_each_charged(tmp_path):
     ledger = privacy.read_ledger(tmp_path)
     trained = privacy.spent(base, "lab")
     assert ledger["prediction_runs"] == 6 and ledger["releases_per_row"] == trained.releases + 2 * 6
+
+
+def _two_runs_of_one_party(folder: Path, cfg, hold) -> tuple[list, list]:
+    """Two prediction runs of `clinic` at once, each as the federation runs it: its verdict, an agreement with the
+    other parties (a pause), then its charge where the verdict allowed it; `hold` wraps verdict to charge. The
+    second run starts while the first is agreeing. Their verdicts, and the charges refused after a verdict allowed."""
+    import threading
+
+    agreeing, verdicts, refused = threading.Event(), [], []
+
+    def run(first: bool) -> None:
+        if not first:
+            agreeing.wait(10)
+        with hold():
+            verdict = privacy.prediction_refusal(cfg, "clinic", folder)
+            verdicts.append(verdict)
+            if first:
+                agreeing.set()
+            time.sleep(0.4 if first else 0.0)  # the verdicts' round trip through the active party
+            if verdict is None:
+                try:
+                    privacy.charge_prediction(cfg, "clinic", folder)
+                except InputError as error:
+                    refused.append(error)
+
+    workers = [threading.Thread(target=run, args=(first,)) for first in (True, False)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+    return verdicts, refused
+
+
+def test_a_runs_verdict_and_charge_are_one_step_against_another_run_of_the_same_party(tmp_path):
+    """Review finding: a run's budget verdict read the ledger unlocked, so two runs of one party at once could both
+    agree with their peers that one more prediction fits; the second's charge was then refused after every other
+    party had charged for it. The verdict, the agreement and the charge now hold the party's ledger together."""
+    import contextlib
+
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=8.0, noise_multiplier=6.0))
+    base = replace(base, pretrain=replace(base.pretrain, epochs=10), train=replace(base.train, epochs=10))
+    budget = privacy.spent(base, "clinic", privacy.TRAINING_PREDICTIONS + 1).epsilon * (1 + 1e-6)
+    tight = replace(base, privacy=replace(base.privacy, epsilon=budget))  # room for one prediction run
+    for name in ("weakened", "shipped"):
+        folder = tmp_path / name
+        privacy.charge_training(tight, "clinic", folder)
+        held = functools.partial(privacy.ledger_held, tight, "clinic", folder)
+        hold = contextlib.nullcontext if name == "weakened" else held
+        verdicts, refused = _two_runs_of_one_party(folder, tight, hold)
+        allowed = sum(v is None for v in verdicts)
+        assert privacy.read_ledger(folder)["prediction_runs"] == 1  # the budget held either way: one run charged
+        if name == "weakened":  # both verdicts allowed; the second charge was refused after its peers charged
+            assert allowed == 2 and len(refused) == 1
+        else:  # the second run's verdict saw the first's charge: it refuses before its peers charge anything
+            assert allowed == 1 and not refused
+            assert "one more prediction run would spend epsilon" in str([v for v in verdicts if v][0])
+
+
+def test_a_run_waits_a_bounded_time_for_another_run_holding_the_partys_ledger(tmp_path, monkeypatch):
+    import threading
+
+    cfg = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=1e3, noise_multiplier=6.0))
+    privacy.charge_training(cfg, "lab", tmp_path)
+    monkeypatch.setattr(privacy, "LEDGER_WAIT_S", 0.3)
+    holding, release = threading.Event(), threading.Event()
+
+    def other_run() -> None:
+        with privacy.ledger_held(cfg, "lab", tmp_path):
+            holding.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=other_run)
+    worker.start()
+    holding.wait(10)
+    started = time.monotonic()
+    with pytest.raises(InputError, match="lab: another run of this party has held its privacy ledger"):
+        privacy.charge_prediction(cfg, "lab", tmp_path)
+    assert 0.3 <= time.monotonic() - started < 5
+    release.set()
+    worker.join(10)
+    privacy.charge_prediction(cfg, "lab", tmp_path)  # once it is released, the charge goes through
+    assert privacy.read_ledger(tmp_path)["prediction_runs"] == 1
 
 
 def test_the_encoding_fitted_on_a_partys_rows_moves_every_other_rows_inputs(attacked):

@@ -41,6 +41,7 @@ from ..privacy import (
     charge_rerun,
     charge_training,
     exposure,
+    ledger_held,
     prediction_refusal,
     read_ledger,
     training_refusal,
@@ -210,10 +211,11 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
 def _agreed_charge(role, cfg, folder: Path, encoding=None):
     """`_charge`, once every party's own budget allows the schedule (`_budgets_agree`; with a budget only: each
     file states the same noise, part of the model's fingerprint, so every party runs that step or none)."""
-    if cfg.privacy.enabled:
-        seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
-        _budgets_agree(role, training_refusal(cfg, role.spec.name, folder, seen))
-    return _charge(role, cfg, folder, encoding, trained_in=role.session.id.hex())
+    with ledger_held(cfg, role.spec.name, folder):  # no other run of this party charges between verdict and charge
+        if cfg.privacy.enabled:
+            seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
+            _budgets_agree(role, training_refusal(cfg, role.spec.name, folder, seen))
+        return _charge(role, cfg, folder, encoding, trained_in=role.session.id.hex())
 
 
 def _charge(role, cfg, folder: Path, encoding=None, trained_in: str | None = None):
@@ -431,10 +433,11 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
     seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
-    if cfg.privacy.enabled:  # every party's own verdict first, so that no party is charged for a refused run
-        _budgets_agree(role, prediction_refusal(cfg, name, model_dir, seen, trained_in=manifest.trained_in),
-                       "one more prediction run", "this prediction run")
-    spent = charge_prediction(cfg, name, model_dir, seen, trained_in=manifest.trained_in)  # its own budget, first
+    with ledger_held(cfg, name, model_dir):  # every party's own verdict first: none is charged for a refused run
+        if cfg.privacy.enabled:
+            _budgets_agree(role, prediction_refusal(cfg, name, model_dir, seen, trained_in=manifest.trained_in),
+                           "one more prediction run", "this prediction run")
+        spent = charge_prediction(cfg, name, model_dir, seen, trained_in=manifest.trained_in)  # its own budget
     if spent is not None:
         print(f"privacy: this prediction run takes {name}'s rows to epsilon = {spent.epsilon:.3g} per row of its "
               f"budget {spent.budget:g} (delta {spent.delta:g}, {spent.releases} releases at noise multiplier "

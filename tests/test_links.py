@@ -597,3 +597,54 @@ def test_a_heartbeat_flood_is_refused_naming_its_sender():
     beat = wire.Envelope(wire.Kind.HEARTBEAT, "party0", "", "", b"posterior\t1\t\t0")
     network._arrived(link, beat)
     assert [(b.role, b.how) for b in named] == [("party0", "refused")] and "heartbeats" in named[0].kind
+
+
+def test_a_message_of_the_wrong_size_is_its_senders_refusal():
+    # Review finding: a plain broadcast of the wrong size ended the run as the receiver's own error, so every other
+    # role named the receiver; a sum's message of the wrong size already named its sender (red team).
+    from types import SimpleNamespace
+
+    from falsevfl_secure.network.wire import Refused
+    from falsevfl_secure.transport.rounds import POSTERIOR
+    from falsevfl_secure.transport.sums import SumBackend, recv_float32
+
+    peers = SimpleNamespace(names=["party0", "party1", "party2"], recv=lambda src, tag: bytes(12), n_parties=3,
+                            rank=1, active_index=0, is_active=False, alive=[0, 1, 2])
+    with pytest.raises(Refused, match="party0 sent 12 bytes") as refused:
+        recv_float32(peers, 0, "latent", (2, 2))
+    assert refused.value.offender == "party0"
+    assert recv_float32(peers, 0, "latent", (3,)).shape == (3,)  # the declared size is taken
+    cipher = SimpleNamespace(protection="mpc", combined_by=None, message_bytes=lambda round, numel: 8 * numel)
+    backend = SumBackend(replace_peers(peers, rank=0, is_active=True), cipher)
+    with pytest.raises(Refused, match="party2 sent 12 bytes") as refused:
+        backend._receive(POSTERIOR, 2, (4,))
+    assert refused.value.offender == "party2"
+
+
+def replace_peers(peers, **changes):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{**vars(peers), **changes})
+
+
+def test_an_odd_set_up_answer_is_its_senders_refusal():
+    # Review finding: a passive party's budget verdict that is neither 0 nor 1 (or a training run that is no session
+    # id) ended the run as the active party's own ProtocolError, so every other role named the active party.
+    from types import SimpleNamespace
+
+    from falsevfl_secure.federation.party import _budgets_agree, _same_training
+    from falsevfl_secure.network.wire import Refused
+
+    sent = {"party1": b"\x01", "party2": b"\x07"}
+    peers = SimpleNamespace(names=["party0", "party1", "party2"], n_parties=3, active_index=0,
+                            recv=lambda k, tag: sent[["party0", "party1", "party2"][k]], send=lambda *a: None)
+    role = SimpleNamespace(peers=peers, spec=SimpleNamespace(name="party0"), is_active=True)
+    with pytest.raises(Refused, match="party2 sent a budget verdict") as refused:
+        _budgets_agree(role, None)
+    assert refused.value.offender == "party2"
+    sent["party2"] = b"\x01"
+    _budgets_agree(role, None)  # every verdict 1: the run goes on
+    sent["party1"] = b"\x00" * 5  # a training run that is neither empty nor a 32-byte session id
+    with pytest.raises(Refused, match="party1 named a training run") as refused:
+        _same_training(role, SimpleNamespace(trained_in=None), Path("."))
+    assert refused.value.offender == "party1"

@@ -34,6 +34,7 @@ from ..methods import build_node, method_for
 from ..methods.false_vfl_steps import own_groups
 from ..model.likelihood import CellLayout
 from ..model.trees import TreesHead
+from ..network.wire import Refused
 from ..node import resolve_device
 from ..placement import Active
 from ..privacy import (
@@ -133,7 +134,7 @@ def _same_training(role, manifest: Manifest, folder: Path) -> None:
     runs = {peers.names[k]: peers.recv(k, MODEL_RUN) for k in range(peers.n_parties) if k != peers.active_index}
     odd = [name for name, run in runs.items() if len(run) not in (0, 32)]
     if odd:
-        raise ProtocolError(f"{', '.join(odd)} named a training run that is not a session id")
+        raise Refused(f"{odd[0]} named a training run that is not a session id", odd[0])  # named to every role
     other = [name for name, run in runs.items() if run != mine]
     lost = {e["party"]: e for e in still_out(_own_record(folder).get("lost_parties", [])) if e["party"] in other}
     said = [f"{name} left the training run of this model (stage {e['stage']}, epoch {e['epoch']}) and did not "
@@ -245,7 +246,7 @@ def _budgets_agree(role, refusal: InputError | None, what: str = "the schedule e
         verdicts = {peers.names[k]: peers.recv(k, BUDGET) for k in range(peers.n_parties) if k != peers.active_index}
         odd = [name for name, verdict in verdicts.items() if verdict not in (b"\x00", b"\x01")]
         if odd:
-            raise ProtocolError(f"{', '.join(odd)} sent a budget verdict that is neither 0 nor 1")
+            raise Refused(f"{odd[0]} sent a budget verdict that is neither 0 nor 1", odd[0])  # named to every role
         refusing = [name for name, verdict in verdicts.items() if verdict == b"\x00"] + ([me] if refusal else [])
         for k in range(peers.n_parties):
             if k != peers.active_index:

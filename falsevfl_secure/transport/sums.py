@@ -159,9 +159,9 @@ class SumBackend:
 def recv_float32(peers: Peers, src: int, tag: str, shape: tuple[int, ...]) -> Tensor:
     """A float32 tensor of the declared `shape` from rank `src`; anything else is refused."""
     payload = peers.recv(src, tag)
-    if len(payload) != 4 * math.prod(shape):
-        raise ProtocolError(f"round {tag!r}: field 'shape': {peers.names[src]} sent {len(payload)} bytes, the "
-                            f"declared shape {tuple(shape)} holds {4 * math.prod(shape)}")
+    if len(payload) != 4 * math.prod(shape):  # the sender's refusal, named to every role (review finding)
+        raise Refused(f"round {tag!r}: field 'shape': {peers.names[src]} sent {len(payload)} bytes, the declared "
+                      f"shape {tuple(shape)} holds {4 * math.prod(shape)}", peers.names[src])
     return torch.from_numpy(np.frombuffer(payload, dtype="<f4").copy()).reshape(shape)
 
 

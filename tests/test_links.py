@@ -648,3 +648,20 @@ def test_an_odd_set_up_answer_is_its_senders_refusal():
     with pytest.raises(Refused, match="party1 named a training run") as refused:
         _same_training(role, SimpleNamespace(trained_in=None), Path("."))
     assert refused.value.offender == "party1"
+
+
+def test_a_party_that_is_not_listening_is_said_to_be_so():
+    # A trial's passive party waited its join_timeout_s and then printed the library's "Failed to connect to remote
+    # host: Connection refused" alone; a closed port now reads as what it means for the run.
+    import grpc
+
+    from falsevfl_secure.network.link import _why_not_ready
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        assert _why_not_ready(channel).startswith("nothing listens there (connection refused)")
+    finally:
+        channel.close()

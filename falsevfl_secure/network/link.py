@@ -223,5 +223,8 @@ def _why_not_ready(channel: grpc.Channel) -> str:
         if "socket closed" in details:
             return ("it closed the connection during the TLS handshake: it does not pin this party's key, or "
                     "takes no more connections (compare the pins in both files)")
+        if "connection refused" in details:  # (a trial read the library's text alone, after a minute's wait)
+            return ("nothing listens there (connection refused): it has not started within the time allowed, or "
+                    "has already stopped (its own output says why)")
         return f"nothing answered ({(error.details() or '').strip()})"
     return "no connection within the time allowed"

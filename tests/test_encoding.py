@@ -224,6 +224,27 @@ def test_a_target_whose_spread_overflows_is_refused_not_scaled_by_one():
         assert TargetScale.fit(np.array([3.0, 3.0, np.nan])) == TargetScale(3.0, 1.0)  # no spread: scale 1
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(51, 400), st.integers(0, 2**31 - 1))
+def test_a_continuous_label_under_classification_is_refused_naming_task(n_values, seed):
+    # A new user's trial: a log wage without task = "regression" trained as 689 classes, 4.5 times longer, and no
+    # message named `task`. Many numbers, most held once, are refused; as many repeated numbers are classes.
+    from falsevfl_secure.data.tables import NUMERIC_CLASSES, encode_labels
+
+    values = np.random.default_rng(seed).normal(6.0, 0.5, n_values)
+    labels = tuple(f"{v:.6f}" for v in values) + ("6.1", "6.1")
+    with pytest.raises(DataError, match='set task = "regression"'):
+        encode_labels(labels, None, "classification", "wages.csv")
+    assert encode_labels(labels, None, "regression", "wages.csv")[1] == ()
+    twice = tuple(f"{v:.6f}" for v in values) * 2  # fractional numbers, each held twice (a trial's log wages)
+    with pytest.raises(DataError, match="a continuous target"):
+        encode_labels(twice, None, "classification", "wages.csv")
+    codes = tuple(str(k) for k in range(n_values)) * 2  # whole numbers, each held twice: codes, not a measurement
+    assert len(encode_labels(codes, None, "classification", "codes.csv")[1]) == n_values
+    few = tuple(str(k) for k in range(NUMERIC_CLASSES)) + ("0",)  # up to NUMERIC_CLASSES numbers stay classes
+    assert len(encode_labels(few, None, "classification", "codes.csv")[1]) == NUMERIC_CLASSES
+
+
 def test_a_label_column_with_one_record_per_class_is_refused():
     # Review: 30 rows, 30 classes passed `check` and trained to accuracy 0 % with generic warnings.
     from falsevfl_secure.data.tables import encode_labels

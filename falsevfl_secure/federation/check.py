@@ -320,8 +320,13 @@ def _labels_text(fed: Federation, inputs: PartyInput) -> str:
     if inputs.target_scale is not None:
         return (f"; {len(labels)} labeled (target mean {inputs.target_scale.mean:.4g}, "
                 f"std {inputs.target_scale.std:.4g})")
-    counts = Counter(labels)
-    return f"; {len(labels)} labeled ({', '.join(f'{c!r}: {counts[c]}' for c in inputs.classes)})"
+    counts, shown = Counter(labels), inputs.classes[:_CLASSES_SHOWN]
+    more = len(inputs.classes) - len(shown)  # (a trial's 689 classes made one line of 10,580 characters)
+    listed = ", ".join(f"{c!r}: {counts[c]}" for c in shown) + (f", and {more} more classes" if more else "")
+    return f"; {len(labels)} labeled ({listed})"
+
+
+_CLASSES_SHOWN = 20
 
 
 def _id_lines(fed: Federation, table) -> list[str]:

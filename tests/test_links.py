@@ -665,3 +665,22 @@ def test_a_party_that_is_not_listening_is_said_to_be_so():
         assert _why_not_ready(channel).startswith("nothing listens there (connection refused)")
     finally:
         channel.close()
+
+
+def test_an_error_every_party_found_is_reported_as_theirs_not_the_first_ones():
+    # A trial's IDs did not line up: every party stopped with the same text, and the launcher's line began "family
+    # failed", as if family were at fault.
+    from falsevfl_secure.runtime.world import describe
+
+    names = ["insurer", "school", "family", "aggregator"]
+    text = "training stopped: party 'school' and the active party 'insurer' both list 0 records"
+    reports = {r: {"outcome": "error", "at": 3.0 - r, "error": text} for r in range(3)}
+    reports[3] = {"ok": None}
+    assert describe(names, reports, {}) == f"insurer, school, family each failed outside the rounds (start-up or " \
+                                           f"shut-down): {text}"
+    reports[3] = {"outcome": "error", "at": 9.0, "error": text}
+    assert describe(names, reports, {}).startswith("every role failed")
+    reports[1]["error"] = reports[2]["error"] = "its own table is unreadable"
+    assert describe(names, reports, {}).startswith("school, family each failed")  # family's came first
+    reports[1]["error"] = "another error"
+    assert describe(names, reports, {}).startswith("family failed")

@@ -209,7 +209,8 @@ def describe(names: list[str], reports: dict[int, dict], codes: dict[int, int | 
     own = sorted((r["at"], rank) for rank, r in reports.items() if r.get("outcome") in ("error", "crash"))
     if own:
         rank = own[0][1]
-        return f"{names[rank]} failed{_where(reports[rank].get('round'))}: {reports[rank]['error']}"
+        return f"{_who(names, reports, [r for _, r in own], rank)} failed{_where(reports[rank].get('round'))}: " \
+               f"{reports[rank]['error']}"
     blames = [r["blame"] for r in reports.values() if r.get("blame")]
     for rank, code in codes.items():
         if code is not None and code < 0 and rank not in reports:
@@ -225,6 +226,15 @@ def describe(names: list[str], reports: dict[int, dict], codes: dict[int, int | 
         return f"{names[rank]} failed: {reports[rank]['error']}"
     rank = next((r for r, c in codes.items() if c not in (None, 0)), 0)
     return f"{names[rank]} exited with code {codes.get(rank)} without a report"
+
+
+def _who(names: list[str], reports: dict[int, dict], failed: list[int], first: int) -> str:
+    """The first role to fail, or all that failed with its error (a condition every party finds, such as IDs that do
+    not line up: a trial's report named one party as if the fault were its own)."""
+    same = sorted(r for r in failed if reports[r]["error"] == reports[first]["error"])
+    if len(same) == 1:
+        return names[first]
+    return "every role" if len(same) == len(names) else ", ".join(names[r] for r in same) + " each"
 
 
 def _where(round_name: str | None) -> str:

@@ -425,6 +425,29 @@ def test_score_reports_rmse_mae_and_r2_for_a_regression_file(tmp_path):
     assert code == 0 and out.startswith("accuracy 80.00 %, ROC AUC ") and "on 5 records" in out
 
 
+def test_score_reads_the_truth_with_the_federations_columns_and_id_rule(tmp_path):
+    # A new user's trial: the truth used the federation file's ID and label columns and another party's ID format;
+    # `score` knew neither (no --config) and said only "no row for 576 IDs".
+    code, out, err = cli("demo", "--dataset", "wine", "--mixed-ids", "--out", str(tmp_path / "fed"))
+    assert code == 0, err
+    config = tmp_path / "fed" / "federation.toml"
+    config.write_text(config.read_text().replace("# id_pattern", "id_pattern"))  # the demo's commented rule
+    (tmp_path / "truth.csv").write_text("patient_id,outcome\n0004279,a\nc4267,b\nMRN-004230,a\n")
+    (tmp_path / "p.csv").write_text("id,prediction,parties_observed,parties,p_a,p_b\nmrn-004279,a,2,x;y,0.9,0.1\n"
+                                    "4267,a,2,x;y,0.6,0.4\n004230,b,1,x,0.3,0.7\n")
+    args = ("score", "--predictions", str(tmp_path / "p.csv"), "--truth", str(tmp_path / "truth.csv"))
+    code, out, err = cli(*args, "--id-column", "patient_id", "--label-column", "outcome")
+    assert code != 0 and "IDs are compared as written: --config compares them" in err
+    code, out, err = cli(*args, "--config", str(config))
+    assert code == 0 and out.startswith("accuracy 33.33 %, ROC AUC 0.5000") and "on 3 records" in out, out + err
+    (tmp_path / "plain.csv").write_text("id,label\n4279,a\n4267,b\n4230,a\n")  # the demo's own columns
+    code, out, err = cli(*args[:4], str(tmp_path / "plain.csv"), "--config", str(config))
+    assert code == 0 and "on 3 records" in out, out + err
+    (tmp_path / "twice.csv").write_text("id,label\n4279,a\n04279,b\n")  # one record under the file's rule
+    code, out, err = cli(*args[:4], str(tmp_path / "twice.csv"), "--config", str(config))
+    assert code != 0 and "1 IDs appear more than once (e.g. '4279')" in err
+
+
 def test_score_reads_the_class_probabilities_a_tabular_user_needs(tmp_path):
     # a new user's churn table (26 % positive): `score` said accuracy alone, which reads little on it
     (tmp_path / "truth.csv").write_text("id,label\nA,yes\nB,no\nC,yes\nD,no\n")

@@ -8,7 +8,7 @@
     python -m falsevfl_secure.federation train --config DIR/federation.toml [--party NAME] [--protocol P]
     python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME]
         [--absent NAME ...] [--out PREDICTIONS.csv]
-    python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv
+    python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv [--config F]
 
 `check` reads a role's own files as `train` and `predict` will (its key against its own pin, its tables),
 without starting a federation; `train` and `predict` run it for every local role before anything
@@ -35,6 +35,7 @@ import numpy as np
 
 from ..cli import guarded
 from ..config import MULTIPLIER_RANGE
+from ..data import DataError
 from ..errors import InputError, PartyFailure
 from ..privacy import LEDGER, all_spent, before_model, ledger_epsilon, read_ledger, threshold_delta
 from ..transport.protocols import PROTOCOLS
@@ -81,8 +82,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 "RMSE, MAE and R^2, of a predictions CSV against the truth")
     score.add_argument("--predictions", required=True)
     score.add_argument("--truth", required=True)
-    score.add_argument("--id-column", default="id", help="the truth's ID column (default id)")
-    score.add_argument("--label-column", default="label", help="the truth's label column (default label)")
+    score.add_argument("--config", help="a federation.toml: the truth's ID and label columns default to its "
+                       "id_column and label_column, and both files' IDs are compared by its ID rule (id_pattern, ...)")
+    score.add_argument("--id-column", help="the truth's ID column (default: the --config's id_column, else id)")
+    score.add_argument("--label-column", help="the truth's label column (default: the --config's label_column, "
+                       "else label)")
     return parser.parse_args(argv)
 
 
@@ -479,16 +483,20 @@ def _predictions_summary(path: Path) -> str:
 def score(args: argparse.Namespace) -> int:
     """Accuracy and the class probabilities' scores (a file with p_<class> columns), or RMSE, MAE and R^2 (a
     regression file)."""
-    truth_rows = _table(Path(args.truth), (args.id_column, args.label_column),
-                        " (name the truth's own columns with --id-column and --label-column)")
+    truth_rows = _table(Path(args.truth), ())
+    key, args.id_column, args.label_column = _score_columns(args, list(truth_rows[0]))
+    _has_columns(Path(args.truth), list(truth_rows[0]), (args.id_column, args.label_column), len(truth_rows),
+                 " (name the truth's own columns with --id-column and --label-column, or --config)")
     rows = _table(Path(args.predictions), ("id", "prediction"))
-    _once_each(args.truth, [r[args.id_column] for r in truth_rows])
-    _once_each(args.predictions, [r["id"] for r in rows])
-    predicted = {row["id"]: row for row in rows}
-    truth = {row[args.id_column]: row[args.label_column] for row in truth_rows}
+    truth_ids, ids = _keys(args.truth, [r[args.id_column] for r in truth_rows], key), \
+        _keys(args.predictions, [r["id"] for r in rows], key)
+    predicted = dict(zip(ids, rows, strict=True))
+    truth = {i: row[args.label_column] for i, row in zip(truth_ids, truth_rows, strict=True)}
     missing = [i for i in truth if i not in predicted]
     if missing:
-        raise InputError(f"{args.predictions} has no row for {len(missing)} IDs of {args.truth} (e.g. {missing[0]!r})")
+        how = "" if args.config else "; IDs are compared as written: --config compares them by the federation's ID rule"
+        raise InputError(f"{args.predictions} has no row for {len(missing)} IDs of {args.truth} (e.g. {missing[0]!r})"
+                         + how)
     scored = [i for i in truth if predicted[i]["prediction"] != "" and truth[i] != ""]
     if not scored:
         raise InputError(f"{args.predictions}: no record has both a prediction and a true label in {args.truth}")
@@ -505,10 +513,29 @@ def score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _once_each(path: str, ids: list[str]) -> None:
-    twice = [i for i, n in Counter(ids).items() if n > 1]
-    if twice:  # (review finding: the later row silently won)
+def _score_columns(args: argparse.Namespace, header: list[str]) -> tuple:
+    """The ID rule (a function, or None: IDs compared as written) and the truth's two columns: the command line's,
+    else the federation file's where the truth has them, else id and label (a trial's truth used the file's
+    columns and another party's ID format)."""
+    fed = load_federation(args.config) if args.config else None
+
+    def column(given: str | None, in_file: str | None, default: str) -> str:
+        return given or (in_file if in_file in header else default)
+    columns = (column(args.id_column, fed and fed.id_column, "id"),
+               column(args.label_column, fed and fed.label_column, "label"))
+    return (None if fed is None or fed.id_rule.is_plain else fed.id_rule.key), *columns
+
+
+def _keys(path: str, ids: list[str], key) -> list[str]:
+    """The file's IDs as the federation compares them, each once (review finding: the later row silently won)."""
+    try:
+        keys = ids if key is None else [key(i) for i in ids]
+    except DataError as error:
+        raise InputError(f"{path}: {error}") from None
+    twice = [i for i, n in Counter(keys).items() if n > 1]
+    if twice:
         raise InputError(f"{path}: {len(twice)} IDs appear more than once (e.g. {twice[0]!r}); one row per record")
+    return keys
 
 
 def _score_line(ids: list[str], predicted: dict, truth: dict, regression: bool, args, short: bool = False) -> str:
@@ -581,11 +608,15 @@ def _table(path: Path, needed: tuple[str, ...], hint: str = "") -> list[dict[str
             rows = [dict(zip(header, (cell.strip() for cell in row), strict=False)) for row in reader if row]
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise InputError(f"{path}: cannot read the file ({getattr(error, 'strerror', None) or error})") from None
-    absent = [name for name in needed if name not in header]
-    if absent or not rows:
-        raise InputError(f"{path}: expected a header with the columns {', '.join(map(repr, needed))} and at least one "
-                         f"row; found columns {', '.join(map(repr, header)) or 'none'}, {len(rows)} rows{hint}")
+    _has_columns(path, header, needed, len(rows), hint)
     return rows
+
+
+def _has_columns(path: Path, header: list[str], needed: tuple[str, ...], rows: int, hint: str = "") -> None:
+    if any(name not in header for name in needed) or not rows:
+        wanted = f"a header with the columns {', '.join(map(repr, needed))} and " if needed else ""
+        raise InputError(f"{path}: expected {wanted}at least one row; found columns "
+                         f"{', '.join(map(repr, header)) or 'none'}, {rows} rows{hint}")
 
 
 def privacy(args: argparse.Namespace) -> int:

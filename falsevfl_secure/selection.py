@@ -91,7 +91,8 @@ class BestEpoch:
             return None
         self.node.active.get().model.discriminator.load_state_dict(self._best_state)
         metric = "log_loss" if self.node.cfg.task == "classification" else "rmse_standardised"
-        return {"metric": metric, "best_epoch": self.best_epoch, "best": round(self.best_score, 6),
+        # epochs counted from 1, as the plot and the printed lines count them (a trial read 9 here, 10 in the plot)
+        return {"metric": metric, "best_epoch": self.best_epoch + 1, "best": round(self.best_score, 6),
                 "per_epoch": self.scores}
 
 

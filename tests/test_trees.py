@@ -161,6 +161,10 @@ def test_train_says_what_share_the_trees_took_and_the_scores_it_was_chosen_by():
     assert "validation loss 0.4000" in line and "discriminator alone 0.5000" in line and "trees alone 0.4300" in line
     assert trees_lines(None) == [] and "no validation records" in trees_lines({**record, "validation": {}})[0]
     assert trees_lines({**record, "models": 5})[0].startswith("trees: 61 trees in 5 averaged models on 300")
+    # the metric is named (a trial read a standardised RMSE next to the raw one, unlabelled)
+    assert "validation RMSE in the target's standard deviations 0.4000" in trees_lines(
+        {**record, "metric": "rmse_standardised"})[0]
+    assert "validation log loss 0.4000" in trees_lines({**record, "metric": "log_loss"})[0]
 
 
 def test_the_trees_predict_the_mean_of_models_stopped_on_different_tenths():

@@ -51,8 +51,8 @@ def _stage2(ax, selection: dict | None, losses: list[float], before: int = 0) ->
     if selection and selection.get("per_epoch"):
         scores = selection["per_epoch"]
         ax.plot(range(1, len(scores) + 1), scores, color=_BLUE)
-        best = selection["best_epoch"]
-        ax.plot([best + 1], [scores[best]], "o", color=_ORANGE, label=f"kept: epoch {best + 1}")
+        best = selection["best_epoch"]  # counted from 1
+        ax.plot([best], [scores[best - 1]], "o", color=_ORANGE, label=f"kept: epoch {best}")
         ax.legend(fontsize=8)
         ax.set(title=f"stage 2: validation {selection['metric']}", xlabel="epoch", ylabel=selection["metric"])
     else:

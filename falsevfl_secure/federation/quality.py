@@ -58,9 +58,13 @@ def trees_lines(trees: dict | None) -> list[str]:
     if not scores:
         return [f"{made} {trees['weight']:g} of the blend (no validation records to choose it)"]
     chosen = scores[str(trees["weight"])]
+    metric = _METRICS.get(trees.get("metric", ""), "loss")  # (a trial read a standardised RMSE beside the raw one)
     return [f"{made} {trees['weight']:g} of the "
-            f"blend (validation loss {chosen:.4f}; the discriminator alone {scores['0.0']:.4f}, the trees alone "
+            f"blend (validation {metric} {chosen:.4f}; the discriminator alone {scores['0.0']:.4f}, the trees alone "
             f"{scores['1.0']:.4f})"]
+
+
+_METRICS = {"log_loss": "log loss", "rmse_standardised": "RMSE in the target's standard deviations"}
 
 
 def still_out(events: list[dict]) -> list[dict]:

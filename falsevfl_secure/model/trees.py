@@ -111,7 +111,9 @@ class TreesHead:
 
     def record(self) -> dict:
         """What `train_result.json` says of the head."""
-        return {"weight": self.weight, "validation": {str(w): round(s, 6) for w, s in self.scores.items()},
+        metric = "log_loss" if self.task == "classification" else "rmse_standardised"  # as the epoch's selection
+        return {"weight": self.weight, "metric": metric,
+                "validation": {str(w): round(s, 6) for w, s in self.scores.items()},
                 "rows": int(len(self.y)), "trees": int(sum(m.n_iter_ for m in self.models)),
                 "models": len(self.models)}
 

@@ -309,6 +309,8 @@ def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process
     config = _copy(trained, tmp_path, epochs="[model.pretrain]\nepochs = 1\n[model.train]\nepochs = 2\n")
     code, out, err = cli("train", "--config", str(config), "--protocol", "he", "--quiet")
     assert code == 0 and "under he" in out, err
+    # the copied folders held the fixture's models: the summary says they were replaced (a trial did not expect it)
+    assert "(replacing the models saved there before: party0, party1, party2, party3)" in out, out
     model = config.parent / "party3" / "model"
     assert json.loads((model / "train_result.json").read_text())["protocol"] == "he"
     assert {json.loads((config.parent / f"party{k}" / "model" / "manifest.json").read_text())["protocol"]

@@ -223,8 +223,9 @@ def run(args: argparse.Namespace) -> int:
                           lambda: run_party(fed, args.party, args.command, protocol, present, options))
         print(_party_done(fed, args))
         return code
+    saved = [name for name in present if (fed.party(name).model_dir / "manifest.json").exists()]
     run_all(fed, args.command, protocol, present, options)
-    _summarise(fed, args)
+    _summarise(fed, args, saved)
     return 0
 
 
@@ -418,7 +419,8 @@ def _two_party_cause(fed, present: list[str], text: str) -> str | None:
             "NAME` there checks its key and pins. A party that is away is declared with --absent NAME")
 
 
-def _summarise(fed, args: argparse.Namespace) -> None:
+def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
+    """What every local role's run did; `saved`: the parties whose folder held a model before it."""
     from ..reference import lift_lines
     from .quality import lost_lines, trees_lines, validation_summary
 
@@ -428,7 +430,8 @@ def _summarise(fed, args: argparse.Namespace) -> None:
         print(_predictions_summary(Path(args.out)))
         return
     record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
-    print(_trained_line(fed, record, "models in each party's folder"))
+    replaced = f" (replacing the models saved there before: {', '.join(saved)})" if saved else ""
+    print(_trained_line(fed, record, f"models in each party's folder{replaced}"))  # (a trial did not expect it)
     one, two = record["schedule"]["pretrain"], record["schedule"]["train"]
     print(f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}, stage 2 {two['epochs']} epochs "
           f"of batch {two['batch_size']}")

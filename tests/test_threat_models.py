@@ -619,3 +619,53 @@ def test_what_the_latent_broadcast_discloses_is_there_at_a_small_scale():
     feature_gain = np.mean(features["h mean"]) - np.mean(features["x_p"])
     print(f"label inference +{label_gain:.1f} pp, feature inference R^2 +{feature_gain:.3f} over the own block")
     assert label_gain > 10 and feature_gain > 0.2, (labels, features)
+
+
+def _hostile_announcements(held: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A malicious active party's `kept` lists, one per passive party, all of one length and each accepted on its
+    own: B's are records it shares with C or D; C's and D's, in the same slots, records they do not hold."""
+    shared = np.flatnonzero(held["B"] & (held["C"] | held["D"]))
+    lists = {"B": shared, "C": np.flatnonzero(~held["C"]), "D": np.flatnonzero(~held["D"])}
+    n = min(v.size for v in lists.values())
+    return {party: v[:n] for party, v in lists.items()}
+
+
+@pytest.mark.parametrize("protocol", SECURE)
+def test_a_malicious_active_party_can_split_shared_records_into_slots_of_one_holder(protocol, attacked):
+    """malicious_pinned_party.toml, disclosed and not prevented (a red team's finding): the active party alone sorts
+    the shared order and announces each passive party's positions and kept rows, and no passive party can compare
+    its view with another's (that would tell it which records they share). Here it signs each party a different
+    `kept` list of one length; each passive party's own checks accept it; in every slot only B holds its record, so
+    every revealed sum is B's own contribution on records B shares with C or D. (The alignment's `positions` round
+    allows the same: each party's positions are the active party's word.)"""
+    import hashlib
+
+    from falsevfl_secure.federation.aligned import check_announcement
+    from falsevfl_secure.secure import frames
+    from falsevfl_secure.secure.identity import generate, public_bytes, sign, verify
+    from falsevfl_secure.transport.protocols import protocol_named
+    from falsevfl_secure.transport.rounds import POSTERIOR
+    from falsevfl_secure.transport.sums import sum_in_process
+
+    rng = np.random.default_rng(0)  # the parties' data, not a secret
+    union, active_key, session, empty = 400, generate(), bytes(32), b""
+    held = {p: rng.random(union) < 0.8 for p in "BCD"}  # each passive party holds 80 % of the records
+    value = {p: rng.normal(size=(union, 4)) for p in "BCD"}  # a contribution per record (posterior terms)
+    accepted = {}
+    for party, kept in _hostile_announcements(held).items():  # signed over its receiver's name, as _announce does
+        frame = frames.encode(frames.Kind.DATA, [kept.astype("<i8").tobytes(), empty, empty,
+                                                 np.array([held[party].sum()] * 2, dtype="<i8").tobytes(), empty])
+        signed = session + party.encode() + b"\0" + hashlib.sha256(frame).digest()
+        verify(public_bytes(active_key), "kept rows", signed, sign(active_key, "kept rows", signed), "A")
+        accepted[party] = check_announcement(frame, 3, union, int(held[party].sum()), 4)[0]
+    assert not np.array_equal(accepted["B"], accepted["C"])  # different lists, each accepted by its receiver
+    slots = [torch.from_numpy(np.where(held[p][accepted[p]][:, None], value[p][accepted[p]], 0.0)).float()
+             for p in "BCD"]
+    ciphers, helper = protocol_named(protocol).in_process(4, active=3)
+    total = sum_in_process(POSTERIOR, [*slots, torch.zeros_like(slots[0])], ciphers, helper, active=3).double()
+    truth = torch.from_numpy(value["B"][accepted["B"]])
+    exact = int(((total - truth).abs().amax(1) < 2.0**-14).sum())
+    shared = int((held["C"] | held["D"])[accepted["B"]].sum())
+    attacked("split shared records (malicious active)", f"shipped {protocol}",
+             f"B's own contribution in {exact} of {len(truth)} slots, {shared} of them records B shares")
+    assert exact == shared == len(truth) > 50  # disclosed: every slot, each a record another passive party holds

@@ -719,3 +719,22 @@ def _schedule_line(config: Path, party: str = "clinic") -> str:
     code, out, err = cli("check", "--config", str(config), "--party", party)
     assert code == 0, err
     return next(line for line in out.splitlines() if "privacy: training" in line)
+
+
+def test_min_parties_holds_for_a_prediction_with_parties_absent(trained, tmp_path):
+    # Red team: a file saying min_parties = 4 refused a loss that left 3 parties but predicted with 3 started with
+    # --absent. Every run now needs min_parties; a passive party checks the active party's roster against its own
+    # file the same way (network/handshake.py, check_roster).
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.network.handshake import check_min_parties
+
+    config = _copy(trained, tmp_path, "min_parties = 4\n")
+    code, _, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "p.csv"), "--quiet",
+                       "--absent", "party1")
+    assert code != 0 and "only 3 parties take part, fewer than min_parties = 4" in err, err
+    assert err.count("error:") == 1 and not (tmp_path / "p.csv").exists()
+    check_min_parties(4, Agreement({"min_parties": 4}), "f.toml")
+    check_min_parties(2, Agreement({}), "f.toml")  # a test session's agreement: no policy, two parties suffice
+    with pytest.raises(InputError, match="fewer than min_parties = 3 in \\[federation\\] of f.toml"):
+        check_min_parties(2, Agreement({"min_parties": 3}), "f.toml")

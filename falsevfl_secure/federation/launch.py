@@ -23,7 +23,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..fsio import commit, discard
 from ..methods import method_for
-from ..network.handshake import Cast, Request, check_two_parties
+from ..network.handshake import Cast, Request, check_min_parties, check_two_parties
 from ..runtime.cast import LOOPBACK, base_agreement, plan_for
 from ..runtime.role import RoleSpec
 from ..runtime.worker import run_role
@@ -130,6 +130,7 @@ def run_all(fed: Federation, command: str, protocol: str, present: list[str], op
     specs = [spec_of(fed, name, command, proto, present, loopback) for name in role_names(fed, present, proto)]
     # every role would refuse: say it now
     check_two_parties(len(present), specs[0].agreement, str(fed.path), proto.hides_contributions)
+    check_min_parties(len(present), specs[0].agreement, str(fed.path))
     logs = Path(fed.path).parent / "logs" / command
     show = fed.active if options.get("progress") else None
     world = World(specs, federation_program, (str(fed.path), command, options), logs, show=show)

@@ -165,6 +165,15 @@ def check_two_parties(n_present: int, agreement: Agreement, source: str, hides: 
                          f"parties, or set allow_two_party_disclosure = true in [federation] of {source}")
 
 
+def check_min_parties(n_present: int, agreement: Agreement, source: str) -> None:
+    """`min_parties` holds for every run, a prediction with parties absent included, not only after a loss (red
+    team: a file saying 4 took part in a prediction of 3 started with --absent, but refused a loss leaving 3)."""
+    floor = int(agreement.fields.get("min_parties", 2))  # (a test session's agreement has no policy: 2)
+    if n_present < floor:
+        raise InputError(f"only {n_present} parties take part, fewer than min_parties = {floor} in [federation] of "
+                         f"{source}: no run goes on with fewer")
+
+
 class Handshake:
     """One role's side of the set-up (steps 1 to 3 above). Each check is a method of its own, so that a test
     can build a deliberately weakened or malicious role by overriding one step; the shipped build runs them all."""
@@ -245,6 +254,7 @@ class Handshake:
                              f"in {request.source}); without {'it' if len(missing) == 1 else 'them'} only two parties "
                              "would take part, which hide nothing from each other. A party that cannot connect says "
                              "why on its own host (a pin that does not match, its key file, an address)") from None
+        check_min_parties(len(present), self.agreement, request.source)
         return present
 
     def announce(self, roles: list[str], record: dict, step: str = "roster") -> bytes:
@@ -314,6 +324,7 @@ class Handshake:
             raise InputError(f"training needs every listed party; the roster of {cast.active} leaves out "
                              f"{', '.join(sorted(set(cast.parties) - set(present)))}")
         check_two_parties(len(present), self.agreement, request.source, self.hides)
+        check_min_parties(len(present), self.agreement, request.source)
         return tuple(present)
 
     # -- signed ephemeral keys ------------------------------------------------------------------------

@@ -355,7 +355,10 @@ def all_spent(ledger: dict) -> tuple[Event, ...]:
     return (*before_model(ledger), *model)
 
 
-LEDGER_WAIT_S = 120.0  # how long a run waits for another run of the same party to finish charging its ledger
+# How long a run waits for another run of the same party to finish charging its ledger: short, since the holder
+# waits on its peers' verdicts meanwhile, and two runs over the same parties may hold their locks in opposite
+# orders (review: they then waited on each other); within a round's deadline, for a batch run again (charge_rerun)
+LEDGER_WAIT_S = 10.0
 _holding = threading.local()  # the ledger folders this thread holds (a charge inside a held verdict takes no lock)
 
 
@@ -389,8 +392,8 @@ def _acquire(lock, party: str, folder: Path) -> None:
         except BlockingIOError:
             if time.monotonic() > deadline:
                 raise InputError(f"{party}: another run of this party has held its privacy ledger ({folder / LEDGER}) "
-                                 f"for over {LEDGER_WAIT_S:g} s; nothing was charged, run again when it has "
-                                 "finished") from None
+                                 f"for over {LEDGER_WAIT_S:g} s (its parties' budget agreement); nothing of this run's "
+                                 "schedule was charged; run again when it has finished") from None
             time.sleep(0.05)
 
 

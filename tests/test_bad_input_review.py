@@ -148,7 +148,7 @@ def test_scoring_a_truth_file_with_its_own_column_names_points_at_the_flags(tmp_
     (tmp_path / "pred.csv").write_text("id,prediction,p_x,p_y\na,x,1,0\n")
     code, _, err = cli("score", "--predictions", str(tmp_path / "pred.csv"), "--truth", str(tmp_path / "truth.csv"))
     _one_error(code, err, "found columns 'customer_id', 'churn', 1 rows (name the truth's own columns with "
-                          "--id-column and --label-column)")
+                          "--id-column and --label-column, or --config)")
     refused("cli")
 
 

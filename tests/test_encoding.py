@@ -227,20 +227,20 @@ def test_a_target_whose_spread_overflows_is_refused_not_scaled_by_one():
 @settings(max_examples=25, deadline=None)
 @given(st.integers(51, 400), st.integers(0, 2**31 - 1))
 def test_a_continuous_label_under_classification_is_refused_naming_task(n_values, seed):
-    # A new user's trial: a log wage without task = "regression" trained as 689 classes, 4.5 times longer, and no
-    # message named `task`. Many numbers, most held once, are refused; as many repeated numbers are classes.
-    from falsevfl_secure.data.tables import NUMERIC_CLASSES, encode_labels
+    # A new user's trial: a log wage without task = "regression" trained as 689 classes over 2,434 records, 4.5 times
+    # longer, and no message named `task`. Many numbers with few records each are refused; codes held often, or
+    # written as text, stay classes (a review: ICD-style codes "250.1" held 20 times each).
+    from falsevfl_secure.data.tables import NUMERIC_CLASSES, RECORDS_PER_CLASS, encode_labels
 
     values = np.random.default_rng(seed).normal(6.0, 0.5, n_values)
-    labels = tuple(f"{v:.6f}" for v in values) + ("6.1", "6.1")
+    wages = tuple(f"{v:.6f}" for v in values) * 3  # 3 records per value (a trial's wages repeat): below 5
     with pytest.raises(DataError, match='set task = "regression"'):
-        encode_labels(labels, None, "classification", "wages.csv")
-    assert encode_labels(labels, None, "regression", "wages.csv")[1] == ()
-    twice = tuple(f"{v:.6f}" for v in values) * 2  # fractional numbers, each held twice (a trial's log wages)
-    with pytest.raises(DataError, match="a continuous target"):
-        encode_labels(twice, None, "classification", "wages.csv")
-    codes = tuple(str(k) for k in range(n_values)) * 2  # whole numbers, each held twice: codes, not a measurement
+        encode_labels(wages, None, "classification", "wages.csv")
+    assert encode_labels(wages, None, "regression", "wages.csv")[1] == ()
+    codes = tuple(f"{v:.1f}" for v in np.arange(n_values) + 250.1) * RECORDS_PER_CLASS  # held often enough
     assert len(encode_labels(codes, None, "classification", "codes.csv")[1]) == n_values
+    texts = tuple(f"c{w}" for w in wages)  # as text: classes whatever their counts
+    assert len(encode_labels(texts, None, "classification", "codes.csv")[1]) == n_values
     few = tuple(str(k) for k in range(NUMERIC_CLASSES)) + ("0",)  # up to NUMERIC_CLASSES numbers stay classes
     assert len(encode_labels(few, None, "classification", "codes.csv")[1]) == NUMERIC_CLASSES
 

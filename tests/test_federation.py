@@ -736,5 +736,27 @@ def test_min_parties_holds_for_a_prediction_with_parties_absent(trained, tmp_pat
     assert err.count("error:") == 1 and not (tmp_path / "p.csv").exists()
     check_min_parties(4, Agreement({"min_parties": 4}), "f.toml")
     check_min_parties(2, Agreement({}), "f.toml")  # a test session's agreement: no policy, two parties suffice
+    check_min_parties(1, Agreement({"min_parties": 3}), "f.toml")  # the active party alone involves nobody else
     with pytest.raises(InputError, match="fewer than min_parties = 3 in \\[federation\\] of f.toml"):
         check_min_parties(2, Agreement({"min_parties": 3}), "f.toml")
+
+
+def test_a_passive_party_refuses_a_roster_shorter_than_its_own_min_parties():
+    # Review finding: only the launcher's check was tested; a malicious active party sends its own roster, so each
+    # passive party checks it against its own file (the hellos' signatures are checked as before; stubbed here).
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.network.handshake import Cast, Handshake, Request
+
+    shake = Handshake.__new__(Handshake)
+    shake.me, shake.hides, shake.check_hello = "lab", True, lambda hello: None
+    shake.cast = Cast(("clinic", "lab", "insurer", "bank"), "clinic", None, {})
+    shake.request = Request(("clinic", "lab", "insurer", "bank"), False, 60.0, "lab.toml")
+    hellos = [{"name": name} for name in ("clinic", "lab", "insurer")]
+    roster = {"present": ["clinic", "lab", "insurer"], "hellos": hellos, "protocol": "mpc"}
+    shake.agreement = Agreement({"protocol": "mpc", "min_parties": 3})
+    assert shake.check_roster(roster, hellos[1]) == ("clinic", "lab", "insurer")
+    shake.agreement = Agreement({"protocol": "mpc", "min_parties": 4})
+    with pytest.raises(InputError, match="only 3 parties take part, fewer than min_parties = 4 in \\[federation\\] "
+                                         "of lab.toml"):
+        shake.check_roster(roster, hellos[1])

@@ -443,6 +443,12 @@ def test_score_reads_the_truth_with_the_federations_columns_and_id_rule(tmp_path
     (tmp_path / "plain.csv").write_text("id,label\n4279,a\n4267,b\n4230,a\n")  # the demo's own columns
     code, out, err = cli(*args[:4], str(tmp_path / "plain.csv"), "--config", str(config))
     assert code == 0 and "on 3 records" in out, out + err
+    (tmp_path / "other.csv").write_text("record,y\n4279,a\n")  # neither the file's columns nor id, label
+    code, out, err = cli(*args[:4], str(tmp_path / "other.csv"), "--config", str(config))
+    assert code != 0 and "the columns 'patient_id', 'outcome'" in err and "or --config" not in err, err
+    (tmp_path / "bad.csv").write_text("id,label\n4279,a\nMRN-,b\n")  # an ID the file's rule refuses
+    code, out, err = cli(*args[:4], str(tmp_path / "bad.csv"), "--config", str(config))
+    assert code != 0 and "bad.csv, line 3: ID 'MRN-' does not match id_pattern" in err, err
     (tmp_path / "twice.csv").write_text("id,label\n4279,a\n04279,b\n")  # one record under the file's rule
     code, out, err = cli(*args[:4], str(tmp_path / "twice.csv"), "--config", str(config))
     assert code != 0 and "1 IDs appear more than once (e.g. '4279')" in err

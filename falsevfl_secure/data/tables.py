@@ -633,20 +633,21 @@ def _classification_targets(labels: list[str | None], classes: Sequence[str] | N
     return out, known
 
 
-NUMERIC_CLASSES = 50  # more classes than this, every one a number, some fractional or half held once: a measurement
+NUMERIC_CLASSES = 50  # more classes than this, every one a number, fewer than RECORDS_PER_CLASS labeled records each:
+RECORDS_PER_CLASS = 5  # a measurement, not classes (class codes written as text, "c250.1", are taken as classes)
 
 
 def _refuse_continuous(known: tuple[str, ...], counts: Counter, where: str) -> None:
     """A trial's log wage (689 "classes" over 2,434 records) trained 4.5 times longer as a classification, and its
     warning pointed at the IDs and the class weights, never at `task`."""
-    if len(known) <= NUMERIC_CLASSES or any(_label_order(c)[0] for c in known):
+    labeled = sum(counts.values())
+    if len(known) <= NUMERIC_CLASSES or any(_label_order(c)[0] for c in known) or \
+            labeled >= RECORDS_PER_CLASS * len(known):
         return
-    once, fractional = sum(counts[c] == 1 for c in known), any(not float(c).is_integer() for c in known)
-    if fractional or 2 * once >= len(known):  # (class codes are whole numbers, and most are held more than once)
-        raise DataError(f"{where}: the label column holds {len(known)} different numbers over "
-                        f"{sum(counts.values())} labeled records, {once} of them once each: a continuous target, not "
-                        "classes; set task = \"regression\" in [federation] (the default is classification), or bin "
-                        "the labels into classes")
+    raise DataError(f"{where}: the label column holds {len(known)} different numbers over {labeled} labeled records "
+                    f"(fewer than {RECORDS_PER_CLASS} each): a continuous target, not classes; set task = "
+                    "\"regression\" in [federation] (the default is classification), bin the labels into classes, "
+                    "or write class codes as text (\"c250\") to keep them as classes")
 
 
 def _label_order(label: str) -> tuple[int, float, str]:

@@ -78,8 +78,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     privacy.add_argument("--party", required=True, help="the party (its own ledger, in its model folder)")
     _propose_options(commands.add_parser(
         "propose-clips", help="propose the [privacy] clip norms from a party's own rows, released with DP"))
-    score = commands.add_parser("score", help="accuracy, ROC AUC, PR AUC, balanced accuracy, log loss and ECE, or "
-                                "RMSE, MAE and R^2, of a predictions CSV against the truth")
+    _score_options(commands.add_parser("score", help="accuracy, ROC AUC, PR AUC, balanced accuracy, log loss and "
+                                       "ECE, or RMSE, MAE and R^2, of a predictions CSV against the truth"))
+    return parser.parse_args(argv)
+
+
+def _score_options(score: argparse.ArgumentParser) -> None:
     score.add_argument("--predictions", required=True)
     score.add_argument("--truth", required=True)
     score.add_argument("--config", help="a federation.toml: the truth's ID and label columns default to its "
@@ -87,7 +91,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     score.add_argument("--id-column", help="the truth's ID column (default: the --config's id_column, else id)")
     score.add_argument("--label-column", help="the truth's label column (default: the --config's label_column, "
                        "else label)")
-    return parser.parse_args(argv)
 
 
 def _propose_options(propose: argparse.ArgumentParser) -> None:
@@ -489,7 +492,8 @@ def score(args: argparse.Namespace) -> int:
     truth_rows = _table(Path(args.truth), ())
     key, args.id_column, args.label_column = _score_columns(args, list(truth_rows[0]))
     _has_columns(Path(args.truth), list(truth_rows[0]), (args.id_column, args.label_column), len(truth_rows),
-                 " (name the truth's own columns with --id-column and --label-column, or --config)")
+                 " (name the truth's own columns with --id-column and --label-column" + ("" if args.config else
+                                                                                         ", or --config") + ")")
     rows = _table(Path(args.predictions), ("id", "prediction"))
     truth_ids, ids = _keys(args.truth, [r[args.id_column] for r in truth_rows], key), \
         _keys(args.predictions, [r["id"] for r in rows], key)
@@ -522,8 +526,8 @@ def _score_columns(args: argparse.Namespace, header: list[str]) -> tuple:
     columns and another party's ID format)."""
     fed = load_federation(args.config) if args.config else None
 
-    def column(given: str | None, in_file: str | None, default: str) -> str:
-        return given or (in_file if in_file in header else default)
+    def column(given: str | None, in_file: str | None, default: str) -> str:  # (neither there: the file's named)
+        return given or (in_file if in_file and (in_file in header or default not in header) else default)
     columns = (column(args.id_column, fed and fed.id_column, "id"),
                column(args.label_column, fed and fed.label_column, "label"))
     return (None if fed is None or fed.id_rule.is_plain else fed.id_rule.key), *columns
@@ -531,10 +535,12 @@ def _score_columns(args: argparse.Namespace, header: list[str]) -> tuple:
 
 def _keys(path: str, ids: list[str], key) -> list[str]:
     """The file's IDs as the federation compares them, each once (review finding: the later row silently won)."""
-    try:
-        keys = ids if key is None else [key(i) for i in ids]
-    except DataError as error:
-        raise InputError(f"{path}: {error}") from None
+    keys = list(ids)
+    for row, i in enumerate(ids if key is not None else ()):
+        try:
+            keys[row] = key(i)
+        except DataError as error:
+            raise InputError(f"{path}, line {row + 2}: {error}") from None
     twice = [i for i, n in Counter(keys).items() if n > 1]
     if twice:
         raise InputError(f"{path}: {len(twice)} IDs appear more than once (e.g. {twice[0]!r}); one row per record")

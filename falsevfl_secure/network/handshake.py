@@ -169,7 +169,7 @@ def check_min_parties(n_present: int, agreement: Agreement, source: str) -> None
     """`min_parties` holds for every run, a prediction with parties absent included, not only after a loss (red
     team: a file saying 4 took part in a prediction of 3 started with --absent, but refused a loss leaving 3)."""
     floor = int(agreement.fields.get("min_parties", 2))  # (a test session's agreement has no policy: 2)
-    if n_present < floor:
+    if 1 < n_present < floor:  # (the active party alone involves no other party: it predicts from its own rows)
         raise InputError(f"only {n_present} parties take part, fewer than min_parties = {floor} in [federation] of "
                          f"{source}: no run goes on with fewer")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -311,6 +312,11 @@ def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process
     assert code == 0 and "under he" in out, err
     # the copied folders held the fixture's models: the summary says they were replaced (a trial did not expect it)
     assert "(replacing the models saved there before: party0, party1, party2, party3)" in out, out
+    assert re.search(r"schedule: stage 1 \d+ epochs of batch \d+ \(\d+\.\d s\), stage 2 \d+ epochs of batch \d+ "
+                     r"\(\d+\.\d s\)", out), out  # the stages' times (a trial found them only in the JSON)
+    peaks = re.search(r"peak memory per party: party0 ([\d,]+) MiB, party1 [\d,]+ MiB, party2 [\d,]+ MiB, party3 "
+                      r"([\d,]+) MiB", out)  # each party's own, from its own counters
+    assert peaks and 100 < int(peaks.group(2).replace(",", "")) < 8000, out
     model = config.parent / "party3" / "model"
     assert json.loads((model / "train_result.json").read_text())["protocol"] == "he"
     assert {json.loads((config.parent / f"party{k}" / "model" / "manifest.json").read_text())["protocol"]

@@ -269,3 +269,15 @@ def test_a_resumed_stage_two_chooses_among_every_epoch_as_an_uninterrupted_run(t
     for a, b in zip(whole.active.get().model.discriminator.parameters(),
                     resumed_node.active.get().model.discriminator.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_stage_two_that_kept_its_last_epoch_says_more_epochs_may_help():
+    # A trial's large table kept epoch 18 of 18 (log loss 0.3464 -> 0.3262, still falling) and nothing said so.
+    from falsevfl_secure.federation.quality import selection_lines
+
+    falling = {"metric": "log_loss", "per_epoch": [0.35, 0.34, 0.33], "best_epoch": 3}
+    assert selection_lines(falling) == ["note: stage 2 kept its last epoch (3 of 3): its validation log loss was "
+                                        "still improving; more stage-2 epochs ([model.train] epochs) may help"]
+    assert selection_lines({**falling, "best_epoch": 2}) == []  # an earlier epoch was best: enough epochs
+    assert selection_lines({**falling, "per_epoch": [0.3], "best_epoch": 1}) == []  # one epoch: nothing to tell
+    assert selection_lines(None) == [] and selection_lines({}) == []

@@ -314,8 +314,8 @@ def _expected_order(columns: tuple[str, ...], expected: Sequence[str], at: _Cont
     if missing or extra:
         parts = [f"missing {_listing(missing)}"] if missing else []
         parts += [f"extra {_listing(extra)}"] if extra else []
-        raise at.error(f"the feature columns differ from the model's: {'; '.join(parts)} "
-                       f"(the model's columns: {_listing(expected)})", at.header_location)
+        raise at.error(f"the feature columns differ from the training table's: {'; '.join(parts)} "
+                       f"(the training table's, which the model reads: {_listing(expected)})", at.header_location)
     return tuple(header.index(name) for name in expected)
 
 
@@ -467,8 +467,10 @@ class _Cells:
             first_text[j] = (int(np.argmax(text)), numbers, int(text.sum()))
         for j in sorted(first_text, key=lambda c: (first_text[c][0], c)):
             row, numbers, texts = first_text[j]
-            if not self.detect:
-                raise self.at.error(f"{str(cells[row, j])!r} is not a number", locations[row], self.columns[j])
+            if not self.detect:  # (a trial's "refused" in a prediction table got no hint)
+                raise self.at.error(f"{str(cells[row, j])!r} is not a number (the column is numeric; a word that "
+                                    "marks an empty cell goes in [federation] missing_values)", locations[row],
+                                    self.columns[j])
             seen = [(texts, row, "text")] + ([(int(numbers.sum()), int(np.argmax(numbers)), "number")]
                                               if numbers.any() else [])
             for _, at, kind in sorted(seen, key=lambda s: (-s[0], s[1])):  # named at the rarer kind, else the later

@@ -242,9 +242,22 @@ def _party_done(fed, args: argparse.Namespace) -> str:
         return "aggregator: training done (it keeps nothing)"
     folder = fed.party(args.party).model_dir
     if args.party != fed.active:
-        return f"{args.party}: trained; its model is in {folder}"
+        return f"{args.party}: trained; its model is in {folder}{_peak(folder)}"
     return _trained_line(fed, json.loads((folder / "train_result.json").read_text()), f"models in {folder} here and "
                          "in each party's own folder")
+
+
+def _peak(folder: Path) -> str:
+    mib = _peak_mib(folder)
+    return "" if mib is None else f" (peak memory {mib:,.0f} MiB)"
+
+
+def _peak_mib(folder: Path) -> float | None:
+    """A party's peak resident memory during its training, from its own counters (None: an earlier version's)."""
+    try:
+        return float(json.loads((folder / "train_log.json").read_text())["peak_rss_mib"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_rejoin(fed, party: str | None) -> None:
@@ -425,7 +438,7 @@ def _two_party_cause(fed, present: list[str], text: str) -> str | None:
 def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
     """What every local role's run did; `saved`: the parties whose folder held a model before it."""
     from ..reference import lift_lines
-    from .quality import lost_lines, trees_lines, validation_summary
+    from .quality import lost_lines, selection_lines, trees_lines, validation_summary
 
     for line in _spent_lines(fed):
         print(line)
@@ -435,9 +448,14 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
     record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
     replaced = f" (replacing the models saved there before: {', '.join(saved)})" if saved else ""
     print(_trained_line(fed, record, f"models in each party's folder{replaced}"))  # (a trial did not expect it)
+    peaks = {name: _peak_mib(fed.party(name).model_dir) for name in fed.present([])}
+    if all(mib is not None for mib in peaks.values()):  # (a trial could not measure them: `time` saw the launcher)
+        print("peak memory per party: " + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
     one, two = record["schedule"]["pretrain"], record["schedule"]["train"]
-    print(f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}, stage 2 {two['epochs']} epochs "
-          f"of batch {two['batch_size']}")
+    took = record.get("stage_time_s", {})  # (a trial found the stages' times only in the JSON)
+    print(f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}"
+          + (f" ({took['pretrain']:.1f} s)" if "pretrain" in took else "") + f", stage 2 {two['epochs']} epochs "
+          f"of batch {two['batch_size']}" + (f" ({took['train']:.1f} s)" if "train" in took else ""))
     for line in lost_lines(record.get("lost_parties", [])):
         print(line)
     print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
@@ -445,7 +463,7 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
         for name, o in record["alignment"]["overlap"].items()))
     print(validation_summary(record["validation"]))
     lift = lift_lines(record["lift"], record.get("config")) if record.get("lift") else []
-    for line in [*trees_lines(record.get("trees")), *lift]:
+    for line in [*selection_lines(record.get("selection")), *trees_lines(record.get("trees")), *lift]:
         print(line)
 
 
@@ -471,9 +489,11 @@ def _trained_line(fed, record: dict, where: str) -> str:
 
     alignment, out = record["alignment"], [e["party"] for e in still_out(record.get("lost_parties", []))]
     parties = f"{len(fed.parties) - len(out)} parties ({', '.join(out)} lost)" if out else f"{len(fed.parties)} parties"
+    dropped = alignment.get("dropped_no_observed_party", 0)  # (a trial found them only in the JSON)
+    gone = f", {dropped} dropped: no party holds a cell of them" if dropped else ""
     return (f"trained {parties} under {record['protocol']} in {record['wall_time_s']:.1f} s{_resumed(record)}: "
             f"{alignment['union_size']} records aligned in {alignment['seconds']:.1f} s "
-            f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}), "
+            f"({', '.join(f'{k}: {v}' for k, v in alignment['rows_per_party'].items())}{gone}), "
             f"{alignment['labeled']} labeled for training, {alignment['validation']} held out; {where}")
 
 

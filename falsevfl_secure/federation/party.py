@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import resource
 import sys
 import time
 from dataclasses import asdict, replace
@@ -67,7 +68,7 @@ from .aligned import (
 )
 from .config import AGGREGATOR, Federation, load_federation
 from .inputs import PartyInput, read_prediction_table, read_training_table
-from .quality import lost_lines, still_out, trees_lines, validation_summary, validation_table
+from .quality import lost_lines, selection_lines, still_out, trees_lines, validation_summary, validation_table
 from .store import Manifest, load_weights, save_model
 
 MODEL_RUN = "model"  # the set-up step in which a passive party names its model's training run (network.SETUP)
@@ -191,7 +192,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
                                     role.protocol.name, inputs.classes or None, inputs.target_scale,
                                     trained_in=role.session.id.hex()))
     own = {"communication": node.transport.log.table(), "protocol": role.protocol.name,
-           "stage_time_s": trained.seconds, "stage_split": trained.split}
+           "stage_time_s": trained.seconds, "stage_split": trained.split, "peak_rss_mib": peak_rss_mib()}
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
     spent = _ledger(name, spent, me.model_dir)
     if role.is_active:
@@ -206,7 +207,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         _plot(record, out / "train_result.png")
         for line in lost_lines(lost):
             print(line, flush=True)
-        _say(validation, trained.trees, lift, cfg.to_dict())
+        _say(validation, trained.trees, lift, cfg.to_dict(), trained.selection)
 
 
 def _agreed_charge(role, cfg, folder: Path, encoding=None):
@@ -273,10 +274,18 @@ def _refusing(payload: bytes, names: list[str]) -> list[str]:
     return refusing
 
 
-def _say(validation: dict | None, trees: dict | None, lift: dict | None, config: dict) -> None:
-    """The active party's lines after training: the validation table, the trees, the lift and its warnings."""
+def peak_rss_mib() -> float:
+    """This party's process's peak resident memory so far (a trial could not measure it: the parties run as the
+    launcher's grandchildren, so `/usr/bin/time` saw the launcher alone)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: kibibytes
+
+
+def _say(validation: dict | None, trees: dict | None, lift: dict | None, config: dict,
+         selection: dict | None = None) -> None:
+    """The active party's lines after training: the validation table, the kept epoch's note, the trees, the lift
+    and its warnings."""
     said = lift_lines(lift, config) if lift else []
-    for line in [validation_summary(validation), *trees_lines(trees), *said]:
+    for line in [validation_summary(validation), *selection_lines(selection), *trees_lines(trees), *said]:
         print(line, flush=True)
 
 

@@ -314,8 +314,8 @@ def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process
     assert "(replacing the models saved there before: party0, party1, party2, party3)" in out, out
     assert re.search(r"schedule: stage 1 \d+ epochs of batch \d+ \(\d+\.\d s\), stage 2 \d+ epochs of batch \d+ "
                      r"\(\d+\.\d s\)", out), out  # the stages' times (a trial found them only in the JSON)
-    peaks = re.search(r"peak memory per party: party0 ([\d,]+) MiB, party1 [\d,]+ MiB, party2 [\d,]+ MiB, party3 "
-                      r"([\d,]+) MiB", out)  # each party's own, from its own counters
+    peaks = re.search(r"peak RSS per party \(resident memory, shared pages included\): party0 ([\d,]+) MiB, "
+                      r"party1 [\d,]+ MiB, party2 [\d,]+ MiB, party3 ([\d,]+) MiB", out)  # each party's own counters
     assert peaks and 100 < int(peaks.group(2).replace(",", "")) < 8000, out
     model = config.parent / "party3" / "model"
     assert json.loads((model / "train_result.json").read_text())["protocol"] == "he"
@@ -503,7 +503,8 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     assert all(proc.returncode == 0 for proc in procs.values()), errors
     # each host says where its model is; the active party also what the run did
     folder = config.parent / "party2" / "model"
-    assert outputs["party2"][0].splitlines()[-1] == f"party2: trained; its model is in {folder}"
+    assert re.fullmatch(rf"party2: trained; its model is in {re.escape(str(folder))} \(peak RSS [\d,]+ MiB\)",
+                        outputs["party2"][0].splitlines()[-1]), outputs["party2"][0]  # its own peak, from its counters
     assert outputs["party3"][0].splitlines()[-1].startswith("trained 4 parties under ")
     record = json.loads((config.parent / "party3" / "model" / "train_result.json").read_text())
     events = [(e["party"], e["how"] == "rejoined") for e in record["lost_parties"]]

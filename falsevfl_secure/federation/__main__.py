@@ -249,7 +249,7 @@ def _party_done(fed, args: argparse.Namespace) -> str:
 
 def _peak(folder: Path) -> str:
     mib = _peak_mib(folder)
-    return "" if mib is None else f" (peak memory {mib:,.0f} MiB)"
+    return "" if mib is None else f" (peak RSS {mib:,.0f} MiB)"
 
 
 def _peak_mib(folder: Path) -> float | None:
@@ -450,7 +450,8 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
     print(_trained_line(fed, record, f"models in each party's folder{replaced}"))  # (a trial did not expect it)
     peaks = {name: _peak_mib(fed.party(name).model_dir) for name in fed.present([])}
     if all(mib is not None for mib in peaks.values()):  # (a trial could not measure them: `time` saw the launcher)
-        print("peak memory per party: " + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
+        print("peak RSS per party (resident memory, shared pages included): "
+              + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
     one, two = record["schedule"]["pretrain"], record["schedule"]["train"]
     took = record.get("stage_time_s", {})  # (a trial found the stages' times only in the JSON)
     print(f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}"

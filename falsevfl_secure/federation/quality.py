@@ -67,14 +67,15 @@ def trees_lines(trees: dict | None) -> list[str]:
 _METRICS = {"log_loss": "log loss", "rmse_standardised": "RMSE in the target's standard deviations"}
 
 
-def selection_lines(selection: dict | None, epochs_key: str = "[model.train] epochs") -> list[str]:
+def selection_lines(selection: dict | None) -> list[str]:
     """A note where stage 2 kept its last epoch: its validation score was still improving when it stopped (a trial's
     large table kept epoch 18 of 18, and nothing said more epochs might help)."""
     scores = (selection or {}).get("per_epoch") or []
     if len(scores) < 2 or selection.get("best_epoch") != len(scores):
         return []
     return [f"note: stage 2 kept its last epoch ({len(scores)} of {len(scores)}): its validation "
-            f"{selection['metric'].replace('_', ' ')} was still improving; more stage-2 epochs ({epochs_key}) may help"]
+            f"{selection['metric'].replace('_', ' ')} was still improving; more stage-2 epochs ([model.train] "
+            "epochs) may help"]
 
 
 def still_out(events: list[dict]) -> list[dict]:

@@ -232,7 +232,7 @@ def test_a_continuous_label_under_classification_is_refused_naming_task(n_values
     # written as text, stay classes (a review: ICD-style codes "250.1" held 20 times each).
     from falsevfl_secure.data.tables import NUMERIC_CLASSES, RECORDS_PER_CLASS, encode_labels
 
-    values = np.random.default_rng(seed).normal(6.0, 0.5, n_values)
+    values = np.unique(np.random.default_rng(seed).normal(6.0, 0.5, 2 * n_values).round(6))[:n_values]  # distinct
     wages = tuple(f"{v:.6f}" for v in values) * 3  # 3 records per value (a trial's wages repeat): below 5
     with pytest.raises(DataError, match='set task = "regression"'):
         encode_labels(wages, None, "classification", "wages.csv")

@@ -284,6 +284,7 @@ def test_one_host_per_party_a_party_declared_absent_is_not_waited_for(trained, t
     assert all(proc.returncode == 0 for proc in procs.values()), {k: v[1] for k, v in outputs.items()}
     # each host says what its run left there (a new user saw nothing at the active party)
     assert outputs["party3"][0].splitlines()[-1].startswith(f"predictions: {tmp_path / 'p.csv'} (")
+    assert re.search(r"\) in \d+\.\d s$", outputs["party3"][0].splitlines()[-1])  # how long the run took
     assert " for party0, party2 (join_timeout_s" in outputs["party3"][0].splitlines()[0]  # not for the absent
     assert outputs["party0"][0].splitlines()[-1] == ("party0: prediction done; the active party party3 writes the "
                                                      "predictions, nothing here")

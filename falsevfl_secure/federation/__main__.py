@@ -28,6 +28,7 @@ import csv
 import json
 import math
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -221,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .launch import run_all, run_party  # only now: its imports take seconds a refusal should not wait for
 
+    args.started = time.perf_counter()  # (a trial found no time for a prediction run)
     if args.party is not None:
         code = _explained(fed, args.party, present, protocol,
                           lambda: run_party(fed, args.party, args.command, protocol, present, options))
@@ -236,7 +238,7 @@ def _party_done(fed, args: argparse.Namespace) -> str:
     """One host per party: what this role's run left here (the active party's predictions, each party's model)."""
     if args.command == "predict":
         if args.party == fed.active:
-            return _predictions_summary(Path(args.out))
+            return _predictions_summary(Path(args.out), time.perf_counter() - args.started)
         return f"{args.party}: prediction done; the active party {fed.active} writes the predictions, nothing here"
     if args.party == AGGREGATOR:
         return "aggregator: training done (it keeps nothing)"
@@ -443,7 +445,7 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
     for line in _spent_lines(fed):
         print(line)
     if args.command == "predict":
-        print(_predictions_summary(Path(args.out)))
+        print(_predictions_summary(Path(args.out), time.perf_counter() - args.started))
         return
     record = json.loads((fed.party(fed.active).model_dir / "train_result.json").read_text())
     replaced = f" (replacing the models saved there before: {', '.join(saved)})" if saved else ""
@@ -498,13 +500,14 @@ def _trained_line(fed, record: dict, where: str) -> str:
             f"{alignment['labeled']} labeled for training, {alignment['validation']} held out; {where}")
 
 
-def _predictions_summary(path: Path) -> str:
-    """Where the predictions are and how many records each number of parties observed."""
+def _predictions_summary(path: Path, seconds: float) -> str:
+    """Where the predictions are, how many records each number of parties observed, and how long the run took."""
     rows = _table(path, ("id", "prediction", "parties_observed"))
     counts = Counter(row["parties_observed"] for row in rows)
     held = [f"{counts[k]} held by {k} {'party' if k == '1' else 'parties'}"
             for k in sorted(counts, key=int, reverse=True) if k != "0"]
-    return f"predictions: {path} ({len(rows)} records: {', '.join([*held, f'{counts.get(chr(48), 0)} by none'])})"
+    return (f"predictions: {path} ({len(rows)} records: {', '.join([*held, f'{counts.get(chr(48), 0)} by none'])}) "
+            f"in {seconds:.1f} s")
 
 
 def score(args: argparse.Namespace) -> int:

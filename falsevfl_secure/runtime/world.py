@@ -33,6 +33,7 @@ from .role import RoleSpec
 from .worker import serve_in_world
 
 SETTLE_S = 2.0  # after a first failure, how long the other roles get to report theirs
+GROUP_S = 0.5  # after the first role's own error, how long the others' are read for the same one
 STOP_GRACE_S = 5.0
 LAUNCHER_GONE = 137  # a child's exit code when its launcher is gone (as if killed with it)
 
@@ -182,7 +183,15 @@ class World:
         settle = time.monotonic() + SETTLE_S
         while time.monotonic() < settle and not self._own_errors():
             self._collect()
+        # a condition every party finds (IDs that do not line up) reaches them within moments of each other: the
+        # others' reports are read too, briefly, so that the report names them all (a trial read one party's fault)
+        grouped = time.monotonic() + GROUP_S
+        while self._own_errors() and time.monotonic() < grouped and self._still_running():
+            self._collect()
         return describe(self.names, self.reports, {r: p.exitcode for r, p in enumerate(self.procs)})
+
+    def _still_running(self) -> bool:
+        return any(r not in self.reports and p.exitcode is None for r, p in enumerate(self.procs))
 
     def _own_errors(self) -> bool:
         return any(r.get("outcome") in ("error", "crash") for r in self.reports.values())

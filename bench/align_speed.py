@@ -8,7 +8,9 @@ Every party holds `--ids` string IDs; a fraction `--overlap` of them is common t
 the rest are its own, so the union has overlap*n + K*(1-overlap)*n records (the script checks it).
 The K processes share this machine's cores, like bench/overhead.py. The alignment is timed from a
 barrier before `align` to the slowest party's return; `phases` are each party's own seconds per
-phase (setup, hash_and_blind, ring, union_and_positions; waiting for peers included), `cpu_s` its
+phase (setup, hash_and_blind, ring, union_and_positions; waiting for peers included), `crosscheck_s` the
+passive parties' check of the placement that a federation runs next (`secure.crosscheck`, timed apart from
+another barrier; `crosscheck_shared` the records it found each pair shares, checked), `cpu_s` its
 process CPU time, and `wall_s_if_the_cores_were_free` the total CPU time divided by the cores the
 parties could use (what the wall time would be without other load on the machine). Where the time goes:
 `libsodium` times each group operation here (process CPU time per call, one process, before the parties
@@ -60,10 +62,27 @@ def timed_alignment(role, n: int, overlap: float, threads: int) -> dict:
     result = align(channel, ids, role.peers.active_index, timings=phases, threads=threads)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     barrier(role)
+    checked = timed_crosscheck(role, channel, ids, result)
+    barrier(role)
     return {"rank": rank, "seconds": seconds, "cpu_s": cpu, "ids_per_s": n / seconds if seconds else None,
             "phases": phases, "bytes_sent": channel.bytes_sent, "bytes_received": channel.bytes_received,
             "n_union": result.n_union, "positions_ok": bool((result.positions >= 0).all()),
-            "libsodium": sodium_version()}
+            "libsodium": sodium_version(), **checked}
+
+
+def timed_crosscheck(role, channel, ids: list[str], result) -> dict:
+    """A passive party's crosscheck with every other passive party (`secure.crosscheck`, which a federation runs
+    after the `kept` announcement; here on the alignment's rows): its seconds and the shared counts it found."""
+    from falsevfl_secure.secure.crosscheck import crosscheck
+
+    peers = role.peers
+    others = {r: peers.names[r] for r in range(peers.n_parties) if r not in (peers.active_index, peers.rank)}
+    if peers.rank == peers.active_index or not others:
+        return {"crosscheck_s": 0.0, "crosscheck_shared": []}
+    start = time.perf_counter()
+    found = crosscheck(channel, others, {r: int(result.sizes[r]) for r in others}, [i.encode() for i in ids],
+                       result.positions, role.session.id)
+    return {"crosscheck_s": time.perf_counter() - start, "crosscheck_shared": [f.placed_alike for f in found]}
 
 
 def libsodium_rates(calls: int = 3000) -> dict[str, float]:
@@ -110,7 +129,9 @@ def summarise(args: argparse.Namespace, reports: list[dict], total: float, rates
             "cpu_s_all_parties": cpu, "libsodium": rates, "libsodium_cpu_s": libsodium_cpu_s(rates, k, n),
             "wall_s_if_the_cores_were_free": cpu / min(k * args.threads, os.cpu_count() or 1),
             "n_union": reports[0]["n_union"], "expected_n_union": expected,
-            "correct": all(r["n_union"] == expected and r["positions_ok"] for r in reports),
+            "correct": all(r["n_union"] == expected and r["positions_ok"] for r in reports)
+            and all(count == shared for r in reports for count in r["crosscheck_shared"]),
+            "crosscheck_wall_s": max(r["crosscheck_s"] for r in reports),
             "launch_and_teardown_s": total - wall, "parties": reports}
 
 
@@ -121,11 +142,12 @@ def markdown(report: dict) -> str:
              f"{report['n_union']:,} ({'correct' if report['correct'] else 'WRONG'}), {c['cpus']} cores shared "
              f"by all parties, libsodium {c['libsodium']}:", "",
              "| wall s (slowest party) | IDs/s per party | CPU s, all parties | of which libsodium (estimated) "
-             "| wall s if the cores were free | load average before / after |",
-             "|---|---|---|---|---|---|",
+             "| wall s if the cores were free | then the passive parties' crosscheck, wall s | load average before / "
+             "after |",
+             "|---|---|---|---|---|---|---|",
              f"| {report['wall_s']:.1f} | {report['ids_per_s_per_party']:,.0f} | {report['cpu_s_all_parties']:.1f} "
              f"| {report['libsodium_cpu_s']:.1f} | {report['wall_s_if_the_cores_were_free']:.1f} "
-             f"| {c['load_before']:.1f} / {c['load_after']:.1f} |"]
+             f"| {report['crosscheck_wall_s']:.1f} | {c['load_before']:.1f} / {c['load_after']:.1f} |"]
     return "\n".join(lines) + "\n"
 
 
@@ -178,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"align K={args.parties}, {args.ids} IDs per party, overlap {args.overlap}: N={report['n_union']} "
           f"({'correct' if report['correct'] else 'WRONG'}), {report['wall_s']:.2f} s wall, "
           f"{report['ids_per_s_per_party'] or 0:.0f} IDs/s per party, {report['cpu_s_all_parties']:.1f} CPU s "
-          f"in all (libsodium ~{report['libsodium_cpu_s']:.1f}), load {load:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"in all (libsodium ~{report['libsodium_cpu_s']:.1f}), then {report['crosscheck_wall_s']:.2f} s for the "
+          f"passive parties' crosscheck, load {load:.1f} -> {os.getloadavg()[0]:.1f} "
           f"-> {args.out / 'align_speed.json'}")
     return 0 if report["correct"] else 1
 

@@ -612,13 +612,13 @@ def test_the_union_sorts_and_merges_pseudonyms_by_all_32_bytes(lists):
     assert n == len(truth) and inverse.tolist() == [truth.index(k) for k in keys]
 
 
-def test_the_secret_permutation_is_a_permutation_from_the_os_csprng(monkeypatch):
+def test_thesecret_permutation_is_a_permutation_from_the_os_csprng(monkeypatch):
     """Every size gives a permutation (int64); a tie among the random keys (forced: the first draw is all
     zeros) is drawn again from the CSPRNG; two draws of 1,000 differ."""
     for n in (0, 1, 2, 1000):
-        order = align_module._secret_permutation(n)
+        order = align_module.secret_permutation(n)
         assert order.dtype == np.int64 and sorted(order.tolist()) == list(range(n))
-    assert align_module._secret_permutation(1000).tolist() != align_module._secret_permutation(1000).tolist()
+    assert align_module.secret_permutation(1000).tolist() != align_module.secret_permutation(1000).tolist()
     draws = []
 
     def token_bytes(size):
@@ -626,7 +626,7 @@ def test_the_secret_permutation_is_a_permutation_from_the_os_csprng(monkeypatch)
         return bytes(size) if len(draws) == 1 else os.urandom(size)
 
     monkeypatch.setattr(align_module.secrets, "token_bytes", token_bytes)
-    assert sorted(align_module._secret_permutation(50).tolist()) == list(range(50)) and draws == [400, 400]
+    assert sorted(align_module.secret_permutation(50).tolist()) == list(range(50)) and draws == [400, 400]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -631,13 +631,13 @@ def _hostile_announcements(held: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 @pytest.mark.parametrize("protocol", SECURE)
-def test_a_malicious_active_party_can_split_shared_records_into_slots_of_one_holder(protocol, attacked):
-    """malicious_pinned_party.toml, disclosed and not prevented (a red team's finding): the active party alone sorts
-    the shared order and announces each passive party's positions and kept rows, and no passive party can compare
-    its view with another's (that would tell it which records they share). Here it signs each party a different
-    `kept` list of one length; each passive party's own checks accept it; in every slot only B holds its record, so
-    every revealed sum is B's own contribution on records B shares with C or D. (The alignment's `positions` round
-    allows the same: each party's positions are the active party's word.)"""
+def test_split_records_would_give_a_malicious_active_party_one_holders_contribution(protocol, attacked):
+    """malicious_pinned_party.toml, what the passive parties' crosscheck prevents (a red team's finding): the active
+    party alone sorts the shared order and announces each passive party's positions and kept rows. Here it signs
+    each party a different `kept` list of one length; each passive party's own checks of its own view accept it;
+    in every slot only B holds its record, so every revealed sum is B's own contribution on records B shares with
+    C or D. The federation refuses such rows before any sum (the crosscheck, next test); this is what it would
+    lose without it."""
     import hashlib
 
     from falsevfl_secure.federation.aligned import check_announcement
@@ -666,6 +666,97 @@ def test_a_malicious_active_party_can_split_shared_records_into_slots_of_one_hol
     truth = torch.from_numpy(value["B"][accepted["B"]])
     exact = int(((total - truth).abs().amax(1) < 2.0**-14).sum())
     shared = int((held["C"] | held["D"])[accepted["B"]].sum())
-    attacked("split shared records (malicious active)", f"shipped {protocol}",
+    attacked("split shared records (malicious active)", f"weakened: no crosscheck, {protocol}",
              f"B's own contribution in {exact} of {len(truth)} slots, {shared} of them records B shares")
     assert exact == shared == len(truth) > 50  # disclosed: every slot, each a record another passive party holds
+
+
+def _hostile_active(role, variant: str) -> None:
+    """Make this (active) process split shared records: `kept` announces B the records it shares with C and C,
+    in the same slots, records it does not hold; `positions` gives C's copy of one record it shares with B the
+    position of a record C does not hold."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.federation import aligned
+    from falsevfl_secure.secure import align as align_module
+
+    b, c = (r for r in range(role.peers.n_parties) if r != role.peers.active_index)
+    if variant == "positions":
+        real_order = align_module._shared_order
+
+        def split_order(lists, counts, active, restrict):
+            positions, holders = real_order(lists, counts, active, restrict)
+            target = np.flatnonzero(holders[:, b] & holders[:, c])[0]
+            positions[c][positions[c] == target] = np.flatnonzero(~holders[:, c])[0]
+            return positions, holders
+
+        align_module._shared_order = split_order
+        return
+    real_align, real_announce, seen = aligned.align, aligned._announce, {}
+    aligned.align = lambda *a, **k: seen.setdefault("result", real_align(*a, **k))
+
+    def announce(role, kept, labeled, validation, per_party, short, n_union):
+        h = seen["result"].holders
+        lists = {b: np.flatnonzero(h[:, b] & h[:, c]), c: np.flatnonzero(~h[:, c])}
+        n = min(v.size for v in lists.values())
+        for rank, chosen in lists.items():  # each its own list, signed over its own name as _announce signs
+            peers = SimpleNamespace(n_parties=role.peers.n_parties, active_index=role.peers.active_index,
+                                    names=role.peers.names, send=lambda dst, *a, r=rank: dst == r and
+                                    role.peers.send(dst, *a))
+            real_announce(SimpleNamespace(key=role.key, session=role.session, peers=peers), chosen[:n],
+                          chosen[:0], chosen[:0], per_party, short, n_union)
+
+    aligned._announce = announce
+
+
+def _split_party(role, inputs: list, variant: str, checked: bool, restrict: bool) -> dict:
+    """One party process of an alignment (for training, or with `restrict` for prediction) whose active party
+    splits shared records (`_hostile_active`); without `checked` the passive parties skip the crosscheck (the
+    weakened build)."""
+    from falsevfl_secure.federation import aligned
+
+    if role.is_active:
+        _hostile_active(role, variant)
+    if not checked:  # the build before: each party checks its own view only, and lets the active party go on
+        aligned._check_with_passive_peers = lambda role, *args: role.peers.send(role.peers.active_index, "kept-ack",
+                                                                                 b"")
+    mine = inputs[role.rank]
+    result = aligned.align_table(role, mine.table.ids, mine.block.held, None, restrict)
+    return {"ids": list(mine.table.ids), "positions": result.positions}
+
+
+@pytest.mark.parametrize("variant, checked, restrict", [("kept", False, False), ("kept", True, False),
+                                                       ("positions", True, False), ("positions", True, True)])
+def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they_share(tmp_path, variant, checked,
+                                                                                         restrict, attacked):
+    """malicious_pinned_party.toml: a malicious active party places records two passive parties both hold at
+    different rows for each (by the `kept` announcement or the alignment's `positions`). Real party processes
+    over the pinned links. Without the crosscheck (weakened) both accept and the records they share sit at
+    different rows (the previous test reads B's contribution from such rows); shipped, both refuse before any
+    sum (for training and for prediction), and the run names the active party."""
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.inputs import read_training_table
+    from falsevfl_secure.federation.tables_demo import Spec, write_federation
+    from falsevfl_secure.runtime.world import WorkerError, run_world
+
+    written = write_federation(tmp_path, Spec())
+    fed = load_federation(written.path)
+    inputs = [read_training_table(fed, name) for name in fed.names]
+    active = fed.names.index(fed.active)
+    build, args = "shipped" if checked else "weakened: no crosscheck", (inputs, variant, checked, restrict)
+    attack = f"split shared records by {variant}{' for prediction' if restrict else ''} (malicious active)"
+    if checked:
+        with pytest.raises(WorkerError) as refused:
+            run_world("plain", 3, _split_party, args, timeout_s=120, active_index=active)
+        attacked(attack, build, "refused before any sum")
+        said = {"kept": "the active party 'party0' signed other rows to this party than to",
+                "positions": "records this party shares with 'party"}[variant]
+        assert said in str(refused.value) and "refused before any sum" in str(refused.value) or variant == "kept"
+        assert said in str(refused.value) and "party0" in str(refused.value), refused.value
+        return
+    out = run_world("plain", 3, _split_party, args, timeout_s=120, active_index=active)
+    rows = [dict(zip(o["ids"], o["positions"].tolist(), strict=True)) for k, o in enumerate(out) if k != active]
+    placed = [i for i in set(rows[0]) & set(rows[1]) if max(rows[0][i], rows[1][i]) >= 0]  # in the order for one
+    split = sum(1 for i in placed if rows[0][i] != rows[1][i])
+    attacked(attack, build, f"{split} of the {len(placed)} placed records both hold sit at different rows, accepted")
+    assert split == len(placed) > 20

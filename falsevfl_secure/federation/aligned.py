@@ -36,11 +36,13 @@ from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
 from ..heap import give_back_freed_memory
+from ..network.wire import Refused
 from ..randomness import PublicStream, RoleSecret, public_rng
 from ..secure import frames
 from ..secure.align import MAX_IDS, Alignment, align, alignment_bounds
+from ..secure.crosscheck import MalformedList, crosscheck
 from ..secure.errors import SecureMessageError
-from ..secure.identity import sign, verify
+from ..secure.identity import IdentityError, sign, verify
 
 _BLOBS = 5
 GROUPS = "validation groups"  # what the active party's group key is for
@@ -112,26 +114,87 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     positions = np.full(len(ids), -1, dtype=np.int64)
     positions[listed] = result.positions
     if role.is_active:
-        per_party = _overlaps(result.holders, active)
-        holders = result.holders.copy()
-        holders[:, active] = False
-        holders[positions[held & (positions >= 0)], active] = True
-        kept = np.flatnonzero(holders.any(axis=1))
-        rows = labeled_rows[np.isin(positions[labeled_rows], kept)] if labeled_rows is not None else kept[:0]
-        labeled, validation = (np.sort(positions[part]) for part in _hold_out(np.sort(rows), policy))
-        short = _short(per_party, active, policy.min_overlap)
-        _announce(role, kept, labeled, validation, per_party, short)
-        holders, dropped = holders[kept], int(result.n_union - kept.size)
-        overlap = Overlap(*(int(v) for v in per_party[active]), per_party)
+        kept, labeled, validation, holders, overlap, short = _apply_policy(role, result, positions, held, labeled_rows,
+                                                                           policy)
+        dropped = int(result.n_union - kept.size)
     else:
         announced = _announced(role, result.n_union, listed.size)
-        kept, labeled, validation, (shared, with_active), short = announced
+        kept, labeled, validation, (shared, with_active), short, signed = announced
         holders, dropped, overlap = None, 0, Overlap(int(listed.size), int(shared), int(with_active))
     remap = np.full(result.n_union, -1, dtype=np.int64)
     remap[kept] = np.arange(kept.size)
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
+    if not role.is_active:  # before any value is summed over these rows
+        _check_with_passive_peers(role, [ids[i] for i in listed], positions[listed], signed, result.sizes)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
                    remap[validation], overlap, short)
+
+
+def _apply_policy(role, result: Alignment, positions: np.ndarray, held: np.ndarray, labeled_rows: np.ndarray | None,
+                  policy: Policy):
+    """At the active party: the empty-row rule, the hold-out and the overlaps, announced to every party (and, where
+    two or more passive parties check each other's rows, awaited from each: no round starts before)."""
+    active = role.peers.active_index
+    per_party = _overlaps(result.holders, active)
+    holders = result.holders.copy()
+    holders[:, active] = False
+    holders[positions[held & (positions >= 0)], active] = True
+    kept = np.flatnonzero(holders.any(axis=1))
+    rows = labeled_rows[np.isin(positions[labeled_rows], kept)] if labeled_rows is not None else kept[:0]
+    labeled, validation = (np.sort(positions[part]) for part in _hold_out(np.sort(rows), policy))
+    short = _short(per_party, active, policy.min_overlap)
+    _announce(role, kept, labeled, validation, per_party, short, result.n_union)
+    for rank in _passive_peers(role) if len(_passive_peers(role)) > 1 else ():
+        role.peers.recv(rank, "kept-ack")
+    return kept, labeled, validation, holders[kept], Overlap(*(int(v) for v in per_party[active]), per_party), short
+
+
+def _passive_peers(role) -> dict[int, str]:
+    """Rank -> name of every passive party present, but this role."""
+    peers = role.peers
+    return {r: peers.names[r] for r in range(peers.n_parties) if r not in (peers.active_index, peers.rank)}
+
+
+def common_digest(session: bytes, n: int, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray) -> bytes:
+    """SHA-256 of the announcement's part every party receives alike (N, kept, labeled, validation), in the run."""
+    h = hashlib.sha256(b"falsevfl-common-rows-v1\x00" + session + np.int64(n).astype("<i8").tobytes())
+    for part in (kept, labeled, validation):
+        h.update(np.int64(part.size).astype("<i8").tobytes() + np.asarray(part, dtype="<i8").tobytes())
+    return h.digest()
+
+
+def _check_with_passive_peers(role, ids: list[str], rows: np.ndarray, signed: bytes, sizes: np.ndarray) -> None:
+    """With every other passive party: compare the active party's signed common announcements, then
+    `secure.crosscheck` (every record both hold at one row for both, else the active party could read one party's
+    contribution from the sums), learning from each only how many records the two share; then tell the active
+    party, which starts no round before."""
+    others = _passive_peers(role)
+    if not others:
+        return
+    channel, active = role.channel(), role.session.active
+    for peer in sorted(others):
+        _same_announcement(role, signed, channel.exchange(peer, signed, peer), others[peer])
+    try:
+        crosscheck(channel, others, {r: int(sizes[r]) for r in others}, [i.encode("utf-8") for i in ids], rows,
+                   role.session.id, f"the active party {active!r}")
+    except MalformedList as error:  # named to every role: that peer broke the run
+        raise Refused(str(error).replace(f"party {error.peer}", repr(others[error.peer])), others[error.peer]) from None
+    role.peers.send(role.peers.active_index, "kept-ack", b"")
+
+
+def _same_announcement(role, mine: bytes, theirs: object, peer: str) -> None:
+    """A peer's common digest and the active party's signature of it against this party's own: a bad signature is
+    the peer's forgery; two validly signed digests that differ are the active party's (refused, naming it)."""
+    active = role.session.active
+    if not isinstance(theirs, bytes) or len(theirs) != len(mine):
+        raise Refused(f"{peer} sent a signed row announcement of the wrong size", peer)
+    try:
+        verify(role.spec.cast.pins[active], "common rows", role.session.id + theirs[:32], theirs[32:], active)
+    except IdentityError:
+        raise Refused(f"{peer} sent a row announcement that the active party {active!r} did not sign", peer) from None
+    if theirs != mine:
+        raise Refused(f"the active party {active!r} signed other rows to this party than to {peer!r}: refused, as rows "
+                      "announced differently could read one party's contribution from the sums", active)
 
 
 def save_alignment(folder: Path, aligned: Aligned, session: bytes) -> None:
@@ -266,10 +329,13 @@ def _group_name(key: bytes, values: list[bytes]) -> int:
 
 
 def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray, per_party: np.ndarray,
-              short: tuple[Shortfall, ...]) -> None:
-    """The declared `kept` step: to every party its announcement, signed by the active party over the session."""
+              short: tuple[Shortfall, ...], n_union: int) -> None:
+    """The declared `kept` step: to every party its announcement, signed by the active party over the session and
+    the receiver's name, and the digest of its common part signed alone (which the passive parties compare)."""
     shortfalls = np.array([[s.rank, s.overlap, s.base] for s in short], dtype="<i8").reshape(-1)
     common = [kept.astype("<i8").tobytes(), labeled.astype("<i8").tobytes(), validation.astype("<i8").tobytes()]
+    digest = common_digest(role.session.id, n_union, kept, labeled, validation)
+    alike = digest + sign(role.key, "common rows", role.session.id + digest)  # what the passive parties compare
     peers = role.peers
     for rank in range(peers.n_parties):
         if rank != peers.active_index:
@@ -277,19 +343,25 @@ def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarra
             frame = frames.encode(frames.Kind.DATA, [*common, counts, shortfalls.tobytes()])
             signature = sign(role.key, "kept rows", role.session.id + peers.names[rank].encode() + b"\0"
                              + hashlib.sha256(frame).digest())
-            peers.send(rank, "kept", signature + frame)
+            peers.send(rank, "kept", signature + alike + frame)
 
 
 def _announced(role, n_union: int, listed: int):
-    """The announcement from the active party, its signature checked against the active party's pin, then
-    its contents (`check_announcement`)."""
+    """The announcement from the active party, its signatures checked against the active party's pin, then
+    its contents (`check_announcement`); with the signed digest of its common part (compared among the passive
+    parties)."""
     peers, active = role.peers, role.session.active
     payload = peers.recv(peers.active_index, "kept")
-    signature, frame = payload[:64], payload[64:]
+    signature, alike, frame = payload[:64], payload[64:160], payload[160:]
     verify(role.spec.cast.pins[active], "kept rows", role.session.id + role.spec.name.encode() + b"\0"
            + hashlib.sha256(frame).digest(), signature, active)
-    return check_announcement(frame, peers.active_index, n_union, listed, peers.n_parties,
-                              f"the active party {active!r}")
+    kept, labeled, validation, counts, short = check_announcement(frame, peers.active_index, n_union, listed,
+                                                                  peers.n_parties, f"the active party {active!r}")
+    if alike[:32] != common_digest(role.session.id, n_union, kept, labeled, validation):
+        raise SecureMessageError(f"the row announcement of the active party {active!r} signs another digest than "
+                                 "its rows")
+    verify(role.spec.cast.pins[active], "common rows", role.session.id + alike[:32], alike[32:], active)
+    return kept, labeled, validation, counts, short, alike
 
 
 def check_announcement(data: bytes, active: int, n_union: int, listed: int, world: int,

@@ -70,11 +70,13 @@ class AlignmentFrameError(SecureMessageError):
 class Alignment:
     """One party's result: the size of the shared order, the position of each of its rows in it
     (int64, in the caller's row order, -1 = not in the shared order) and, at the active party only,
-    `holders[i, k]`: whether party k holds the record at position i (bool, (n_union, K))."""
+    `holders[i, k]`: whether party k holds the record at position i (bool, (n_union, K)); `sizes`: every party's
+    list size n_k as the session announced it (what a later check may hold a peer to)."""
 
     n_union: int
     positions: np.ndarray
     holders: np.ndarray | None = None
+    sizes: np.ndarray | None = None
 
 
 def group_hash(session: bytes, identifier: str) -> bytes:
@@ -144,7 +146,7 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     wire, clock = _Wire(channel, view), _Clock(timings)
     scalar = ristretto.random_scalar()  # fresh per alignment; loads libsodium before anything is sent
     session, counts = _agree_session(wire, rank, k, active, len(encoded), min(int(max_ids), MAX_IDS))
-    order = _secret_permutation(len(encoded))
+    order = secret_permutation(len(encoded))
     if secrets_out is not None:
         secrets_out.update(scalar=scalar, session=session, order=order.copy())
     clock.lap("setup")
@@ -232,7 +234,7 @@ def _expect_length(frame: bytes, expected: int, step: str, src: int) -> None:
                                   f"expected {expected}")
 
 
-def _secret_permutation(n: int) -> np.ndarray:
+def secret_permutation(n: int) -> np.ndarray:
     """A uniformly random permutation of 0..n-1 from the OS CSPRNG (never a seeded generator): the order
     of n random 64-bit keys, drawn again in the rare case of a tie (distinct i.i.d. keys order uniformly)."""
     while True:
@@ -336,7 +338,7 @@ def _conclude_active(wire: _Wire, own_final: bytes, counts: np.ndarray, order: n
     n = len(holders)
     for dst in (r for r in range(len(counts)) if r != active):
         wire.send(dst, np.concatenate([[n], positions[dst]]).astype("<i8").tobytes())
-    return Alignment(n, _unshuffle(positions[active], order), holders)
+    return Alignment(n, _unshuffle(positions[active], order), holders, counts.copy())
 
 
 def _conclude_passive(wire: _Wire, rank: int, active: int, counts: np.ndarray, order: np.ndarray,
@@ -353,7 +355,7 @@ def _conclude_passive(wire: _Wire, rank: int, active: int, counts: np.ndarray, o
             or len(np.unique(held)) != len(held):
         raise AlignmentFrameError(f"align: positions frame from party {active} is not a valid shared order "
                                   f"(N {n}, allowed {low}..{high}; positions must be distinct and in range)")
-    return Alignment(n, _unshuffle(positions, order))
+    return Alignment(n, _unshuffle(positions, order), None, counts.copy())
 
 
 def _unshuffle(shuffled: np.ndarray, order: np.ndarray) -> np.ndarray:

@@ -1,0 +1,194 @@
+"""The passive parties' check of the active party's placement (`secure.crosscheck`), in one process: every
+rank a thread of a `MemoryWorld`. Independent truth: the test's own record sets and rows. The federation
+path (real processes, a hostile active party) is in tests/test_threat_models.py."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from align_channels import MemoryWorld
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from falsevfl_secure.secure import crosscheck as module
+from falsevfl_secure.secure.crosscheck import Agreement, MisplacedRecords, crosscheck
+
+SESSION = bytes(range(16))
+
+
+def _world(held: list[np.ndarray], rows: list[np.ndarray]) -> list:
+    """Every rank runs the check on its records (`held`: record numbers; `rows`: each one's row)."""
+    names = {r: f"p{r}" for r in range(len(held))}
+
+    def party(channel):
+        rank = channel.rank
+        ids = [f"rec-{i}".encode() for i in held[rank]]
+        others = {r: n for r, n in names.items() if r != rank}
+        return crosscheck(channel, others, {r: held[r].size for r in others}, ids, rows[rank], SESSION)
+
+    return MemoryWorld(len(held), timeout=30).run([party] * len(held))
+
+
+def _records(draw, parties: int, union: int) -> list[np.ndarray]:
+    return [np.flatnonzero(np.array(draw(st.lists(st.booleans(), min_size=union, max_size=union))))
+            for _ in range(parties)]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.data(), st.integers(2, 3), st.integers(1, 40))
+def test_an_honest_placement_passes_and_each_pair_learns_how_many_records_it_shares(data, parties, union):
+    held = _records(data.draw, parties, union)
+    order = np.random.default_rng(union).permutation(union)  # the shared order: any row per record
+    out = _world(held, [order[h] for h in held])
+    for rank, found in enumerate(out):
+        truth = [Agreement(p, int(np.intersect1d(held[rank], held[p]).size),
+                           int(np.intersect1d(held[rank], held[p]).size)) for p in range(parties) if p != rank]
+        assert found == truth
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.data(), st.integers(2, 40), st.sampled_from(["swap", "drop", "fresh"]))
+def test_one_shared_record_at_two_rows_is_refused_by_both_holders(data, union, how):
+    """Whatever row the active party gives one holder's copy of one shared record (another record's, none,
+    a row nobody has), both holders refuse, naming it, and say how many of their shared records moved."""
+    held = _records(data.draw, 2, union)
+    shared = np.intersect1d(*held)
+    if shared.size == 0:  # at least one record both hold
+        held = [np.union1d(h, [0]) for h in held]
+        shared = np.intersect1d(*held)
+    order = np.random.default_rng(union).permutation(union)
+    rows = [order[h] for h in held]
+    moved = int(np.flatnonzero(held[1] == data.draw(st.sampled_from(shared.tolist())))[0])
+    if how == "swap" and held[1].size > 1:  # with the next record of the same holder
+        partner = (moved + 1) % held[1].size
+        rows[1][[moved, partner]] = rows[1][[partner, moved]]
+        split = 1 + int(held[1][partner] in shared)
+    else:
+        rows[1][moved], split = (-1 if how == "drop" else union + 3), 1
+    for error in _world(held, rows):
+        assert isinstance(error, MisplacedRecords), error
+        assert str(error).startswith(f"{split} of the {shared.size} records this party shares with")
+
+
+def _role(pins: dict[str, bytes]):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(session=SimpleNamespace(active="A", id=SESSION),
+                           spec=SimpleNamespace(cast=SimpleNamespace(pins=pins)))
+
+
+def test_announcements_compared_between_passive_parties_name_whoever_forged_or_equivocated():
+    """Two digests the active party signed that differ prove it announced differently (it is named); a digest it
+    did not sign is the peer's forgery (the peer is named); an equal one passes."""
+    from falsevfl_secure.federation.aligned import _same_announcement, common_digest
+    from falsevfl_secure.network.wire import Refused
+    from falsevfl_secure.secure.identity import generate, public_bytes, sign
+
+    active, other = generate(), generate()
+    role = _role({"A": public_bytes(active)})
+
+    def signed(key, labeled: int) -> bytes:
+        digest = common_digest(SESSION, 20, np.arange(20), np.arange(labeled), np.arange(0))
+        return digest + sign(key, "common rows", SESSION + digest)
+
+    mine = signed(active, 3)
+    _same_announcement(role, mine, signed(active, 3), "C")
+    for theirs, offender in ((signed(active, 4), "A"), (signed(other, 3), "C"), (signed(other, 4), "C"),
+                             (mine[:-1], "C"), (mine[:32] + bytes(64), "C")):
+        with pytest.raises(Refused) as refused:
+            _same_announcement(role, mine, theirs, "C")
+        assert refused.value.offender == offender, (offender, refused.value)
+
+
+def test_the_common_digest_covers_every_part_of_the_announcement_and_the_run():
+    from falsevfl_secure.federation.aligned import common_digest
+
+    base = (SESSION, 30, np.arange(0, 30, 2), np.arange(0, 10, 2), np.arange(10, 14, 2))
+    digests = {common_digest(*base)}
+    for k in range(5):
+        changed = list(base)
+        changed[k] = (bytes(16) if k == 0 else changed[k] + 1 if k == 1 else
+                      np.append(changed[k], 28 if k == 2 else 26))
+        digests.add(common_digest(*changed))
+    moved = (SESSION, 30, np.arange(0, 30, 2), np.arange(0, 8, 2), np.arange(8, 14, 2))  # one position moved over
+    digests.add(common_digest(*moved))
+    assert len(digests) == 7
+
+
+def _views(monkeypatch, shuffle: bool, held: list[np.ndarray]) -> tuple[list[bytes], list[bytes], np.ndarray]:
+    """Party 0's frames (sent, received) in one check, and the order in which it sent its own X list."""
+    sent, received, orders = [], [], {}
+    real = module.secret_permutation
+
+    def permutation(n):
+        order = real(n) if shuffle else np.arange(n)
+        orders.setdefault(threading.current_thread().name, []).append(order)
+        return order
+
+    monkeypatch.setattr(module, "secret_permutation", permutation)
+    world = MemoryWorld(2, timeout=30)
+    original = world.channel
+
+    def channel(rank):
+        end = original(rank)
+        if rank == 0:
+            send, recv = end.send, end.recv
+            end.send = lambda dst, p: (sent.append(p), send(dst, p))[1]
+            end.recv = lambda src: received.append(recv(src)) or received[-1]
+        return end
+
+    world.channel = channel
+    ends = {}
+
+    def party(ch):
+        ends[ch.rank] = threading.current_thread().name
+        ids = [f"rec-{i}".encode() for i in held[ch.rank]]
+        return crosscheck(ch, {1 - ch.rank: "q"}, {1 - ch.rank: held[1 - ch.rank].size}, ids, held[ch.rank], SESSION)
+
+    out = world.run([party, party])
+    assert all(isinstance(o, list) for o in out), out
+    return sent, received, orders[ends[0]][0]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_party_cannot_tell_which_of_its_records_the_other_holds(monkeypatch, shuffle, attacked):
+    """Party 0 attacks: it knows the order in which it sent its blinded records, receives them back with both
+    scalars on, and holds the other's records with both scalars (what it returned). Reading the returned list in
+    its own order tells it exactly which records the other holds where nobody shuffles (weakened build); the
+    shipped check returns them shuffled and the same reading is at chance."""
+    union = 2000  # about 1,000 records each: chance is 50 % +- 1.6 %
+    rng = np.random.default_rng(5)  # the parties' records, not a secret
+    held = [np.flatnonzero(rng.random(union) < 0.5), np.flatnonzero(rng.random(union) < 0.5)]
+    sent, received, order = _views(monkeypatch, shuffle, held)
+    p = 32
+    theirs = {sent[3][i:i + p] for i in range(0, len(sent[3]), p)}  # the other's X, both scalars, as returned
+    mine = [received[3][i:i + p] for i in range(0, len(received[3]), p)]  # ours, both scalars, as the other sent
+    guess = np.zeros(held[0].size, dtype=bool)
+    guess[order] = [point in theirs for point in mine]  # the returned list read in the order we sent ours
+    truth = np.isin(held[0], held[1])
+    accuracy = float((guess == truth).mean())
+    base = max(truth.mean(), 1 - truth.mean())
+    attacked("which records the other passive party holds (crosscheck)", "shipped" if shuffle else
+             "weakened: no shuffle", f"{accuracy:.1%} of {truth.size} records (base rate {base:.1%})")
+    assert guess.sum() == truth.sum()  # the count is disclosed by design
+    if shuffle:
+        assert accuracy < 0.62
+    else:
+        assert accuracy == 1.0
+
+
+@pytest.mark.parametrize("sent", [33, 64, 128])
+def test_a_list_of_other_than_the_peers_count_is_refused_naming_it(sent):
+    """Not whole points, or another number of points than the peer listed in the alignment (a larger set would
+    probe more IDs than it holds): refused, naming that peer."""
+    from falsevfl_secure.secure.crosscheck import MalformedList
+
+    def liar(ch):
+        ch.exchange(0, b"x" * sent, 0)
+
+    out = MemoryWorld(2, timeout=5).run([lambda ch: crosscheck(ch, {1: "q"}, {1: 3}, [b"a"], np.zeros(1, np.int64),
+                                                               SESSION), liar])
+    assert isinstance(out[0], MalformedList) and out[0].peer == 1, out[0]
+    assert f"party 1 sent a list of {sent} bytes, not 3 points" in str(out[0])

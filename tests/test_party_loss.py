@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from party_loss_runs import Crash, distributed_run, local_run, scheduled
 
 from falsevfl_secure.config import Stage
@@ -178,7 +179,7 @@ def test_every_membership_masks_with_keys_no_earlier_membership_used():
             losses[name].version += 1
             if name in ("party1",) and roles[name].peers.lost:
                 continue  # a lost party masks nothing
-            losses[name]._rekey()
+            losses[name]._rekey((1, 0, 0))
         return list(keys)
 
     def lose(name):
@@ -202,6 +203,75 @@ def test_every_membership_masks_with_keys_no_earlier_membership_used():
             assert (1 in {r for r, _ in made}) == (change is back)  # only members mask
             seen.extend(pairs.values())
     assert len(set(seen)) == len(seen) // 2, "a pair key of an earlier membership was used again"
+
+
+def _four_roles(keys: dict) -> tuple[tuple[str, ...], dict]:
+    """party0..party3 (party3 active) sharing one session's X25519 keys; each one's re-keyed pair keys go to
+    `keys[rank]`."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.network.handshake import Session
+    from falsevfl_secure.network.peers import Peers
+    from falsevfl_secure.secure.masks import X25519Agreement
+
+    names = tuple(f"party{k}" for k in range(4))
+    exchanges = {n: X25519Agreement() for n in names}
+    roles = {}
+    for rank, name in enumerate(names):
+        session = Session(b"s" * 32, Agreement({"protocol": "mpc"}), names, "mpc", "party3", None,
+                          {n: e.public_key() for n, e in exchanges.items()})
+        session.bind_keys()
+        backend = SimpleNamespace(rekey=lambda pairs, rank=rank: keys.__setitem__(rank, pairs))
+        roles[name] = SimpleNamespace(session=session, spec=SimpleNamespace(name=name), backend=backend,
+                                      membership=SimpleNamespace(exchange=exchanges[name]),
+                                      peers=Peers(None, names, rank, 4, 3))
+    return names, roles
+
+
+@pytest.mark.parametrize("how", ["loss", "resume"])
+@pytest.mark.parametrize("build", ["weakened: masks keyed without where the run goes on", "shipped"])
+def test_parties_told_different_steps_reveal_no_sum_of_misaligned_rows(monkeypatch, how, build, attacked):
+    """A malicious active party tells party0 and party1 different places to go on from (a loss notice's step, or
+    a resume answer's epoch), so they add different batches' rows into one sum; where party1's rows there are
+    records it does not hold (zeros), the revealed sum is party0's own contribution. The shipped masks are keyed
+    under a purpose naming where each party was told to go on: the two parties' pair keys differ, their masks do
+    not cancel, and the sum's check element stops the run before anything is revealed."""
+    from falsevfl_secure.network.handshake import pair_keys
+    from falsevfl_secure.runtime import distributed, losses
+    from falsevfl_secure.secure.errors import SecureMessageError
+    from falsevfl_secure.transport.ciphers.mpc import MaskCipher
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    keys: dict = {}
+    names, roles = _four_roles(keys)
+    told = {"party0": 4, "party1": 5, "party3": 4}  # the active party's word: party1 hears another step
+    weakened = build.startswith("weakened")
+    if weakened:  # the build before: after a loss keyed by the version alone, after a resume not keyed again
+        monkeypatch.setattr(losses, "mask_purpose", lambda version, gone, at: f"secure-sum/v{version}")
+        monkeypatch.setattr(distributed, "_key_masks_to", lambda role, answer: role.backend.rekey(
+            pair_keys(role.session, role.spec.name, role.membership.exchange, "secure-sum")))
+    for name, step in told.items():
+        role = roles[name]
+        if how == "loss":
+            role.peers.lose([2])
+            handler = losses.PartyLoss(role)
+            handler.version += 1
+            handler._rekey((1, 0, step))
+        else:
+            distributed._key_masks_to(role, np.array([1_000_000 + step], dtype="<i8").tobytes())
+    alive = [0, 1, 3]
+    ciphers = {r: MaskCipher(r, {p: k for p, k in keys[r].items() if p in alive}) for r in alive}
+    mine = torch.randn(64, 8)
+    values = {0: mine, 1: torch.zeros(64, 8), 3: torch.zeros(64, 8)}  # party1's rows: records it does not hold
+    messages = {r: ciphers[r].protect(POSTERIOR, values[r], 3)[0] for r in alive}
+    try:
+        revealed = ciphers[3].reveal(POSTERIOR, ciphers[3].combine(POSTERIOR, messages, (64, 8)), (64, 8), own=None)
+        outcome = f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
+    except SecureMessageError as error:  # the sum's check element: the masks do not cancel
+        outcome = "nothing revealed: the masks do not cancel" if "do not cancel" in str(error) else str(error)
+    attacked(f"different steps to two parties ({how}, active)", build, outcome)
+    assert outcome.startswith("party0's contribution read to") if weakened else "do not cancel" in outcome, outcome
 
 
 def _follower(names, net):
@@ -249,7 +319,10 @@ def test_a_replayed_readmission_never_makes_a_party_reuse_its_masks(build, attac
         def recv(self, src, tag):
             return self.frames.pop(0)
 
-    class Trusting(PartyLoss):  # the weakened build: the announced version and joined list as given
+    class Trusting(PartyLoss):  # the weakened build: the announced version and joined list as given, and masks
+        def _rekey(self, at):  # keyed by the version alone (as before they also named where the run goes on)
+            super()._rekey((0, 0, 0))
+
         def _follow_epoch(self, stage, epoch):
             notice = epoch_notice(self.role.peers.recv(self.role.peers.active_index, "epoch"))
             for entry in notice["joined"]:

@@ -10,6 +10,7 @@ operator of every role, merges them into the result.
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from ..config import Config, Stage
 from ..errors import InputError
 from ..fsio import atomic_write
 from ..methods import build_node, method_for
+from ..network.handshake import pair_keys
 from ..node import Node, resolve_device
 from ..randomness import RoleSecret
 from ..train import HostedData, evaluate, fit, host_split, probe_step, solo_work_units
@@ -81,15 +83,27 @@ def agree_resume(role: Role):
         mine = np.array(sorted(progress_key(p) for p in common)[-KEEP:], dtype="<i8")
         if not peers.is_active:
             peers.send(peers.active_index, "resume", mine.tobytes())
-            return _progress(peers.recv(peers.active_index, "resume"))
-        agreed = set(mine.tolist())
-        for party in (k for k in range(peers.n_parties) if k != peers.rank):
-            agreed &= set(_keys(peers.recv(party, "resume")).tolist())
-        answer = np.array(sorted(agreed), dtype="<i8").tobytes()
-        for party in (k for k in range(peers.n_parties) if k != peers.rank):
-            peers.send(party, "resume", answer)
-        return {(Stage(k // 1_000_000), k % 1_000_000) for k in agreed}
+            answer = peers.recv(peers.active_index, "resume")
+            agreed = _progress(answer)
+        else:
+            keys = set(mine.tolist())
+            for party in (k for k in range(peers.n_parties) if k != peers.rank):
+                keys &= set(_keys(peers.recv(party, "resume")).tolist())
+            answer = np.array(sorted(keys), dtype="<i8").tobytes()
+            for party in (k for k in range(peers.n_parties) if k != peers.rank):
+                peers.send(party, "resume", answer)
+            agreed = {(Stage(k // 1_000_000), k % 1_000_000) for k in keys}
+        _key_masks_to(role, answer)
+        return agreed
     return agree
+
+
+def _key_masks_to(role: Role, answer: bytes) -> None:
+    """mpc: masks from pair keys of a purpose naming the resume answer: parties the active party told different
+    epochs to resume from (hence different batches) hold different keys, and no sum of misaligned rows is revealed."""
+    if hasattr(role.backend, "rekey"):
+        purpose = f"secure-sum/resume:{hashlib.sha256(answer).hexdigest()}"
+        role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange, purpose))
 
 
 def _keys(payload: bytes) -> np.ndarray:

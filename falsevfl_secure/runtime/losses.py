@@ -41,6 +41,12 @@ def tolerated(role) -> set[str]:
     return {name for name in role.session.present if name != role.session.active}
 
 
+
+def mask_purpose(version: int, gone: list[str], at: tuple[int, ...]) -> str:
+    """The purpose of the masks' pair keys after a change of membership (a loss, a return): its version, who is
+    out and where the run goes on (stage, epoch, step); every party derives it from what it was told."""
+    return f"secure-sum/v{version}/without:{','.join(sorted(gone))}/at:{','.join(str(int(v)) for v in at)}"
+
 class PartyLoss:
     """A role's handler of a lost party, called by the training loop with the step it was in."""
 
@@ -81,7 +87,7 @@ class PartyLoss:
         others = [name for k, name in enumerate(peers.names) if k not in peers.lost and k != peers.rank]
         for name in others:
             role.network.send(name, "lost", json.dumps(notice).encode())
-        self._rekey()
+        self._rekey((stage, epoch, index + 1))
         for name in others:
             role.network.drain(name, "lost-ack")
         self._record(losses, notice)
@@ -116,7 +122,7 @@ class PartyLoss:
         peers.lose(peers.names.index(name) for name in notice["lost"])
         self._check_policy()  # its own file: never fewer parties, nor two, than it consents to
         self.version += 1
-        self._rekey()
+        self._rekey((notice["stage"], notice["epoch"], notice["index"]))
         for k in (peers.active_index, *range(peers.n_parties, len(peers.names))):  # the active party, helpers
             peers.send(k, "lost-ack", b"")
         self._record([], notice)
@@ -221,7 +227,7 @@ class PartyLoss:
         if not names:
             return []
         self.role.peers.restore(self.role.peers.names.index(n) for n in names)
-        self._rekey()
+        self._rekey((stage, epoch, 0))
         for name in names:
             self.events.append({"party": name, "how": "rejoined", "stage": stage, "epoch": epoch, "resumed_at": 0})
             print(f"{name} rejoined the run at stage {stage} epoch {epoch}", file=sys.stderr, flush=True)
@@ -239,17 +245,19 @@ class PartyLoss:
 
     # -- both -----------------------------------------------------------------------------------------
 
-    def _rekey(self) -> None:
+    def _rekey(self, at: tuple[int, int, int]) -> None:
         """mpc: masks among the parties in the run, from pair keys of a purpose that names the membership's
-        version and who is out (the transcript binds every current key)."""
+        version, who is out and the step the run resumes at (the transcript binds every current key): two parties
+        told different steps (a malicious active party) hold different keys, so their masks do not cancel and no
+        sum of rows they misalign is revealed."""
         role = self.role
         if self.version <= self.keyed and role.backend is not None and hasattr(role.backend, "rekey"):
             raise ProtocolError(f"membership version {self.version} was keyed before: a keystream is never reused")
         self.keyed = self.version
         if hasattr(role.backend, "rekey"):
-            gone = ",".join(sorted(role.peers.names[k] for k in role.peers.lost))
+            gone = [role.peers.names[k] for k in role.peers.lost]
             role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange,
-                                         f"secure-sum/v{self.version}/without:{gone}"))
+                                         mask_purpose(self.version, gone, at)))
 
     def _record(self, losses: list[Blame], notice: dict) -> None:
         how = {b.role: f"{b.how} in round {b.round!r}" for b in losses}

@@ -66,7 +66,7 @@ def crosscheck(channel: Channel, peers: dict[int, str], sizes: dict[int, int], i
     if len(ids) != len(rows):
         raise ValueError(f"crosscheck: {len(ids)} ids for {len(rows)} rows")
     hashed, found = _hashed(ids, rows, session), []
-    for peer in sorted(peers):  # one pair after another, in one order at every party: no wait is circular
+    for peer in (p for p in pair_rounds(channel.rank, peers) if p is not None):
         found.append(_cardinalities(channel, peer, hashed, int(sizes[peer])))
         split, shared = found[-1].shared - found[-1].placed_alike, found[-1].shared
         if split:  # the counts stay in this party's own message: another role reads only the error's type
@@ -75,6 +75,21 @@ def crosscheck(channel: Channel, peers: dict[int, str], sizes: dict[int, int], i
                                    "lists other than its records); refused before any sum, as such rows would "
                                    "reveal one party's contribution")
     return found
+
+
+def pair_rounds(me: int, peers: Sequence[int]) -> list[int | None]:
+    """This party's peer in each round of a round-robin over it and `peers` (the circle method; None: it sits the
+    round out): every pair meets once, the pairs of a round are disjoint (on hosts of their own they run at once),
+    and every party follows the same rounds, so no wait is circular."""
+    members: list[int | None] = sorted({me, *peers})
+    if len(members) % 2:
+        members.append(None)  # a bye
+    order, n = [], len(members)
+    for _ in range(n - 1):
+        at = members.index(me)
+        order.append(members[n - 1 - at])
+        members = [members[0], members[-1], *members[1:-1]]  # the first stays, the others turn one place
+    return order
 
 
 def _hashed(ids: Sequence[bytes], rows: np.ndarray, session: bytes) -> tuple[bytes, bytes]:

@@ -512,6 +512,7 @@ def test_a_partys_ack_of_a_loss_ahead_of_the_active_partys_notice_is_no_rounds_f
     # step's frame, and the aggregator, the survivor and the active party waited on each other for 900 s.
     import torch
 
+    from falsevfl_secure.network.network import notice_digest
     from falsevfl_secure.network.peers import Peers
     from falsevfl_secure.transport.sums import serve_combiner
 
@@ -520,8 +521,8 @@ def test_a_partys_ack_of_a_loss_ahead_of_the_active_partys_notice_is_no_rounds_f
     aggregator.coordinator, aggregator.tolerated, aggregator.min_deadline_s = "active", {"X", "Y"}, 1.5
     aggregator.allow({"posterior": 1 << 20})
     deliver(aggregator, links["active"], "active", "bounds", json.dumps({"posterior": 12}).encode())
-    deliver(aggregator, links["X"], "X", "lost-ack")  # Y crashed; X acked the notice first ...
     notice = {"lost": ["Y"], "stage": 1, "epoch": 0, "index": 1}
+    deliver(aggregator, links["X"], "X", "lost-ack", notice_digest(notice))  # Y crashed; X acked first ...
     deliver(aggregator, links["active"], "active", "lost", json.dumps(notice).encode())  # ... which comes now
     serving = threading.Thread(target=serve_combiner, args=(Peers(aggregator, ("active", "X", "Y", "aggregator"),
                                                                    3, 3, 0), helper), daemon=True)

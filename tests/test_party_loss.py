@@ -274,6 +274,59 @@ def test_parties_told_different_steps_reveal_no_sum_of_misaligned_rows(monkeypat
     assert outcome.startswith("party0's contribution read to") if weakened else "do not cancel" in outcome, outcome
 
 
+class _Peers:
+    """What the he aggregator's `_after_loss` reads of its peers: names, ranks and a network of the parties' acks."""
+
+    def __init__(self, network) -> None:
+        self.names, self.n_parties, self.active_index = ("party0", "party1", "party2", "party3", "aggregator"), 4, 3
+        self.network, self.lost = network, set()
+
+    def lose(self, ranks) -> None:
+        self.lost |= set(ranks)
+
+    def send(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("build", ["weakened: acks carry nothing to compare", "shipped"])
+def test_the_he_aggregator_refuses_parties_told_different_steps_after_a_loss(monkeypatch, build, attacked):
+    """he: a malicious active party tells party1 another step to go on from than party0 after party2's loss, so
+    the two add different batches' rows into one encrypted sum; where party1's rows there are records it does not
+    hold, the sum it decrypts is party0's own contribution. Each party's `lost-ack` carries a digest of the notice
+    it was told, and the aggregator (told too) refuses acks that differ from its own, before any sum."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.errors import ProtocolError
+    from falsevfl_secure.network.network import notice_digest
+    from falsevfl_secure.transport import sums
+    from falsevfl_secure.transport.protocols import protocol_named
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    told = {name: {"lost": ["party2"], "stage": 1, "epoch": 0, "index": 4 + (name == "party1")}
+            for name in ("aggregator", "party0", "party1")}
+    acks = {name: notice_digest(notice) for name, notice in told.items()}
+    if build.startswith("weakened"):  # the build before: an empty ack, nothing compared
+        monkeypatch.setattr(sums, "notice_digest", lambda notice: b"")
+        acks = {name: b"" for name in acks}
+    network = SimpleNamespace(take_notice=lambda: told["aggregator"], forget=lambda name: None,
+                              drain=lambda name, marker: acks[name])
+    try:
+        sums._after_loss(_Peers(network), [0, 1, 2])
+    except ProtocolError as error:
+        outcome = f"refused: {error}"
+    else:
+        ciphers, helper = protocol_named("he").in_process(4, active=3)
+        mine = torch.randn(8, 4)
+        values = [mine, torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4)]  # party1: rows it does not hold
+        revealed = sums.sum_in_process(POSTERIOR, values, ciphers, helper, active=3)
+        outcome = f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
+    attacked("different steps to two parties (loss, he aggregator)", build, outcome[:70])
+    if build.startswith("weakened"):
+        assert outcome.startswith("party0's contribution read to") and float(outcome.split()[-1]) < 1e-3, outcome
+    else:
+        assert outcome.startswith("refused: party1 acknowledged another loss notice"), outcome
+
+
 def _follower(names, net):
     """party0's loss handler (the real `PartyLoss` and `Handshake`) over a network that hands it the active
     party's frames; the pair keys it re-keys with are recorded."""

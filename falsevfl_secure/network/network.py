@@ -31,6 +31,7 @@ here is dropped); only the active party readmits it, at an epoch's start (runtim
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -538,22 +539,21 @@ class Network:
         self.drain(self.coordinator, "lost")
         return notice
 
-    def drain(self, peer: str, marker: str) -> int:
-        """Drop `peer`'s frames up to and including its `marker` frame (frames of an abandoned step); the
-        number dropped. A peer lost meanwhile has nothing more to send."""
-        dropped, began = 0, time.monotonic()
+    def drain(self, peer: str, marker: str) -> bytes | None:
+        """Drop `peer`'s frames up to its `marker` frame (frames of an abandoned step); the marker's payload, or
+        None where the peer was lost meanwhile (it has nothing more to send) or its deadline passed."""
+        began = time.monotonic()
         with self._cond:
             while True:
                 while self._mail[peer]:
-                    tag, _ = self._mail[peer].popleft()
+                    tag, payload = self._mail[peer].popleft()
                     self._queued[peer, tag] -= 1
                     self._cond.notify_all()
                     if tag == marker:
-                        return dropped
-                    dropped += 1
+                        return payload
                 self._raise_if_aborted()
                 if peer in self.lost or peer in self._byes or time.monotonic() - began > self.deadline_s:
-                    return dropped
+                    return None
                 self._cond.wait(0.5)
 
     def _check_wait(self, src: str, expecting: str, wait: Wait, limit_s: float = RECV_TIMEOUT_S) -> bool:
@@ -944,6 +944,13 @@ def _notice_of(payload: bytes) -> dict:
     except (ValueError, KeyError, TypeError, OverflowError):  # (OverflowError: int() of a JSON Infinity)
         raise ProtocolError("the active party's announcement of a lost party is malformed") from None
     return notice
+
+
+def notice_digest(notice: dict) -> bytes:
+    """SHA-256 of a loss notice's fields (who is out, where the run goes on): what a party's `lost-ack` carries,
+    so that the he aggregator can tell whether every party was told what it was."""
+    fields = {"lost": sorted(notice["lost"]), **{k: int(notice[k]) for k in ("stage", "epoch", "index")}}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).digest()
 
 
 def epoch_notice(payload: bytes) -> dict:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from ..errors import FalseVflError, PartyFailure, ProtocolError
 from ..network.handshake import pair_keys
-from ..network.network import Blame, PartyLost, RunAborted, epoch_notice
+from ..network.network import Blame, PartyLost, RunAborted, epoch_notice, notice_digest
 from ..privacy import RELEASES
 
 POLICY_FIELDS = ("on_party_loss", "min_parties")
@@ -124,7 +124,7 @@ class PartyLoss:
         self.version += 1
         self._rekey((notice["stage"], notice["epoch"], notice["index"]))
         for k in (peers.active_index, *range(peers.n_parties, len(peers.names))):  # the active party, helpers
-            peers.send(k, "lost-ack", b"")
+            peers.send(k, "lost-ack", notice_digest(notice))  # what it was told (the he aggregator compares)
         self._record([], notice)
         ours, theirs = tuple(position), (notice["stage"], notice["epoch"], notice["index"])
         self.at = theirs[:2]

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ProtocolError
-from ..network.network import ANNOUNCEMENTS, Announced, PartyLost, epoch_notice
+from ..network.network import ANNOUNCEMENTS, Announced, PartyLost, epoch_notice, notice_digest
 from ..network.peers import Peers
 from ..network.wire import Refused, peer_json
 from ..secure import frames
@@ -317,9 +317,13 @@ def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
     for name in notice["lost"]:
         peers.network.forget(name)  # frames of the abandoned step (it may come back)
     peers.send(peers.active_index, "lost-ack", b"")
-    survivors = [k for k in passive if k not in peers.lost]
+    survivors, told = [k for k in passive if k not in peers.lost], notice_digest(notice)
     for k in survivors:
-        peers.network.drain(peers.names[k], "lost-ack")
+        acked = peers.network.drain(peers.names[k], "lost-ack")
+        if acked is not None and acked != told:  # it was told another step: its rows would be summed with others'
+            raise ProtocolError(f"{peers.names[k]} acknowledged another loss notice than the one "
+                                f"{peers.names[peers.active_index]} sent this aggregator (where the run goes on "
+                                "differs): refused, as rows of different steps would be summed")
     return survivors
 
 

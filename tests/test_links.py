@@ -676,8 +676,8 @@ def test_an_error_every_party_found_is_reported_as_theirs_not_the_first_ones():
     text = "training stopped: party 'school' and the active party 'insurer' both list 0 records"
     reports = {r: {"outcome": "error", "at": 3.0 - r, "error": text} for r in range(3)}
     reports[3] = {"ok": None}
-    assert describe(names, reports, {}) == f"insurer, school, family each failed outside the rounds (start-up or " \
-                                           f"shut-down): {text}"
+    assert describe(names, reports, {}) == f"insurer, school, family each failed while no round was running (set-up, " \
+                                           f"alignment or shut-down): {text}"
     reports[3] = {"outcome": "error", "at": 9.0, "error": text}
     assert describe(names, reports, {}).startswith("every role failed")
     reports[1]["error"] = reports[2]["error"] = "its own table is unreadable"

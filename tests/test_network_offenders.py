@@ -544,6 +544,7 @@ def test_a_peers_error_of_its_own_says_where_to_look_and_nothing_of_its_text():
 
     said = Blame("agency", "failed", kind="InputError").text()
     assert said == ("agency stopped with an error of its own (InputError: its input, its own file or a party it "
-                    "expected; its host's output says which) outside the rounds (start-up or shut-down)")
+                    "expected; its host's output says which) while no round was running (set-up, alignment or "
+                    "shut-down)")
     assert Blame("agency", "failed", kind="KeyError").text().startswith("agency stopped with an error of its own "
                                                                          "(KeyError)")

@@ -166,7 +166,7 @@ class Blame:
     by: str = ""  # who says so, when not this role itself: an ABORT is only its sender's word
 
     def text(self) -> str:
-        where = f" in round {self.round!r}" if self.round else " outside the rounds (start-up or shut-down)"
+        where = where_in_run(self.round)
         what = {"stalled": f"stalled (no heartbeat for {STALL_S:.0f} s)",
                 "left": f"left ({self.kind or 'its connection closed'})",
                 "stuck": f"delivered nothing ({self.kind or 'past its deadline'}) while its heartbeat went on",
@@ -944,6 +944,11 @@ def _notice_of(payload: bytes) -> dict:
     except (ValueError, KeyError, TypeError, OverflowError):  # (OverflowError: int() of a JSON Infinity)
         raise ProtocolError("the active party's announcement of a lost party is malformed") from None
     return notice
+
+
+def where_in_run(round_name: str | None) -> str:
+    """Where a role was when something happened, for a one-line report: a round, or none running."""
+    return f" in round {round_name!r}" if round_name else " while no round was running (set-up, alignment or shut-down)"
 
 
 def notice_digest(notice: dict) -> bytes:

@@ -247,7 +247,9 @@ def _who(names: list[str], reports: dict[int, dict], failed: list[int], first: i
 
 
 def _where(round_name: str | None) -> str:
-    return f" in round {round_name!r}" if round_name else " outside the rounds (start-up or shut-down)"
+    from ..network.network import where_in_run
+
+    return where_in_run(round_name)
 
 
 def _stall_s() -> float:

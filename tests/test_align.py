@@ -612,7 +612,7 @@ def test_the_union_sorts_and_merges_pseudonyms_by_all_32_bytes(lists):
     assert n == len(truth) and inverse.tolist() == [truth.index(k) for k in keys]
 
 
-def test_thesecret_permutation_is_a_permutation_from_the_os_csprng(monkeypatch):
+def test_the_secret_permutation_is_a_permutation_from_the_os_csprng(monkeypatch):
     """Every size gives a permutation (int64); a tie among the random keys (forced: the first draw is all
     zeros) is drawn again from the CSPRNG; two draws of 1,000 differ."""
     for n in (0, 1, 2, 1000):

@@ -90,7 +90,7 @@ def test_announcements_compared_between_passive_parties_name_whoever_forged_or_e
     role = _role({"A": public_bytes(active)})
 
     def signed(key, labeled: int) -> bytes:
-        digest = common_digest(SESSION, 20, np.arange(20), np.arange(labeled), np.arange(0))
+        digest = common_digest(SESSION, 20, np.array([30, 25]), np.arange(20), np.arange(labeled), np.arange(0))
         return digest + sign(key, "common rows", SESSION + digest)
 
     mine = signed(active, 3)
@@ -105,16 +105,16 @@ def test_announcements_compared_between_passive_parties_name_whoever_forged_or_e
 def test_the_common_digest_covers_every_part_of_the_announcement_and_the_run():
     from falsevfl_secure.federation.aligned import common_digest
 
-    base = (SESSION, 30, np.arange(0, 30, 2), np.arange(0, 10, 2), np.arange(10, 14, 2))
+    base = (SESSION, 30, np.array([20, 15, 12]), np.arange(0, 30, 2), np.arange(0, 10, 2), np.arange(10, 14, 2))
     digests = {common_digest(*base)}
-    for k in range(5):
+    for k in range(6):
         changed = list(base)
-        changed[k] = (bytes(16) if k == 0 else changed[k] + 1 if k == 1 else
-                      np.append(changed[k], 28 if k == 2 else 26))
+        changed[k] = (bytes(16) if k == 0 else changed[k] + 1 if k == 1 else np.append(changed[k], 28))
         digests.add(common_digest(*changed))
-    moved = (SESSION, 30, np.arange(0, 30, 2), np.arange(0, 8, 2), np.arange(8, 14, 2))  # one position moved over
+    moved = (SESSION, 30, base[2], np.arange(0, 30, 2), np.arange(0, 8, 2), np.arange(8, 14, 2))  # one moved over
     digests.add(common_digest(*moved))
-    assert len(digests) == 7
+    digests.add(common_digest(SESSION, 30, None, *base[3:]))
+    assert len(digests) == 9
 
 
 def _views(monkeypatch, shuffle: bool, held: list[np.ndarray]) -> tuple[list[bytes], list[bytes], np.ndarray]:
@@ -122,9 +122,10 @@ def _views(monkeypatch, shuffle: bool, held: list[np.ndarray]) -> tuple[list[byt
     sent, received, orders = [], [], {}
     real = module.secret_permutation
 
-    def permutation(n):
-        order = real(n) if shuffle else np.arange(n)
-        orders.setdefault(threading.current_thread().name, []).append(order)
+    def permutation(n):  # the own lists (first two draws) always shuffled; the returned ones only where `shuffle`
+        drawn = orders.setdefault(threading.current_thread().name, [])
+        order = real(n) if shuffle or len(drawn) < 2 else np.arange(n)
+        drawn.append(order)
         return order
 
     monkeypatch.setattr(module, "secret_permutation", permutation)
@@ -157,21 +158,22 @@ def test_a_party_cannot_tell_which_of_its_records_the_other_holds(monkeypatch, s
     """Party 0 attacks: it knows the order in which it sent its blinded records, receives them back with both
     scalars on, and holds the other's records with both scalars (what it returned). Reading the returned list in
     its own order tells it exactly which records the other holds where nobody shuffles (weakened build); the
-    shipped check returns them shuffled and the same reading is at chance."""
+    shipped check returns them shuffled and the same reading is at chance. (Each party's own lists are shuffled in
+    both builds: only the return differs.)"""
     union = 2000  # about 1,000 records each: chance is 50 % +- 1.6 %
     rng = np.random.default_rng(5)  # the parties' records, not a secret
     held = [np.flatnonzero(rng.random(union) < 0.5), np.flatnonzero(rng.random(union) < 0.5)]
     sent, received, order = _views(monkeypatch, shuffle, held)
     p = 32
-    theirs = {sent[3][i:i + p] for i in range(0, len(sent[3]), p)}  # the other's X, both scalars, as returned
-    mine = [received[3][i:i + p] for i in range(0, len(received[3]), p)]  # ours, both scalars, as the other sent
+    theirs = {sent[2][i:i + p] for i in range(0, len(sent[2]), p)}  # the other's X, both scalars, as returned
+    mine = [received[2][i:i + p] for i in range(0, len(received[2]), p)]  # ours (X), both scalars, as sent back
     guess = np.zeros(held[0].size, dtype=bool)
     guess[order] = [point in theirs for point in mine]  # the returned list read in the order we sent ours
     truth = np.isin(held[0], held[1])
     accuracy = float((guess == truth).mean())
     base = max(truth.mean(), 1 - truth.mean())
     attacked("which records the other passive party holds (crosscheck)", "shipped" if shuffle else
-             "weakened: no shuffle", f"{accuracy:.1%} of {truth.size} records (base rate {base:.1%})")
+             "weakened: returned unshuffled", f"{accuracy:.1%} of {truth.size} records (base rate {base:.1%})")
     assert guess.sum() == truth.sum()  # the count is disclosed by design
     if shuffle:
         assert accuracy < 0.62
@@ -215,3 +217,92 @@ def test_five_passive_parties_check_every_pair_in_rounds():
     for rank, found in enumerate(out):
         assert sorted(a.peer for a in found) == [p for p in range(5) if p != rank]
         assert all(a.shared == a.placed_alike == 30 - abs(rank - a.peer) for a in found), found
+
+
+def _split(buf: bytes) -> list[bytes]:
+    return [buf[i:i + 32] for i in range(0, len(buf), 32)]
+
+
+def _probe(candidates: list[bytes], tagged: bool, n: int):
+    """A malicious passive party's side of one check: it blinds `candidates` instead of its records (each with
+    its own scalar where `tagged`, else each repeated as often as its index + 1, up to `n` points), returns the
+    other's lists reblinded by a scalar it uses nowhere else, and keeps what it needs to read membership offline."""
+    from falsevfl_secure.secure import ristretto
+
+    def party(ch):
+        hashed = _split(module._hashed(candidates, np.zeros(len(candidates), np.int64), SESSION)[0])
+        if tagged:
+            keys = [ristretto.random_scalar() for _ in candidates]
+            mine = b"".join(ristretto.scalar_mult(k, h) for k, h in zip(keys, hashed, strict=True))
+        else:
+            keys = ristretto.random_scalar()
+            picks = np.repeat(np.arange(len(candidates)), np.arange(1, len(candidates) + 1))  # the i-th, i + 1 times
+            pad = ristretto.hash_to_group_batch([f"pad-{i}".encode() for i in range(n - picks.size)])
+            mine = b"".join(ristretto.scalar_mult(keys, hashed[i]) for i in picks) + pad
+        filler = ristretto.hash_to_group_batch([f"filler-{i}".encode() for i in range(n)])
+        theirs = ch.exchange(1, module._shuffled(mine), 1)
+        their_y = ch.exchange(1, filler, 1)
+        junk = ristretto.random_scalar()  # the other's lists back under a scalar that matches nothing of its
+        back = ch.exchange(1, module._shuffled(ristretto.scalar_mult_batch(junk if tagged else keys, theirs)), 1)
+        ch.exchange(1, module._shuffled(ristretto.scalar_mult_batch(junk, their_y)), 1)
+        return keys, theirs, back
+
+    return party
+
+
+def test_a_chosen_id_sent_several_times_is_refused(monkeypatch, attacked):
+    """Red team, attack A: a malicious passive party sends its i-th chosen ID i times; the reblinded list comes
+    back shuffled but with the same multiplicities, so each group names its ID and, matched against the other's
+    list, tells which the other holds. A build that takes repeated points (weakened) lets it read every one; the
+    shipped check refuses the list, naming its sender."""
+    held = np.arange(0, 40, 2)  # the honest party's records: the even numbers
+    candidates = [f"rec-{i}".encode() for i in range(5)]  # 15 points of the 20 it listed
+    n = held.size
+
+    def honest(ch):
+        return crosscheck(ch, {0: "M"}, {0: n}, [f"rec-{i}".encode() for i in held], held, SESSION)
+
+    for build in ("weakened: repeated points taken", "shipped"):
+        if build.startswith("weakened"):
+            monkeypatch.setattr(module, "_repeats", lambda points: False)
+        out = MemoryWorld(2, timeout=3).run([_probe(candidates, False, n), honest])
+        monkeypatch.undo()
+        if not isinstance(out[0], tuple):  # it never got its list back
+            attacked("which chosen IDs another passive party holds: repeated points (passive)", build,
+                     f"refused: {str(out[1])[:50]}")
+            assert build == "shipped" and "holds a point twice" in str(out[1]) and out[1].peer == 0, out
+            continue
+        key, theirs, back = out[0]
+        mine = set(_split(module.ristretto.scalar_mult_batch(key, theirs)))
+        sizes: dict = {}
+        for point in _split(back):
+            sizes[point] = sizes.get(point, 0) + 1
+        named = sorted(sizes[p] - 1 for p in sizes if p in mine)  # a group of i + 1 points is the i-th ID
+        attacked("which chosen IDs another passive party holds: repeated points (passive)", build,
+                 f"named {named} of ids 0..4, truth {[i for i in range(5) if i in held]}")
+        assert build.startswith("weakened") and named == [i for i in range(5) if i in held]
+
+
+def test_a_malicious_passive_party_learns_which_of_its_chosen_ids_the_other_holds(attacked):
+    """Red team, attack B, disclosed and stated (threat_models/malicious_pinned_party.toml): with one scalar per
+    chosen ID, a malicious passive party reads, offline, which of them the other holds (its ID list is its own
+    word: nothing ties it to what it listed in the alignment), at len(chosen) x len(other's) multiplications; it
+    returns junk, so the other counts 0 shared of 0 and notices nothing. Bounded by its own count in the
+    alignment (at most max_ids) per peer and run."""
+    from falsevfl_secure.secure import ristretto
+
+    held = np.arange(0, 120, 3)
+    candidates = [f"rec-{i}".encode() for i in range(60)]
+
+    def honest(ch):
+        return crosscheck(ch, {0: "M"}, {0: len(candidates)}, [f"rec-{i}".encode() for i in held], held, SESSION)
+
+    out = MemoryWorld(2, timeout=30).run([_probe(candidates, True, len(candidates)), honest])
+    assert out[1] == [Agreement(0, 0, 0)]  # the honest party's check passed: it learned nothing amiss
+    keys, theirs, back = out[0]
+    returned = set(_split(back))
+    named = [i for i, k in enumerate(keys) if returned & set(_split(ristretto.scalar_mult_batch(k, theirs)))]
+    truth = [i for i in range(60) if i in held]
+    attacked("which chosen IDs another passive party holds: one scalar each (passive)", "shipped (stated)",
+             f"named {len(named)} of {len(truth)} held, {len(set(named) - set(truth))} false, of 60 chosen")
+    assert named == truth

@@ -36,10 +36,11 @@ from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
 from ..heap import give_back_freed_memory
+from ..network.network import RECV_TIMEOUT_S
 from ..network.wire import Refused
 from ..randomness import PublicStream, RoleSecret, public_rng
 from ..secure import frames
-from ..secure.align import MAX_IDS, Alignment, align, alignment_bounds
+from ..secure.align import MAX_IDS, Alignment, AlignmentFrameError, align, alignment_bounds
 from ..secure.crosscheck import MalformedList, crosscheck
 from ..secure.errors import SecureMessageError
 from ..secure.identity import IdentityError, sign, verify
@@ -106,8 +107,8 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     listed = np.arange(len(ids)) if role.is_active else np.flatnonzero(held)
     role.network.tighten(alignment_bounds(policy.max_ids, role.peers.n_parties))
     if role.peers.n_parties > 1:
-        result = align(role.channel(), [ids[i] for i in listed], active, restrict_to_active=restrict,
-                       max_ids=policy.max_ids)
+        result = _named(role, lambda: align(role.channel(), [ids[i] for i in listed], active,
+                                            restrict_to_active=restrict, max_ids=policy.max_ids))
         give_back_freed_memory()
     else:  # the active party alone: nothing to align
         result = Alignment(listed.size, np.arange(listed.size), np.ones((listed.size, 1), dtype=bool))
@@ -118,7 +119,7 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
                                                                            policy)
         dropped = int(result.n_union - kept.size)
     else:
-        announced = _announced(role, result.n_union, listed.size)
+        announced = _announced(role, result, listed.size)
         kept, labeled, validation, (shared, with_active), short, signed = announced
         holders, dropped, overlap = None, 0, Overlap(int(listed.size), int(shared), int(with_active))
     remap = np.full(result.n_union, -1, dtype=np.int64)
@@ -128,6 +129,18 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
         _check_with_passive_peers(role, [ids[i] for i in listed], positions[listed], signed, result.sizes)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
                    remap[validation], overlap, short)
+
+
+def _named(role, run):
+    """`run()`, a frame it refuses named to every role as its sender's (review: the receiver was named failed)."""
+    try:
+        return run()
+    except (AlignmentFrameError, MalformedList) as error:
+        sender = getattr(error, "sender", None) if isinstance(error, AlignmentFrameError) else error.peer
+        if sender is None:
+            raise
+        name = role.peers.names[sender]
+        raise Refused(str(error).replace(f"party {sender}", repr(name)), name) from None
 
 
 def _apply_policy(role, result: Alignment, positions: np.ndarray, held: np.ndarray, labeled_rows: np.ndarray | None,
@@ -143,9 +156,10 @@ def _apply_policy(role, result: Alignment, positions: np.ndarray, held: np.ndarr
     rows = labeled_rows[np.isin(positions[labeled_rows], kept)] if labeled_rows is not None else kept[:0]
     labeled, validation = (np.sort(positions[part]) for part in _hold_out(np.sort(rows), policy))
     short = _short(per_party, active, policy.min_overlap)
-    _announce(role, kept, labeled, validation, per_party, short, result.n_union)
-    for rank in _passive_peers(role) if len(_passive_peers(role)) > 1 else ():
-        role.peers.recv(rank, "kept-ack")
+    _announce(role, kept, labeled, validation, per_party, short, result)
+    passive = _passive_peers(role)
+    for rank in passive if len(passive) > 1 else ():  # the pairs meet in len(passive) rounds at most
+        role.network.recv(role.peers.names[rank], "kept-ack", RECV_TIMEOUT_S * len(passive))
     return kept, labeled, validation, holders[kept], Overlap(*(int(v) for v in per_party[active]), per_party), short
 
 
@@ -155,10 +169,13 @@ def _passive_peers(role) -> dict[int, str]:
     return {r: peers.names[r] for r in range(peers.n_parties) if r not in (peers.active_index, peers.rank)}
 
 
-def common_digest(session: bytes, n: int, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray) -> bytes:
-    """SHA-256 of the announcement's part every party receives alike (N, kept, labeled, validation), in the run."""
+def common_digest(session: bytes, n: int, sizes: np.ndarray | None, kept: np.ndarray, labeled: np.ndarray,
+                  validation: np.ndarray) -> bytes:
+    """SHA-256 of what every party is told alike (N, every party's list size in the alignment, kept, labeled,
+    validation), in the run: a size told differently (review: it made the crosscheck name an honest peer) shows
+    as two signed digests."""
     h = hashlib.sha256(b"falsevfl-common-rows-v1\x00" + session + np.int64(n).astype("<i8").tobytes())
-    for part in (kept, labeled, validation):
+    for part in (np.zeros(0, np.int64) if sizes is None else sizes, kept, labeled, validation):
         h.update(np.int64(part.size).astype("<i8").tobytes() + np.asarray(part, dtype="<i8").tobytes())
     return h.digest()
 
@@ -174,11 +191,9 @@ def _check_with_passive_peers(role, ids: list[str], rows: np.ndarray, signed: by
     channel, active = role.channel(), role.session.active
     for peer in sorted(others):
         _same_announcement(role, signed, channel.exchange(peer, signed, peer), others[peer])
-    try:
-        crosscheck(channel, others, {r: int(sizes[r]) for r in others}, [i.encode("utf-8") for i in ids], rows,
-                   role.session.id, f"the active party {active!r}")
-    except MalformedList as error:  # named to every role: that peer broke the run
-        raise Refused(str(error).replace(f"party {error.peer}", repr(others[error.peer])), others[error.peer]) from None
+    _named(role, lambda: crosscheck(channel, others, {r: int(sizes[r]) for r in others},
+                                    [i.encode("utf-8") for i in ids], rows, role.session.id,
+                                    f"the active party {active!r}"))
     role.peers.send(role.peers.active_index, "kept-ack", b"")
 
 
@@ -329,12 +344,12 @@ def _group_name(key: bytes, values: list[bytes]) -> int:
 
 
 def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarray, per_party: np.ndarray,
-              short: tuple[Shortfall, ...], n_union: int) -> None:
+              short: tuple[Shortfall, ...], result: Alignment) -> None:
     """The declared `kept` step: to every party its announcement, signed by the active party over the session and
     the receiver's name, and the digest of its common part signed alone (which the passive parties compare)."""
     shortfalls = np.array([[s.rank, s.overlap, s.base] for s in short], dtype="<i8").reshape(-1)
     common = [kept.astype("<i8").tobytes(), labeled.astype("<i8").tobytes(), validation.astype("<i8").tobytes()]
-    digest = common_digest(role.session.id, n_union, kept, labeled, validation)
+    digest = common_digest(role.session.id, result.n_union, result.sizes, kept, labeled, validation)
     alike = digest + sign(role.key, "common rows", role.session.id + digest)  # what the passive parties compare
     peers = role.peers
     for rank in range(peers.n_parties):
@@ -346,7 +361,7 @@ def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarra
             peers.send(rank, "kept", signature + alike + frame)
 
 
-def _announced(role, n_union: int, listed: int):
+def _announced(role, result: Alignment, listed: int):
     """The announcement from the active party, its signatures checked against the active party's pin, then
     its contents (`check_announcement`); with the signed digest of its common part (compared among the passive
     parties)."""
@@ -355,9 +370,9 @@ def _announced(role, n_union: int, listed: int):
     signature, alike, frame = payload[:64], payload[64:160], payload[160:]
     verify(role.spec.cast.pins[active], "kept rows", role.session.id + role.spec.name.encode() + b"\0"
            + hashlib.sha256(frame).digest(), signature, active)
-    kept, labeled, validation, counts, short = check_announcement(frame, peers.active_index, n_union, listed,
+    kept, labeled, validation, counts, short = check_announcement(frame, peers.active_index, result.n_union, listed,
                                                                   peers.n_parties, f"the active party {active!r}")
-    if alike[:32] != common_digest(role.session.id, n_union, kept, labeled, validation):
+    if alike[:32] != common_digest(role.session.id, result.n_union, result.sizes, kept, labeled, validation):
         raise SecureMessageError(f"the row announcement of the active party {active!r} signs another digest than "
                                  "its rows")
     verify(role.spec.cast.pins[active], "common rows", role.session.id + alike[:32], alike[32:], active)

@@ -63,7 +63,12 @@ class AlignmentInputError(InputError):
 
 
 class AlignmentFrameError(SecureMessageError):
-    """A received frame is malformed: wrong type or length, counts out of range, an invalid point."""
+    """A received frame is malformed: wrong type or length, counts out of range, an invalid point; `sender`: the
+    rank that sent it, where the frame alone shows it (None: a list it relayed may have been another's doing)."""
+
+    def __init__(self, text: str, sender: int | None = None) -> None:
+        super().__init__(text)
+        self.sender = sender
 
 
 @dataclass(frozen=True, eq=False)  # arrays have no single truth value: compare fields, not results
@@ -93,7 +98,7 @@ class _Wire:
     def _got(self, step: str, src: int, frame: object) -> bytes:
         """Record a received frame; refuse anything that is not bytes (e.g. an object to unpickle)."""
         if not isinstance(frame, bytes):
-            raise AlignmentFrameError(f"align: {step} frame from party {src} is {type(frame).__name__}, not bytes")
+            raise AlignmentFrameError(f"align: {step} frame from party {src} is {type(frame).__name__}, not bytes", src)
         if self.view is not None:
             self.view.append({"step": step, "from": src, "payload": frame})
         return frame
@@ -210,7 +215,7 @@ def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int, bound: i
         if counts.min() < 0 or counts.max() > bound or counts[rank] != n:
             raise AlignmentFrameError(f"align: session frame from party {active} announces impossible counts or "
                                       f"counts over this party's bound (own count {n}, announced {counts[rank]}, "
-                                      f"largest {counts.max()}, max_ids {bound})")
+                                      f"largest {counts.max()}, max_ids {bound})", active)
         return frame[:SESSION_BYTES], counts
     counts = np.zeros(k, dtype=np.int64)
     counts[rank] = n
@@ -220,7 +225,7 @@ def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int, bound: i
         counts[src] = int(np.frombuffer(frame, dtype="<i8")[0])
         if not 0 <= counts[src] <= bound:
             raise AlignmentFrameError(f"align: sizes frame from party {src} announces {counts[src]} IDs "
-                                      f"(allowed 0..{bound}, max_ids)")
+                                      f"(allowed 0..{bound}, max_ids)", src)
     session = secrets.token_bytes(SESSION_BYTES)  # public, fresh per alignment: pseudonyms never repeat
     for dst in (r for r in range(k) if r != active):
         wire.send(dst, session + counts.astype("<i8").tobytes())
@@ -231,7 +236,7 @@ def _expect_length(frame: bytes, expected: int, step: str, src: int) -> None:
     """Refuse a frame whose length is not exactly what its step's schema says."""
     if len(frame) != expected:
         raise AlignmentFrameError(f"align: {step} frame from party {src} has {len(frame)} bytes, "
-                                  f"expected {expected}")
+                                  f"expected {expected}", src)
 
 
 def secret_permutation(n: int) -> np.ndarray:
@@ -266,7 +271,7 @@ def _reblind(frame: bytes, scalar: bytes, step: str, src: int, threads: int) -> 
     try:
         return ristretto.scalar_mult_batch(scalar, frame, threads=threads)
     except ristretto.InvalidPointError as exc:
-        raise AlignmentFrameError(f"align: {step} frame from party {src}: {exc}") from None
+        raise AlignmentFrameError(f"align: {step} frame from party {src}: {exc}", src) from None
 
 
 def _final_frame(origin: int, points: bytes) -> bytes:
@@ -283,11 +288,11 @@ def _receive_finals(wire: _Wire, own_final: bytes, counts: np.ndarray, active: i
         frame, origin = wire.recv("final", src), (src + 1) % k
         _expect_length(frame, 8 + _P * int(counts[origin]), "final", src)
         if int(np.frombuffer(frame[:8], dtype="<i8")[0]) != origin:
-            raise AlignmentFrameError(f"align: final frame from party {src} is not tagged with origin {origin}")
+            raise AlignmentFrameError(f"align: final frame from party {src} is not tagged with origin {origin}", src)
         bad = ristretto.first_invalid_point(frame[8:], threads=threads)
         if bad >= 0:
             raise AlignmentFrameError(f"align: final frame from party {src}: point {bad} is not a valid "
-                                      "ristretto255 point (non-canonical encoding or the identity)")
+                                      "ristretto255 point (non-canonical encoding or the identity)", src)
         lists[origin] = frame[8:]
     return lists
 
@@ -354,7 +359,7 @@ def _conclude_passive(wire: _Wire, rank: int, active: int, counts: np.ndarray, o
     if not low <= n <= high or positions.min(initial=0) < (-1 if restrict else 0) or held.max(initial=-1) >= n \
             or len(np.unique(held)) != len(held):
         raise AlignmentFrameError(f"align: positions frame from party {active} is not a valid shared order "
-                                  f"(N {n}, allowed {low}..{high}; positions must be distinct and in range)")
+                                  f"(N {n}, allowed {low}..{high}; positions must be distinct and in range)", active)
     return Alignment(n, _unshuffle(positions, order), None, counts.copy())
 
 

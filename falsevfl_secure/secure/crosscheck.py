@@ -122,11 +122,19 @@ def _shuffled(points: bytes) -> bytes:
 
 
 def _points(frame: object, peer: int, expected: int) -> bytes:
-    """A peer's list of points: bytes, `expected` whole points."""
+    """A peer's list of points: bytes, `expected` whole points, no point twice (red team: a point sent i times
+    comes back i times, however shuffled, naming which of its chosen IDs the other party holds)."""
     if not isinstance(frame, bytes) or len(frame) != expected * _P:
         size = len(frame) if isinstance(frame, bytes) else type(frame).__name__
         raise MalformedList(f"crosscheck: party {peer} sent a list of {size} bytes, not {expected} points", peer)
+    if _repeats(frame):
+        raise MalformedList(f"crosscheck: party {peer} sent a list that holds a point twice", peer)
     return frame
+
+
+def _repeats(points: bytes) -> bool:
+    """Whether a list of points holds one point twice."""
+    return np.unique(np.frombuffer(points, dtype=f"V{_P}")).size != len(points) // _P
 
 
 def _reblind(scalar: bytes, points: bytes, peer: int) -> bytes:

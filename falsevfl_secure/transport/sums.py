@@ -321,9 +321,10 @@ def _after_loss(peers: Peers, passive: list[int]) -> list[int]:
     for k in survivors:
         acked = peers.network.drain(peers.names[k], "lost-ack")
         if acked is not None and acked != told:  # it was told another step: its rows would be summed with others'
-            raise ProtocolError(f"{peers.names[k]} acknowledged another loss notice than the one "
-                                f"{peers.names[peers.active_index]} sent this aggregator (where the run goes on "
-                                "differs): refused, as rows of different steps would be summed")
+            raise peers.network.refuse(Refused(
+                f"{peers.names[k]} acknowledged another loss notice than the one {peers.names[peers.active_index]} "
+                "sent this aggregator (one of the two says otherwise): refused, as rows of different steps would be "
+                "summed", peers.names[k]), "lost-ack")
     return survivors
 
 

@@ -548,3 +548,18 @@ def test_a_peers_error_of_its_own_says_where_to_look_and_nothing_of_its_text():
                     "shut-down)")
     assert Blame("agency", "failed", kind="KeyError").text().startswith("agency stopped with an error of its own "
                                                                          "(KeyError)")
+
+
+@pytest.mark.parametrize("payload", [b"\0" * 7, b"\0" * 8 * 100, (9_000_001).to_bytes(8, "little")],
+                         ids=["not whole keys", "too many keys", "a stage that does not train"])
+def test_a_malformed_resume_frame_is_its_senders_refusal(payload):
+    """Red team: a resume frame another role cannot read ended the run naming its receiver as failed; it is now
+    the sender's refusal, named to every role."""
+    import numpy as np
+
+    from falsevfl_secure.runtime.distributed import _keys
+
+    with pytest.raises(wire.Refused) as refused:
+        _keys(payload, "party1")
+    assert refused.value.offender == "party1" and "the resume step of party1" in str(refused.value)
+    assert _keys(np.array([1_000_003, 2_000_000], dtype="<i8").tobytes(), "party1").tolist() == [1_000_003, 2_000_000]

@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..fsio import atomic_write
 from ..methods import build_node, method_for
 from ..network.handshake import pair_keys
+from ..network.wire import Refused
 from ..node import Node, resolve_device
 from ..randomness import RoleSecret
 from ..train import HostedData, evaluate, fit, host_split, probe_step, solo_work_units
@@ -84,11 +85,11 @@ def agree_resume(role: Role):
         if not peers.is_active:
             peers.send(peers.active_index, "resume", mine.tobytes())
             answer = peers.recv(peers.active_index, "resume")
-            agreed = _progress(answer)
+            agreed = {(Stage(k // 1_000_000), k % 1_000_000) for k in _keys(answer, peers.names[peers.active_index])}
         else:
             keys = set(mine.tolist())
             for party in (k for k in range(peers.n_parties) if k != peers.rank):
-                keys &= set(_keys(peers.recv(party, "resume")).tolist())
+                keys &= set(_keys(peers.recv(party, "resume"), peers.names[party]).tolist())
             answer = np.array(sorted(keys), dtype="<i8").tobytes()
             for party in (k for k in range(peers.n_parties) if k != peers.rank):
                 peers.send(party, "resume", answer)
@@ -106,19 +107,16 @@ def _key_masks_to(role: Role, answer: bytes) -> None:
         role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange, purpose))
 
 
-def _keys(payload: bytes) -> np.ndarray:
-    from ..errors import ProtocolError
-
+def _keys(payload: bytes, sender: str) -> np.ndarray:
+    """A `resume` frame's epoch keys; anything else is its sender's refusal, named to every role (red team: the
+    receiver was named as failed)."""
     if len(payload) % 8 or len(payload) > 8 * KEEP:
-        raise ProtocolError(f"the resume step carries at most {KEEP} int64 epoch keys, got {len(payload)} bytes")
+        raise Refused(f"the resume step of {sender} carries {len(payload)} bytes, not at most {KEEP} int64 epoch "
+                      "keys", sender)
     keys = np.frombuffer(payload, dtype="<i8").astype(np.int64)
     if ((keys // 1_000_000 < int(Stage.PRETRAIN)) | (keys // 1_000_000 > int(Stage.TRAIN))).any():
-        raise ProtocolError("the resume step names a stage that does not train")
+        raise Refused(f"the resume step of {sender} names a stage that does not train", sender)
     return keys
-
-
-def _progress(payload: bytes) -> set:
-    return {(Stage(k // 1_000_000), k % 1_000_000) for k in _keys(payload).tolist()}
 
 
 def run_distributed(cfg: Config, protocol: str, test_patterns: tuple[str, ...], progress: bool = True,

@@ -306,3 +306,36 @@ def test_a_malicious_passive_party_learns_which_of_its_chosen_ids_the_other_hold
     attacked("which chosen IDs another passive party holds: one scalar each (passive)", "shipped (stated)",
              f"named {len(named)} of {len(truth)} held, {len(set(named) - set(truth))} false, of 60 chosen")
     assert named == truth
+
+
+def test_a_refused_alignment_or_crosscheck_frame_names_its_sender_where_the_frame_shows_it():
+    """Red team: a malformed frame named its receiver as failed. Now a frame whose fault is its sender's own (not
+    bytes, an invalid point, a repeated point, a count of its own) is that sender's refusal; a length that follows
+    from a count the active party announced names nobody (either may be wrong)."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.federation.aligned import _named
+    from falsevfl_secure.network.wire import Refused
+    from falsevfl_secure.secure import align as align_module
+    from falsevfl_secure.secure.crosscheck import MalformedList
+
+    role = SimpleNamespace(peers=SimpleNamespace(names=("clinic", "lab", "insurer")))
+
+    def raising(error):
+        def run():
+            raise error
+        return run
+
+    with pytest.raises(Refused) as refused:
+        _named(role, raising(align_module.AlignmentFrameError("align: pass1 frame from party 2: bad point", 2)))
+    assert refused.value.offender == "insurer" and "from 'insurer'" in str(refused.value)
+    with pytest.raises(Refused) as refused:
+        _named(role, raising(MalformedList("crosscheck: party 1 sent a list that holds a point twice", 1)))
+    assert refused.value.offender == "lab" and "'lab' sent a list" in str(refused.value)
+    with pytest.raises(align_module.AlignmentFrameError) as counted:
+        align_module._expect_length(b"x" * 31, 32, "pass1", 2, counted=True)
+    assert counted.value.sender is None
+    with pytest.raises(align_module.AlignmentFrameError) as own:
+        align_module._expect_length(b"x" * 9, 8, "sizes", 2)
+    assert own.value.sender == 2
+    assert _named(role, lambda: 7) == 7

@@ -232,11 +232,12 @@ def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int, bound: i
     return session, counts
 
 
-def _expect_length(frame: bytes, expected: int, step: str, src: int) -> None:
-    """Refuse a frame whose length is not exactly what its step's schema says."""
+def _expect_length(frame: bytes, expected: int, step: str, src: int, counted: bool = False) -> None:
+    """Refuse a frame whose length is not exactly what its step's schema says; `counted`: the length follows from
+    another party's count as the active party announced it, so the sender is not named (either may be wrong)."""
     if len(frame) != expected:
         raise AlignmentFrameError(f"align: {step} frame from party {src} has {len(frame)} bytes, "
-                                  f"expected {expected}", src)
+                                  f"expected {expected}", None if counted else src)
 
 
 def secret_permutation(n: int) -> np.ndarray:
@@ -261,7 +262,7 @@ def _ring_passes(wire: _Wire, mine: bytes, scalar: bytes, counts: np.ndarray, ra
     for p in range(1, k):
         src, step = (rank - 1) % k, f"pass{p}"
         frame = wire.exchange(step, (rank + 1) % k, current, src)
-        _expect_length(frame, _P * int(counts[(rank - p) % k]), step, src)
+        _expect_length(frame, _P * int(counts[(rank - p) % k]), step, src, counted=True)
         current = _reblind(frame, scalar, step, src, threads)
     return current
 
@@ -286,7 +287,7 @@ def _receive_finals(wire: _Wire, own_final: bytes, counts: np.ndarray, active: i
     lists[(active + 1) % k] = own_final
     for src in (r for r in range(k) if r != active):
         frame, origin = wire.recv("final", src), (src + 1) % k
-        _expect_length(frame, 8 + _P * int(counts[origin]), "final", src)
+        _expect_length(frame, 8 + _P * int(counts[origin]), "final", src, counted=True)
         if int(np.frombuffer(frame[:8], dtype="<i8")[0]) != origin:
             raise AlignmentFrameError(f"align: final frame from party {src} is not tagged with origin {origin}", src)
         bad = ristretto.first_invalid_point(frame[8:], threads=threads)

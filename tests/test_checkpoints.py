@@ -189,3 +189,19 @@ def test_checkpoints_written_on_a_gpu_resume_on_a_host_without_one(tmp_path):
             torch.load(files[0], weights_only=True)  # the files are what a GPU host writes
     run_local(cfg, PATTERNS, progress=False, checkpoint_dir=tmp_path / "b", resume=True)
     assert_same_states(final_states(tmp_path / "a", 2), final_states(tmp_path / "b", 2))
+
+
+def test_a_resumed_he_run_tells_the_aggregator_its_answer_and_goes_on(tmp_path):
+    """he, four parties: every party sends the aggregator the digest of its resume answer before its first round
+    (`resume-ack`), which the aggregator compares before any sum; an honest resumed run goes on through it (the
+    stage-2 epoch whose checkpoints are removed runs again) and ends with a result."""
+    cfg = replace(make_config("digits", "quick", parties=4), pretrain=StageConfig(2e-3, 256, 2),
+                  train=StageConfig(2e-3, 64, 2))
+    run_distributed(cfg, "he", PATTERNS, progress=False, out_dir=tmp_path / "first", checkpoint_dir=tmp_path / "c")
+    for path in (tmp_path / "c").glob("*-stage2-epoch00001.pt"):
+        path.unlink()
+    result = run_distributed(cfg, "he", PATTERNS, progress=False, out_dir=tmp_path / "again",
+                             checkpoint_dir=tmp_path / "c", resume=True)
+    assert 0.0 <= result.accuracy["mcar:0"] <= 100.0
+    assert sorted(p.name for p in (tmp_path / "c").glob("party0-stage2-*.pt")) == [
+        "party0-stage2-epoch00000.pt", "party0-stage2-epoch00001.pt"]  # the epoch ran again and was saved

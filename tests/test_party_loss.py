@@ -328,6 +328,42 @@ def test_the_he_aggregator_refuses_parties_told_different_steps_after_a_loss(mon
         assert "party3" in outcome  # the active party's word is named too: either may have lied
 
 
+@pytest.mark.parametrize("build", ["weakened: the aggregator does not compare", "shipped"])
+def test_the_he_aggregator_refuses_parties_told_different_resume_answers(monkeypatch, build, attacked):
+    """he: a malicious active party answers party1's resume with other epochs than party0's, so the two add
+    different batches' rows into one encrypted sum (party1's rows there: records it does not hold); every party
+    tells the aggregator the digest of the answer it holds, and the aggregator refuses one that differs from the
+    active party's, before any sum."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from falsevfl_secure.errors import ProtocolError
+    from falsevfl_secure.transport import sums
+    from falsevfl_secure.transport.protocols import protocol_named
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    answers = {k: hashlib.sha256(bytes([4 + (k == 1)])).digest() for k in range(4)}  # party1 told epoch 5
+    if build.startswith("weakened"):
+        monkeypatch.setattr(sums, "_resumed_alike", lambda peers, received: None)
+    peers = _Peers(SimpleNamespace(refuse=lambda refusal, round: refusal))
+    peers.recv = lambda src, tag: answers[src]
+    try:
+        sums._resumed_alike(peers, {k: ("resume-ack", answers[k]) for k in (0, 1, 2)})
+    except ProtocolError as error:
+        outcome = f"refused: {error}"
+    else:
+        ciphers, helper = protocol_named("he").in_process(4, active=3)
+        mine = torch.randn(8, 4)
+        values = [mine, torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4)]
+        revealed = sums.sum_in_process(POSTERIOR, values, ciphers, helper, active=3)
+        outcome = f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
+    attacked("different resume answers to two parties (he aggregator)", build, outcome[:70])
+    if build.startswith("weakened"):
+        assert outcome.startswith("party0's contribution read to") and float(outcome.split()[-1]) < 1e-3, outcome
+    else:
+        assert outcome.startswith("refused: party1 resumes from other epochs than party3"), outcome
+
+
 def _follower(names, net):
     """party0's loss handler (the real `PartyLoss` and `Handshake`) over a network that hands it the active
     party's frames; the pair keys it re-keys with are recorded."""

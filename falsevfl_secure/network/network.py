@@ -69,7 +69,7 @@ SETUP: dict[str, tuple[int, int]] = {
     "stop": (1 << 10, 2), "sum": (256 << 10, 8), "lost": (4 << 10, 4), "lost-ack": (64, 4),
     "rejoin": (4 << 20, 2), "epoch": (64 << 10, 2), "epoch-ack": (64, 2), "bounds": (64 << 10, 2),
     "bounds-ack": (64, 2), "pass-done": (1 << 10, 2), "model": (64, 2), "budget": (64 << 10, 2),
-    "kept-ack": (64, 2)}
+    "kept-ack": (64, 2), "resume-ack": (64, 2)}
 # Set-up steps that are over once a method's rounds are declared (the public context, the alignment and its
 # announcement, a bare secure sum): from then on a frame of theirs is refused, so that no peer can keep their
 # 3 GiB of allowance waiting at this role for the rest of the run; one still waiting then is dropped, its sender named.
@@ -90,7 +90,7 @@ ROUTES: dict[str, frozenset[tuple[str, str]]] = {
     "hello": _routes("passive helper", "active"), "roster": _routes("active", "passive helper"),
     "keys": _routes("passive", "active") | _routes("active", "passive"), "context": _routes("active", "passive helper"),
     "align": _routes("active passive", "active passive"), "kept": _routes("active", "passive"),
-    "kept-ack": _routes("passive", "active"),
+    "kept-ack": _routes("passive", "active"), "resume-ack": _routes("active passive", "helper"),
     "resume": _routes("passive", "active") | _routes("active", "passive"),
     "barrier": _routes("active passive", "active passive helper"), "stop": _routes("passive", "helper"),
     "sum": _routes("active passive", "active passive"), "lost": _routes("active", "passive helper"),

@@ -99,8 +99,8 @@ _BY_NAME = {r.name: r for r in VOCABULARY}
 # Every other message a role may receive: the set-up and control steps (protocols/session.toml specifies
 # each one's sender, receivers and payload). Anything else a role receives is a leak the audit reports.
 CONTROL_STEPS: tuple[str, ...] = ("hello", "roster", "keys", "context", "align", "kept", "kept-ack", "resume",
-                                  "barrier", "stop", "bounds", "bounds-ack", "lost", "lost-ack", "rejoin", "epoch",
-                                  "epoch-ack", "pass-done", "model", "budget")
+                                  "resume-ack", "barrier", "stop", "bounds", "bounds-ack", "lost", "lost-ack", "rejoin",
+                                  "epoch", "epoch-ack", "pass-done", "model", "budget")
 
 
 def by_name(name: str) -> Round:

@@ -215,6 +215,9 @@ def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=N
             continue
         if {tag for tag, _ in received.values()} == {STOP}:
             return
+        if {tag for tag, _ in received.values()} == {"resume-ack"}:
+            _resumed_alike(peers, received)
+            continue
         tag = _agreed(peers, received, forwarded)
         messages = {k: data for k, (_, data) in sorted(received.items())}
         if view is not None:
@@ -222,6 +225,18 @@ def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=N
         peers.send(peers.active_index, tag, _combined(peers, cipher, tag, messages))
         forwarded = getattr(peers.network.links.get(peers.names[peers.active_index]), "progress", 0)
         peers.network.enter(tag)  # its heartbeat shows progress, and its own waits get round deadlines
+
+
+def _resumed_alike(peers: Peers, received: dict[int, tuple[str, bytes]]) -> None:
+    """A resumed run: every passive party's digest of the resume answer against the active party's (a malicious
+    active party telling two parties different epochs would have their rows of different batches summed here)."""
+    active = peers.names[peers.active_index]
+    told = peers.recv(peers.active_index, "resume-ack")
+    for k, (_, digest) in sorted(received.items()):
+        if digest != told:
+            raise peers.network.refuse(Refused(
+                f"{peers.names[k]} resumes from other epochs than {active} told this aggregator (one of the two says "
+                "otherwise): refused, as rows of different batches would be summed", peers.names[k]), "resume-ack")
 
 
 def _agreed(peers: Peers, received: dict[int, tuple[str, bytes]], forwarded: int) -> str:

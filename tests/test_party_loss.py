@@ -274,6 +274,35 @@ def test_parties_told_different_steps_reveal_no_sum_of_misaligned_rows(monkeypat
     assert outcome.startswith("party0's contribution read to") if weakened else "do not cancel" in outcome, outcome
 
 
+def _aggregator_checks(check, build: str, attacked, attack: str) -> str:
+    """The aggregator's `check` of what two parties were told: its refusal, or (where it lets them on) what the sum
+    of their misaligned rows then gives the active party, which the weakened build must show."""
+    from falsevfl_secure.errors import ProtocolError
+
+    try:
+        check()
+        outcome = _misaligned_he_sum()
+    except ProtocolError as error:
+        outcome = f"refused: {error}"
+    attacked(attack, build, outcome[:70])
+    if build.startswith("weakened"):
+        assert outcome.startswith("party0's contribution read to") and float(outcome.split()[-1]) < 1e-3, outcome
+    return outcome
+
+
+def _misaligned_he_sum() -> str:
+    """What an encrypted sum of misaligned rows gives the active party: party1's rows there are records it does not
+    hold (zeros), so the sum it decrypts is party0's own contribution."""
+    from falsevfl_secure.transport import sums
+    from falsevfl_secure.transport.protocols import protocol_named
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
+    ciphers, helper = protocol_named("he").in_process(4, active=3)
+    mine = torch.randn(8, 4)
+    revealed = sums.sum_in_process(POSTERIOR, [mine, *(torch.zeros(8, 4) for _ in range(3))], ciphers, helper, active=3)
+    return f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
+
+
 class _Peers:
     """What the he aggregator's `_after_loss` reads of its peers: names, ranks and a network of the parties' acks."""
 
@@ -296,11 +325,8 @@ def test_the_he_aggregator_refuses_parties_told_different_steps_after_a_loss(mon
     it was told, and the aggregator (told too) refuses acks that differ from its own, before any sum."""
     from types import SimpleNamespace
 
-    from falsevfl_secure.errors import ProtocolError
     from falsevfl_secure.network.network import notice_digest
     from falsevfl_secure.transport import sums
-    from falsevfl_secure.transport.protocols import protocol_named
-    from falsevfl_secure.transport.rounds import POSTERIOR
 
     told = {name: {"lost": ["party2"], "stage": 1, "epoch": 0, "index": 4 + (name == "party1")}
             for name in ("aggregator", "party0", "party1")}
@@ -310,20 +336,9 @@ def test_the_he_aggregator_refuses_parties_told_different_steps_after_a_loss(mon
         acks = {name: b"" for name in acks}
     network = SimpleNamespace(take_notice=lambda: told["aggregator"], forget=lambda name: None,
                               drain=lambda name, marker: acks[name], refuse=lambda refusal, round: refusal)
-    try:
-        sums._after_loss(_Peers(network), [0, 1, 2])
-    except ProtocolError as error:
-        outcome = f"refused: {error}"
-    else:
-        ciphers, helper = protocol_named("he").in_process(4, active=3)
-        mine = torch.randn(8, 4)
-        values = [mine, torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4)]  # party1: rows it does not hold
-        revealed = sums.sum_in_process(POSTERIOR, values, ciphers, helper, active=3)
-        outcome = f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
-    attacked("different steps to two parties (loss, he aggregator)", build, outcome[:70])
-    if build.startswith("weakened"):
-        assert outcome.startswith("party0's contribution read to") and float(outcome.split()[-1]) < 1e-3, outcome
-    else:
+    outcome = _aggregator_checks(lambda: sums._after_loss(_Peers(network), [0, 1, 2]), build, attacked,
+                                 "different steps to two parties (loss, he aggregator)")
+    if not build.startswith("weakened"):
         assert outcome.startswith("refused: party1 acknowledged another loss notice"), outcome
         assert "party3" in outcome  # the active party's word is named too: either may have lied
 
@@ -337,30 +352,16 @@ def test_the_he_aggregator_refuses_parties_told_different_resume_answers(monkeyp
     import hashlib
     from types import SimpleNamespace
 
-    from falsevfl_secure.errors import ProtocolError
     from falsevfl_secure.transport import sums
-    from falsevfl_secure.transport.protocols import protocol_named
-    from falsevfl_secure.transport.rounds import POSTERIOR
 
     answers = {k: hashlib.sha256(bytes([4 + (k == 1)])).digest() for k in range(4)}  # party1 told epoch 5
     if build.startswith("weakened"):
         monkeypatch.setattr(sums, "_resumed_alike", lambda peers, received: None)
     peers = _Peers(SimpleNamespace(refuse=lambda refusal, round: refusal))
     peers.recv = lambda src, tag: answers[src]
-    try:
-        sums._resumed_alike(peers, {k: ("resume-ack", answers[k]) for k in (0, 1, 2)})
-    except ProtocolError as error:
-        outcome = f"refused: {error}"
-    else:
-        ciphers, helper = protocol_named("he").in_process(4, active=3)
-        mine = torch.randn(8, 4)
-        values = [mine, torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4)]
-        revealed = sums.sum_in_process(POSTERIOR, values, ciphers, helper, active=3)
-        outcome = f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
-    attacked("different resume answers to two parties (he aggregator)", build, outcome[:70])
-    if build.startswith("weakened"):
-        assert outcome.startswith("party0's contribution read to") and float(outcome.split()[-1]) < 1e-3, outcome
-    else:
+    outcome = _aggregator_checks(lambda: sums._resumed_alike(peers, {k: ("resume-ack", answers[k]) for k in (0, 1, 2)}),
+                                 build, attacked, "different resume answers to two parties (he aggregator)")
+    if not build.startswith("weakened"):
         assert outcome.startswith("refused: party1 resumes from other epochs than party3"), outcome
 
 

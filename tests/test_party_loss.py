@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from party_loss_runs import Crash, distributed_run, local_run, scheduled
 
 from falsevfl_secure.config import Stage
@@ -187,6 +189,8 @@ def test_every_membership_masks_with_keys_no_earlier_membership_used():
 
     def back(name):
         roles[name].peers.restore([1])
+        if name == "party1":  # what the others were told while it was out: its readmission carries it, signed
+            losses[name].chain = losses["party3"].chain
         roles[name].session.x25519["party1"] = exchanges["party1"].public_key()
         roles[name].session.bind_keys()
 
@@ -229,49 +233,94 @@ def _four_roles(keys: dict) -> tuple[tuple[str, ...], dict]:
     return names, roles
 
 
-@pytest.mark.parametrize("how", ["loss", "resume"])
+@pytest.mark.parametrize("how", ["loss", "resume", "loss, then a notice alike", "resume, then a notice alike"])
 @pytest.mark.parametrize("build", ["weakened: masks keyed without where the run goes on", "shipped"])
 def test_parties_told_different_steps_reveal_no_sum_of_misaligned_rows(monkeypatch, how, build, attacked):
     """A malicious active party tells party0 and party1 different places to go on from (a loss notice's step, or
     a resume answer's epoch), so they add different batches' rows into one sum; where party1's rows there are
     records it does not hold (zeros), the revealed sum is party0's own contribution. The shipped masks are keyed
-    under a purpose naming where each party was told to go on: the two parties' pair keys differ, their masks do
-    not cancel, and the sum's check element stops the run before anything is revealed."""
+    under a purpose naming where each party was told to go on and everything it was told before: the two parties'
+    pair keys differ, also after a later notice told alike, their masks do not cancel, and the sum's check element
+    stops the run before anything is revealed. Weakened: keyed by the version alone and not after a resume; for a
+    later notice alike, the build before, which named only that notice's step."""
     from falsevfl_secure.network.handshake import pair_keys
     from falsevfl_secure.runtime import distributed, losses
-    from falsevfl_secure.secure.errors import SecureMessageError
-    from falsevfl_secure.transport.ciphers.mpc import MaskCipher
-    from falsevfl_secure.transport.rounds import POSTERIOR
 
     keys: dict = {}
     names, roles = _four_roles(keys)
     told = {"party0": 4, "party1": 5, "party3": 4}  # the active party's word: party1 hears another step
-    weakened = build.startswith("weakened")
-    if weakened:  # the build before: after a loss keyed by the version alone, after a resume not keyed again
-        monkeypatch.setattr(losses, "mask_purpose", lambda version, gone, at: f"secure-sum/v{version}")
+    weakened, later = build.startswith("weakened"), how.endswith("alike")
+    if weakened and later:
+        monkeypatch.setattr(losses, "mask_purpose", lambda version, gone, at, chain="": f"secure-sum/v{version}/{at}")
+    elif weakened:  # the build before: after a loss keyed by the version alone, after a resume not keyed again
+        monkeypatch.setattr(losses, "mask_purpose", lambda version, gone, at, chain="": f"secure-sum/v{version}")
         monkeypatch.setattr(distributed, "_key_masks_to", lambda role, answer: role.backend.rekey(
             pair_keys(role.session, role.spec.name, role.membership.exchange, "secure-sum")))
     for name, step in told.items():
         role = roles[name]
-        if how != "loss":  # the resume answer: the epoch to go on from
+        role.losses = handler = losses.PartyLoss(role)
+        if how.startswith("resume"):  # the resume answer: the epoch to go on from
             distributed._key_masks_to(role, np.array([1_000_000 + step], dtype="<i8").tobytes())
-        if how != "resume":  # a loss notice, told differently
+        else:  # a loss notice, told differently
             role.peers.lose([2])
-            handler = losses.PartyLoss(role)
             handler.version += 1
             handler._rekey((1, 0, step))
+        if later:  # then one more change of membership, told alike to every party
+            handler.version += 1
+            handler._rekey((1, 0, 6))
+    outcome = _misaligned_mpc_sum(keys)
+    attacked(f"different steps to two parties ({how}, active)", build, outcome)
+    assert outcome.startswith("party0's contribution read to") if weakened else "do not cancel" in outcome, outcome
+
+
+_STEP = st.tuples(st.integers(1, 2), st.integers(0, 3), st.integers(0, 9))
+_TOLD = st.tuples(st.one_of(st.none(), st.integers(0, 3)), st.lists(_STEP, min_size=1, max_size=4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(told=_TOLD, changed=st.integers(0, 4), step=_STEP)
+def test_two_parties_hold_one_pair_key_exactly_when_they_were_told_alike(told, changed, step):
+    """The property behind the test above, for any history: party0 and party1, each told a resume answer (or none)
+    then a sequence of places to go on from (a loss or a return each), derive one pair key exactly when every word
+    each was told is the same. party1's history is party0's with one word replaced by `step` (the resume answer
+    where `changed` is 0), which may be the same word."""
+    from falsevfl_secure.runtime import distributed, losses
+
+    resume, notices = told
+    other = list(notices)
+    if changed:
+        other[(changed - 1) % len(other)] = step
+    histories = {"party0": (resume, notices), "party1": (step[1] if not changed else resume, other)}
+    keys: dict = {}
+    _, roles = _four_roles(keys)
+    for name, (answer, words) in histories.items():
+        role = roles[name]
+        role.losses = handler = losses.PartyLoss(role)
+        if answer is not None:
+            distributed._key_masks_to(role, np.array([1_000_000 + answer], dtype="<i8").tobytes())
+        for at in words:
+            handler.version += 1
+            handler._rekey(at)
+    assert (keys[0][1] == keys[1][0]) == (histories["party0"] == histories["party1"])
+
+
+def _misaligned_mpc_sum(keys: dict) -> str:
+    """What the active party (rank 3) reads from one mpc sum of party0's rows and party1's zeros (records party1
+    does not hold), with each party's latest pair keys in `keys`."""
+    from falsevfl_secure.secure.errors import SecureMessageError
+    from falsevfl_secure.transport.ciphers.mpc import MaskCipher
+    from falsevfl_secure.transport.rounds import POSTERIOR
+
     alive = [0, 1, 3]
     ciphers = {r: MaskCipher(r, {p: k for p, k in keys[r].items() if p in alive}) for r in alive}
     mine = torch.randn(64, 8)
-    values = {0: mine, 1: torch.zeros(64, 8), 3: torch.zeros(64, 8)}  # party1's rows: records it does not hold
+    values = {0: mine, 1: torch.zeros(64, 8), 3: torch.zeros(64, 8)}
     messages = {r: ciphers[r].protect(POSTERIOR, values[r], 3)[0] for r in alive}
     try:
         revealed = ciphers[3].reveal(POSTERIOR, ciphers[3].combine(POSTERIOR, messages, (64, 8)), (64, 8), own=None)
-        outcome = f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
+        return f"party0's contribution read to {float((revealed - mine).abs().max()):.1e}"
     except SecureMessageError as error:  # the sum's check element: the masks do not cancel
-        outcome = "nothing revealed: the masks do not cancel" if "do not cancel" in str(error) else str(error)
-    attacked(f"different steps to two parties ({how}, active)", build, outcome)
-    assert outcome.startswith("party0's contribution read to") if weakened else "do not cancel" in outcome, outcome
+        return "nothing revealed: the masks do not cancel" if "do not cancel" in str(error) else str(error)
 
 
 def _aggregator_checks(check, build: str, attacked, attack: str) -> str:
@@ -411,7 +460,8 @@ def test_a_replayed_readmission_never_makes_a_party_reuse_its_masks(build, attac
             return self.frames.pop(0)
 
     class Trusting(PartyLoss):  # the weakened build: the announced version and joined list as given, and masks
-        def _rekey(self, at):  # keyed by the version alone (as before they also named where the run goes on)
+        def _rekey(self, at):  # keyed by the version alone (as before they also named where the run goes on and
+            self.chain = ""  # what the party was told before)
             super()._rekey((0, 0, 0))
 
         def _follow_epoch(self, stage, epoch):

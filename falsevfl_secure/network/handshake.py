@@ -381,7 +381,7 @@ class Handshake:
         cast, net = self.cast, self.net
         mine = self.say_hello()
         answer = self.read_signed(net.recv(cast.active, "rejoin", REJOIN_WAIT_S), "rejoin",
-                                  {"roster", "keys", "nonce", "version", "lost", "stage", "epoch"})
+                                  {"roster", "keys", "nonce", "version", "lost", "stage", "epoch", "chain"})
         if answer["nonce"] != mine["nonce"]:
             raise ProtocolError(f"the answer of {cast.active} is not to this party's fresh hello (a replay?)")
         roster = self.read_signed(str(answer["roster"]).encode(), "roster", {"present", "protocol", "hellos"})
@@ -395,13 +395,14 @@ class Handshake:
             self.accept_key(session, entry)
         numbers, lost = (version, answer["stage"], answer["epoch"]), answer["lost"]
         if any(type(n) is not int or n < 0 for n in numbers) or version < 1 or answer["stage"] not in (1, 2) or \
-                not isinstance(lost, list) or not all(n in present and n not in (self.me, cast.active) for n in lost):
+                not isinstance(lost, list) or not all(n in present and n not in (self.me, cast.active) for n in lost) \
+                or not _is_chain(answer["chain"]):
             raise ProtocolError(f"the answer of {cast.active} is not of the declared form")
         exchange = key_agreement()
         own = self.key_message(key_context(session.id, version), exchange.public_key())
         net.send(cast.active, "keys", _dumps(own))
         self.accept_key(session, {"version": version, "record": own})
-        where = {k: answer[k] for k in ("version", "lost", "stage", "epoch")}
+        where = {k: answer[k] for k in ("version", "lost", "stage", "epoch", "chain")}
         return session, exchange, where
 
     def accept_key(self, session: Session, entry: dict) -> None:
@@ -438,6 +439,11 @@ class Handshake:
             raise ProtocolError(f"the key record of {name} is not JSON of the declared form") from None
         self.check_key(entry["record"], key_context(session.id, version))  # into the session once it is in
         return entry
+
+
+def _is_chain(value: object) -> bool:
+    """The digest of what the parties were told before a readmission (runtime/losses.py): none yet, or 64 hex."""
+    return value == "" or (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value))
 
 
 def _named(entry: object) -> str | None:

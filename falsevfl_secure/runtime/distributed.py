@@ -32,6 +32,7 @@ from ..transport.accounting import merge_tables
 from ..transport.protocols import protocol_named
 from ..transport.views import load_view, save_view
 from .cast import local_specs
+from .losses import chained
 from .records import Job, RunResult
 from .role import Role
 from .simulated import run_result, simulated_role
@@ -107,6 +108,8 @@ def _key_masks_to(role: Role, answer: bytes) -> None:
     if hasattr(role.backend, "rekey"):
         purpose = f"secure-sum/resume:{hashlib.sha256(answer).hexdigest()}"
         role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange, purpose))
+        if role.losses is not None:  # every later re-key names it (a loss's notice alike would not tell apart)
+            role.losses.chain = chained(purpose)
 
 
 def _keys(payload: bytes, sender: str) -> np.ndarray:

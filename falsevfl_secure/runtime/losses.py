@@ -16,11 +16,14 @@ hello as at the start, answers with the run's signed roster, every party's curre
 rejoin, takes its fresh signed key and tells every other role in that epoch's `epoch` frame (sent at every
 epoch's start while losses are tolerated, so every party knows the membership before its first sum). Every
 membership change (a loss, a return) counts a version; under mpc the masks are re-keyed under a purpose that
-names the version, from a transcript that binds every current key.
+names the version, where the run goes on and the digest of every earlier such word (and of the resume answer) this
+party heard, from a transcript that binds every current key. The active party tells a returning party that digest,
+signed, in its readmission: two parties ever told different places to go on from hold different keys from then on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Callable
@@ -42,16 +45,25 @@ def tolerated(role) -> set[str]:
 
 
 
-def mask_purpose(version: int, gone: list[str], at: tuple[int, ...]) -> str:
+def mask_purpose(version: int, gone: list[str], at: tuple[int, ...], chain: str = "") -> str:
     """The purpose of the masks' pair keys after a change of membership (a loss, a return): its version, who is
-    out and where the run goes on (stage, epoch, step); every party derives it from what it was told."""
-    return f"secure-sum/v{version}/without:{','.join(sorted(gone))}/at:{','.join(str(int(v)) for v in at)}"
+    out, where the run goes on (stage, epoch, step) and `chain`, the digest of the earlier purposes (and resume
+    answer) this party keyed under; every party derives it from what it was told."""
+    where = ",".join(str(int(v)) for v in at)
+    return f"secure-sum/v{version}/without:{','.join(sorted(gone))}/at:{where}/after:{chain}"
+
+
+def chained(purpose: str) -> str:
+    """The digest every later purpose names (review finding: two parties told different steps or resume answers,
+    then one notice alike, were keyed alike again while a step or an epoch apart)."""
+    return hashlib.sha256(purpose.encode()).hexdigest()
 
 class PartyLoss:
     """A role's handler of a lost party, called by the training loop with the step it was in."""
 
-    def __init__(self, role, version: int = 0) -> None:
+    def __init__(self, role, version: int = 0, chain: str = "") -> None:
         self.role = role
+        self.chain = chain  # what this party was told so far (a digest): every later key names it
         self.version = version  # membership changes so far (a loss, a return): each re-keys under its own purpose
         self.keyed = version  # the last version this party keyed its masks under: it only ever grows
         self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
@@ -180,7 +192,7 @@ class PartyLoss:
         joined = {}
         for name in net.returned():
             lost = sorted(peers.names[k] for k in peers.lost if peers.names[k] != name)
-            where = {"lost": lost, "stage": stage, "epoch": epoch}
+            where = {"lost": lost, "stage": stage, "epoch": epoch, "chain": self.chain}
             try:
                 entry = role.handshake.admit(role.session, name, self.version + 1, where, net.deadline_s)
                 role.protocol.welcome(role.membership, role.backend.bare, name)
@@ -247,17 +259,19 @@ class PartyLoss:
 
     def _rekey(self, at: tuple[int, int, int]) -> None:
         """mpc: masks among the parties in the run, from pair keys of a purpose that names the membership's
-        version, who is out and the step the run resumes at (the transcript binds every current key): two parties
-        told different steps (a malicious active party) hold different keys, so their masks do not cancel and no
-        sum of rows they misalign is revealed."""
+        version, who is out, the step the run resumes at and the chain of what this party was told before (the
+        transcript binds every current key): two parties told different steps, now or at any earlier change (a
+        malicious active party), hold different keys, so their masks do not cancel and no sum of rows they
+        misalign is revealed."""
         role = self.role
         if self.version <= self.keyed and role.backend is not None and hasattr(role.backend, "rekey"):
             raise ProtocolError(f"membership version {self.version} was keyed before: a keystream is never reused")
         self.keyed = self.version
         if hasattr(role.backend, "rekey"):
             gone = [role.peers.names[k] for k in role.peers.lost]
-            role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange,
-                                         mask_purpose(self.version, gone, at)))
+            purpose = mask_purpose(self.version, gone, at, self.chain)
+            role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange, purpose))
+            self.chain = chained(purpose)
 
     def _record(self, losses: list[Blame], notice: dict) -> None:
         how = {b.role: f"{b.how} in round {b.round!r}" for b in losses}

@@ -98,8 +98,8 @@ class Role:
         self.membership = Membership(peers, session, spec.cast, self.key, exchange, self.view)
         self.network.coordinator, self.network.tolerated = session.active, tolerated(self)
         # A returning party counts its own return when the epoch frame that readmits it comes (`at_epoch`).
-        self.losses = PartyLoss(self, where["version"] - 1 if where else 0) if self.network.tolerated and \
-            spec.is_party else None
+        since = (where["version"] - 1, where["chain"]) if where else ()  # what it was told, signed, on its return
+        self.losses = PartyLoss(self, *since) if self.network.tolerated and spec.is_party else None
         self.rejoined_at = None if where is None else (where["stage"], where["epoch"])
         if where is not None:
             self.losses._check_policy()  # its own file: never fewer parties, nor two, than it consents to

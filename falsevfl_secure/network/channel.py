@@ -103,9 +103,12 @@ class PairChannel:
             return frame
         try:
             return self._aead[src].decrypt(self._nonce(src, "recv"), frame, self._ad(src, self.rank))
-        except InvalidTag:
-            raise SecureMessageError(f"rank {self.rank}: the frame from rank {src} failed its integrity check "
-                                     "(altered, replayed, reordered or redirected on the way)") from None
+        except InvalidTag:  # an honest sender seals it whole and an honest relay passes it on: one of the two did not
+            names = self.peers.names
+            raise SecureMessageError(f"the {self.tag} frame {names[src]!r} sealed for {names[self.rank]!r} failed its "
+                                     f"integrity check: {names[src]!r} sent it so, or the relay "
+                                     f"{names[self.peers.active_index]!r} altered, replayed, reordered or redirected "
+                                     "it (this party cannot tell which)") from None
 
     def exchange(self, dst: int, payload: bytes, src: int) -> bytes:
         """Send to `dst`, then receive from `src` (sends never block, so a ring cannot deadlock)."""

@@ -404,19 +404,23 @@ def posterior(cipher, value) -> bytes:
     return cipher.protect(POSTERIOR, value, 3)[0]
 
 
-def combine_at_aggregator(helper, sent: dict[str, list[tuple[str, bytes]]], heard: tuple = ()
+def combine_at_aggregator(helper, sent: dict[str, list[tuple[str, bytes]]], heard: tuple = (),
+                          told: tuple[tuple[str, bytes], ...] = (), deadline_s: float | None = None
                           ) -> tuple[Network, dict[str, Link]]:
-    """The aggregator's loop (`serve_combiner`, ranks: active, X, Y, aggregator) over the active party's bounds and
-    each passive party's frames `sent`, all arrived already (and the active party's heartbeat `heard`); it returns
-    once both said stop."""
+    """The aggregator's loop (`serve_combiner`, ranks: active, X, Y, aggregator) over the active party's bounds (and
+    frames `told`) and each passive party's frames `sent`, all arrived already (and the active party's heartbeat
+    `heard`); it returns once both said stop."""
     from falsevfl_secure.network.peers import Peers
     from falsevfl_secure.secure import frames
     from falsevfl_secure.transport.sums import serve_combiner
 
     aggregator, links = hub("aggregator", ("active", "X", "Y"), "active", "X", "Y")
     aggregator.coordinator = "active"
+    aggregator.min_deadline_s = deadline_s or aggregator.min_deadline_s
     aggregator.allow({"posterior": 1 << 20, "likelihood": 1 << 20})  # (as the bounds below declare them)
     deliver(aggregator, links["active"], "active", "bounds", json.dumps({"posterior": 12, "likelihood": 12}).encode())
+    for tag, payload in told:
+        deliver(aggregator, links["active"], "active", tag, payload)
     for name, frames_sent in sent.items():
         for tag, payload in [*frames_sent, ("stop", frames.encode(frames.Kind.STOP))]:
             deliver(aggregator, links[name], name, tag, payload)
@@ -504,6 +508,32 @@ def test_a_party_out_of_step_is_named_by_the_round_the_active_party_waits_on_the
     with pytest.raises(RunAborted) as ended:  # the active party's heartbeat: in 'posterior', waiting on the aggregator
         combine_at_aggregator(helper, sent, heard=("posterior", 5, "aggregator"))
     assert (ended.value.blame.role, ended.value.blame.how) == ("X", "refused")
+
+
+@pytest.mark.parametrize("build", ["weakened: the round the active party shows decides", "shipped"])
+def test_a_party_that_skips_a_resumed_runs_first_step_is_named_not_the_one_that_took_it(he, monkeypatch, build):
+    # Review finding: in a resumed he run, Y sent its first round's frame where X sent its resume-ack; two parties
+    # are no majority, and the active party (already in the round, waiting on the aggregator) named honest X.
+    import hashlib
+
+    import torch
+
+    from falsevfl_secure.network.network import RunAborted
+    from falsevfl_secure.transport import sums
+
+    (_, _, y), helper = he
+    if build.startswith("weakened"):
+        monkeypatch.setattr(sums, "_resuming", lambda peers: False)
+    digest = hashlib.sha256(b"the resume answer").digest()
+    sent = {"X": [("resume-ack", digest)], "Y": [("posterior", posterior(y, torch.ones(3, 4)))]}
+    with pytest.raises(RunAborted) as ended:
+        combine_at_aggregator(helper, sent, heard=("posterior", 5, "aggregator"), told=(("resume-ack", digest),))
+    named = (ended.value.blame.role, ended.value.blame.how)
+    assert named == (("X", "refused") if build.startswith("weakened") else ("Y", "refused")), named
+    if not build.startswith("weakened"):  # and where the run does not resume, X's resume-ack is the frame out of step
+        with pytest.raises(RunAborted) as ended:
+            combine_at_aggregator(helper, sent, heard=("posterior", 5, "aggregator"), deadline_s=1.0)
+        assert (ended.value.blame.role, ended.value.blame.how) == ("X", "refused")
 
 
 def test_a_partys_ack_of_a_loss_ahead_of_the_active_partys_notice_is_no_rounds_frame(he):

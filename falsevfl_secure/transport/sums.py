@@ -30,6 +30,7 @@ from .rounds import Round, by_name
 from .views import View
 
 STOP = "stop"
+RESUME_ACK = "resume-ack"  # a resumed run's first word to a helper, from every party (runtime/distributed.py)
 AGGREGATED_VALUES = 1 << 22  # the most values of one sum a helper takes (FedHSSL's model average: ~10^5)
 POLL_S = 0.05  # how often a helper looks at the active party's heartbeat while it waits to see its round
 
@@ -215,7 +216,7 @@ def serve_combiner(peers: Peers, cipher, view: View | None = None, on_recorded=N
             continue
         if {tag for tag, _ in received.values()} == {STOP}:
             return
-        if {tag for tag, _ in received.values()} == {"resume-ack"}:
+        if {tag for tag, _ in received.values()} == {RESUME_ACK}:
             _resumed_alike(peers, received)
             continue
         tag = _agreed(peers, received, forwarded)
@@ -231,20 +232,25 @@ def _resumed_alike(peers: Peers, received: dict[int, tuple[str, bytes]]) -> None
     """A resumed run: every passive party's digest of the resume answer against the active party's (a malicious
     active party telling two parties different epochs would have their rows of different batches summed here)."""
     active = peers.names[peers.active_index]
-    told = peers.recv(peers.active_index, "resume-ack")
+    told = peers.recv(peers.active_index, RESUME_ACK)
     for k, (_, digest) in sorted(received.items()):
         if digest != told:
             raise peers.network.refuse(Refused(
                 f"{peers.names[k]} resumes from other epochs than {active} told this aggregator (one of the two says "
-                "otherwise): refused, as rows of different batches would be summed", peers.names[k]), "resume-ack")
+                "otherwise): refused, as rows of different batches would be summed", peers.names[k]), RESUME_ACK)
 
 
 def _agreed(peers: Peers, received: dict[int, tuple[str, bytes]], forwarded: int) -> str:
     """The round of every passive party's frame. One out of step is refused, naming its sender: out of step with
     most parties, or where no round has most, with the round the active party shows it waits on this helper in
-    (`_awaited`); so is a frame of a tag that is no sum's (review finding: the helper failed, and was named)."""
+    (`_awaited`); so is a frame of a tag that is no sum's (review finding: the helper failed, and was named). Where
+    some sent a resume answer's digest, the active party's own `resume-ack` tells whether that step is due."""
     tags = {peers.names[k]: tag for k, (tag, _) in received.items()}
-    expected = _most(list(tags.values())) or _awaited(peers, forwarded)
+    if RESUME_ACK in tags.values() and _resuming(peers):  # a resumed run's first step, before any round (review:
+        expected = RESUME_ACK  # two parties are no majority, and the active party's round named the honest one)
+    else:  # (a resume-ack where the active party sent none is out of step: the other frames' round decides)
+        rounds = [tag for tag in tags.values() if tag != RESUME_ACK]
+        expected = _most(rounds) or _awaited(peers, forwarded) if rounds else None
     if expected is None:  # (the active party never showed its round: nobody can be told apart)
         raise ProtocolError(f"{peers.names[peers.rank]}: the parties disagree on the round: "
                             f"{sorted(set(tags.values()))}")
@@ -253,6 +259,21 @@ def _agreed(peers: Peers, received: dict[int, tuple[str, bytes]], forwarded: int
         why = f"where the round is {expected[:40]!r}" if tags[odd[0]] != expected else "where a sum's message is due"
         raise peers.network.refuse(Refused(f"a frame {tags[odd[0]][:40]!r} {why}", odd[0]), expected)
     return expected
+
+
+def _resuming(peers: Peers) -> bool:
+    """Whether the active party told this helper a resume answer's digest (its `resume-ack`, sent before any round
+    of a resumed run, and only then; a passive party's may come first, so it waits for it up to a round's deadline,
+    its heartbeat saying it waits on the active party)."""
+    network, active = peers.network, peers.names[peers.active_index]
+    deadline = time.monotonic() + network.deadline_s
+    network.waiting_on = active
+    try:
+        while network.head(active) is None and time.monotonic() < deadline and network.aborted is None:
+            time.sleep(POLL_S)
+    finally:
+        network.waiting_on = None
+    return network.head(active) == RESUME_ACK
 
 
 def _most(values: list[str]) -> str | None:

@@ -21,10 +21,11 @@ def each_batch(node: Node, data: HostedData, rows: np.ndarray, run: Callable[[Ba
     row from then on; `where` ((stage, epoch)) is what the loss's announcement names. While losses are tolerated
     the pass ends with the active party's word (`pass_done`): no role leaves it while a batch may still rerun."""
     handler = getattr(node.transport, "on_party_lost", None) if node.method.survives_party_loss else None
-    if handler is not None:
-        data.set_dropped(handler.lost)  # a party lost before this pass holds none of its rows
     size, out, index = node.cfg.eval_batch_size, {}, 0
     starts = range(0, len(rows), size)
+    if handler is not None:
+        data.set_dropped(handler.lost)  # a party lost before this pass holds none of its rows
+        handler.begin(len(starts))
     while True:
         try:
             if index < len(starts):

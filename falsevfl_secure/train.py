@@ -117,6 +117,8 @@ def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimiz
                     handler.at_epoch(int(stage), epoch)
                     data.set_dropped(handler.lost)  # a party that rejoined holds its rows again
                 batches = stage_batches(node, data, stage, epoch)
+                if handler is not None:
+                    handler.begin(len(batches))  # (after a loss later in the epoch: the same plan, not begun again)
                 continue
             losses.append((_step(node, batches[index], stage, optimizers), batches[index].size))
             index += 1
@@ -127,7 +129,8 @@ def _epoch_steps(node: Node, data: HostedData, stage: Stage, epoch: int, optimiz
                 opt.zero_grad(set_to_none=True)
             node.forget_private()
             node.transport.abandon()
-            resumed = max(0, handler(lost, (int(stage), epoch, index if batches is not None else -1)))  # -1: before
+            resumed = max(0, handler(lost, (int(stage), epoch, index if batches is not None else -1),  # -1: before
+                                     begun=batches is not None))
             if batches is not None and resumed <= index:  # a step whose sums may be out runs again (never honestly:
                 handler.charge(step_releases(node.cfg, stage))  # the step in flight is abandoned); charged first
             index = resumed  # (a loss announced between epochs: this epoch from its first step, not its last)

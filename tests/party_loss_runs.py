@@ -153,13 +153,16 @@ class _Abandon:
         self.held = [split.held[party] for split in splits]
         self.node, self.saved, self.optimizers, self.reruns = None, None, None, 0
 
-    def __call__(self, lost, position) -> int:
+    def __call__(self, lost, position, begun: bool = True) -> int:
         self.lost = {self.party}
         _drop(self.splits, self.party)
         return position[2] + 1
 
     def pass_done(self, where: tuple[int, int], batches: int) -> None:
         pass  # one process: no party can be ahead of another
+
+    def begin(self, batches: int) -> None:
+        pass  # one process: nothing to key
 
     def rerun(self, where: tuple[int, int]) -> None:
         self.reruns += 1  # a pass's batch runs again without the party (each party's ledger would count it)

@@ -484,6 +484,9 @@ def test_one_host_per_party_a_killed_party_rejoins_from_its_own_checkpoint(train
     code, _, err = cli("train", "--config", str(config), "--party", "party1", "--rejoin", "--quiet")
     assert code == 2 and "has not trained in this run" in err, err  # nothing saved to come back from yet
     refused("federation input")
+    code, _, err = cli("train", "--config", str(config), "--party", "party1", "--rejoin", "--resume", "--quiet")
+    assert code == 2 and "--rejoin and --resume cannot go together" in err, err
+    refused("federation input")
 
     def start(name: str, *extra: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(config),

@@ -141,7 +141,7 @@ def test_a_loss_announced_for_a_role_not_in_the_run_names_the_active_party():
     y._arrived(links["active"], frame("active", "Y", "lost", b'{"lost":["Z"],"stage":1,"epoch":0,"index":0}'))
     assert (y.aborted.role, y.aborted.how) == ("active", "failed")
 
-    notice = {"lost": ["Z"], "stage": 1, "epoch": 0, "index": 0}  # (a name another role's pins hold)
+    notice = {"lost": ["Z"], "stage": 1, "epoch": 0, "index": 0, "plan": 0}  # (a name another role's pins hold)
     peers = SimpleNamespace(names=("active", "X", "aggregator"), n_parties=2, active_index=0,
                             network=SimpleNamespace(take_notice=lambda: notice))
     with pytest.raises(ProtocolError, match="active"):
@@ -291,7 +291,7 @@ def test_the_shipped_steps_are_taken_from_the_roles_that_send_them():
         deliver(active, p_links[src], src, tag, b"{}")
     for src, tag in [("active", "keys"), ("active", "rejoin"), ("active", "pass-done"), ("active", "epoch")]:
         deliver(y, y_links["active"], src, tag, b"{}")
-    notice = json.dumps({"lost": ["X"], "stage": 1, "epoch": 0, "index": 1}).encode()
+    notice = json.dumps({"lost": ["X"], "stage": 1, "epoch": 0, "index": 1, "plan": 1}).encode()
     for src, tag, payload in [("active", "epoch", b"{}"), ("active", "lost", notice)]:
         deliver(aggregator, a_links[src], src, tag, payload)
     for src, tag in [("X", "keys"), ("X", "lost-ack")]:
@@ -551,7 +551,7 @@ def test_a_partys_ack_of_a_loss_ahead_of_the_active_partys_notice_is_no_rounds_f
     aggregator.coordinator, aggregator.tolerated, aggregator.min_deadline_s = "active", {"X", "Y"}, 1.5
     aggregator.allow({"posterior": 1 << 20})
     deliver(aggregator, links["active"], "active", "bounds", json.dumps({"posterior": 12}).encode())
-    notice = {"lost": ["Y"], "stage": 1, "epoch": 0, "index": 1}
+    notice = {"lost": ["Y"], "stage": 1, "epoch": 0, "index": 1, "plan": 1}
     deliver(aggregator, links["X"], "X", "lost-ack", notice_digest(notice))  # Y crashed; X acked first ...
     deliver(aggregator, links["active"], "active", "lost", json.dumps(notice).encode())  # ... which comes now
     serving = threading.Thread(target=serve_combiner, args=(Peers(aggregator, ("active", "X", "Y", "aggregator"),

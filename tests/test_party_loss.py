@@ -304,6 +304,59 @@ def test_two_parties_hold_one_pair_key_exactly_when_they_were_told_alike(told, c
     assert (keys[0][1] == keys[1][0]) == (histories["party0"] == histories["party1"])
 
 
+@pytest.mark.parametrize("place", ["an earlier epoch", "a pass named by the same (stage, epoch)"])
+@pytest.mark.parametrize("build", ["weakened: keyed by the notice's words alone", "shipped"])
+def test_a_notice_alike_to_parties_the_active_party_ran_to_different_places_reveals_no_sum(monkeypatch, place,
+                                                                                             build, attacked):
+    """Review finding: a malicious active party first runs party1 two batches further than party0 (it answers
+    party1's rounds and lets party0 wait; their sums do not cancel meanwhile, and it drops them), then tells both
+    one notice alike: one naming an earlier epoch (each redoes its own step), or one naming the (stage, epoch) that
+    a validation pass shares with stage 2's first epoch. Keyed by the notice's words alone, both hold one key at
+    different batches, and a row party1 does not hold reveals party0's contribution. Shipped, each party checks
+    the notice's place among the run's batches against its own, and one of the two refuses before any sum."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.errors import ProtocolError
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.runtime import losses
+
+    if build.startswith("weakened"):
+        monkeypatch.setattr(losses.PartyLoss, "_planned", lambda self, begun, index: 0)
+    keys: dict = {}
+    _, roles = _four_roles(keys)
+    earlier = place == "an earlier epoch"
+    notice = {"lost": ["party2"], "stage": 1 if earlier else 2, "epoch": 0, "index": 7 if earlier else 4, "plan": 0}
+    units = {"party0": ([10, 10, 10], (1, 2, 3)) if earlier else ([10, 10, 5], (2, 0, 3)),  # the pass after epoch 0
+             "party1": ([10, 10, 10], (1, 2, 5)) if earlier else ([10, 10], (2, 0, 3))}
+    outcome = None
+    for name, (sizes, position) in units.items():
+        role = roles[name]
+        role.is_active, role.protocol = False, SimpleNamespace(hides_contributions=True)
+        role.network = SimpleNamespace(take_notice=lambda: dict(notice), send=lambda *a, **k: None)
+        role.spec = SimpleNamespace(name=name, agreement=Agreement({"min_parties": 2}), request=SimpleNamespace())
+        role.peers.network = role.network
+        handler = losses.PartyLoss(role)
+        for size in sizes:
+            handler.begin(size)
+        told = (notice["stage"], notice["epoch"], notice["index"])
+        notice["plan"] = notice["plan"] or handler._planned(True, handler._resumed(position, told))  # party0's place
+        try:
+            handler._follow(position, True)
+        except ProtocolError as error:
+            outcome = outcome or f"refused at {name}: {error}"
+    if outcome is None:  # both went on: the active party keys as they did and sums party0's and party1's rows
+        active = losses.PartyLoss(roles["party3"])
+        roles["party3"].peers.lose([2])
+        active.version += 1
+        active._rekey((notice["stage"], notice["epoch"], notice["index"], notice["plan"]))
+        outcome = _misaligned_mpc_sum(keys)
+    attacked(f"one notice to parties at different places ({place}, active)", build, outcome[:70])
+    if build.startswith("weakened"):
+        assert outcome.startswith("party0's contribution read to"), outcome
+    else:
+        assert outcome.startswith("refused at party1: the active party resumes at batch"), outcome
+
+
 def _misaligned_mpc_sum(keys: dict) -> str:
     """What the active party (rank 3) reads from one mpc sum of party0's rows and party1's zeros (records party1
     does not hold), with each party's latest pair keys in `keys`."""
@@ -377,7 +430,8 @@ def test_the_he_aggregator_refuses_parties_told_different_steps_after_a_loss(mon
     from falsevfl_secure.network.network import notice_digest
     from falsevfl_secure.transport import sums
 
-    told = {name: {"lost": ["party2"], "stage": 1, "epoch": 0, "index": 4 + (name == "party1")}
+    told = {name: {"lost": ["party2"], "stage": 1, "epoch": 0, "index": 4 + (name == "party1"),
+                   "plan": 4 + (name == "party1")}
             for name in ("aggregator", "party0", "party1")}
     acks = {name: notice_digest(notice) for name, notice in told.items()}
     if build.startswith("weakened"):  # the build before: an empty ack, nothing compared
@@ -504,14 +558,14 @@ def test_a_party_checks_an_announced_loss_against_its_own_file(consent, refused_
     from falsevfl_secure.runtime.losses import PartyLoss
 
     names = ("party0", "party1", "party2", "party3")
-    notice = {"lost": ["party1", "party2"], "stage": 1, "epoch": 0, "index": 1}
+    notice = {"lost": ["party1", "party2"], "stage": 1, "epoch": 0, "index": 1, "plan": 1}
     fields = {"min_parties": 3 if consent else 2, "allow_two_party_disclosure": consent}
     net = SimpleNamespace(take_notice=lambda: notice)
     role, _, keys = _follower(names, net)
     role.network, role.protocol = net, SimpleNamespace(hides_contributions=True)
     role.spec = SimpleNamespace(name="party0", agreement=Agreement(fields), request=SimpleNamespace(source="its file"))
     with pytest.raises(PartyFailure, match=refused_by):
-        PartyLoss(role)._follow((1, 0, 0))
+        PartyLoss(role)._follow((1, 0, 0), True)
     assert keys == []  # it never masked with the active party alone
 
 
@@ -535,7 +589,7 @@ def test_an_active_party_cannot_make_a_party_run_steps_again_by_announcing_the_s
     from falsevfl_secure.runtime.losses import PartyLoss
 
     names = ("party0", "party1", "party2", "party3", "party4")
-    notices = [{"lost": lost, "stage": 1, "epoch": 0, "index": 3} for lost in
+    notices = [{"lost": lost, "stage": 1, "epoch": 0, "index": 3, "plan": 3} for lost in
                (["party1"], ["party1"], [], ["party1", "party2"], ["party1", "party2"])]
     net = SimpleNamespace(take_notice=lambda: notices.pop(0), send=lambda *a, **k: None)
     role, _, keys = _follower(names, net)
@@ -545,7 +599,7 @@ def test_an_active_party_cannot_make_a_party_run_steps_again_by_announcing_the_s
     handler, followed = PartyLoss(role), []
     for _ in range(5):
         try:
-            followed.append(handler._follow((1, 0, 3)))
+            followed.append(handler._follow((1, 0, 3), True))
         except ProtocolError as error:
             assert "names no party newly lost" in str(error)
     assert followed == [3, 3] and len(keys) == 2  # party1's loss, then party2's: the repeats were refused
@@ -582,8 +636,11 @@ def test_an_epoch_resumes_where_the_loss_says_and_a_step_run_again_is_charged(mo
                 raised.append(1)
                 raise PartyLost(notice={"lost": ["party1"]})
 
-        def __call__(self, lost, position):
+        def __call__(self, lost, position, begun=True):
             return resume
+
+        def begin(self, batches):
+            pass
 
         def charge(self, releases):
             charges.append(releases)

@@ -214,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
     options = {"resume": getattr(args, "resume", False), "progress": not args.quiet,
                "out": _predictions_path(fed, args, roles), "rejoin": getattr(args, "rejoin", False)}
     if options["rejoin"]:
+        if options["resume"]:  # a run that went on has no resume step to agree on (review finding)
+            raise InputError("--rejoin and --resume cannot go together: a party that rejoins comes back from its own "
+                             "latest checkpoint at the epoch the active party readmits it at; drop --resume")
         check_rejoin(fed, args.party)
     if options["resume"] and fed.model.privacy.enabled:  # before any party agrees and charges (review finding)
         raise InputError("--resume: a run under a privacy budget cannot resume: the interrupted epoch's rows would "

@@ -381,7 +381,7 @@ class Handshake:
         cast, net = self.cast, self.net
         mine = self.say_hello()
         answer = self.read_signed(net.recv(cast.active, "rejoin", REJOIN_WAIT_S), "rejoin",
-                                  {"roster", "keys", "nonce", "version", "lost", "stage", "epoch", "chain"})
+                                  {"roster", "keys", "nonce", "version", "lost", "stage", "epoch", "chain", "plan"})
         if answer["nonce"] != mine["nonce"]:
             raise ProtocolError(f"the answer of {cast.active} is not to this party's fresh hello (a replay?)")
         roster = self.read_signed(str(answer["roster"]).encode(), "roster", {"present", "protocol", "hellos"})
@@ -393,7 +393,7 @@ class Handshake:
             raise ProtocolError(f"the key bundle of {cast.active} is not the present parties' keys in rank order")
         for entry in keys:
             self.accept_key(session, entry)
-        numbers, lost = (version, answer["stage"], answer["epoch"]), answer["lost"]
+        numbers, lost = (version, answer["stage"], answer["epoch"], answer["plan"]), answer["lost"]
         if any(type(n) is not int or n < 0 for n in numbers) or version < 1 or answer["stage"] not in (1, 2) or \
                 not isinstance(lost, list) or not all(n in present and n not in (self.me, cast.active) for n in lost) \
                 or not _is_chain(answer["chain"]):
@@ -402,7 +402,7 @@ class Handshake:
         own = self.key_message(key_context(session.id, version), exchange.public_key())
         net.send(cast.active, "keys", _dumps(own))
         self.accept_key(session, {"version": version, "record": own})
-        where = {k: answer[k] for k in ("version", "lost", "stage", "epoch", "chain")}
+        where = {k: answer[k] for k in ("version", "lost", "stage", "epoch", "chain", "plan")}
         return session, exchange, where
 
     def accept_key(self, session: Session, entry: dict) -> None:

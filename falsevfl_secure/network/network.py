@@ -940,7 +940,7 @@ def _notice_of(payload: bytes) -> dict:
     """The active party's announcement of a loss: who left and where every role resumes (fixed fields)."""
     try:
         record = wire.peer_json(payload)
-        notice = {"lost": [str(n) for n in record["lost"]], **{k: int(record[k]) for k in ("stage", "epoch", "index")}}
+        notice = {"lost": [str(n) for n in record["lost"]], **{k: int(record[k]) for k in NOTICE_PLACE}}
     except (ValueError, KeyError, TypeError, OverflowError):  # (OverflowError: int() of a JSON Infinity)
         raise ProtocolError("the active party's announcement of a lost party is malformed") from None
     return notice
@@ -951,10 +951,15 @@ def where_in_run(round_name: str | None) -> str:
     return f" in round {round_name!r}" if round_name else " while no round was running (set-up, alignment or shut-down)"
 
 
+# Where a loss notice says the run goes on: the stage, epoch and step, and that step's place among all the run's
+# collective batches (runtime/losses.py `PartyLoss.plan`)
+NOTICE_PLACE = ("stage", "epoch", "index", "plan")
+
+
 def notice_digest(notice: dict) -> bytes:
     """SHA-256 of a loss notice's fields (who is out, where the run goes on): what a party's `lost-ack` carries,
     so that the he aggregator can tell whether every party was told what it was."""
-    fields = {"lost": sorted(notice["lost"]), **{k: int(notice[k]) for k in ("stage", "epoch", "index")}}
+    fields = {"lost": sorted(notice["lost"]), **{k: int(notice[k]) for k in NOTICE_PLACE}}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).digest()
 
 

@@ -106,7 +106,8 @@ def _key_masks_to(role: Role, answer: bytes) -> None:
     """mpc: masks from pair keys of a purpose naming the resume answer: parties the active party told different
     epochs to resume from (hence different batches) hold different keys, and no sum of misaligned rows is revealed."""
     if hasattr(role.backend, "rekey"):
-        purpose = f"secure-sum/resume:{hashlib.sha256(answer).hexdigest()}"
+        before = role.losses.chain if role.losses is not None else ""  # (chained, should a resume ever come later)
+        purpose = f"secure-sum/resume:{hashlib.sha256(answer).hexdigest()}/after:{before}"
         role.backend.rekey(pair_keys(role.session, role.spec.name, role.membership.exchange, purpose))
         if role.losses is not None:  # every later re-key names it (a loss's notice alike would not tell apart)
             role.losses.chain = chained(purpose)

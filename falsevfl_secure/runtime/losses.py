@@ -61,9 +61,14 @@ def chained(purpose: str) -> str:
 class PartyLoss:
     """A role's handler of a lost party, called by the training loop with the step it was in."""
 
-    def __init__(self, role, version: int = 0, chain: str = "") -> None:
+    def __init__(self, role, version: int = 0, chain: str = "", plan: int = 0) -> None:
         self.role = role
         self.chain = chain  # what this party was told so far (a digest): every later key names it
+        # The run's collective batches in order (every epoch's steps and every pass's batches, `begin`): the index
+        # of the current unit's first and how many it has. Where a party resumes, as one number that no two places
+        # share (review finding: a notice alike to parties a malicious active party had run to different places,
+        # or to another pass named by the same (stage, epoch), keyed them alike while their batches differed).
+        self.plan, self.size = plan, 0
         self.version = version  # membership changes so far (a loss, a return): each re-keys under its own purpose
         self.keyed = version  # the last version this party keyed its masks under: it only ever grows
         self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
@@ -76,15 +81,24 @@ class PartyLoss:
         """The parties (ranks) that left."""
         return set(self.role.peers.lost)
 
-    def __call__(self, lost: PartyLost, position: tuple[int, int, int]) -> int:
+    def begin(self, batches: int) -> None:
+        """The training loop starts a unit of `batches` collective batches (an epoch's steps, a pass)."""
+        self.plan, self.size = self.plan + self.size, int(batches)
+
+    def _planned(self, begun: bool, index: int) -> int:
+        """Where batch `index` of this party's unit sits in the run's plan; `begun`: the unit has started (else
+        the loss came between units and `index` counts in the next one)."""
+        return (self.plan if begun else self.plan + self.size) + max(0, index)
+
+    def __call__(self, lost: PartyLost, position: tuple[int, int, int], begun: bool = True) -> int:
         """The index of the step to resume at (in the same stage and epoch)."""
         if self.role.is_active:
-            return self._announce(position)
-        return self._follow(position)
+            return self._announce(position, begun)
+        return self._follow(position, begun)
 
     # -- at the active party --------------------------------------------------------------------------
 
-    def _announce(self, position: tuple[int, int, int]) -> int:
+    def _announce(self, position: tuple[int, int, int], begun: bool) -> int:
         role, peers = self.role, self.role.peers
         losses = role.network.take_losses()
         if not losses:
@@ -95,11 +109,11 @@ class PartyLoss:
         stage, epoch, index = position
         self.at = (stage, epoch)
         notice = {"lost": sorted(peers.names[k] for k in peers.lost), "stage": stage, "epoch": epoch,
-                  "index": index + 1}
+                  "index": index + 1, "plan": self._planned(begun, index + 1)}
         others = [name for k, name in enumerate(peers.names) if k not in peers.lost and k != peers.rank]
         for name in others:
             role.network.send(name, "lost", json.dumps(notice).encode())
-        self._rekey((stage, epoch, index + 1))
+        self._rekey((stage, epoch, index + 1, notice["plan"]))
         for name in others:
             role.network.drain(name, "lost-ack")
         self._record(losses, notice)
@@ -124,31 +138,40 @@ class PartyLoss:
 
     # -- at every other role --------------------------------------------------------------------------
 
-    def _follow(self, position: tuple[int, int, int]) -> int:
+    def _follow(self, position: tuple[int, int, int], begun: bool) -> int:
         role, peers = self.role, self.role.peers
         notice = role.network.take_notice()
         if role.session.active in notice["lost"] or not set(notice["lost"]) <= set(peers.names[:peers.n_parties]):
             raise ProtocolError("the active party announced a loss of itself or of a role that is not a party")
         if not set(notice["lost"]) - {peers.names[k] for k in peers.lost}:  # each notice reruns a step: no more of
             raise ProtocolError("the active party announced a loss that names no party newly lost")  # them than losses
+        theirs = (notice["stage"], notice["epoch"], notice["index"])
+        resumed = self._resumed(tuple(position), theirs)
+        if notice["plan"] != self._planned(begun, resumed):  # its own place, not the word it was told (review)
+            raise ProtocolError(f"the active party resumes at batch {notice['plan']} of the run, where "
+                                f"{role.spec.name} resumes at batch {self._planned(begun, resumed)}")
         peers.lose(peers.names.index(name) for name in notice["lost"])
         self._check_policy()  # its own file: never fewer parties, nor two, than it consents to
         self.version += 1
-        self._rekey((notice["stage"], notice["epoch"], notice["index"]))
+        self._rekey((*theirs, notice["plan"]))
         for k in (peers.active_index, *range(peers.n_parties, len(peers.names))):  # the active party, helpers
             peers.send(k, "lost-ack", notice_digest(notice))  # what it was told (the he aggregator compares)
         self._record([], notice)
-        ours, theirs = tuple(position), (notice["stage"], notice["epoch"], notice["index"])
         self.at = theirs[:2]
+        return resumed
+
+    def _resumed(self, ours: tuple[int, int, int], theirs: tuple[int, int, int]) -> int:
+        """The step this party resumes at, from where it is (`ours`) and where the active party says (`theirs`)."""
+        name = self.role.spec.name
         if theirs[:2] == ours[:2]:
             if not ours[2] <= theirs[2] <= ours[2] + 1:  # a step every role is in, or the next
-                raise ProtocolError(f"the active party resumes at step {theirs[2]}, where {role.spec.name} is at "
+                raise ProtocolError(f"the active party resumes at step {theirs[2]}, where {name} is at "
                                     f"step {ours[2]} of stage {ours[0]} epoch {ours[1]}")
             return theirs[2]
         if theirs[:2] < ours[:2]:
             return ours[2]  # it abandoned the previous epoch's last step; this role redoes its current one
         raise PartyFailure(f"the active party resumes at stage {theirs[0]} epoch {theirs[1]}, ahead of "
-                           f"{role.spec.name} (stage {ours[0]} epoch {ours[1]})")
+                           f"{name} (stage {ours[0]} epoch {ours[1]})")
 
     # -- in a forward pass ----------------------------------------------------------------------------
 
@@ -183,8 +206,9 @@ class PartyLoss:
     # -- at every epoch's start: parties that come back -------------------------------------------------
 
     def at_epoch(self, stage: int, epoch: int) -> list[str]:
-        """Before each epoch: the active party readmits the lost parties whose hello waits and tells every other
-        role the epoch's membership; every other party follows its word. The names of those that rejoined."""
+        """Before each epoch: the active party readmits a lost party whose hello waits (the first it can: one an
+        epoch) and tells every other role the epoch's membership; every other party follows its word. The names of
+        those that rejoined."""
         return self._readmit(stage, epoch) if self.role.is_active else self._follow_epoch(stage, epoch)
 
     def _readmit(self, stage: int, epoch: int) -> list[str]:
@@ -192,7 +216,7 @@ class PartyLoss:
         joined = {}
         for name in net.returned():
             lost = sorted(peers.names[k] for k in peers.lost if peers.names[k] != name)
-            where = {"lost": lost, "stage": stage, "epoch": epoch, "chain": self.chain}
+            where = {"lost": lost, "stage": stage, "epoch": epoch, "chain": self.chain, "plan": self.plan + self.size}
             try:
                 entry = role.handshake.admit(role.session, name, self.version + 1, where, net.deadline_s)
                 role.protocol.welcome(role.membership, role.backend.bare, name)
@@ -206,6 +230,7 @@ class PartyLoss:
                 continue
             joined[name], self.version = entry, self.version + 1
             peers.restore([peers.names.index(name)])
+            break  # one a epoch: a second's answer would name the first as out, and its version not count it (review)
         notice = json.dumps({"stage": stage, "epoch": epoch, "version": self.version,
                              "joined": list(joined.values())}).encode()
         helpers = range(peers.n_parties, len(peers.names)) if joined else ()
@@ -239,7 +264,7 @@ class PartyLoss:
         if not names:
             return []
         self.role.peers.restore(self.role.peers.names.index(n) for n in names)
-        self._rekey((stage, epoch, 0))
+        self._rekey((stage, epoch, 0, self.plan + self.size))
         for name in names:
             self.events.append({"party": name, "how": "rejoined", "stage": stage, "epoch": epoch, "resumed_at": 0})
             print(f"{name} rejoined the run at stage {stage} epoch {epoch}", file=sys.stderr, flush=True)

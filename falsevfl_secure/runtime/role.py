@@ -98,7 +98,7 @@ class Role:
         self.membership = Membership(peers, session, spec.cast, self.key, exchange, self.view)
         self.network.coordinator, self.network.tolerated = session.active, tolerated(self)
         # A returning party counts its own return when the epoch frame that readmits it comes (`at_epoch`).
-        since = (where["version"] - 1, where["chain"]) if where else ()  # what it was told, signed, on its return
+        since = (where["version"] - 1, where["chain"], where["plan"]) if where else ()  # told, signed, on its return
         self.losses = PartyLoss(self, *since) if self.network.tolerated and spec.is_party else None
         self.rejoined_at = None if where is None else (where["stage"], where["epoch"])
         if where is not None:

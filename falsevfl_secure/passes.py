@@ -41,8 +41,6 @@ def each_batch(node: Node, data: HostedData, rows: np.ndarray, run: Callable[[Ba
             node.transport.abandon()
             resumed = max(0, handler(lost, (*where, index - 1)))  # announced as resuming at this batch
             data.set_dropped(handler.lost)
-            if resumed < index:  # a batch it finished runs again (an earlier step named): released in full again
-                handler.charge()
-            else:
-                handler.rerun(where)  # its rows are released once more: a party under a budget counts it first
-            index = resumed
+            if resumed <= index:  # the batch in flight (or one it finished) runs again: its rows are released once
+                handler.charge()  # more, counted first, even where this party's frame may have gone unsummed (red team:
+            index = resumed  # a notice naming an earlier epoch let the active party sum batch 0 twice, uncounted)

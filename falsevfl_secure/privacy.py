@@ -27,6 +27,7 @@ import fcntl
 import functools
 import json
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -458,6 +459,20 @@ def training_refusal(cfg: Config, party: str, folder: Path, exposure: int = 1) -
     return None
 
 
+TRAINING_TRACES = ("model.pt", "manifest.json", "checkpoints", "train_result.json")
+
+
+def _warn_if_unledgered(party: str, folder: Path) -> None:
+    """A folder that holds an earlier training's files but no ledger (restored from a backup, copied, or the
+    ledger deleted): what those rows spent is not counted (red team), which the party's operator must know."""
+    traces = [name for name in TRAINING_TRACES if (folder / name).exists()]
+    if traces and not (folder / LEDGER).exists():
+        print(f"warning: {party}: {folder} holds an earlier training's files ({', '.join(traces)}) but no privacy "
+              f"ledger ({LEDGER}): the epsilon reported from now on does not count what those rows spent before; "
+              "if they were released under a budget, restore that run's ledger with its folder", file=sys.stderr,
+              flush=True)
+
+
 @_locked
 def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1,
                     trained_in: str | None = None) -> tuple[Spent | None, dict]:
@@ -466,6 +481,7 @@ def charge_training(cfg: Config, party: str, folder: Path, exposure: int = 1,
     used = _training_spend(cfg, party, folder, exposure)
     if used is None:
         return None, {}
+    _warn_if_unledgered(party, Path(folder))
     entry = {**used.to_dict(), "prediction_runs": 0, **({"trained_in": trained_in} if trained_in else {})}
     _write_ledger(folder, entry)  # first: a run that fails later (a peer ends it) has still spent it
     return used, entry

@@ -164,7 +164,7 @@ class _Abandon:
     def begin(self, batches: int) -> None:
         pass  # one process: nothing to key
 
-    def rerun(self, where: tuple[int, int]) -> None:
+    def charge(self, releases: int = 2) -> None:
         self.reruns += 1  # a pass's batch runs again without the party (each party's ledger would count it)
 
     def at_epoch(self, stage: int, epoch: int) -> list[str]:

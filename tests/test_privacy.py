@@ -631,23 +631,78 @@ def test_a_batch_run_again_without_a_lost_party_is_charged_to_each_partys_own_le
                            is_active=False)
     role.losses = PartyLoss(role)
     assert _charge(role, cfg, tmp_path).epsilon == pytest.approx(trained.epsilon)
-    role.losses.at = (2, 0)  # the loss was announced in stage 2's pass
-    role.losses.rerun((2, 1))  # a pass after the announced step: its batch in flight was dropped unsummed
     assert "reruns" not in privacy.read_ledger(tmp_path)
-    role.losses.rerun((2, 0))
+    role.losses.charge()  # a pass's batch in flight runs again
     ledger = privacy.read_ledger(tmp_path)
     assert (ledger["reruns"], ledger["releases_per_row"], ledger["noise_multiplier"]) == \
            (1, trained.releases + 2, trained.multiplier)
     assert ledger["epsilon"] == pytest.approx(room / (1 + 1e-6), rel=1e-9)
     with pytest.raises(InputError, match="lab: running a batch again without a lost party would spend epsilon"):
-        role.losses.rerun((2, 0))
+        role.losses.charge()
     assert privacy.read_ledger(tmp_path)["reruns"] == 1  # refused before it is recorded or released
     unbudgeted = SimpleNamespace(spec=SimpleNamespace(name="lab"), protocol=role.protocol, is_active=False)
     unbudgeted.losses = PartyLoss(unbudgeted)
     assert _charge(unbudgeted, make_config("digits", "quick"), tmp_path / "x") is None
-    unbudgeted.losses.at = (2, 0)
-    unbudgeted.losses.rerun((2, 0))
+    unbudgeted.losses.charge()
     assert not (tmp_path / "x" / privacy.LEDGER).exists()
+
+
+@pytest.mark.parametrize("named", [(3, 0, 0), (2, 5, 9)], ids=["the pass's own place", "an earlier epoch"])
+def test_every_batch_of_a_pass_that_runs_again_is_charged_whatever_place_the_notice_names(tmp_path, named):
+    """Red team: in a forward pass a malicious active party saw batch 0's sum, then announced a loss naming an
+    earlier (stage, epoch); the party redid batch 0 (its own step, as a notice of an earlier epoch says) and
+    charged nothing, as if its frame had gone unsummed. Every batch that runs again is charged now: the ledger
+    counts two more releases per row for each run of batch 0 after the first."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from falsevfl_secure.network.network import PartyLost
+    from falsevfl_secure.passes import each_batch
+    from falsevfl_secure.runtime.losses import PartyLoss
+
+    cfg = replace(make_config("digits", "quick", parties=4), privacy=PrivacyConfig(epsilon=50.0, noise_multiplier=4.0))
+    privacy.charge_training(cfg, "B", tmp_path, 1, trained_in="aa" * 32)
+    before = privacy.read_ledger(tmp_path)["releases_per_row"]
+    notice = {"lost": ["C"], "stage": named[0], "epoch": named[1], "index": named[2], "plan": 0}
+    peers = SimpleNamespace(names=["A", "B", "C", "D"], n_parties=4, active_index=0, rank=1, lost=set(),
+                            alive=[0, 1, 3], send=lambda *a: None)
+    peers.lose = peers.lost.update
+    role = SimpleNamespace(is_active=False, network=SimpleNamespace(take_notice=lambda: notice), peers=peers,
+                           session=SimpleNamespace(active="A"), protocol=SimpleNamespace(hides_contributions=True),
+                           spec=SimpleNamespace(name="B", agreement=SimpleNamespace(fields={}),
+                                                request=SimpleNamespace(source="b.toml")), backend=None)
+    handler = PartyLoss(role)
+    handler.on_rerun = partial(privacy.charge_rerun, cfg, "B", tmp_path, exposure=1)
+    handler.pass_done = lambda where, batches: None  # (the active party's word that the pass is over)
+    ran = []
+
+    def run(batch):
+        ran.append(batch)
+        if len(ran) == 1:  # batch 0's sum is out; the active party announces a loss
+            raise PartyLost(notice=notice)
+        return batch
+
+    node = SimpleNamespace(transport=SimpleNamespace(on_party_lost=handler, abandon=lambda: None),
+                           method=SimpleNamespace(survives_party_loss=True), cfg=SimpleNamespace(eval_batch_size=4))
+    data = SimpleNamespace(set_dropped=lambda lost: None, batch=lambda rows: tuple(rows.tolist()))
+    each_batch(node, data, np.arange(8), run, (3, 0))
+    assert ran.count((0, 1, 2, 3)) == 2 and handler.reruns == 1
+    assert privacy.read_ledger(tmp_path)["releases_per_row"] == before + privacy.RELEASES["predict"]
+
+
+def test_a_training_that_finds_an_earlier_trainings_files_but_no_ledger_says_so(tmp_path, capsys):
+    """Red team: a model folder restored from a backup or copied brings no ledger, or an older one, so the epsilon
+    reported would leave out what those rows spent; training there warns (a first training does not)."""
+    cfg = replace(make_config("digits", "quick", parties=4), privacy=PrivacyConfig(epsilon=50.0, noise_multiplier=4.0))
+    privacy.charge_training(cfg, "B", tmp_path / "first")
+    assert "warning" not in capsys.readouterr().err
+    (tmp_path / "restored").mkdir()
+    (tmp_path / "restored" / "model.pt").write_bytes(b"")
+    privacy.charge_training(cfg, "B", tmp_path / "restored")
+    said = capsys.readouterr().err
+    assert said.startswith("warning: B: ") and "(model.pt) but no privacy ledger (privacy.json)" in said, said
+    privacy.charge_training(cfg, "B", tmp_path / "restored")  # its ledger is there now
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_a_ledger_an_earlier_version_recounted_is_refused_and_the_cap_holds_for_clip_proposals(tmp_path):

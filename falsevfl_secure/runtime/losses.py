@@ -74,7 +74,6 @@ class PartyLoss:
         self.events: list[dict] = []  # who left or came back, how, and where (train_result.json)
         self.on_rerun: Callable[[int], object] | None = None  # under a privacy budget: its own ledger's charge
         self.reruns = 0  # batches or steps run again without a lost party
-        self.at: tuple[int, int] | None = None  # the (stage, epoch) of the last loss announced: where a step resumes
 
     @property
     def lost(self) -> set[int]:
@@ -107,7 +106,6 @@ class PartyLoss:
         self._check_policy(losses[0])
         self.version += 1
         stage, epoch, index = position
-        self.at = (stage, epoch)
         notice = {"lost": sorted(peers.names[k] for k in peers.lost), "stage": stage, "epoch": epoch,
                   "index": index + 1, "plan": self._planned(begun, index + 1)}
         others = [name for k, name in enumerate(peers.names) if k not in peers.lost and k != peers.rank]
@@ -157,7 +155,6 @@ class PartyLoss:
         for k in (peers.active_index, *range(peers.n_parties, len(peers.names))):  # the active party, helpers
             peers.send(k, "lost-ack", notice_digest(notice))  # what it was told (the he aggregator compares)
         self._record([], notice)
-        self.at = theirs[:2]
         return resumed
 
     def _resumed(self, ours: tuple[int, int, int], theirs: tuple[int, int, int]) -> int:
@@ -174,15 +171,6 @@ class PartyLoss:
                            f"{name} (stage {ours[0]} epoch {ours[1]})")
 
     # -- in a forward pass ----------------------------------------------------------------------------
-
-    def rerun(self, where: tuple[int, int]) -> None:
-        """A pass at `where` runs a batch again without a lost party: under a privacy budget this party's own
-        ledger counts the rows' extra release first, and past its budget its run ends here (privacy.charge_rerun).
-        Nothing runs again where the loss was announced in an earlier step (this role's frames of the batch it
-        was in were dropped unsummed: it runs that batch once)."""
-        if self.at != tuple(where):
-            return
-        self.charge()
 
     def charge(self, releases: int = RELEASES["predict"]) -> None:
         """Rows this party released run again (`releases` summed rounds each): its own ledger counts them first."""

@@ -72,9 +72,22 @@ def task_metrics(task: str, predictions: np.ndarray, truth: np.ndarray) -> dict[
     return regression_metrics(np.asarray(predictions).reshape(-1), np.asarray(truth).reshape(-1))
 
 
-def selection_loss(task: str, out, y) -> float:
+def selection_metric(task: str, balanced: bool = False) -> str:
+    """The name `train_result.json` gives `selection_loss`."""
+    if task != "classification":
+        return "rmse_standardised"
+    return "log_loss_balanced" if balanced else "log_loss"
+
+
+def selection_loss(task: str, out, y, class_weights=None) -> float:
     """What validation records choose by (stage 2's best epoch, the trees' share): the log loss of class
-    probabilities (B, C), or the RMSE of predicted means (B,) in the target's standardised unit (tensors)."""
+    probabilities (B, C), or the RMSE of predicted means (B,) in the target's standardised unit (tensors). With
+    `class_weights` (C,) (`class_weight = "balanced"`) each record's log loss is weighted by its class's, as stage 2
+    trains (a trial: the unweighted loss chose the blend that undid the weighting)."""
     if task == "classification":
-        return float(-out.clamp(min=1e-12).log().gather(-1, y.long().view(-1, 1)).mean())
+        losses = -out.clamp(min=1e-12).log().gather(-1, y.long().view(-1, 1)).view(-1)
+        if class_weights is None:
+            return float(losses.mean())
+        weights = class_weights.to(losses)[y.long()]
+        return float((weights * losses).sum() / weights.sum().clamp(min=1e-12))
     return float((out - y.to(out.dtype)).pow(2).mean().sqrt())

@@ -24,7 +24,7 @@ import torch
 
 from .config import Stage
 from .methods.false_vfl_steps import forward_rounds, own_groups, own_inputs, snis_output, trees_inputs
-from .metrics import selection_loss
+from .metrics import selection_loss, selection_metric
 from .model.trees import TreesHead, categorical_mask
 from .node import HostedData, Node
 from .passes import each_batch
@@ -62,7 +62,7 @@ class BestEpoch:
         """Log loss (classification) or RMSE (regression) of the current discriminator, at the active party."""
         role = self.node.active.get()
         out = torch.cat([snis_output(role, w.get(), own) for w, own, _ in self._cached])
-        return selection_loss(role.model.task, out, self.y)
+        return selection_loss(role.model.task, out, self.y, role.class_weights)
 
     def update(self, epoch: int) -> None:
         """After a stage-2 epoch: score it and keep its weights when it is the best so far."""
@@ -90,7 +90,7 @@ class BestEpoch:
         if self._best_state is None:
             return None
         self.node.active.get().model.discriminator.load_state_dict(self._best_state)
-        metric = "log_loss" if self.node.cfg.task == "classification" else "rmse_standardised"
+        metric = selection_metric(self.node.cfg.task, self.node.active.get().class_weights is not None)
         # epochs counted from 1, as the plot and the printed lines count them (a trial read 9 here, 10 in the plot)
         return {"metric": metric, "best_epoch": self.best_epoch + 1, "best": round(self.best_score, 6),
                 "per_epoch": self.scores}
@@ -112,10 +112,11 @@ def fit_trees(node: Node, data: HostedData, validation: HostedData | None, best:
         return None
     role, cfg = node.active.get(), node.cfg
     features = np.concatenate([t.get() for t in training])
-    head = TreesHead(cfg.task, role.model.n_classes, cfg.seed, categorical_mask(own_groups(node), features.shape[1]))
+    head = TreesHead(cfg.task, role.model.n_classes, cfg.seed, categorical_mask(own_groups(node), features.shape[1]),
+                     balanced=role.class_weights is not None)
     head.fit(features, data.y.get()[rows].cpu().numpy(), node.transport.working)
     if checked:
         network = torch.cat([snis_output(role, w.get(), own) for w, own, _ in checked])
-        head.choose(network, np.concatenate([t.get() for _, _, t in checked]), validation.y.get())
+        head.choose(network, np.concatenate([t.get() for _, _, t in checked]), validation.y.get(), role.class_weights)
     role.trees = head
     return head.record()

@@ -320,10 +320,14 @@ def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_
     assert message.startswith("training stopped: party 'lab' and the active party 'clinic' both list 0 records")
     assert "min_overlap = 1 %" in message and "id_pattern" in message
     refused("federation alignment")
+    code, out, _ = cli("check", "--config", str(written.path))  # one host holds every table: check says so first
+    assert code == 0 and out.count("note: only 0 of its") == 2 and "match the active party's" in out, out
     fixed = write_federation(tmp_path / "fixed", Spec(ids="mixed", extra={"id_pattern": MIXED_PATTERN}))
     fed = load_federation(fixed.path)
     inputs = {name: read_training_table(fed, name) for name in fed.names}
     assert all(r.short == () for r in _align_all(monkeypatch, fed, inputs))
+    code, out, _ = cli("check", "--config", str(fixed.path))
+    assert code == 0 and "match the active party's" not in out, out
 
 
 def test_a_hostile_row_announcement_is_refused(tmp_path):
@@ -488,8 +492,11 @@ def test_validation_metric_per_parties_observed_against_hand_counts():
     assert table["metric"] == "accuracy" and table["value"] == 80.0 and table["records"] == 5
     assert table["by_parties_observed"] == {"1": {"records": 1, "value": 100.0}, "2": {"records": 2, "value": 50.0},
                                             "3": {"records": 2, "value": 100.0}}
+    # ROC AUC: 5 of the 6 (positive, negative) pairs ranked right; recall 2/2 and 2/3; the most common class 3 of 5
+    assert (table["roc_auc"], table["balanced_accuracy"], table["majority"]) == (0.8333, 83.33, 60.0)
     line = validation_summary(table)
-    assert line.startswith("validation (5 held-out labeled records): accuracy 80 %") and "2 parties: 50 % (2)" in line
+    assert line.startswith("validation (5 held-out labeled records): ROC AUC 0.8333, balanced accuracy 83.33 %, "
+                           "accuracy 80 % (the most common class alone: 60 %)") and "2 parties: 50 % (2)" in line
     scale = TargetScale(100.0, 10.0)
     table = validation_table(np.array([0.0, 1.0, -1.0]), np.array([0.0, 0.5, -1.0]), np.array([2, 2, 1]),
                              "regression", scale)

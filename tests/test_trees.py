@@ -245,3 +245,36 @@ def test_a_categorical_column_reaches_the_trees_as_its_category_code(seed, b, wi
 def test_trees_fitted_on_a_single_class_predict_it_with_certainty():
     head = TreesHead("classification", 3, seed=0).fit(np.random.default_rng(0).normal(size=(6, 3)), np.full(6, 2))
     assert np.allclose(head.predict(np.zeros((2, 3))).numpy(), [[0, 0, 1], [0, 0, 1]])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(2, 60), n_classes=st.integers(2, 5))
+def test_the_class_weighted_selection_loss_is_scikit_learns_log_loss_with_balanced_sample_weights(seed, n, n_classes):
+    # class_weight = "balanced" (a trial): validation chooses the epoch and the blend by the loss stage 2 trains on
+    from sklearn.metrics import log_loss
+    from sklearn.utils.class_weight import compute_sample_weight
+
+    from falsevfl_secure.metrics import selection_loss
+    from falsevfl_secure.model.active import balanced_weights
+
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % n_classes if n >= n_classes else rng.integers(0, n_classes, n)
+    p = rng.dirichlet(np.ones(n_classes), size=n)
+    weights = balanced_weights(torch.from_numpy(y), n_classes)
+    got = selection_loss("classification", torch.from_numpy(p), torch.from_numpy(y), weights)
+    want = log_loss(y, p, labels=np.arange(n_classes), sample_weight=compute_sample_weight("balanced", y))
+    assert got == pytest.approx(want, rel=1e-6)  # (the weights are float32, as stage 2 applies them)
+    assert selection_loss("classification", torch.from_numpy(p), torch.from_numpy(y)) == \
+        pytest.approx(log_loss(y, p, labels=np.arange(n_classes)), rel=1e-9)
+
+
+def test_balanced_trees_weigh_the_rare_class_and_predict_refits_them_so(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(1200, 3))
+    y = (x[:, 0] + rng.normal(size=1200) > 1.9).astype(int)  # about 6 % positive
+    plain, balanced = (TreesHead("classification", 2, seed=1, balanced=b).fit(x, y) for b in (False, True))
+    assert balanced.predict(x)[:, 1].mean() > 2 * plain.predict(x)[:, 1].mean()  # the rare class weighs as much
+    balanced.save(tmp_path)
+    loaded = TreesHead.load(tmp_path, "classification", 2, seed=1, groups=())
+    assert loaded.balanced and torch.equal(loaded.predict(x), balanced.predict(x))
+    assert balanced.record()["metric"] == "log_loss_balanced" and plain.record()["metric"] == "log_loss"

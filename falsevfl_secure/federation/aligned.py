@@ -125,8 +125,8 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     remap = np.full(result.n_union, -1, dtype=np.int64)
     remap[kept] = np.arange(kept.size)
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
-    if not role.is_active:  # before any value is summed over these rows
-        _check_with_passive_peers(role, [ids[i] for i in listed], positions[listed], signed, result.sizes)
+    if not role.is_active and not short:  # before any value is summed over these rows (none, where one is short:
+        _check_with_passive_peers(role, [ids[i] for i in listed], positions[listed], signed, result.sizes)  # it ends)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
                    remap[validation], overlap, short)
 
@@ -157,7 +157,7 @@ def _apply_policy(role, result: Alignment, positions: np.ndarray, held: np.ndarr
     labeled, validation = (np.sort(positions[part]) for part in _hold_out(np.sort(rows), policy))
     short = _short(per_party, active, policy.min_overlap)
     _announce(role, kept, labeled, validation, per_party, short, result)
-    passive = _passive_peers(role)
+    passive = _passive_peers(role) if not short else {}  # (a shortfall stops every party now: nothing to check)
     for rank in passive if len(passive) > 1 else ():  # the pairs meet in len(passive) rounds at most
         role.network.recv(role.peers.names[rank], "kept-ack", RECV_TIMEOUT_S * len(passive))
     return kept, labeled, validation, holders[kept], Overlap(*(int(v) for v in per_party[active]), per_party), short

@@ -56,7 +56,27 @@ class PartyCheck:
 
 def check_parties(fed: Federation, names: list[str], command: str) -> list[PartyCheck]:
     """The check of every named role for `command` ("check", "train" or "predict")."""
-    return [check_party(fed, name, command) for name in names]
+    reports = [check_party(fed, name, command) for name in names]
+    _overlap_notes(fed, reports)
+    return reports
+
+
+def _overlap_notes(fed: Federation, reports: list[PartyCheck]) -> None:
+    """Where this host holds the active party's table and another party's (one operator's trial): a note for each
+    party whose IDs, as the rule normalises them, barely meet the active party's (a trial learned it 7 s into
+    `train`). Compared here, on this host's own files; nothing is sent."""
+    tables = {r.name: r.inputs.table for r in reports if r.inputs is not None}
+    if fed.active not in tables:
+        return
+    active = set(tables[fed.active].ids)
+    for report in (r for r in reports if r.name in tables and r.name != fed.active):
+        ids = tables[report.name].ids
+        shared, base = len(active.intersection(ids)), min(len(active), len(ids))
+        if base and shared < max(fed.min_overlap, 0.01) * base:
+            report.lines.append(f"{NOTE}only {shared} of its {len(ids)} IDs match the active party's {len(active)} as "
+                                f"compared ({fed.id_rule.describe() if not fed.id_rule.is_plain else 'as written'}): "
+                                "training would stop; see the ID examples above, and normalise them with id_pattern, "
+                                "id_strip_leading_zeros or id_fold_case in [federation]")
 
 
 def check_party(fed: Federation, name: str, command: str) -> PartyCheck:
@@ -188,7 +208,8 @@ def identity_line(fed: Federation, name: str) -> str:
     if pinned.get(name) == public:
         return f"  key: {path} holds the key pinned for {name} (fingerprint {fingerprint})"
     if name not in pinned:
-        return f"{NOTE}{path} holds {who}'s key, not pinned yet: every file pins key = \"{identity.pin_text(public)}\""
+        pin = identity.pin_text(public)
+        return f"{NOTE}{path} holds the key of {who}, not pinned yet: every file pins key = \"{pin}\""
     owner = next((role for role, key in pinned.items() if key == public), None)
     if owner is not None:
         raise InputError(f"{who}: {path} holds the key {fed.path} pins for {role_text(owner)}, not for {who}: "

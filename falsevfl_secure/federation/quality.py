@@ -20,11 +20,22 @@ def validation_table(predictions: np.ndarray, targets: np.ndarray, n_observed: n
         predicted, truth = scale.inverse(np.asarray(predictions).reshape(-1)), scale.inverse(targets)
     table = {"metric": "accuracy" if task == "classification" else "rmse", "records": int(truth.size),
              **_metric(predicted, truth, task, full=True), "by_parties_observed": {}}
+    if task == "classification":  # accuracy alone reads an imbalanced label badly (a trial: 81.9 %, one class 81.5 %)
+        table.update(_ranked(np.asarray(predictions), truth))
     for count in np.unique(n_observed):
         rows = np.asarray(n_observed) == count
         table["by_parties_observed"][str(int(count))] = {"records": int(rows.sum()),
                                                          "value": _metric(predicted[rows], truth[rows], task)["value"]}
     return table
+
+
+def _ranked(probabilities: np.ndarray, truth: np.ndarray) -> dict:
+    """ROC AUC, balanced accuracy (%) and the most common class's share (%) of the validation records."""
+    from ..metrics import classification_metrics
+
+    found, counts = classification_metrics(probabilities, truth), np.bincount(truth.astype(np.int64))
+    return {"roc_auc": round(found["roc_auc"], 4), "balanced_accuracy": round(100 * found["balanced_accuracy"], 2),
+            "majority": round(100 * counts.max() / max(truth.size, 1), 2)}
 
 
 def _metric(predicted: np.ndarray, truth: np.ndarray, task: str, full: bool = False) -> dict:
@@ -44,8 +55,12 @@ def validation_summary(validation: dict | None) -> str:
     groups = ", ".join(f"{k} {'party' if k == '1' else 'parties'}: {v['value']:.4g}{unit} ({v['records']})"
                        for k, v in validation["by_parties_observed"].items())
     extra = f", MAE {validation['mae']:.4g}, R^2 {validation['r2']:.3f}" if "mae" in validation else ""
-    return (f"validation ({validation['records']} held-out labeled records): {validation['metric']} "
-            f"{validation['value']:.4g}{unit}{extra}; by parties observed: {groups}")
+    lead = ""
+    if "roc_auc" in validation:
+        lead = f"ROC AUC {validation['roc_auc']:.4f}, balanced accuracy {validation['balanced_accuracy']:.2f} %, "
+        extra = f" (the most common class alone: {validation['majority']:.4g} %)"
+    return (f"validation ({validation['records']} held-out labeled records): {lead}{validation['metric']} "
+            f"{validation['value']:.4g}{unit}{extra}; {validation['metric']} by parties observed: {groups}")
 
 
 def trees_lines(trees: dict | None) -> list[str]:
@@ -64,7 +79,8 @@ def trees_lines(trees: dict | None) -> list[str]:
             f"{scores['1.0']:.4f})"]
 
 
-_METRICS = {"log_loss": "log loss", "rmse_standardised": "RMSE in the target's standard deviations"}
+_METRICS = {"log_loss": "log loss", "log_loss_balanced": "log loss weighted by class (class_weight = \"balanced\")",
+            "rmse_standardised": "RMSE in the target's standard deviations"}
 
 
 def selection_lines(selection: dict | None) -> list[str]:

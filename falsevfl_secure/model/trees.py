@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..fsio import atomic_write
-from ..metrics import selection_loss
+from ..metrics import selection_loss, selection_metric
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of the blend, chosen on validation records
 UNCHOSEN = 0.5  # without validation records
@@ -61,8 +61,10 @@ class TreesHead:
     """HistGradientBoosting on `head_features` (the mean of BAG models), and its share of the blend with the
     discriminator."""
 
-    def __init__(self, task: str, n_classes: int, seed: int, categorical: np.ndarray | None = None) -> None:
+    def __init__(self, task: str, n_classes: int, seed: int, categorical: np.ndarray | None = None,
+                 balanced: bool = False) -> None:
         self.task, self.n_classes, self.seed, self.categorical = task, n_classes, seed, categorical
+        self.balanced = balanced and task == "classification"  # class_weight = "balanced": the trees weigh alike
         self.weight, self.scores, self.models = UNCHOSEN, {}, []
         self.features = self.y = None
 
@@ -75,8 +77,9 @@ class TreesHead:
         stop = _can_stop_early(self.task, y)
         # the seeds differ only in the tenth each model stops on: without early stopping one model is all
         cats = self.categorical if self.categorical is not None and self.categorical.any() else None
+        weighted = {"class_weight": "balanced"} if self.balanced else {}
         self.models = [kind(max_iter=MAX_ITER, early_stopping=stop, random_state=self.seed + i,
-                            categorical_features=cats) for i in range(BAG if stop else 1)]
+                            categorical_features=cats, **weighted) for i in range(BAG if stop else 1)]
         with warnings.catch_warnings():  # convergence chatter is not the user's business here
             warnings.simplefilter("ignore")
             for model in self.models:
@@ -102,16 +105,18 @@ class TreesHead:
         trees = self.predict(features).to(network.device)
         return ((1 - self.weight) * network.to(torch.float64) + self.weight * trees).to(network)
 
-    def choose(self, network: Tensor, features: np.ndarray, y: Tensor) -> None:
-        """The weight of WEIGHTS whose blend scores best on validation records: log loss, or RMSE (standardised)."""
+    def choose(self, network: Tensor, features: np.ndarray, y: Tensor, class_weights: Tensor | None = None) -> None:
+        """The weight of WEIGHTS whose blend scores best on validation records: log loss (class-weighted where
+        stage 2 trains so), or RMSE (standardised)."""
         trees, y = self.predict(features).to(network.device), y.to(network.device)
         for w in WEIGHTS:
-            self.scores[w] = selection_loss(self.task, (1 - w) * network.to(torch.float64) + w * trees, y)
+            blend = (1 - w) * network.to(torch.float64) + w * trees
+            self.scores[w] = selection_loss(self.task, blend, y, class_weights)
         self.weight = min(WEIGHTS, key=lambda w: (self.scores[w], abs(w - UNCHOSEN)))
 
     def record(self) -> dict:
         """What `train_result.json` says of the head."""
-        metric = "log_loss" if self.task == "classification" else "rmse_standardised"  # as the epoch's selection
+        metric = selection_metric(self.task, self.balanced)  # as the epoch's selection
         return {"weight": self.weight, "metric": metric,
                 "validation": {str(w): round(s, 6) for w, s in self.scores.items()},
                 "rows": int(len(self.y)), "trees": int(sum(m.n_iter_ for m in self.models)),
@@ -121,7 +126,8 @@ class TreesHead:
         """Its training rows and weight (the active party's own values; owner-only) for `predict` to refit."""
         buffer = io.BytesIO()
         categorical = np.zeros(self.features.shape[1], bool) if self.categorical is None else self.categorical
-        np.savez(buffer, features=self.features, y=self.y, weight=np.float64(self.weight), categorical=categorical)
+        np.savez(buffer, features=self.features, y=self.y, weight=np.float64(self.weight), categorical=categorical,
+                 balanced=np.bool_(self.balanced))
         atomic_write(Path(folder) / SAVED, buffer.getvalue(), private=True)
 
     @classmethod
@@ -134,6 +140,7 @@ class TreesHead:
                              "trees are refitted from that file; train again")
         with np.load(path, allow_pickle=False) as saved:
             features, y, weight = saved["features"], saved["y"], float(saved["weight"])
+            balanced = bool(saved["balanced"]) if "balanced" in saved.files else False  # (saved before: unweighted)
             if "categorical" in saved.files:
                 categorical = saved["categorical"]
             elif not groups:  # saved before the trees read category codes: without categories, the same columns
@@ -142,7 +149,7 @@ class TreesHead:
                 categorical = None
         if categorical is None or categorical.shape != (features.shape[1],):
             raise InputError(f"{path} holds trees' rows of another layout than this model's; train again")
-        head = cls(task, n_classes, seed, categorical).fit(features, y)
+        head = cls(task, n_classes, seed, categorical, balanced).fit(features, y)
         head.weight = weight
         return head
 

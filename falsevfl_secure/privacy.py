@@ -459,7 +459,8 @@ def training_refusal(cfg: Config, party: str, folder: Path, exposure: int = 1) -
     return None
 
 
-TRAINING_TRACES = ("model.pt", "manifest.json", "checkpoints", "train_result.json")
+TRAINING_TRACES = ("model.pt", "manifest.json", "train_result.json")  # (checkpoints/: a passive party's alignment
+# is saved there before its first training charges: review)
 
 
 def _warn_if_unledgered(party: str, folder: Path) -> None:

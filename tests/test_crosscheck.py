@@ -339,3 +339,36 @@ def test_a_refused_alignment_or_crosscheck_frame_names_its_sender_where_the_fram
         align_module._expect_length(b"x" * 9, 8, "sizes", 2)
     assert own.value.sender == 2
     assert _named(role, lambda: 7) == 7
+
+
+@pytest.mark.parametrize("build", ["weakened: any shortfall skips the check", "shipped"])
+def test_a_shortfall_announced_into_a_prediction_cannot_switch_the_check_off(monkeypatch, build, attacked):
+    """Review finding: a shortfall stops training at every party, so the passive parties skip their crosscheck then;
+    a malicious active party signed one into a prediction's announcement (which asks for no overlap, and never
+    stops on one), and the prediction went on unchecked, its records free to sit at two rows. Where the party's own
+    policy asks for no minimum overlap, an announced shortfall is the active party's refusal, before any sum."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.federation import aligned as module_aligned
+    from falsevfl_secure.network.wire import Refused
+    from falsevfl_secure.secure.align import Alignment
+
+    checked = []
+    monkeypatch.setattr(module_aligned, "_check_with_passive_peers", lambda *a, **k: checked.append(True))
+    monkeypatch.setattr(module_aligned, "align", lambda *a, **k: Alignment(4, np.arange(4), None, np.array([4, 4, 4])))
+    short = (module_aligned.Shortfall(2, 0, 0),)
+    monkeypatch.setattr(module_aligned, "_announced",
+                        lambda role, result, listed: (np.arange(4), np.arange(0), np.arange(0), (4, 4), short, b"s"))
+    if build.startswith("weakened"):
+        monkeypatch.setattr(module_aligned, "_refuse_unasked_shortfall", lambda *a: None)
+    role = SimpleNamespace(is_active=False, peers=SimpleNamespace(active_index=0, n_parties=3, rank=1,
+                                                                  names=("lab", "bank", "clinic")),
+                           network=SimpleNamespace(tighten=lambda *a: None), channel=lambda: None)
+    try:  # as `predict` aligns: restricted to the active party's records, no minimum overlap
+        module_aligned.align_table(role, ("a", "b", "c", "d"), np.ones(4, bool), None, restrict=True,
+                                   policy=module_aligned.Policy(max_ids=100))
+        outcome = "went on, checked" if checked else "went on unchecked"
+    except Refused as refusal:
+        outcome = f"refused, naming {refusal.offender}"
+    attacked("a shortfall signed into a prediction (active)", build, outcome)
+    assert outcome == ("went on unchecked" if build.startswith("weakened") else "refused, naming lab"), outcome

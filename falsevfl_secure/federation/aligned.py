@@ -125,10 +125,22 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     remap = np.full(result.n_union, -1, dtype=np.int64)
     remap[kept] = np.arange(kept.size)
     positions = np.where(positions >= 0, remap[np.maximum(positions, 0)], -1)
-    if not role.is_active and not short:  # before any value is summed over these rows (none, where one is short:
-        _check_with_passive_peers(role, [ids[i] for i in listed], positions[listed], signed, result.sizes)  # it ends)
+    if not role.is_active:  # before any value is summed over these rows (none, where one is short: it stops)
+        _refuse_unasked_shortfall(role, short, policy)
+        if not short:
+            _check_with_passive_peers(role, [ids[i] for i in listed], positions[listed], signed, result.sizes)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
                    remap[validation], overlap, short)
+
+
+def _refuse_unasked_shortfall(role, short: tuple[Shortfall, ...], policy: Policy) -> None:
+    """A shortfall stops training at every party, so none checks its rows with its peers; where this party's own
+    file asks for no minimum overlap (a prediction always), an announced one is the active party's refusal (review
+    finding: a shortfall signed into a prediction's announcement skipped the crosscheck, and the run went on)."""
+    if short and policy.min_overlap <= 0:
+        active = role.peers.names[role.peers.active_index]
+        raise Refused(f"{active} announced records that barely meet its own, where this party asks for no minimum "
+                      "overlap: refused before any sum", active)
 
 
 def _named(role, run):

@@ -57,7 +57,8 @@ class PartyCheck:
 def check_parties(fed: Federation, names: list[str], command: str) -> list[PartyCheck]:
     """The check of every named role for `command` ("check", "train" or "predict")."""
     reports = [check_party(fed, name, command) for name in names]
-    _overlap_notes(fed, reports)
+    if command != "predict":  # (a prediction asks for no overlap)
+        _overlap_notes(fed, reports)
     return reports
 
 
@@ -66,13 +67,13 @@ def _overlap_notes(fed: Federation, reports: list[PartyCheck]) -> None:
     party whose IDs, as the rule normalises them, barely meet the active party's (a trial learned it 7 s into
     `train`). Compared here, on this host's own files; nothing is sent."""
     tables = {r.name: r.inputs.table for r in reports if r.inputs is not None}
-    if fed.active not in tables:
+    if fed.active not in tables or fed.min_overlap <= 0:  # (min_overlap = 0 trains anyway)
         return
     active = set(tables[fed.active].ids)
     for report in (r for r in reports if r.name in tables and r.name != fed.active):
         ids = tables[report.name].ids
         shared, base = len(active.intersection(ids)), min(len(active), len(ids))
-        if base and shared < max(fed.min_overlap, 0.01) * base:
+        if base and shared < fed.min_overlap * base:
             report.lines.append(f"{NOTE}only {shared} of its {len(ids)} IDs match the active party's {len(active)} as "
                                 f"compared ({fed.id_rule.describe() if not fed.id_rule.is_plain else 'as written'}): "
                                 "training would stop; see the ID examples above, and normalise them with id_pattern, "

@@ -246,7 +246,7 @@ def _agreed(peers: Peers, received: dict[int, tuple[str, bytes]], forwarded: int
     (`_awaited`); so is a frame of a tag that is no sum's (review finding: the helper failed, and was named). Where
     some sent a resume answer's digest, the active party's own `resume-ack` tells whether that step is due."""
     tags = {peers.names[k]: tag for k, (tag, _) in received.items()}
-    if RESUME_ACK in tags.values() and _resuming(peers):  # a resumed run's first step, before any round (review:
+    if RESUME_ACK in tags.values() and _resuming(peers, forwarded):  # a resumed run's first step (review:
         expected = RESUME_ACK  # two parties are no majority, and the active party's round named the honest one)
     else:  # (a resume-ack where the active party sent none is out of step: the other frames' round decides)
         rounds = [tag for tag in tags.values() if tag != RESUME_ACK]
@@ -261,15 +261,20 @@ def _agreed(peers: Peers, received: dict[int, tuple[str, bytes]], forwarded: int
     return expected
 
 
-def _resuming(peers: Peers) -> bool:
+def _resuming(peers: Peers, forwarded: int) -> bool:
     """Whether the active party told this helper a resume answer's digest (its `resume-ack`, sent before any round
-    of a resumed run, and only then; a passive party's may come first, so it waits for it up to a round's deadline,
-    its heartbeat saying it waits on the active party)."""
-    network, active = peers.network, peers.names[peers.active_index]
-    deadline = time.monotonic() + network.deadline_s
+    of a resumed run, and only then): never once a sum went on; else its frame, or its heartbeat in a round waiting
+    on this helper (which comes after that frame on the same link), decides; a passive party's resume-ack may come
+    first, so it waits up to a round's deadline (review: a stray resume-ack held it the whole deadline, and the
+    active party, waiting on it, named it)."""
+    network, active, me = peers.network, peers.names[peers.active_index], peers.names[peers.rank]
+    if forwarded:
+        return False
+    link, deadline = network.links.get(active), time.monotonic() + network.deadline_s
     network.waiting_on = active
     try:
-        while network.head(active) is None and time.monotonic() < deadline and network.aborted is None:
+        while network.head(active) is None and time.monotonic() < deadline and network.aborted is None and not \
+                (link is not None and link.waiting_on == me and link.last_round):
             time.sleep(POLL_S)
     finally:
         network.waiting_on = None

@@ -321,7 +321,7 @@ def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_
     assert "min_overlap = 1 %" in message and "id_pattern" in message
     refused("federation alignment")
     code, out, _ = cli("check", "--config", str(written.path))  # one host holds every table: check says so first
-    assert code == 0 and out.count("note: only 0 of its") == 2 and "match the active party's" in out, out
+    assert code == 0 and out.count("note: only 0 of the ") == 2 and "IDs of 'lab' match the active party's" in out, out
     fixed = write_federation(tmp_path / "fixed", Spec(ids="mixed", extra={"id_pattern": MIXED_PATTERN}))
     fed = load_federation(fixed.path)
     inputs = {name: read_training_table(fed, name) for name in fed.names}

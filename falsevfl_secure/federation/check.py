@@ -74,10 +74,11 @@ def _overlap_notes(fed: Federation, reports: list[PartyCheck]) -> None:
         ids = tables[report.name].ids
         shared, base = len(active.intersection(ids)), min(len(active), len(ids))
         if base and shared < fed.min_overlap * base:
-            report.lines.append(f"{NOTE}only {shared} of its {len(ids)} IDs match the active party's {len(active)} as "
-                                f"compared ({fed.id_rule.describe() if not fed.id_rule.is_plain else 'as written'}): "
-                                "training would stop; see the ID examples above, and normalise them with id_pattern, "
-                                "id_strip_leading_zeros or id_fold_case in [federation]")
+            rule = fed.id_rule.describe() if not fed.id_rule.is_plain else "as written"
+            report.lines.append(f"{NOTE}only {shared} of the {len(ids)} IDs of {report.name!r} match the active "
+                                f"party's {len(active)} as compared ({rule}): training would stop; normalise them with "
+                                "id_pattern, id_strip_leading_zeros or id_fold_case in [federation] (`federation "
+                                "check` shows each party's IDs)")
 
 
 def check_party(fed: Federation, name: str, command: str) -> PartyCheck:

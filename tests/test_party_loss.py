@@ -93,6 +93,24 @@ def test_a_party_lost_at_a_passs_end_or_in_a_prediction_is_left_out_and_no_party
     assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
 
 
+TREES = ONCE.with_options(head="network+trees")
+IN_THE_TREES_PASS = Crash(party=1, epoch=6, step=1, steps_per_epoch=11)  # after stage 2's pass: the trees' one batch
+
+
+def test_a_party_lost_in_the_trees_pass_is_left_out_where_every_party_counts_the_same_place(tmp_path):
+    # Review gap: every unit a party begins counts in the place a loss notice names (`PartyLoss.begin`), and no run
+    # lost a party in the trees pass, which follows the cached stage 2's pass: every party must count both alike, or
+    # an honest party refuses the notice. Its batch runs again without the party, as the local reference does.
+    reference = local_run(TREES, IN_THE_TREES_PASS)
+    ended = distributed_run(tmp_path, "mpc", TREES, IN_THE_TREES_PASS)
+    active = ended[TREES.active_index]
+    assert "ok" in active and all("ok" in ended[k] for k in (0, 2)), ended
+    assert [(e["party"], e["stage"], e["epoch"], e["resumed_at"]) for e in active["ok"]["events"]] == \
+           [("party1", int(Stage.TRAIN), TREES.train.epochs, 0)], active["ok"]["events"]
+    assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
+    assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
+
+
 @pytest.mark.parametrize("line, words", [('on_party_loss = "maybe"', 'must be "stop" or "continue"'),
                                          ("min_parties = 1", "must be an integer in 2..4"),
                                          ("min_parties = 5", "must be an integer in 2..4")])

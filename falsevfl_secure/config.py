@@ -36,6 +36,7 @@ CELL_HANDLING = ("mask", "mean")  # how party models treat empty cells (Config.c
 NOT_TRAINING_SETTINGS = frozenset({"device", "eval_batch_size", "stack_parties"})
 
 
+MAX_EPOCHS = 100_000  # a stage's epochs: far past any schedule that trains (the paper's is 300)
 CLASS_WEIGHTS = ("none", "balanced")  # Config.class_weight: stage 2's weight of each labeled row
 OPTIMIZERS = ("adam", "sgd")  # sgd: momentum 0.9, as SimSiam's pretraining uses it
 
@@ -56,7 +57,8 @@ class StageConfig:
 
     def check(self, name: str) -> None:
         """Refuse a schedule that cannot run, naming the stage (`name`)."""
-        _need(_whole(self.epochs) and self.epochs >= 0, f"{name} epochs={self.epochs!r}: a whole number >= 0")
+        _need(_whole(self.epochs) and 0 <= self.epochs <= MAX_EPOCHS,  # (a trial's 10^20 overflowed the accountant)
+              f"{name} epochs={self.epochs!r}: a whole number in 0..{MAX_EPOCHS:,}")
         _need(_whole(self.batch_size) and 1 <= self.batch_size <= MAX_BATCH,
               f"{name} batch_size={self.batch_size!r}: a whole number in 1..{MAX_BATCH}")
         _need(real_number(self.lr) and real_number(self.weight_decay) and self.lr > 0 and self.weight_decay >= 0,
@@ -284,6 +286,8 @@ class Config:
         _need(self.mechanism_rows in MECHANISM_ROWS,
               f"mechanism_rows={self.mechanism_rows!r}: choose {' or '.join(MECHANISM_ROWS)}")
         _need(self.class_weight in CLASS_WEIGHTS, f"class_weight={self.class_weight!r}: choose none or balanced")
+        _need(self.class_weight == "none" or self.task == "classification",  # (a trial: silently ignored there)
+              f"class_weight={self.class_weight!r} weighs classes: it applies to task = \"classification\" only")
         _need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
 
 

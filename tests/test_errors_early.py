@@ -298,6 +298,14 @@ def test_a_hostile_row_announcement_is_refused_naming_the_active_party():
 TYPOS = [
     (lambda t: 'model = "quick"\n' + t.replace('[model]\npreset = "quick"\nseed = 0\n', ""), "model must be a table"),
     (lambda t: t.replace('rendezvous = "127.0.0.1:29611"', 'rendezvous = "127.0.0.1:\u00b2"'), "must be HOST:PORT"),
+    # a bad-input sweep's: a scheme passed check and failed at listening as a "taken port"; a port out of range
+    (lambda t: t.replace('rendezvous = "127.0.0.1:29611"', 'rendezvous = "http://127.0.0.1:29611"'), "no scheme"),
+    (lambda t: t.replace('rendezvous = "127.0.0.1:29611"', 'rendezvous = "127.0.0.1:99999"'),
+     "port must be in 1..65535"),
+    (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.pretrain]\nepochs = 99999999999999999999\n"),
+     "a whole number in 0..100,000"),
+    (lambda t: t.replace("seed = 0\n", 'seed = 0\nclass_weight = "balanced"\n').replace(
+        'task = "classification"', 'task = "regression"'), "applies to task = \"classification\" only"),
     (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.pretrain]\nepochs = 1.5\n"), "epochs=1.5"),
     (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.train]\nbatch_size = 2.5\n"), "batch_size=2.5"),
     (lambda t: t.replace("seed = 0\n", "seed = 0\n[model.pretrain]\nlr = inf\n"), "lr must be a finite"),

@@ -480,6 +480,8 @@ def test_score_reads_the_class_probabilities_a_tabular_user_needs(tmp_path):
     (tmp_path / "mixed.csv").write_text("id,label\nA,yes\nC,no\n")  # a class the model never saw
     code, out, err = cli("score", "--predictions", str(tmp_path / "r.csv"), "--truth", str(tmp_path / "mixed.csv"))
     assert code == 0 and out.startswith("accuracy 50.00 %, ROC AUC 0.5000, PR AUC (no) 0.500"), out + err
+    # and says so (a bad-input sweep's truth wrote 'Benign' for 'benign': every such record scored silently as wrong)
+    assert "warning: the truth holds classes the predictions have no p_<class> column for: 'no' (1)" in err, err
 
 
 def test_validation_metric_per_parties_observed_against_hand_counts():

@@ -595,6 +595,11 @@ def _probability_scores(ids: list[str], predicted: dict, truth: dict, args, shor
 
     classes = [name[2:] for name in predicted[ids[0]] if name.startswith("p_")]
     unseen = sorted({truth[i] for i in ids} - set(classes))
+    if unseen and not short:  # (a trial's truth wrote 'Benign' for 'benign': every such record scored as wrong)
+        counts = ", ".join(f"{c!r} ({sum(truth[i] == c for i in ids)})" for c in unseen[:5])
+        print(f"warning: the truth holds classes the predictions have no p_<class> column for: {counts}; each scores "
+              f"probability 0 (the model's classes: {', '.join(repr(c) for c in classes)}; a class written another "
+              "way?)", file=sys.stderr)
     columns = [*classes, *unseen]
     probabilities = np.zeros((len(ids), len(columns)))
     for row, i in enumerate(ids):

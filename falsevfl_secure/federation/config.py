@@ -342,8 +342,11 @@ def _id_rule(section: dict, path: Path) -> IdRule:
 def _address(section: dict, key: str, path: Path, where: str) -> tuple[str, int]:
     text = _text(section, key, path, where)
     host, _, port = text.rpartition(":")
-    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:  # ("²" is a digit)
-        raise InputError(f"{path}: [{where}] {key} = {text!r} must be HOST:PORT")
+    if not host or not (port.isascii() and port.isdigit()) or "/" in host or host != host.strip():  # ("²" is a digit)
+        raise InputError(f"{path}: [{where}] {key} = {text!r} must be HOST:PORT (an IP address or host name, no "
+                         "scheme such as http://, no spaces)")
+    if not 0 < int(port) < 65536:
+        raise InputError(f"{path}: [{where}] {key} = {text!r}: the port must be in 1..65535")
     return host, int(port)
 
 

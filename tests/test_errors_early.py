@@ -130,11 +130,16 @@ def test_check_refuses_another_roles_key_file_naming_whose_it_is(tmp_path, refus
 
 
 @pytest.mark.timed
-def test_check_refuses_a_key_file_that_is_no_key(tmp_path, refused):
+@pytest.mark.parametrize("content, said", [("not a key\n", "not a key written by `federation keygen` (no PEM private "
+                                                           "key in it)"),
+                                          ("", "the identity key file is empty"),  # (a bad-input sweep: the library's
+                                          ("PIN", "holds a public pin (ed25519:...), which goes in federation.toml")])
+def test_check_refuses_a_key_file_that_is_no_key(tmp_path, refused, content, said):  # FAQ link answered both)
     config = demo(tmp_path)
-    key_file(config, "lab").write_text("not a key\n")
+    pin = next(line for line in config.read_text().splitlines() if line.startswith("key = "))
+    key_file(config, "lab").write_text(pin + "\n" if content == "PIN" else content)
     err = check_refused(config)
-    assert err.startswith("error: party 'lab': ") and "not a key written by `federation keygen`" in err, err
+    assert err.startswith("error: party 'lab': ") and said in err and "cryptography.io" not in err, err
     refused("federation key")
 
 

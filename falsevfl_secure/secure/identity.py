@@ -101,10 +101,16 @@ def read_private_key(path: Path | str) -> PrivateKey:
     if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise IdentityError(f"{path}: the identity key is readable by others (mode {stat.S_IMODE(mode):o}); "
                             f"run `chmod 600 {path}`")
+    if not data.strip():
+        raise IdentityError(f"{path}: the identity key file is empty (create one with `python -m "
+                            "falsevfl_secure.federation keygen`, or restore the party's key)")
+    if PIN_PREFIX.encode() in data and b"PRIVATE KEY" not in data:  # (a bad-input sweep pasted the pin line here)
+        raise IdentityError(f"{path}: holds a public pin ({PIN_PREFIX}...), which goes in federation.toml; the key "
+                            "file is the private key `federation keygen` wrote")
     try:
         key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as error:
-        raise IdentityError(f"{path}: not a key written by `federation keygen` (no PEM private key: {error})") from None
+    except (ValueError, TypeError):  # (the library's own text pointed at its FAQ: a sweep found it unreadable)
+        raise IdentityError(f"{path}: not a key written by `federation keygen` (no PEM private key in it)") from None
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise IdentityError(f"{path}: the identity key must be Ed25519, got {type(key).__name__}")
     return key

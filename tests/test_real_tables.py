@@ -537,7 +537,8 @@ def test_the_tables_demo_writes_messy_tables_that_check_accepts(tmp_path):
 def test_a_partys_own_max_ids_bounds_the_alignment_frames_it_accepts():
     # Review finding: the alignment's frames were bounded by the network's fixed 256 MiB whatever a party's
     # max_ids, so a peer could make it buffer 8 frames of 256 MiB before its own bound refused the list. Its own
-    # max_ids now sizes them: one list of points per `align` frame, three position lists per kept record.
+    # max_ids now sizes them: at most the published union (K lists of points) per `align` frame, three position
+    # lists per kept record.
     import threading
     from types import SimpleNamespace
 
@@ -547,7 +548,7 @@ def test_a_partys_own_max_ids_bounds_the_alignment_frames_it_accepts():
     from falsevfl_secure.secure.align import FRAME_SLACK, MAX_IDS, alignment_bounds
 
     bounds = alignment_bounds(1000, 3)
-    assert bounds == {"align": 32 * 1000 + FRAME_SLACK, "kept": 8 * 4 * 1000 + FRAME_SLACK}
+    assert bounds == {"align": 32 * 3 * 1000 + FRAME_SLACK, "kept": 8 * 4 * 1000 + FRAME_SLACK}
     cast = SimpleNamespace(parties=("lab", "bank", "clinic"))
     spec = SimpleNamespace(name="bank", cast=cast, agreement=SimpleNamespace(fields={"max_ids": 1000}))
     assert Role._alignment_bounds(spec) == bounds  # set as the role starts, from its own file's max_ids

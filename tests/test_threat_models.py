@@ -632,11 +632,11 @@ def _hostile_announcements(held: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 
 @pytest.mark.parametrize("protocol", SECURE)
 def test_split_records_would_give_a_malicious_active_party_one_holders_contribution(protocol, attacked):
-    """malicious_pinned_party.toml, what the passive parties' crosscheck prevents (a red team's finding): the active
+    """malicious_pinned_party.toml, what the passive parties' checks prevent (a red team's finding): the active
     party alone sorts the shared order and announces each passive party's positions and kept rows. Here it signs
     each party a different `kept` list of one length; each passive party's own checks of its own view accept it;
     in every slot only B holds its record, so every revealed sum is B's own contribution on records B shares with
-    C or D. The federation refuses such rows before any sum (the crosscheck, next test); this is what it would
+    C or D. The federation refuses such rows before any sum (the checks, next test); this is what it would
     lose without it."""
     import hashlib
 
@@ -666,31 +666,42 @@ def test_split_records_would_give_a_malicious_active_party_one_holders_contribut
     truth = torch.from_numpy(value["B"][accepted["B"]])
     exact = int(((total - truth).abs().amax(1) < 2.0**-14).sum())
     shared = int((held["C"] | held["D"])[accepted["B"]].sum())
-    attacked("split shared records (malicious active)", f"weakened: no crosscheck, {protocol}",
+    attacked("split shared records (malicious active)", f"weakened: no checks, {protocol}",
              f"B's own contribution in {exact} of {len(truth)} slots, {shared} of them records B shares")
     assert exact == shared == len(truth) > 50  # disclosed: every slot, each a record another passive party holds
 
 
 def _hostile_active(role, variant: str) -> None:
     """Make this (active) process split shared records: `kept` announces B the records it shares with C and C,
-    in the same slots, records it does not hold; `positions` gives C's copy of one record it shares with B the
-    position of a record C does not hold."""
+    in the same slots, records it does not hold; `finals` returns C its pseudonyms with those of two records it
+    shares with B exchanged (under the proof of the true ones); `union` publishes C another union than B, of one
+    size (a first record added, a last one C does not hold dropped: C's records before it one row on)."""
     from types import SimpleNamespace
 
     from falsevfl_secure.federation import aligned
     from falsevfl_secure.secure import align as align_module
+    from falsevfl_secure.secure import ring
 
     b, c = (r for r in range(role.peers.n_parties) if r != role.peers.active_index)
-    if variant == "positions":
-        real_order = align_module._shared_order
+    if variant in ("finals", "union"):
+        real_order, real_send, sent = align_module._shared_order, ring.Wire.send, {}
 
         def split_order(lists, counts, active, restrict):
-            positions, holders = real_order(lists, counts, active, restrict)
-            target = np.flatnonzero(holders[:, b] & holders[:, c])[0]
-            positions[c][positions[c] == target] = np.flatnonzero(~holders[:, c])[0]
-            return positions, holders
+            positions, holders, union = real_order(lists, counts, active, restrict)
+            shared = np.flatnonzero(np.isin(positions[c], np.flatnonzero(holders[:, b] & holders[:, c])))[:2]
+            points = [lists[c][32 * i:32 * i + 32] for i in range(int(counts[c]))]
+            points[shared[0]], points[shared[1]] = points[shared[1]], points[shared[0]]
+            lists[c] = b"".join(points) if variant == "finals" else lists[c]
+            drop = int(np.flatnonzero(~holders[:, c])[-1])  # a record C does not hold: C cannot miss it
+            sent[union] = bytes(31) + b"\x01" + union[:32 * drop] + union[32 * drop + 32:]
+            return positions, holders, union
 
-        align_module._shared_order = split_order
+        def send(self, dst, payload):
+            if variant == "union" and dst == c and payload in sent:
+                payload = sent[payload]
+            return real_send(self, dst, payload)
+
+        align_module._shared_order, ring.Wire.send = split_order, send
         return
     real_align, real_announce, seen = aligned.align, aligned._announce, {}
     aligned.align = lambda *a, **k: seen.setdefault("result", real_align(*a, **k))
@@ -709,31 +720,44 @@ def _hostile_active(role, variant: str) -> None:
     aligned._announce = announce
 
 
+def _weaken(variant: str) -> None:
+    """The build before: each party checks its own view only (no comparison, no hop checks, no transcript)."""
+    from falsevfl_secure.federation import aligned
+    from falsevfl_secure.secure import align as align_module
+
+    aligned._compare_with_passive_peers = lambda role, *args: role.peers.send(role.peers.active_index, "kept-ack", b"")
+    align_module.check_hops = lambda *args: None
+    real_digest = aligned.common_digest
+    aligned.common_digest = lambda *args: real_digest(*args[:6])
+
+
 def _split_party(role, inputs: list, variant: str, checked: bool, restrict: bool) -> dict:
     """One party process of an alignment (for training, or with `restrict` for prediction) whose active party
-    splits shared records (`_hostile_active`); without `checked` the passive parties skip the crosscheck (the
+    splits shared records (`_hostile_active`); without `checked` the passive parties skip their checks (the
     weakened build)."""
     from falsevfl_secure.federation import aligned
 
     if role.is_active:
         _hostile_active(role, variant)
-    if not checked:  # the build before: each party checks its own view only, and lets the active party go on
-        aligned._check_with_passive_peers = lambda role, *args: role.peers.send(role.peers.active_index, "kept-ack",
-                                                                                 b"")
+    if not checked:
+        _weaken(variant)
     mine = inputs[role.rank]
     result = aligned.align_table(role, mine.table.ids, mine.block.held, None, restrict)
     return {"ids": list(mine.table.ids), "positions": result.positions}
 
 
 @pytest.mark.parametrize("variant, checked, restrict", [("kept", False, False), ("kept", True, False),
-                                                       ("positions", True, False), ("positions", True, True)])
+                                                       ("finals", False, False), ("finals", True, False),
+                                                       ("union", False, False), ("union", True, False),
+                                                       ("finals", True, True)])
 def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they_share(tmp_path, variant, checked,
                                                                                          restrict, attacked):
     """malicious_pinned_party.toml: a malicious active party places records two passive parties both hold at
-    different rows for each (by the `kept` announcement or the alignment's `positions`). Real party processes
-    over the pinned links. Without the crosscheck (weakened) both accept and the records they share sit at
-    different rows (the previous test reads B's contribution from such rows); shipped, both refuse before any
-    sum (for training and for prediction), and the run names the active party."""
+    different rows for each (by the `kept` announcement, by the pseudonyms it returns one of them, or by the
+    union it publishes one of them). Real party processes over the pinned links. Without the checks (weakened:
+    no comparison of the signed announcements, no hop proofs checked, no transcript) both accept and the records
+    they share sit at different rows (the previous test reads B's contribution from such rows); shipped, they
+    refuse before any sum (for training and for prediction), and the run names the active party."""
     from falsevfl_secure.federation.config import load_federation
     from falsevfl_secure.federation.inputs import read_training_table
     from falsevfl_secure.federation.tables_demo import Spec, write_federation
@@ -743,14 +767,15 @@ def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they
     fed = load_federation(written.path)
     inputs = [read_training_table(fed, name) for name in fed.names]
     active = fed.names.index(fed.active)
-    build, args = "shipped" if checked else "weakened: no crosscheck", (inputs, variant, checked, restrict)
+    build, args = "shipped" if checked else "weakened: no checks", (inputs, variant, checked, restrict)
     attack = f"split shared records by {variant}{' for prediction' if restrict else ''} (malicious active)"
     if checked:
         with pytest.raises(WorkerError) as refused:
             run_world("plain", 3, _split_party, args, timeout_s=120, active_index=active)
         attacked(attack, build, "refused before any sum")
         said = {"kept": "the active party 'party0' signed other rows to this party than to",
-                "positions": "records this party shares with 'party"}[variant]
+                "union": "the active party 'party0' signs another digest than its rows",
+                "finals": "that 'party0' multiplied (hop 2) fails its proof"}[variant]
         assert said in str(refused.value) and "party0" in str(refused.value), refused.value
         return
     out = run_world("plain", 3, _split_party, args, timeout_s=120, active_index=active)
@@ -758,4 +783,4 @@ def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they
     placed = [i for i in set(rows[0]) & set(rows[1]) if max(rows[0][i], rows[1][i]) >= 0]  # in the order for one
     split = sum(1 for i in placed if rows[0][i] != rows[1][i])
     attacked(attack, build, f"{split} of the {len(placed)} placed records both hold sit at different rows, accepted")
-    assert split == len(placed) > 20
+    assert split == {"kept": len(placed), "finals": 2}.get(variant, split) and split > 0 and len(placed) > 20

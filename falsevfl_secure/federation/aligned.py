@@ -41,7 +41,6 @@ from ..network.wire import Refused
 from ..randomness import PublicStream, RoleSecret, public_rng
 from ..secure import frames
 from ..secure.align import MAX_IDS, Alignment, AlignmentFrameError, align, alignment_bounds
-from ..secure.crosscheck import MalformedList, crosscheck
 from ..secure.errors import SecureMessageError
 from ..secure.identity import IdentityError, sign, verify
 
@@ -128,7 +127,7 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     if not role.is_active:  # before any value is summed over these rows (none, where one is short: it stops)
         _refuse_unasked_shortfall(role, short, policy)
         if not short:
-            _check_with_passive_peers(role, [ids[i] for i in listed], positions[listed], signed, result.sizes)
+            _compare_with_passive_peers(role, signed)
     return Aligned(int(kept.size), positions, remap[labeled], holders, dropped, time.perf_counter() - started,
                    remap[validation], overlap, short)
 
@@ -136,7 +135,8 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
 def _refuse_unasked_shortfall(role, short: tuple[Shortfall, ...], policy: Policy) -> None:
     """A shortfall stops training at every party, so none checks its rows with its peers; where this party's own
     file asks for no minimum overlap (a prediction always), an announced one is the active party's refusal (review
-    finding: a shortfall signed into a prediction's announcement skipped the crosscheck, and the run went on)."""
+    finding: a shortfall signed into a prediction's announcement skipped the peers' comparison, and the run went
+    on)."""
     if short and policy.min_overlap <= 0:
         active = role.peers.names[role.peers.active_index]
         raise Refused(f"{active} announced records that barely meet its own, where this party asks for no minimum "
@@ -147,8 +147,8 @@ def _named(role, run):
     """`run()`, a frame it refuses named to every role as its sender's (review: the receiver was named failed)."""
     try:
         return run()
-    except (AlignmentFrameError, MalformedList) as error:
-        sender = getattr(error, "sender", None) if isinstance(error, AlignmentFrameError) else error.peer
+    except AlignmentFrameError as error:
+        sender = error.sender
         if sender is None:
             raise
         name = role.peers.names[sender]
@@ -158,7 +158,7 @@ def _named(role, run):
 def _apply_policy(role, result: Alignment, positions: np.ndarray, held: np.ndarray, labeled_rows: np.ndarray | None,
                   policy: Policy):
     """At the active party: the empty-row rule, the hold-out and the overlaps, announced to every party (and, where
-    two or more passive parties check each other's rows, awaited from each: no round starts before)."""
+    two or more passive parties compare what they were told, awaited from each: no round starts before)."""
     active = role.peers.active_index
     per_party = _overlaps(result.holders, active)
     holders = result.holders.copy()
@@ -182,30 +182,27 @@ def _passive_peers(role) -> dict[int, str]:
 
 
 def common_digest(session: bytes, n: int, sizes: np.ndarray | None, kept: np.ndarray, labeled: np.ndarray,
-                  validation: np.ndarray) -> bytes:
+                  validation: np.ndarray, transcript: bytes = b"") -> bytes:
     """SHA-256 of what every party is told alike (N, every party's list size in the alignment, kept, labeled,
-    validation), in the run: a size told differently (review: it made the crosscheck name an honest peer) shows
-    as two signed digests."""
-    h = hashlib.sha256(b"falsevfl-common-rows-v1\x00" + session + np.int64(n).astype("<i8").tobytes())
+    validation, and the alignment's transcript: every public key and the published union), in the run: a size, a
+    key or a union told differently shows as two signed digests."""
+    h = hashlib.sha256(b"falsevfl-common-rows-v2\x00" + session + np.int64(n).astype("<i8").tobytes()
+                       + len(transcript).to_bytes(8, "big") + transcript)
     for part in (np.zeros(0, np.int64) if sizes is None else sizes, kept, labeled, validation):
         h.update(np.int64(part.size).astype("<i8").tobytes() + np.asarray(part, dtype="<i8").tobytes())
     return h.digest()
 
 
-def _check_with_passive_peers(role, ids: list[str], rows: np.ndarray, signed: bytes, sizes: np.ndarray) -> None:
-    """With every other passive party: compare the active party's signed common announcements, then
-    `secure.crosscheck` (every record both hold at one row for both, else the active party could read one party's
-    contribution from the sums), learning from each only how many records the two share; then tell the active
-    party, which starts no round before."""
+def _compare_with_passive_peers(role, signed: bytes) -> None:
+    """With every other passive party: compare the active party's signed common announcements (the same rows, the
+    same keys, the same published union, hence one row per record for every holder: secure/align.py), then tell the
+    active party, which starts no round before."""
     others = _passive_peers(role)
     if not others:
         return
-    channel, active = role.channel(), role.session.active
+    channel = role.channel()
     for peer in sorted(others):
         _same_announcement(role, signed, channel.exchange(peer, signed, peer), others[peer])
-    _named(role, lambda: crosscheck(channel, others, {r: int(sizes[r]) for r in others},
-                                    [i.encode("utf-8") for i in ids], rows, role.session.id,
-                                    f"the active party {active!r}"))
     role.peers.send(role.peers.active_index, "kept-ack", b"")
 
 
@@ -361,7 +358,7 @@ def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarra
     the receiver's name, and the digest of its common part signed alone (which the passive parties compare)."""
     shortfalls = np.array([[s.rank, s.overlap, s.base] for s in short], dtype="<i8").reshape(-1)
     common = [kept.astype("<i8").tobytes(), labeled.astype("<i8").tobytes(), validation.astype("<i8").tobytes()]
-    digest = common_digest(role.session.id, result.n_union, result.sizes, kept, labeled, validation)
+    digest = common_digest(role.session.id, result.n_union, result.sizes, kept, labeled, validation, result.transcript)
     alike = digest + sign(role.key, "common rows", role.session.id + digest)  # what the passive parties compare
     peers = role.peers
     for rank in range(peers.n_parties):
@@ -384,7 +381,8 @@ def _announced(role, result: Alignment, listed: int):
            + hashlib.sha256(frame).digest(), signature, active)
     kept, labeled, validation, counts, short = check_announcement(frame, peers.active_index, result.n_union, listed,
                                                                   peers.n_parties, f"the active party {active!r}")
-    if alike[:32] != common_digest(role.session.id, result.n_union, result.sizes, kept, labeled, validation):
+    if alike[:32] != common_digest(role.session.id, result.n_union, result.sizes, kept, labeled, validation,
+                                   result.transcript):
         raise SecureMessageError(f"the row announcement of the active party {active!r} signs another digest than "
                                  "its rows")
     verify(role.spec.cast.pins[active], "common rows", role.session.id + alike[:32], alike[32:], active)

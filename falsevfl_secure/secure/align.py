@@ -1,21 +1,25 @@
 """Private record alignment: the parties agree on one order of the union of their string IDs
-without revealing raw IDs (a union PSI by commutative blinding on ristretto255).
+without revealing raw IDs (a union PSI by commutative blinding on ristretto255, every blinding proved).
 
 H(id) = ristretto255_from_hash(SHA-512(DOMAIN || session || utf8(id))), with `session` 16 public
-random bytes the active party draws per alignment. Party k draws a fresh secret scalar a_k, shuffles
-its IDs with a secret permutation and computes a_k H(id). In K - 1 ring passes every party sends
-its current list to party k + 1, receives one from party k - 1 and multiplies every point by a_k.
-Afterwards the list that party o started has been blinded by all K scalars, (a_0 ... a_{K-1}) H(id),
-and sits at party o - 1, which sends it (tagged with o, in o's order) to the active party. The
-active party sorts the union of these pseudonyms by their bytes (a pseudorandom order), learns
-which parties hold each position, and sends every party the positions of its own (shuffled) list.
+random bytes the active party draws per alignment. Party k draws a fresh secret scalar a_k (public key
+Y_k = a_k G), shuffles its IDs with a secret permutation and computes a_k H(id). The lists travel the star ring
+of secure/ring.py: a passive party's list goes once around the ring of passive parties (each multiplies it by its
+scalar), then the active party multiplies it last and returns it to its origin; the active party's own list
+(under a throwaway scalar t) goes through every passive party and back, and the active party replaces t by its
+scalar. Every list then holds its origin's pseudonyms P(id) = (a_0 ... a_{K-1}) H(id), in the origin's order.
+The active party sorts the union of the pseudonyms by their bytes (a pseudorandom order), learns which parties
+hold each, and publishes the sorted union U to every passive party; a passive party's positions are where its own
+pseudonyms sit in U. Every multiplication carries a batched Chaum-Pedersen proof (secure/dleq.py) that the next
+party checks: no party can reorder, drop, swap or re-blind a list another party will use, and the active party
+cannot give two passive parties pseudonyms of one record that differ (their rows would differ: it could then read
+one party's contribution from the sums). The passive parties compare the `transcript` (every count, every public
+key, U) through the active party's signed announcement (federation/aligned.py).
 
-Rounds (see protocols/align.toml): sizes (every party -> active: its count), session (active ->
-every party: session bytes and all counts), pass1..pass{K-1} (k -> k + 1: n * 32 point bytes),
-final (k -> active: origin int64 + n * 32 point bytes), positions (active -> every party: N int64 +
-n int64 positions). Frames are fixed-schema bytes, checked for size before use; every received
-point is decoded and checked by libsodium. Nothing is unpickled, and no raw ID, digest of an ID or
-H(id) leaves its owner: every point on the wire carries the owner's secret scalar.
+Rounds (protocols/align.toml): sizes, session, entry, pass1..pass{K-2}, final, carry, finals, union, hop-ask,
+hop-answer. Frames are fixed-schema bytes, checked for size before use; every received point is decoded and
+checked by libsodium. Nothing is unpickled, and no raw ID, digest of an ID or H(id) leaves its owner: every point
+on the wire carries its owner's secret scalar (the active party's list its throwaway one).
 
 Threat model: threat_models/alignment.toml. Linking a pseudonym (or a position) to an ID that a
 coalition does not hold needs all K scalars.
@@ -23,6 +27,7 @@ coalition does not hold needs all K scalars.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Sequence
@@ -33,10 +38,10 @@ import numpy as np
 from ..errors import InputError
 from . import ristretto
 from .channel import Channel
-from .errors import SecureMessageError
+from .ring import AlignmentFrameError, Ring, Wire, check_hops, expect_length, hops, passive_ring
 
 __all__ = ["DOMAIN", "SESSION_BYTES", "Alignment", "AlignmentFrameError", "AlignmentInputError", "align",
-           "group_hash"]
+           "group_hash", "transcript"]
 
 DOMAIN = b"falsevfl-align-v1\x00"
 SESSION_BYTES = 16
@@ -50,25 +55,17 @@ KEPT_BYTES_PER_ID = 8  # an int64 position in the `kept` announcement
 
 def alignment_bounds(max_ids: int, parties: int) -> dict[str, int]:
     """The largest alignment frames a party's own max_ids lets a peer send it (the network's `align` and `kept`
-    bounds, set as its role starts): one list of points (32 bytes each, at most max_ids: each party refuses a
-    longer one) per `align` frame, and in `kept` the announcement's kept positions (8 bytes each, at most parties
-    x max_ids) and its labeled and validation ones (disjoint, among the active party's at most max_ids). Before,
-    any peer could fill 256 MiB per frame whatever max_ids."""
+    bounds, set as its role starts): in an `align` frame at most the published union (32 bytes per point, at most
+    parties x max_ids: each party refuses a list longer than max_ids), and in `kept` the announcement's kept
+    positions (8 bytes each, at most parties x max_ids) and its labeled and validation ones (disjoint, among the
+    active party's at most max_ids). Before, any peer could fill 256 MiB per frame whatever max_ids."""
     points = min(int(max_ids), MAX_IDS)
-    return {"align": _P * points + FRAME_SLACK, "kept": KEPT_BYTES_PER_ID * (parties + 1) * points + FRAME_SLACK}
+    return {"align": _P * parties * points + FRAME_SLACK,
+            "kept": KEPT_BYTES_PER_ID * (parties + 1) * points + FRAME_SLACK}
 
 
 class AlignmentInputError(InputError):
     """The caller's own input is unusable (duplicate or non-string IDs, bad world or active index)."""
-
-
-class AlignmentFrameError(SecureMessageError):
-    """A received frame is malformed: wrong type or length, counts out of range, an invalid point; `sender`: the
-    rank that sent it, where the frame alone shows it (None: a list it relayed may have been another's doing)."""
-
-    def __init__(self, text: str, sender: int | None = None) -> None:
-        super().__init__(text)
-        self.sender = sender
 
 
 @dataclass(frozen=True, eq=False)  # arrays have no single truth value: compare fields, not results
@@ -76,41 +73,19 @@ class Alignment:
     """One party's result: the size of the shared order, the position of each of its rows in it
     (int64, in the caller's row order, -1 = not in the shared order) and, at the active party only,
     `holders[i, k]`: whether party k holds the record at position i (bool, (n_union, K)); `sizes`: every party's
-    list size n_k as the session announced it (what a later check may hold a peer to)."""
+    list size n_k as the session announced it (what a later check may hold a peer to); `transcript`: the digest of
+    every count, every public key and the published union (`transcript`), what the passive parties compare."""
 
     n_union: int
     positions: np.ndarray
     holders: np.ndarray | None = None
     sizes: np.ndarray | None = None
+    transcript: bytes = b""
 
 
 def group_hash(session: bytes, identifier: str) -> bytes:
     """H(id): the unblinded group element of an ID (computed locally only; never sent)."""
     return ristretto.hash_to_group(DOMAIN + session + identifier.encode("utf-8"))
-
-
-class _Wire:
-    """The channel plus the view: every received frame is type-checked and recorded as received."""
-
-    def __init__(self, channel: Channel, view: list | None) -> None:
-        self.channel, self.view = channel, view
-
-    def _got(self, step: str, src: int, frame: object) -> bytes:
-        """Record a received frame; refuse anything that is not bytes (e.g. an object to unpickle)."""
-        if not isinstance(frame, bytes):
-            raise AlignmentFrameError(f"align: {step} frame from party {src} is {type(frame).__name__}, not bytes", src)
-        if self.view is not None:
-            self.view.append({"step": step, "from": src, "payload": frame})
-        return frame
-
-    def send(self, dst: int, payload: bytes) -> None:
-        self.channel.send(dst, payload)
-
-    def recv(self, step: str, src: int) -> bytes:
-        return self._got(step, src, self.channel.recv(src))
-
-    def exchange(self, step: str, dst: int, payload: bytes, src: int) -> bytes:
-        return self._got(step, src, self.channel.exchange(dst, payload, src))
 
 
 class _Clock:
@@ -138,34 +113,45 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     active party's records only (N = its count) and other rows get -1. `view` (a list) receives
     {"step", "from", "payload"} for every frame this party receives. `secrets_out` (a dict; test
     hook for collusion attacks, never needed in production) receives this party's scalar, session
-    and permutation. `timings` (a dict) receives seconds per phase. `threads` > 1 spreads the
-    group operations over that many threads (libsodium runs without the GIL; use idle cores only); they
-    are the cost (every party hashes its list and multiplies all K lists, ~50 us per product), and the
-    active party's check of the final lists, once the ring is done, is the one stretch where the others wait.
-    `max_ids` bounds every party's list: the active party learns which parties hold each ID it lists
-    (threat_models/alignment.toml), so each party refuses to align with a list longer than its own bound.
-    Raises AlignmentInputError for unusable own input (before anything is sent) and
-    AlignmentFrameError for a malformed received frame or a list over the bound."""
+    and permutation (and at the active party its throwaway scalar, `entry`). `timings` (a dict) receives
+    seconds per phase. `threads` > 1 spreads the group operations over that many threads (libsodium runs
+    without the GIL; use idle cores only). `max_ids` bounds every party's list: the active party learns which
+    parties hold each ID it lists (threat_models/alignment.toml), so each party refuses to align with a list longer
+    than its own bound. Raises AlignmentInputError for unusable own input (before anything is sent) and
+    AlignmentFrameError for a malformed received frame, a list over the bound or a hop whose proof fails."""
     rank, k = _check_world(channel, active, restrict_to_active, threads)
-    encoded = _encode_ids(ids, min(int(max_ids), MAX_IDS))
-    wire, clock = _Wire(channel, view), _Clock(timings)
+    bound = min(int(max_ids), MAX_IDS)
+    encoded = _encode_ids(ids, bound)
+    wire, clock = Wire(channel, view), _Clock(timings)
     scalar = ristretto.random_scalar()  # fresh per alignment; loads libsodium before anything is sent
-    session, counts = _agree_session(wire, rank, k, active, len(encoded), min(int(max_ids), MAX_IDS))
+    session, counts, publics = _agree_session(wire, rank, k, active, len(encoded), bound, ristretto.base_mult(scalar))
     order = secret_permutation(len(encoded))
+    entry = ristretto.random_scalar()  # the active party's throwaway scalar for its own list
     if secrets_out is not None:
-        secrets_out.update(scalar=scalar, session=session, order=order.copy())
+        secrets_out.update(scalar=scalar, session=session, order=order.copy(), **({"entry": entry} if rank == active
+                                                                                     else {}))
     clock.lap("setup")
-    mine = _blind_own(encoded, order, session, scalar, threads)
+    state = Ring(wire, rank, counts, publics, session, scalar, threads)
+    mine = _blind_own(encoded, order, session, entry if rank == active else scalar, threads)
     clock.lap("hash_and_blind")
-    blinded = _ring_passes(wire, mine, scalar, counts, rank, threads)
-    clock.lap("ring")
     if rank != active:
-        wire.send(active, _final_frame((rank + 1) % k, blinded))
-        result = _conclude_passive(wire, rank, active, counts, order, restrict_to_active)
+        _passive_lists(state, active, mine)
+        found = _receive_union(state, active, restrict_to_active)
     else:
-        result = _conclude_active(wire, blinded, counts, order, active, restrict_to_active, threads)
-    clock.lap("union_and_positions")
-    return result
+        found = _active_lists(state, active, mine, entry, restrict_to_active)
+    clock.lap("ring")
+    check_hops(state, hops(k, active))
+    clock.lap("hop_checks")
+    return _result(found, order, counts, transcript(session, counts, publics, found[0]))
+
+
+def transcript(session: bytes, counts: np.ndarray, publics: list[bytes], union: bytes) -> bytes:
+    """SHA-256 of what every party must have been told alike: every count, every public key and the published union
+    (the passive parties compare it through the active party's signed announcement: federation/aligned.py)."""
+    h = hashlib.sha256(b"falsevfl-align-transcript-v1\x00" + session + counts.astype("<i8").tobytes())
+    h.update(b"".join(publics) + np.int64(len(union)).astype("<i8").tobytes())
+    h.update(hashlib.sha256(union).digest())
+    return h.digest()
 
 
 def _check_world(channel: Channel, active: int, restrict: bool, threads: int) -> tuple[int, int]:
@@ -205,39 +191,43 @@ def _encode_ids(ids: Sequence[str], bound: int) -> list[bytes]:
     return encoded
 
 
-def _agree_session(wire: _Wire, rank: int, k: int, active: int, n: int, bound: int) -> tuple[bytes, np.ndarray]:
-    """Every party's count goes to the active party, which returns the session bytes and all counts."""
+def _agree_session(wire: Wire, rank: int, k: int, active: int, n: int, bound: int,
+                   public: bytes) -> tuple[bytes, np.ndarray, list[bytes]]:
+    """Every party's count and public key go to the active party, which returns the session bytes, all counts and
+    all public keys (each party finds its own as it sent them: federation/aligned.py compares the rest)."""
     if rank != active:
-        wire.send(active, np.array([n], dtype="<i8").tobytes())
+        wire.send(active, np.array([n], dtype="<i8").tobytes() + public)
         frame = wire.recv("session", active)
-        _expect_length(frame, SESSION_BYTES + 8 * k, "session", active)
-        counts = np.frombuffer(frame, dtype="<i8", offset=SESSION_BYTES).astype(np.int64)
-        if counts.min() < 0 or counts.max() > bound or counts[rank] != n:
-            raise AlignmentFrameError(f"align: session frame from party {active} announces impossible counts or "
-                                      f"counts over this party's bound (own count {n}, announced {counts[rank]}, "
-                                      f"largest {counts.max()}, max_ids {bound})", active)
-        return frame[:SESSION_BYTES], counts
-    counts = np.zeros(k, dtype=np.int64)
+        expect_length(frame, SESSION_BYTES + (8 + _P) * k, "session", active)
+        counts = np.frombuffer(frame, dtype="<i8", offset=SESSION_BYTES, count=k).astype(np.int64)
+        publics = _publics(frame[SESSION_BYTES + 8 * k:], "session", active)
+        if counts.min() < 0 or counts.max() > bound or counts[rank] != n or publics[rank] != public:
+            raise AlignmentFrameError(f"align: session frame from party {active} announces impossible counts, counts "
+                                      f"over this party's bound or another key for it (own count {n}, announced "
+                                      f"{counts[rank]}, largest {counts.max()}, max_ids {bound})", active)
+        return frame[:SESSION_BYTES], counts, publics
+    counts, publics = np.zeros(k, dtype=np.int64), [public] * k
     counts[rank] = n
     for src in (r for r in range(k) if r != active):
         frame = wire.recv("sizes", src)
-        _expect_length(frame, 8, "sizes", src)
-        counts[src] = int(np.frombuffer(frame, dtype="<i8")[0])
+        expect_length(frame, 8 + _P, "sizes", src)
+        counts[src], publics[src] = int(np.frombuffer(frame[:8], dtype="<i8")[0]), _publics(frame[8:], "sizes", src)[0]
         if not 0 <= counts[src] <= bound:
             raise AlignmentFrameError(f"align: sizes frame from party {src} announces {counts[src]} IDs "
                                       f"(allowed 0..{bound}, max_ids)", src)
     session = secrets.token_bytes(SESSION_BYTES)  # public, fresh per alignment: pseudonyms never repeat
     for dst in (r for r in range(k) if r != active):
-        wire.send(dst, session + counts.astype("<i8").tobytes())
-    return session, counts
+        wire.send(dst, session + counts.astype("<i8").tobytes() + b"".join(publics))
+    return session, counts, publics
 
 
-def _expect_length(frame: bytes, expected: int, step: str, src: int, counted: bool = False) -> None:
-    """Refuse a frame whose length is not exactly what its step's schema says; `counted`: the length follows from
-    another party's count as the active party announced it, so the sender is not named (either may be wrong)."""
-    if len(frame) != expected:
-        raise AlignmentFrameError(f"align: {step} frame from party {src} has {len(frame)} bytes, "
-                                  f"expected {expected}", None if counted else src)
+def _publics(data: bytes, step: str, src: int) -> list[bytes]:
+    """Public keys Y = aG (32 bytes each), every one a valid point other than the identity."""
+    keys = [data[o:o + _P] for o in range(0, len(data), _P)]
+    if not all(ristretto.is_valid_point(key) for key in keys):
+        raise AlignmentFrameError(f"align: {step} frame from party {src} holds a public key that is not a valid "
+                                  "ristretto255 point", src)
+    return keys
 
 
 def secret_permutation(n: int) -> np.ndarray:
@@ -256,46 +246,66 @@ def _blind_own(encoded: list[bytes], order: np.ndarray, session: bytes, scalar: 
     return ristretto.scalar_mult_batch(scalar, points, threads=threads)
 
 
-def _ring_passes(wire: _Wire, mine: bytes, scalar: bytes, counts: np.ndarray, rank: int, threads: int) -> bytes:
-    """K - 1 passes along the ring; returns the fully blinded list of origin rank + 1 (its order kept)."""
-    k, current = len(counts), mine
-    for p in range(1, k):
-        src, step = (rank - 1) % k, f"pass{p}"
-        frame = wire.exchange(step, (rank + 1) % k, current, src)
-        _expect_length(frame, _P * int(counts[(rank - p) % k]), step, src, counted=True)
-        current = _reblind(frame, scalar, step, src, threads)
-    return current
+def _passive_lists(ring: Ring, active: int, own: bytes) -> None:
+    """A passive party's part: its own list once around the passive ring (multiplying each list it receives), then
+    to the active party; then the active party's list, multiplied on its way through."""
+    members = passive_ring(len(ring.counts), active)
+    j, m = members.index(ring.rank), len(members)
+    origin, index, current, proof = ring.rank, 0, own, b""
+    for p in range(1, m):
+        ring.send_list(members[(j + 1) % m], origin, index, current, proof)
+        origin, index = members[(j - p) % m], p
+        current, proof = ring.multiply(origin, p, ring.recv_list(f"pass{p}", members[(j - 1) % m], origin, p - 1))
+    ring.send_list(active, origin, index, current, proof)  # its `final` (m - 1 hops: every passive scalar)
+    source = active if j == 0 else members[j - 1]
+    carried = ring.recv_list("entry" if j == 0 else "carry", source, active, j)
+    current, proof = ring.multiply(active, j + 1, carried)
+    ring.send_list(members[j + 1] if j < m - 1 else active, active, j + 1, current, proof)
 
 
-def _reblind(frame: bytes, scalar: bytes, step: str, src: int, threads: int) -> bytes:
-    """scalar * every received point; libsodium decodes (validates) each one and refuses the identity."""
-    try:
-        return ristretto.scalar_mult_batch(scalar, frame, threads=threads)
-    except ristretto.InvalidPointError as exc:
-        raise AlignmentFrameError(f"align: {step} frame from party {src}: {exc}", src) from None
+def _active_lists(ring: Ring, active: int, own: bytes, entry: bytes, restrict: bool) -> tuple:
+    """The active party's part: its own list (under its throwaway scalar) into the ring, every final back, the last
+    scalar on every list (proved), the union published to every passive party."""
+    members = passive_ring(len(ring.counts), active)
+    m = len(members)
+    ring.send_list(members[0], active, 0, own)
+    lists, proofs = [b""] * len(ring.counts), {}
+    for j, src in enumerate(members):
+        origin = members[(j + 1) % m]
+        lists[origin], proofs[origin] = ring.multiply(origin, m, ring.recv_list("final", src, origin, m - 1))
+    carried = ring.recv_list("carry", members[-1], active, m)
+    unblind = ristretto.scalar_mul(ring.scalar, ristretto.scalar_invert(entry))  # a_A / t: the pseudonyms
+    lists[active] = ristretto.scalar_mult_batch(unblind, carried, threads=ring.threads)
+    positions, holders, union = _shared_order(lists, ring.counts, active, restrict)
+    for origin in members:
+        ring.wire.send(origin, lists[origin] + proofs[origin])
+        ring.wire.send(origin, union)
+    return union, positions[active], holders
 
 
-def _final_frame(origin: int, points: bytes) -> bytes:
-    """The fully blinded list of `origin`, tagged with it: int64 origin + n * 32 point bytes."""
-    return np.array([origin], dtype="<i8").tobytes() + points
+def _receive_union(ring: Ring, active: int, restrict: bool) -> tuple:
+    """A passive party's finals (its own list under every scalar, proved by the active party's hop) and the union;
+    its positions are where its finals sit in the union (refused where the union is not sorted, not within the
+    counts, or does not hold every final of a full alignment)."""
+    m, n = len(ring.counts) - 1, int(ring.counts[ring.rank])
+    finals = np.frombuffer(ring.recv_list("finals", active, ring.rank, m), dtype=f"S{_P}")
+    union = ring.wire.recv("union", active)
+    low, high = (int(ring.counts[active]),) * 2 if restrict else (int(ring.counts.max()), int(ring.counts.sum()))
+    if len(union) % _P or not low <= len(union) // _P <= high:
+        raise AlignmentFrameError(f"align: union frame from party {active} has {len(union)} bytes: not {low}..{high} "
+                                  "points", active)
+    points = np.frombuffer(union, dtype=f"S{_P}")
+    at = np.searchsorted(points, finals)
+    found = points[np.minimum(at, max(len(points) - 1, 0))] == finals if len(points) else np.zeros(n, dtype=bool)
+    if (points[1:] <= points[:-1]).any() or (not restrict and not found.all()):
+        raise AlignmentFrameError(f"align: union frame from party {active} is not a valid shared order (its points "
+                                  "must increase and hold every final list's point)", active)
+    return union, np.where(found, at, -1).astype(np.int64), None
 
 
-def _receive_finals(wire: _Wire, own_final: bytes, counts: np.ndarray, active: int, threads: int) -> list[bytes]:
-    """Every origin's fully blinded list at the active party, checked (tag, length, points)."""
-    k = len(counts)
-    lists = [b""] * k
-    lists[(active + 1) % k] = own_final
-    for src in (r for r in range(k) if r != active):
-        frame, origin = wire.recv("final", src), (src + 1) % k
-        _expect_length(frame, 8 + _P * int(counts[origin]), "final", src, counted=True)
-        if int(np.frombuffer(frame[:8], dtype="<i8")[0]) != origin:
-            raise AlignmentFrameError(f"align: final frame from party {src} is not tagged with origin {origin}", src)
-        bad = ristretto.first_invalid_point(frame[8:], threads=threads)
-        if bad >= 0:
-            raise AlignmentFrameError(f"align: final frame from party {src}: point {bad} is not a valid "
-                                      "ristretto255 point (non-canonical encoding or the identity)", src)
-        lists[origin] = frame[8:]
-    return lists
+def _result(found: tuple, order: np.ndarray, counts: np.ndarray, digest: bytes) -> Alignment:
+    union, positions, holders = found
+    return Alignment(len(union) // _P, _unshuffle(positions, order), holders, counts.copy(), digest)
 
 
 def _union(lists: list[bytes]) -> tuple[np.ndarray, int]:
@@ -318,8 +328,8 @@ def _union(lists: list[bytes]) -> tuple[np.ndarray, int]:
 
 
 def _shared_order(lists: list[bytes], counts: np.ndarray, active: int,
-                  restrict: bool) -> tuple[list[np.ndarray], np.ndarray]:
-    """Positions per origin (in the origin's shuffled order) and the holders matrix."""
+                  restrict: bool) -> tuple[list[np.ndarray], np.ndarray, bytes]:
+    """Positions per origin (in the origin's shuffled order), the holders matrix and the union (its sorted points)."""
     k = len(counts)
     inverse, n_union = _union(lists)
     origin = np.repeat(np.arange(k), counts)
@@ -328,40 +338,14 @@ def _shared_order(lists: list[bytes], counts: np.ndarray, active: int,
     duplicated = np.flatnonzero(holders.sum(axis=0) != counts)
     if len(duplicated):  # honest lists have distinct IDs, hence distinct pseudonyms
         raise AlignmentFrameError(f"align: the list of party {int(duplicated[0])} repeats a pseudonym")
+    union = np.zeros((n_union, _P), dtype=np.uint8)
+    union[inverse] = np.frombuffer(b"".join(lists), dtype=np.uint8).reshape(-1, _P)
     if restrict:  # keep the active party's records, in pseudonym order
         kept = np.flatnonzero(holders[:, active])
         remap = np.full(n_union, -1, dtype=np.int64)
         remap[kept] = np.arange(len(kept))
-        inverse, holders = remap[inverse], holders[kept]
-    return np.split(inverse, np.cumsum(counts)[:-1]), holders
-
-
-def _conclude_active(wire: _Wire, own_final: bytes, counts: np.ndarray, order: np.ndarray, active: int,
-                     restrict: bool, threads: int) -> Alignment:
-    """Union, holders, positions to every party; the active party's own result."""
-    lists = _receive_finals(wire, own_final, counts, active, threads)
-    positions, holders = _shared_order(lists, counts, active, restrict)
-    n = len(holders)
-    for dst in (r for r in range(len(counts)) if r != active):
-        wire.send(dst, np.concatenate([[n], positions[dst]]).astype("<i8").tobytes())
-    return Alignment(n, _unshuffle(positions[active], order), holders, counts.copy())
-
-
-def _conclude_passive(wire: _Wire, rank: int, active: int, counts: np.ndarray, order: np.ndarray,
-                      restrict: bool) -> Alignment:
-    """Receive N and the positions of the own list; check they can be a valid shared order."""
-    frame = wire.recv("positions", active)
-    _expect_length(frame, 8 * (1 + int(counts[rank])), "positions", active)
-    values = np.frombuffer(frame, dtype="<i8").astype(np.int64)
-    n, positions = int(values[0]), values[1:]
-    low = int(counts[active]) if restrict else int(counts.max())
-    high = int(counts[active]) if restrict else int(counts.sum())
-    held = positions[positions >= 0]
-    if not low <= n <= high or positions.min(initial=0) < (-1 if restrict else 0) or held.max(initial=-1) >= n \
-            or len(np.unique(held)) != len(held):
-        raise AlignmentFrameError(f"align: positions frame from party {active} is not a valid shared order "
-                                  f"(N {n}, allowed {low}..{high}; positions must be distinct and in range)", active)
-    return Alignment(n, _unshuffle(positions, order), None, counts.copy())
+        inverse, holders, union = remap[inverse], holders[kept], union[kept]
+    return np.split(inverse, np.cumsum(counts)[:-1]), holders, union.tobytes()
 
 
 def _unshuffle(shuffled: np.ndarray, order: np.ndarray) -> np.ndarray:

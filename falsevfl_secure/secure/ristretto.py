@@ -45,7 +45,8 @@ from .errors import SecureMessageError, SecureParameterError
 __all__ = [
     "POINT_BYTES", "SCALAR_BYTES", "InvalidPointError", "SodiumUnavailableError", "hash_to_group",
     "hash_to_group_batch", "is_valid_point", "random_scalar", "scalar_mult", "scalar_mult_batch",
-    "first_invalid_point", "sodium_version",
+    "first_invalid_point", "sodium_version", "base_mult", "point_add", "hash_to_scalar", "scalar_invert",
+    "scalar_mul", "scalar_reduce", "scalar_sub", "weighted_sum",
 ]
 
 POINT_BYTES = 32
@@ -104,6 +105,8 @@ class _Bound(NamedTuple):
     mult: Callable[..., int]  # crypto_scalarmult_ristretto255(q, n, p): 0, or -1 (not a point, or the identity)
     from_hash: Callable[..., int]  # crypto_core_ristretto255_from_hash(p, r): 0
     valid: Callable[..., int]  # crypto_core_ristretto255_is_valid_point(p): 1 if p decodes
+    add: Callable[..., int]  # crypto_core_ristretto255_add(r, p, q): 0, or -1 (p or q does not decode)
+    reduce: Callable[..., int]  # crypto_core_ristretto255_scalar_reduce(r, s): s (64 bytes) mod the group order
 
 
 @functools.cache
@@ -119,7 +122,9 @@ def _bound(module: ModuleType) -> _Bound:
 
     return _Bound(bind("crypto_scalarmult_ristretto255", ptr, data, ptr),
                   bind("crypto_core_ristretto255_from_hash", ptr, data),
-                  bind("crypto_core_ristretto255_is_valid_point", ptr))
+                  bind("crypto_core_ristretto255_is_valid_point", ptr),
+                  bind("crypto_core_ristretto255_add", ptr, ptr, ptr),
+                  bind("crypto_core_ristretto255_scalar_reduce", ptr, data))
 
 
 def _pinned(data: bytes) -> ctypes.Array:
@@ -259,3 +264,79 @@ def scalar_mult_batch(scalar: bytes, points: bytes, threads: int = 1) -> bytes:
         raise InvalidPointError(f"point {bad} of {n} is not a valid ristretto255 point "
                                 "(non-canonical encoding or the identity)")
     return out.raw
+
+
+def base_mult(scalar: bytes) -> bytes:
+    """scalar * G, the group's generator (a party's public key Y = aG)."""
+    return _rbcl().crypto_scalarmult_ristretto255_base(_check_len(scalar, SCALAR_BYTES, "a scalar"))
+
+
+def point_add(p: bytes, q: bytes) -> bytes:
+    """p + q; raises `InvalidPointError` where either does not decode or has its top bit set."""
+    p, q = _check_len(p, POINT_BYTES, "a point"), _check_len(q, POINT_BYTES, "a point")
+    if (p[-1] | q[-1]) & 0x80:
+        raise InvalidPointError("not a valid ristretto255 point (non-canonical encoding)")
+    try:
+        return _rbcl().crypto_core_ristretto255_add(p, q)
+    except (RuntimeError, ValueError):
+        raise InvalidPointError("not a valid ristretto255 point (non-canonical encoding)") from None
+
+
+def hash_to_scalar(*parts: bytes) -> bytes:
+    """SHA-512 of the parts, each length-prefixed (no two part lists hash alike), reduced mod the group order."""
+    h = hashlib.sha512()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "big") + part)
+    return _rbcl().crypto_core_ristretto255_scalar_reduce(h.digest())
+
+
+def scalar_reduce(wide: bytes) -> bytes:
+    """A 64-byte little-endian number mod the group order."""
+    return _rbcl().crypto_core_ristretto255_scalar_reduce(_check_len(wide, 64, "a wide scalar"))
+
+
+def scalar_invert(s: bytes) -> bytes:
+    return _rbcl().crypto_core_ristretto255_scalar_invert(_check_len(s, SCALAR_BYTES, "a scalar"))
+
+
+def scalar_mul(a: bytes, b: bytes) -> bytes:
+    return _rbcl().crypto_core_ristretto255_scalar_mul(a, b)
+
+
+def scalar_sub(a: bytes, b: bytes) -> bytes:
+    return _rbcl().crypto_core_ristretto255_scalar_sub(a, b)
+
+
+def weighted_sum(seed: bytes, points: bytes, threads: int = 1) -> bytes:
+    """sum_i d_i P_i over the buffer's points, with d_i = SHA-512(seed || i as 8 little-endian bytes) reduced mod
+    the group order (the weights of a batched proof: secure/dleq.py). Every point is decoded by libsodium; an
+    invalid one raises `InvalidPointError`, as does an empty buffer or a sum that is the identity."""
+    n = _count_points(points)
+    if n == 0 or first_invalid_point(points, threads) >= 0:
+        raise InvalidPointError("a weighted sum needs one or more valid ristretto255 points")
+    bound, copy = _bound(_rbcl()), _pinned(points)
+    threads = max(1, min(int(threads), n // _MIN_CHUNK))
+    partial = ctypes.create_string_buffer(POINT_BYTES * threads)
+    edges = [n * t // threads for t in range(threads + 1)]
+
+    def work(chunk: int) -> None:
+        term, weight = ctypes.create_string_buffer(POINT_BYTES), ctypes.create_string_buffer(SCALAR_BYTES)
+        source, acc, sha = ctypes.addressof(copy), ctypes.addressof(partial) + POINT_BYTES * chunk, hashlib.sha512(seed)
+        for i in range(edges[chunk], edges[chunk + 1]):
+            h = sha.copy()
+            h.update(i.to_bytes(8, "little"))
+            bound.reduce(ctypes.addressof(weight), h.digest())
+            target = acc if i == edges[chunk] else ctypes.addressof(term)
+            if bound.mult(target, weight.raw, source + POINT_BYTES * i) != 0:
+                raise InvalidPointError(f"point {i} of {n}: its weighted term is the identity")
+            if i != edges[chunk]:
+                bound.add(acc, acc, ctypes.addressof(term))
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(work, range(threads)))
+    total = partial.raw[:POINT_BYTES]
+    for chunk in range(1, threads):
+        total = point_add(total, partial.raw[POINT_BYTES * chunk:POINT_BYTES * (chunk + 1)])
+    if total == _IDENTITY:
+        raise InvalidPointError("a weighted sum is the identity")
+    return total

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..data import LabelSide, PartyView
 from ..data.encoding import EncodedBlock
@@ -106,8 +107,9 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     listed = np.arange(len(ids)) if role.is_active else np.flatnonzero(held)
     role.network.tighten(alignment_bounds(policy.max_ids, role.peers.n_parties))
     if role.peers.n_parties > 1:
-        result = _named(role, lambda: align(role.channel(), [ids[i] for i in listed], active,
-                                            restrict_to_active=restrict, max_ids=policy.max_ids))
+        result = _named(role, lambda: align(role.channel(), [ids[i] for i in listed], active,  # on this role's cores
+                                            restrict_to_active=restrict, max_ids=policy.max_ids,
+                                            threads=torch.get_num_threads()))
         give_back_freed_memory()
     else:  # the active party alone: nothing to align
         result = Alignment(listed.size, np.arange(listed.size), np.ones((listed.size, 1), dtype=bool))

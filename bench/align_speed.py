@@ -13,8 +13,8 @@ hop proofs, and `hop_checks` is the round that verifies them), `cpu_s` its proce
 `wall_s_if_the_cores_were_free` the total CPU time divided by the cores the parties could use (what the wall
 time would be without other load on the machine). Where the time goes:
 `libsodium` times each group operation here (process CPU time per call, one process, before the parties
-start) and `libsodium_cpu_s` is what the run's K n hashes, (K^2 + 1) n multiplications, 3 K (K-1) n weighted-sum
-terms (each hop's M at its prover and at the party that sent its input, Z at its receiver) and K (K-1) n point
+start) and `libsodium_cpu_s` is what the run's K n hashes, (K^2 + 1) n multiplications, 2 K (K-1) n weighted-sum
+terms (each hop's M at the party that sent its input, Z at its receiver) and K (K-1) n point
 checks cost at those rates, the floor of `cpu_s_all_parties` for this protocol; `load_before`/`load_after` are
 the machine's 1-minute load averages (other processes on the same cores slow the wall time, not the CPU time).
 
@@ -86,10 +86,10 @@ def libsodium_rates(calls: int = 3000) -> dict[str, float]:
 
 def libsodium_cpu_s(rates: dict[str, float], k: int, n: int) -> float:
     """CPU seconds of the group operations of one run: every party hashes its n IDs and multiplies each of the
-    K lists once (the active party's twice: K^2 n + n products); three weighted sums per proved hop (K (K-1) hops);
+    K lists once (the active party's twice: K^2 n + n products); two weighted sums per proved hop (K (K-1) hops);
     every received list checked."""
     hops = k * (k - 1) * n
-    return (k * n * rates["hash_us"] + (k * k + 1) * n * rates["mult_us"] + 3 * hops * rates["weighted_us"]
+    return (k * n * rates["hash_us"] + (k * k + 1) * n * rates["mult_us"] + 2 * hops * rates["weighted_us"]
             + hops * rates["check_us"]) / 1e6
 
 

@@ -226,8 +226,10 @@ def expected_rounds(rank, k, active):
         out = [("session", active)] + [(f"pass{p}", ring[j - 1]) for p in range(1, m)]
         out += [("entry", active) if j == 0 else ("carry", ring[j - 1]), ("finals", active), ("union", active)]
     asked_by = sorted({h.receiver for h in schedule if h.source == rank and h.receiver != rank})
-    answered_by = sorted({h.source for h in schedule if h.receiver == rank and h.source != rank})
-    return out + [("hop-ask", v) for v in asked_by] + [("hop-answer", q) for q in answered_by]
+    answered_by = sorted({h.source for h in schedule if rank in (h.receiver, h.prover) and h.source != rank})
+    proved_by = sorted({h.prover for h in schedule if h.receiver == rank})
+    return out + [("hop-ask", v) for v in asked_by] + [("hop-answer", q) for q in answered_by] + \
+        [("hop-proof", r) for r in proved_by]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,11 +261,10 @@ def dictionary_attack(coalition, views, party_secrets, dictionary, k, active):
 
 
 def _final_pseudonyms(active_view, active_secrets):
-    """The sorted distinct final pseudonyms, as the active party computes them (each received list without its
-    proof: 64 bytes after the points at K >= 3)."""
+    """The sorted distinct final pseudonyms, as the active party computes them."""
     scalar = active_secrets["scalar"]
-    finals = [ristretto.scalar_mult_batch(scalar, e["payload"][:-64]) for e in active_view if e["step"] == "final"]
-    carried = next(e["payload"][:-64] for e in active_view if e["step"] == "carry")
+    finals = [ristretto.scalar_mult_batch(scalar, e["payload"]) for e in active_view if e["step"] == "final"]
+    carried = next(e["payload"] for e in active_view if e["step"] == "carry")
     unblind = ristretto.scalar_mul(scalar, ristretto.scalar_invert(active_secrets["entry"]))
     joined = b"".join(finals) + ristretto.scalar_mult_batch(unblind, carried)
     return sorted({joined[o:o + 32] for o in range(0, len(joined), 32)})
@@ -336,13 +337,12 @@ def hostile_passive(n=2, sizes=None, final=None, carry=None, go_on=False):
         if final is not None and not go_on:
             return
         ch.recv(0)
-        ch.send(0, points(2) + bytes(64) if carry is None else carry)
+        ch.send(0, points(2) if carry is None else carry)
     return 0, script
 
 
-def hostile_active(session=None, finals=None, union=None, proof=None):
-    """Party 0 against an honest passive party 1 holding 3 IDs; sends its one bad frame (or, with `proof`, valid
-    finals and union under a bad proof) and stops."""
+def hostile_active(session=None, finals=None, union=None):
+    """Party 0 against an honest passive party 1 holding 3 IDs; sends its one bad frame and stops."""
     def script(ch):
         own = ch.recv(1)
         if session is not None:
@@ -352,7 +352,7 @@ def hostile_active(session=None, finals=None, union=None, proof=None):
         ch.send(1, points(2))
         ch.recv(1)
         mine = ristretto.scalar_mult_batch(ristretto.random_scalar(), listed)
-        ch.send(1, mine + (proof or bytes(64)) if finals is None else finals)
+        ch.send(1, mine if finals is None else finals)
         if finals is None:
             joined = mine + points(1)
             ch.send(1, b"".join(sorted(joined[o:o + 32] for o in range(0, 128, 32))) if union is None else union)
@@ -388,9 +388,7 @@ HOSTILE = {
                                         "final frame from party 1: point .* is not a valid"),
     "final: a repeated pseudonym": (lambda bad: hostile_passive(final=points(1) * 2, go_on=True),
                                     "party 1 repeats a pseudonym"),
-    "carry: no proof": (lambda bad: hostile_passive(carry=points(2)), "carry frame from party 1 has 64 bytes"),
-    "carry: points not multiplied by its key": (lambda bad: hostile_passive(carry=points(2) + os.urandom(64)),
-                                                "party 1 multiplied .* fails its proof"),
+    "carry: one point short": (lambda bad: hostile_passive(carry=points(1)), "carry frame from party 1 has 32 bytes"),
     "carry: a pickle": (lambda bad: hostile_passive(carry=bad), "carry frame from party 1 has"),
     "session: short": (lambda bad: hostile_active(session=bytes(10)), "session frame from party 0 has 10 bytes"),
     "session: wrong own count": (lambda bad: hostile_active(session=os.urandom(16) + i64(2, 5) + key() * 2),
@@ -400,10 +398,8 @@ HOSTILE = {
     "session: another key for this party": (lambda bad: hostile_active(session=os.urandom(16) + i64(2, 3) + key() * 2),
                                             "another key for it"),
     "session: a pickle": (lambda bad: hostile_active(session=bad), "session frame from party 0 has"),
-    "finals: short": (lambda bad: hostile_active(finals=points(3)), "finals frame from party 0 has 96 bytes"),
+    "finals: short": (lambda bad: hostile_active(finals=points(2)), "finals frame from party 0 has 64 bytes"),
     "finals: a pickle": (lambda bad: hostile_active(finals=bad), "finals frame from party 0 has"),
-    "finals: under another scalar than its key": (lambda bad: hostile_active(proof=os.urandom(64)),
-                                                  "party 0 multiplied .* fails its proof"),
     "union: not whole points": (lambda bad: hostile_active(union=bytes(100)), "union frame from party 0 has 100"),
     "union: above the sum of counts": (lambda bad: hostile_active(union=increasing(6)), "not 3..5 points"),
     "union: below the largest count": (lambda bad: hostile_active(union=increasing(2)), "not 3..5 points"),

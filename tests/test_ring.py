@@ -114,16 +114,26 @@ def _misplaced(id_lists, results, ranks):
     return sum(rows[0][i] != rows[1][i] for i in set(rows[0]) & set(rows[1]))
 
 
-def _weaken(monkeypatch, build):
+def _weaken(monkeypatch, build, attacker):
+    """The weakened build skips the hop checks; in both, the attacker proves its hops on whatever M it is given (an
+    honest prover refuses to prove lists other than it multiplied)."""
     if build == "weakened: no hop checks":
         monkeypatch.setattr(align_module, "check_hops", lambda *args: None)
+    real = ring_module._prove
+
+    def prove(ring, hop, part):
+        if ring.rank == attacker:
+            return dleq.prove(ring.scalar, ring.context(hop), part[64:])
+        return real(ring, hop, part)
+
+    monkeypatch.setattr(ring_module, "_prove", prove)
 
 
 @pytest.mark.parametrize("build", ["weakened: no hop checks", "shipped"])
 def test_an_active_party_that_splits_a_record_two_parties_hold_is_refused(monkeypatch, build, attacked):
     """The active party (0) returns party 1 its pseudonyms with those of two records it shares with party 2
     exchanged: those rows would be one holder's alone, and their sums that holder's contribution."""
-    _weaken(monkeypatch, build)
+    _weaken(monkeypatch, build, 0)
     real = align_module._shared_order
 
     def split(lists, counts, active, restrict):
@@ -150,16 +160,16 @@ def test_an_active_party_that_splits_a_record_two_parties_hold_is_refused(monkey
 def test_a_passive_party_that_tampers_with_a_list_it_relays_is_refused(monkeypatch, build, how, attacked):
     """Party 2 (passive, K = 4: it relays party 1's list on the ring) exchanges two of its points, or multiplies one
     by another scalar, before sending it on: party 1's rows would be misplaced (or dropped) at every party."""
-    _weaken(monkeypatch, build)
+    _weaken(monkeypatch, build, 2)
     real, other = ring_module.Ring.send_list, ristretto.random_scalar()
 
-    def tampered(self, dst, origin, index, points, proof=b""):
+    def tampered(self, dst, origin, index, points):
         if self.rank == 2 and origin == 1 and index == 1:
             listed = _points(points)
             listed = _swap(listed, 0, 1) if how == "reorders" else [ristretto.scalar_mult(other, listed[0])] + \
                 listed[1:]
             points = b"".join(listed)
-        return real(self, dst, origin, index, points, proof)
+        return real(self, dst, origin, index, points)
 
     monkeypatch.setattr(ring_module.Ring, "send_list", tampered)
     id_lists = _ids(4)
@@ -193,12 +203,13 @@ def test_an_active_party_that_publishes_another_union_to_one_party_is_seen_in_th
 
 
 def test_two_parties_align_and_check_their_hops_alone():
-    """K = 2: the passive party checks the active party's hop on its list itself (it sent the input), and the
-    active party the passive party's hop on its own; no check round frames."""
+    """K = 2: the passive party checks the active party's hop on its list itself (it sent the input: nobody to ask),
+    and the active party the passive party's hop on its own; each gives the other M for its proof."""
     id_lists = [["a", "b", "c"], ["b", "c", "d", "e"]]
     views = [[], []]
     results = MemoryWorld(2).run([lambda ch, r=r: align(ch, id_lists[r], 0, view=views[r]) for r in range(2)])
     assert results[0].n_union == results[1].n_union == 5
     assert _misplaced(id_lists, results, (0, 1)) == 0
-    assert not [e for view in views for e in view if e["step"].startswith("hop")]
+    assert [[e["step"] for e in view if e["step"].startswith("hop")] for view in views] == [["hop-answer",
+                                                                                              "hop-proof"]] * 2
     assert np.array_equal(results[0].sizes, [3, 4]) and results[0].transcript == results[1].transcript

@@ -680,7 +680,7 @@ def _hostile_active(role, variant: str) -> None:
 
     from falsevfl_secure.federation import aligned
     from falsevfl_secure.secure import align as align_module
-    from falsevfl_secure.secure import ring
+    from falsevfl_secure.secure import dleq, ring
 
     b, c = (r for r in range(role.peers.n_parties) if r != role.peers.active_index)
     if variant in ("finals", "union"):
@@ -702,6 +702,7 @@ def _hostile_active(role, variant: str) -> None:
             return real_send(self, dst, payload)
 
         align_module._shared_order, ring.Wire.send = split_order, send
+        ring._prove = lambda state, hop, part: dleq.prove(state.scalar, state.context(hop), part[64:])  # any M
         return
     real_align, real_announce, seen = aligned.align, aligned._announce, {}
     aligned.align = lambda *a, **k: seen.setdefault("result", real_align(*a, **k))

@@ -10,14 +10,14 @@ scalar), then the active party multiplies it last and returns it to its origin; 
 scalar. Every list then holds its origin's pseudonyms P(id) = (a_0 ... a_{K-1}) H(id), in the origin's order.
 The active party sorts the union of the pseudonyms by their bytes (a pseudorandom order), learns which parties
 hold each, and publishes the sorted union U to every passive party; a passive party's positions are where its own
-pseudonyms sit in U. Every multiplication carries a batched Chaum-Pedersen proof (secure/dleq.py) that the next
-party checks: no party can reorder, drop, swap or re-blind a list another party will use, and the active party
-cannot give two passive parties pseudonyms of one record that differ (their rows would differ: it could then read
-one party's contribution from the sums). The passive parties compare the `transcript` (every count, every public
-key, U) through the active party's signed announcement (federation/aligned.py).
+pseudonyms sit in U. Every multiplication is proved by a batched Chaum-Pedersen proof (secure/dleq.py) that the
+party it went to checks: no party can reorder, drop, swap or re-blind a list another party will use, and the
+active party cannot give two passive parties pseudonyms of one record that differ (their rows would differ: it
+could then read one party's contribution from the sums). The passive parties compare the `transcript` (every
+count, every public key, U) through the active party's signed announcement (federation/aligned.py).
 
-Rounds (protocols/align.toml): sizes, session, entry, pass1..pass{K-2}, final, carry, finals, union, hop-ask,
-hop-answer. Frames are fixed-schema bytes, checked for size before use; every received point is decoded and
+Rounds (protocols/align.toml): sizes, session, pass1..pass{K-2}, final, entry, carry, finals, union, hop-ask,
+hop-answer, hop-proof. Frames are fixed-schema bytes, checked for size before use; every received point is decoded and
 checked by libsodium. Nothing is unpickled, and no raw ID, digest of an ID or H(id) leaves its owner: every point
 on the wire carries its owner's secret scalar (the active party's list its throwaway one).
 
@@ -251,16 +251,16 @@ def _passive_lists(ring: Ring, active: int, own: bytes) -> None:
     to the active party; then the active party's list, multiplied on its way through."""
     members = passive_ring(len(ring.counts), active)
     j, m = members.index(ring.rank), len(members)
-    origin, index, current, proof = ring.rank, 0, own, b""
+    origin, index, current = ring.rank, 0, own
     for p in range(1, m):
-        ring.send_list(members[(j + 1) % m], origin, index, current, proof)
+        ring.send_list(members[(j + 1) % m], origin, index, current)
         origin, index = members[(j - p) % m], p
-        current, proof = ring.multiply(origin, p, ring.recv_list(f"pass{p}", members[(j - 1) % m], origin, p - 1))
-    ring.send_list(active, origin, index, current, proof)  # its `final` (m - 1 hops: every passive scalar)
+        current = ring.multiply(origin, p, ring.recv_list(f"pass{p}", members[(j - 1) % m], origin, p - 1))
+    ring.send_list(active, origin, index, current)  # its `final` (m - 1 hops: every passive scalar)
     source = active if j == 0 else members[j - 1]
     carried = ring.recv_list("entry" if j == 0 else "carry", source, active, j)
-    current, proof = ring.multiply(active, j + 1, carried)
-    ring.send_list(members[j + 1] if j < m - 1 else active, active, j + 1, current, proof)
+    current = ring.multiply(active, j + 1, carried)
+    ring.send_list(members[j + 1] if j < m - 1 else active, active, j + 1, current)
 
 
 def _active_lists(ring: Ring, active: int, own: bytes, entry: bytes, restrict: bool) -> tuple:
@@ -269,16 +269,16 @@ def _active_lists(ring: Ring, active: int, own: bytes, entry: bytes, restrict: b
     members = passive_ring(len(ring.counts), active)
     m = len(members)
     ring.send_list(members[0], active, 0, own)
-    lists, proofs = [b""] * len(ring.counts), {}
+    lists = [b""] * len(ring.counts)
     for j, src in enumerate(members):
         origin = members[(j + 1) % m]
-        lists[origin], proofs[origin] = ring.multiply(origin, m, ring.recv_list("final", src, origin, m - 1))
+        lists[origin] = ring.multiply(origin, m, ring.recv_list("final", src, origin, m - 1))
     carried = ring.recv_list("carry", members[-1], active, m)
     unblind = ristretto.scalar_mul(ring.scalar, ristretto.scalar_invert(entry))  # a_A / t: the pseudonyms
     lists[active] = ristretto.scalar_mult_batch(unblind, carried, threads=ring.threads)
     positions, holders, union = _shared_order(lists, ring.counts, active, restrict)
     for origin in members:
-        ring.wire.send(origin, lists[origin] + proofs[origin])
+        ring.wire.send(origin, lists[origin])
         ring.wire.send(origin, union)
     return union, positions[active], holders
 

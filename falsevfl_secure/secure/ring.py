@@ -6,11 +6,12 @@ list goes once around the passive ring (hops 1..m-1, each by the next passive pa
 which applies the last scalar (hop m) and returns it to the list's origin. The active party's list (blinded by
 a throwaway scalar of its own) goes through every passive party (hops 1..m) and back to it.
 
-Every hop is proved (secure/dleq.py): its prover attaches a batched Chaum-Pedersen proof to the list it sends on;
-after the lists, one check round: the party that received a hop's output (V) sends the digest of it to the party
-that sent the hop's input (Q), which answers with the digest of its input and M, its weighted sum; V computes Z
-and verifies the proof against the prover's announced public key. Neither sees the other's list. Where V and Q
-are one party (two parties in all), it checks alone.
+Every hop is proved (secure/dleq.py) in one check round after the lists: the party that received a hop's
+output (V) sends the digest of it to the party that sent the hop's input (Q); Q answers V and the hop's prover R
+with the digests of both lists and M, its weighted sum of the input; R checks the digests against the lists it
+multiplied and proves on that M (so it computes no weighted sum of its own); V computes Z from the output it
+holds and verifies R's proof against R's announced public key. Neither V nor Q sees the other's list. Where V and
+Q are one party (two parties in all), it asks no one.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def hops(k: int, active: int) -> list[Hop]:
 
 @dataclass
 class Ring:
-    """One party's part of the ring: its scalar, every party's public key, the lists it sent (as some hop's source)
-    and those it received with their proofs (as some hop's receiver)."""
+    """One party's part of the ring: its scalar, every party's public key, the lists it sent (as some hop's source),
+    those it received (as some hop's receiver) and the digests of the hops it made (as their prover)."""
 
     wire: Wire
     rank: int
@@ -108,59 +109,59 @@ class Ring:
     scalar: bytes
     threads: int = 1
     sent: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    got: dict[tuple[int, int], tuple[bytes, bytes]] = field(default_factory=dict)
+    got: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    made: dict[tuple[int, int], bytes] = field(default_factory=dict)
 
     def context(self, hop: Hop) -> bytes:
         return self.session + _HOP.pack(hop.origin, hop.index, hop.prover)
 
-    def multiply(self, origin: int, index: int, points: bytes) -> tuple[bytes, bytes]:
-        """This party's hop `index` of `origin`'s list: the product and its proof."""
+    def multiply(self, origin: int, index: int, points: bytes) -> bytes:
+        """This party's hop `index` of `origin`'s list (its proof comes in the check round)."""
         out = ristretto.scalar_mult_batch(self.scalar, points, threads=self.threads)
-        if not points:  # an empty list: nothing to prove (its hops are not checked)
-            return out, bytes(dleq.PROOF_BYTES)
-        hop = Hop(origin, index, self.rank, -1, -1)
-        m = dleq.combine(self.context(hop), dleq.digest(points), dleq.digest(out), points, self.threads)
-        return out, dleq.prove(self.scalar, self.context(hop), m)
+        self.made[(origin, index)] = dleq.digest(points) + dleq.digest(out)
+        return out
 
-    def send_list(self, dst: int, origin: int, index: int, points: bytes, proof: bytes = b"") -> None:
-        """`origin`'s list after hop `index` (with its proof from hop 1 on); kept as the next hop's input."""
+    def send_list(self, dst: int, origin: int, index: int, points: bytes) -> None:
+        """`origin`'s list after hop `index`; kept as the next hop's input."""
         self.sent[(origin, index + 1)] = points
-        self.wire.send(dst, points + proof)
+        self.wire.send(dst, points)
 
     def recv_list(self, step: str, src: int, origin: int, index: int) -> bytes:
-        """`origin`'s list after hop `index`, whole valid points of origin's count (and the proof, kept)."""
+        """`origin`'s list after hop `index`: whole valid points of origin's count (kept where a hop made it)."""
         frame = self.wire.recv(step, src)
-        size = _P * int(self.counts[origin])
-        expect_length(frame, size + (dleq.PROOF_BYTES if index else 0), step, src, counted=True)
-        bad = ristretto.first_invalid_point(frame[:size], threads=self.threads)
+        expect_length(frame, _P * int(self.counts[origin]), step, src, counted=True)
+        bad = ristretto.first_invalid_point(frame, threads=self.threads)
         if bad >= 0:
             raise AlignmentFrameError(f"align: {step} frame from party {src}: point {bad} is not a valid "
                                       "ristretto255 point (non-canonical encoding or the identity)", src)
         if index:
-            self.got[(origin, index)] = frame[:size], frame[size:]
-        return frame[:size]
+            self.got[(origin, index)] = frame
+        return frame
+
+
+_PART = 2 * dleq.DIGEST_BYTES + _P  # the input's digest, the output's digest, M
 
 
 def check_hops(ring: Ring, schedule: list[Hop]) -> None:
-    """The check round: every hop this party received is verified with the help of the party that sent its input;
-    raises AlignmentFrameError naming the prover of a hop whose proof fails (an empty list has nothing to check)."""
+    """The check round: the receiver V of each hop tells the party Q that sent its input the digest of what it
+    received; Q answers V and the prover with both digests and M; the prover proves on that M; V verifies. Raises
+    AlignmentFrameError naming the prover of a hop whose proof fails (an empty list has nothing to check)."""
     me, schedule = ring.rank, [h for h in schedule if ring.counts[h.origin] > 0]
-    asks = _grouped([h for h in schedule if h.receiver == me and h.source != me], "source")
-    answers = _grouped([h for h in schedule if h.source == me and h.receiver != me], "receiver")
-    for source, group in asks.items():  # sends never block: every ask goes out before any wait
-        ring.wire.send(source, b"".join(dleq.digest(ring.got[(h.origin, h.index)][0]) for h in group))
-    for receiver, group in answers.items():
-        frame = ring.wire.recv("hop-ask", receiver)
-        expect_length(frame, dleq.DIGEST_BYTES * len(group), "hop-ask", receiver)
-        ring.wire.send(receiver, b"".join(_answer(ring, h, frame[32 * i:32 * i + 32]) for i, h in enumerate(group)))
-    for source, group in asks.items():
+    for source, group in _grouped([h for h in schedule if h.receiver == me != h.source], "source").items():
+        ring.wire.send(source, b"".join(dleq.digest(ring.got[(h.origin, h.index)]) for h in group))
+    answers = _answer(ring, [h for h in schedule if h.source == me])
+    for source in sorted({h.source for h in schedule if me in (h.receiver, h.prover) and h.source != me}):
+        mine = [h for h in schedule if h.source == source and me in (h.receiver, h.prover)]
         frame = ring.wire.recv("hop-answer", source)
-        expect_length(frame, 64 * len(group), "hop-answer", source)
+        expect_length(frame, _PART * len(mine), "hop-answer", source)
+        answers.update({h: frame[_PART * i:_PART * (i + 1)] for i, h in enumerate(mine)})
+    for receiver, group in _grouped([h for h in schedule if h.prover == me], "receiver").items():
+        ring.wire.send(receiver, b"".join(_prove(ring, h, answers[h]) for h in group))
+    for prover, group in _grouped([h for h in schedule if h.receiver == me], "prover").items():
+        frame = ring.wire.recv("hop-proof", prover)
+        expect_length(frame, dleq.PROOF_BYTES * len(group), "hop-proof", prover)
         for i, h in enumerate(group):
-            _verify(ring, h, frame[64 * i:64 * i + 32], frame[64 * i + 32:64 * i + 64])
-    for h in (h for h in schedule if h.receiver == me == h.source):
-        inp = ring.sent[(h.origin, h.index)]
-        _verify(ring, h, dleq.digest(inp), _answer(ring, h, dleq.digest(ring.got[(h.origin, h.index)][0]))[32:])
+            _verify(ring, h, answers[h], frame[dleq.PROOF_BYTES * i:dleq.PROOF_BYTES * (i + 1)])
 
 
 def _grouped(selected: list[Hop], by: str) -> dict[int, list[Hop]]:
@@ -170,16 +171,42 @@ def _grouped(selected: list[Hop], by: str) -> dict[int, list[Hop]]:
     return dict(sorted(groups.items()))
 
 
-def _answer(ring: Ring, hop: Hop, out_digest: bytes) -> bytes:
-    """The digest of the hop's input this party sent, and M, its weighted sum under the receiver's digest."""
-    inp = ring.sent[(hop.origin, hop.index)]
-    return dleq.digest(inp) + dleq.combine(ring.context(hop), dleq.digest(inp), out_digest, inp, ring.threads)
+def _answer(ring: Ring, fed: list[Hop]) -> dict[Hop, bytes]:
+    """As the source Q of the hops `fed`: each receiver's ask read, M computed, one frame to every receiver and
+    prover; returns the parts this party keeps (where it is the receiver too: two parties in all)."""
+    asked = {}
+    for receiver, group in _grouped([h for h in fed if h.receiver != ring.rank], "receiver").items():
+        frame = ring.wire.recv("hop-ask", receiver)
+        expect_length(frame, dleq.DIGEST_BYTES * len(group), "hop-ask", receiver)
+        asked.update({h: frame[32 * i:32 * i + 32] for i, h in enumerate(group)})
+    parts, frames = {}, {}
+    for h in fed:
+        inp = ring.sent[(h.origin, h.index)]
+        out = asked.get(h) or dleq.digest(ring.got[(h.origin, h.index)])
+        parts[h] = dleq.digest(inp) + out + dleq.combine(ring.context(h), dleq.digest(inp), out, inp, ring.threads)
+        for dst in {h.receiver, h.prover} - {ring.rank}:
+            frames.setdefault(dst, []).append(parts[h])
+    for dst in sorted(frames):
+        ring.wire.send(dst, b"".join(frames[dst]))
+    return {h: part for h, part in parts.items() if h.receiver == ring.rank}
 
 
-def _verify(ring: Ring, hop: Hop, inp_digest: bytes, m: bytes) -> None:
-    out, proof = ring.got[(hop.origin, hop.index)]
+def _prove(ring: Ring, hop: Hop, part: bytes) -> bytes:
+    """This party's proof of a hop it made, on the M its input's sender computed (for the lists it multiplied)."""
+    if part[:2 * dleq.DIGEST_BYTES] != ring.made[(hop.origin, hop.index)]:
+        raise AlignmentFrameError(f"align: party {hop.source} answered the check of hop {hop.index} of party "
+                                  f"{hop.origin}'s list with digests of other lists than this party multiplied",
+                                  hop.source)
+    if not ristretto.is_valid_point(part[2 * dleq.DIGEST_BYTES:]):
+        raise AlignmentFrameError(f"align: party {hop.source} answered a hop check with an invalid point", hop.source)
+    return dleq.prove(ring.scalar, ring.context(hop), part[2 * dleq.DIGEST_BYTES:])
+
+
+def _verify(ring: Ring, hop: Hop, part: bytes, proof: bytes) -> None:
+    out = ring.got[(hop.origin, hop.index)]
+    inp_digest, out_digest, m = part[:32], part[32:64], part[64:]
     z = dleq.combine(ring.context(hop), inp_digest, dleq.digest(out), out, ring.threads)
-    if not dleq.verify(ring.publics[hop.prover], ring.context(hop), m, z, proof):
+    if out_digest != dleq.digest(out) or not dleq.verify(ring.publics[hop.prover], ring.context(hop), m, z, proof):
         raise AlignmentFrameError(f"align: the list of party {hop.origin} that party {hop.prover} multiplied (hop "
                                   f"{hop.index}) fails its proof: party {hop.prover} did not multiply every point "
                                   f"by its announced scalar, in order (or party {hop.source}, which sent it the list, "

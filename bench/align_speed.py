@@ -14,9 +14,10 @@ hop proofs, and `hop_checks` is the round that verifies them), `cpu_s` its proce
 time would be without other load on the machine). Where the time goes:
 `libsodium` times each group operation here (process CPU time per call, one process, before the parties
 start) and `libsodium_cpu_s` is what the run's K n hashes, (K^2 + 1) n multiplications, 2 K (K-1) n weighted-sum
-terms (each hop's M at the party that sent its input, Z at its receiver) and K (K-1) n point
-checks cost at those rates, the floor of `cpu_s_all_parties` for this protocol; `load_before`/`load_after` are
-the machine's 1-minute load averages (other processes on the same cores slow the wall time, not the CPU time).
+terms (each hop's M at the party that sent its input, Z at its receiver), K (K-1) n point checks and the keyed
+union's hashes, products and weighted sums cost at those rates, the floor of `cpu_s_all_parties` for this
+protocol; `load_before`/`load_after` are the machine's 1-minute load averages (other processes on the same cores
+slow the wall time, not the CPU time).
 
 Writes DIR/align_speed.json ({"config", "wall_s", "ids_per_s_per_party", "n_union", "correct",
 "libsodium", "libsodium_cpu_s", "parties": [{"rank", "seconds", "ids_per_s", "phases", "bytes_sent",
@@ -84,13 +85,16 @@ def libsodium_rates(calls: int = 3000) -> dict[str, float]:
     return rates
 
 
-def libsodium_cpu_s(rates: dict[str, float], k: int, n: int) -> float:
+def libsodium_cpu_s(rates: dict[str, float], k: int, n: int, n_union: int) -> float:
     """CPU seconds of the group operations of one run: every party hashes its n IDs and multiplies each of the
     K lists once (the active party's twice: K^2 n + n products); two weighted sums per proved hop (K (K-1) hops);
-    every received list checked."""
-    hops = k * (k - 1) * n
-    return (k * n * rates["hash_us"] + (k * k + 1) * n * rates["mult_us"] + 2 * hops * rates["weighted_us"]
-            + hops * rates["check_us"]) / 1e6
+    every received list checked; the keyed union (secure/keyed.py): a hash and a product per union point, and per
+    passive party's list a hash and three weighted sums (one at the active party, two at the party)."""
+    hops, lists = k * (k - 1) * n, (k - 1) * n
+    group = k * n * rates["hash_us"] + (k * k + 1) * n * rates["mult_us"] + hops * (2 * rates["weighted_us"]
+                                                                                   + rates["check_us"])
+    union = n_union * (rates["hash_us"] + rates["mult_us"]) + lists * (rates["hash_us"] + 3 * rates["weighted_us"])
+    return (group + union) / 1e6
 
 
 def run_parties(k: int, n: int, overlap: float, active: int, threads: int, timeout: float = 900.0) -> dict[int, dict]:
@@ -113,7 +117,8 @@ def summarise(args: argparse.Namespace, reports: list[dict], total: float, rates
                        "threads": args.threads, "cpus": os.cpu_count(), "libsodium": reports[0]["libsodium"],
                        "load_before": load[0], "load_after": load[1]},
             "wall_s": wall, "ids_per_s_per_party": n / wall if wall else None,
-            "cpu_s_all_parties": cpu, "libsodium": rates, "libsodium_cpu_s": libsodium_cpu_s(rates, k, n),
+            "cpu_s_all_parties": cpu, "libsodium": rates,
+            "libsodium_cpu_s": libsodium_cpu_s(rates, k, n, reports[0]["n_union"]),
             "wall_s_if_the_cores_were_free": cpu / min(k * args.threads, os.cpu_count() or 1),
             "n_union": reports[0]["n_union"], "expected_n_union": expected,
             "correct": all(r["n_union"] == expected and r["positions_ok"] for r in reports),

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from falsevfl_secure.errors import FalseVflError
 from falsevfl_secure.secure import align as align_module
+from falsevfl_secure.secure import keyed as keyed_module
 from falsevfl_secure.secure import ring as ring_module
 from falsevfl_secure.secure import ristretto
 from falsevfl_secure.secure.align import (
@@ -224,7 +225,8 @@ def expected_rounds(rank, k, active):
     else:
         j = ring.index(rank)
         out = [("session", active)] + [(f"pass{p}", ring[j - 1]) for p in range(1, m)]
-        out += [("entry", active) if j == 0 else ("carry", ring[j - 1]), ("finals", active), ("union", active)]
+        out += [("entry", active) if j == 0 else ("carry", ring[j - 1]), ("finals", active), ("keyed", active),
+                ("union", active)]
     asked_by = sorted({h.receiver for h in schedule if h.source == rank and h.receiver != rank})
     answered_by = sorted({h.source for h in schedule if rank in (h.receiver, h.prover) and h.source != rank})
     proved_by = sorted({h.prover for h in schedule if h.receiver == rank})
@@ -255,8 +257,8 @@ def dictionary_attack(coalition, views, party_secrets, dictionary, k, active):
     positions = {}
     if active in coalition:
         finals = _final_pseudonyms(views[active], party_secrets[active])
-        full = [p for p in finals if p in table and table[p][1] >= k]  # every party's scalar on it
-        positions = {table[p][0]: finals.index(p) for p in full}
+        ranks = _union_positions(finals, party_secrets[active])
+        positions = {table[p][0]: ranks[p] for p in finals if p in table and table[p][1] >= k}  # all K scalars
     return linked, positions
 
 
@@ -267,7 +269,15 @@ def _final_pseudonyms(active_view, active_secrets):
     carried = next(e["payload"] for e in active_view if e["step"] == "carry")
     unblind = ristretto.scalar_mul(scalar, ristretto.scalar_invert(active_secrets["entry"]))
     joined = b"".join(finals) + ristretto.scalar_mult_batch(unblind, carried)
-    return sorted({joined[o:o + 32] for o in range(0, len(joined), 32)})
+    return [joined[o:o + 32] for o in range(0, len(joined), 32)]
+
+
+def _union_positions(pseudonyms, active_secrets):
+    """Each pseudonym's position: the rank of its keyed point (secure/keyed.py) among all of them."""
+    session, key = active_secrets["session"], active_secrets["union_key"]
+    keyed = [ristretto.scalar_mult(key, keyed_module.hashed(session, p)) for p in pseudonyms]
+    order = sorted(set(keyed))
+    return {p: order.index(g) for p, g in zip(pseudonyms, keyed, strict=True)}
 
 
 @pytest.mark.parametrize("k,excluded_is_active", [(3, False), (3, True), (4, False), (4, True)])
@@ -341,21 +351,28 @@ def hostile_passive(n=2, sizes=None, final=None, carry=None, go_on=False):
     return 0, script
 
 
-def hostile_active(session=None, finals=None, union=None):
-    """Party 0 against an honest passive party 1 holding 3 IDs; sends its one bad frame and stops."""
+def hostile_active(session=None, finals=None, union=None, proof=None):
+    """Party 0 against an honest passive party 1 holding 3 IDs; sends its one bad frame (or a keyed frame under
+    `proof`) and stops; otherwise its finals, keyed points and union are what an honest active party sends."""
     def script(ch):
-        own = ch.recv(1)
+        own, tag = ch.recv(1), os.urandom(16)
         if session is not None:
             return ch.send(1, session)
-        ch.send(1, os.urandom(16) + i64(2, 3) + key() + own[8:])
+        ch.send(1, tag + i64(2, 3) + key() + own[8:])
         listed = ch.recv(1)
         ch.send(1, points(2))
         ch.recv(1)
         mine = ristretto.scalar_mult_batch(ristretto.random_scalar(), listed)
         ch.send(1, mine if finals is None else finals)
-        if finals is None:
-            joined = mine + points(1)
-            ch.send(1, b"".join(sorted(joined[o:o + 32] for o in range(0, 128, 32))) if union is None else union)
+        if finals is not None:
+            return
+        secret = ristretto.random_scalar()
+        hashed = keyed_module.hashed(tag, mine)
+        points_keyed = ristretto.scalar_mult_batch(secret, hashed)
+        real = keyed_module.prove(secret, tag, 1, mine, hashed, points_keyed)
+        ch.send(1, ristretto.base_mult(secret) + points_keyed + (real if proof is None else proof))
+        joined = points_keyed + points(1)
+        ch.send(1, b"".join(sorted(joined[o:o + 32] for o in range(0, 128, 32))) if union is None else union)
     return 1, script
 
 
@@ -403,9 +420,11 @@ HOSTILE = {
     "union: not whole points": (lambda bad: hostile_active(union=bytes(100)), "union frame from party 0 has 100"),
     "union: above the sum of counts": (lambda bad: hostile_active(union=increasing(6)), "not 3..5 points"),
     "union: below the largest count": (lambda bad: hostile_active(union=increasing(2)), "not 3..5 points"),
-    "union: not increasing": (lambda bad: hostile_active(union=increasing(4)[::-1]), "not a valid shared order"),
+    "union: not increasing": (lambda bad: hostile_active(union=increasing(4)[::-1]), "in increasing order"),
     "union: without this party's records": (lambda bad: hostile_active(union=increasing(4)), "not a valid shared"),
     "union: a pickle": (lambda bad: hostile_active(union=bad), "union frame from party 0 has"),
+    "keyed: a proof that fails": (lambda bad: hostile_active(proof=os.urandom(64)), "keyed pseudonyms fail their"),
+    "keyed: a pickle": (lambda bad: hostile_active(proof=bad), "keyed frame from party 0 has"),
 }
 
 

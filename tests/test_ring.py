@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from falsevfl_secure.secure import align as align_module
 from falsevfl_secure.secure import dleq, ristretto
+from falsevfl_secure.secure import keyed as keyed_module
 from falsevfl_secure.secure import ring as ring_module
 from falsevfl_secure.secure.align import align
 from falsevfl_secure.secure.ring import AlignmentFrameError, hops
@@ -130,28 +131,44 @@ def _weaken(monkeypatch, build, attacker):
 
 
 @pytest.mark.parametrize("build", ["weakened: no hop checks", "shipped"])
-def test_an_active_party_that_splits_a_record_two_parties_hold_is_refused(monkeypatch, build, attacked):
-    """The active party (0) returns party 1 its pseudonyms with those of two records it shares with party 2
-    exchanged: those rows would be one holder's alone, and their sums that holder's contribution."""
+@pytest.mark.parametrize("how", ["pseudonyms", "keyed points"])
+def test_an_active_party_that_splits_a_record_two_parties_hold_is_refused(monkeypatch, build, how, attacked):
+    """The active party (0) returns party 1 its pseudonyms (or their keyed points, by which the union is sorted) with
+    those of two records it shares with party 2 exchanged: those rows would be one holder's alone, and their sums
+    that holder's contribution. The weakened build checks neither the hops nor the keyed points."""
     _weaken(monkeypatch, build, 0)
-    real = align_module._shared_order
+    if build.startswith("weakened"):
+        monkeypatch.setattr(keyed_module, "verify", lambda *args: True)
+    if how == "keyed points":
+        real = align_module._shared_order
 
-    def split(lists, counts, active, restrict):
-        found = real(lists, counts, active, restrict)
-        lists[1] = b"".join(_swap(_points(lists[1]), 0, 1))  # after the true order: what party 1 receives
-        return found
+        def split(lists, counts, active, restrict):
+            found = real(lists, counts, active, restrict)
+            lists[1] = b"".join(_swap(_points(lists[1]), 0, 1))  # after the true order: what party 1 receives
+            return found
 
-    monkeypatch.setattr(align_module, "_shared_order", split)
+        monkeypatch.setattr(align_module, "_shared_order", split)
+    else:
+        multiply = ring_module.Ring.multiply
+
+        def swapped(self, origin, index, points):
+            out = multiply(self, origin, index, points)
+            return b"".join(_swap(_points(out), 0, 1)) if self.rank == 0 and origin == 1 else out
+
+        monkeypatch.setattr(ring_module.Ring, "multiply", swapped)
     id_lists = _ids(3)
     id_lists[2] = id_lists[1] + ["two-only"]  # every record of party 1 is shared with party 2
     results = _run(id_lists, 0)
+    attack = f"split a shared record by its {how} (malicious active)"
     if build == "shipped":
-        assert isinstance(results[1], AlignmentFrameError) and results[1].sender == 0, results[1]
-        assert "party 0 multiplied" in str(results[1]) and "fails its proof" in str(results[1])
-        attacked("split a shared record by the finals (malicious active)", build, "refused by party 1, naming 0")
+        said = {"pseudonyms": "that party 0 multiplied (hop 2) fails its proof",
+                "keyed points": "keyed pseudonyms fail"}
+        assert isinstance(results[1], AlignmentFrameError) and said[how] in str(results[1]), results[1]
+        assert results[1].sender == (0 if how == "keyed points" else None)  # (a hop's failure: 0 or its input's sender)
+        attacked(attack, build, "refused by party 1, naming party 0")
         return
     moved = _misplaced(id_lists, results, (1, 2))
-    attacked("split a shared record by the finals (malicious active)", build, f"{moved} shared records split")
+    attacked(attack, build, f"{moved} shared records split")
     assert moved == 2
 
 
@@ -177,7 +194,7 @@ def test_a_passive_party_that_tampers_with_a_list_it_relays_is_refused(monkeypat
     results = _run(id_lists, 0)
     refused = [r for r in results if isinstance(r, Exception)]
     if build == "shipped":
-        assert refused and all(isinstance(e, AlignmentFrameError) and e.sender == 2 for e in refused), refused
+        assert refused and all(isinstance(e, AlignmentFrameError) and "party 2 multiplied" in str(e) for e in refused)
         attacked(f"relay {how} a list (malicious passive)", build, f"refused by {len(refused)} party, naming it")
         return
     moved = _misplaced(id_lists, results, (1, 0))
@@ -213,3 +230,46 @@ def test_two_parties_align_and_check_their_hops_alone():
     assert [[e["step"] for e in view if e["step"].startswith("hop")] for view in views] == [["hop-answer",
                                                                                               "hop-proof"]] * 2
     assert np.array_equal(results[0].sizes, [3, 4]) and results[0].transcript == results[1].transcript
+
+
+@pytest.mark.parametrize("build", ["weakened: a union of the pseudonyms themselves", "shipped"])
+def test_a_passive_party_cannot_test_ids_of_its_choice_against_the_union(monkeypatch, build, attacked):
+    """Review finding: a passive party lists b H(x) (times its scalar) for 60 IDs x of its choice, 30 of them held
+    by another party; its returned point for x is then the union's point for b P(x). Were the union the pseudonyms
+    themselves (or any multiplicative function of them), 1/b times it would be P(x)'s, looked up in the union: who
+    else holds x. The shipped union keys each pseudonym through a hash (secure/keyed.py)."""
+    import threading
+
+    if build.startswith("weakened"):
+        monkeypatch.setattr(keyed_module, "hashed", lambda session, pseudonyms, threads=1: pseudonyms)
+    b, who, real = ristretto.random_scalar(), threading.local(), align_module._blind_own
+
+    def blind(encoded, order, session, scalar, threads=1):
+        out = _points(real(encoded, order, session, scalar, threads))
+        if getattr(who, "attacker", False):
+            out = [ristretto.scalar_mult(b, p) if encoded[r].startswith(b"probe") else p
+                   for r, p in zip(order, out, strict=True)]
+        return b"".join(out)
+
+    monkeypatch.setattr(align_module, "_blind_own", blind)
+    probes = [f"probe{i}" for i in range(60)]
+    lists = [[f"a{i}" for i in range(40)] + probes[:20], [f"c{i}" for i in range(10)] + probes,
+             [f"b{i}" for i in range(30)] + probes[20:30]]
+    view, secrets_of = [], {}
+
+    def attacker(ch):
+        who.attacker = True
+        return align(ch, lists[1], 0, view=view, secrets_out=secrets_of)
+
+    results = MemoryWorld(3, timeout=30).run([lambda ch: align(ch, lists[0], 0), attacker,
+                                              lambda ch: align(ch, lists[2], 0)])
+    assert not [r for r in results if isinstance(r, Exception)], results
+    mine = _points(next(e["payload"] for e in view if e["step"] == "keyed")[32:-64])
+    union = set(_points(next(e["payload"] for e in view if e["step"] == "union")))
+    unblind = ristretto.scalar_invert(b)
+    named = {lists[1][r] for r, p in zip(secrets_of["order"], mine, strict=True)
+             if lists[1][r].startswith("probe") and ristretto.scalar_mult(unblind, p) in union}
+    held = set(probes[:30])
+    attacked("test chosen IDs against the union (malicious passive)", build,
+             f"named {len(named & held)} of the 30 held by others, {len(named - held)} false, of 60 chosen")
+    assert named == (held if build.startswith("weakened") else set())

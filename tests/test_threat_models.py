@@ -673,9 +673,10 @@ def test_split_records_would_give_a_malicious_active_party_one_holders_contribut
 
 def _hostile_active(role, variant: str) -> None:
     """Make this (active) process split shared records: `kept` announces B the records it shares with C and C,
-    in the same slots, records it does not hold; `finals` returns C its pseudonyms with those of two records it
-    shares with B exchanged (under the proof of the true ones); `union` publishes C another union than B, of one
-    size (a first record added, a last one C does not hold dropped: C's records before it one row on)."""
+    in the same slots, records it does not hold; `keyed` returns C its keyed points (by which the union is sorted)
+    with those of two records it shares with B exchanged (under the proof of the true ones); `union` publishes C
+    another union than B, of one size (a first record added, a last one C does not hold dropped: C's records
+    before it one row on)."""
     from types import SimpleNamespace
 
     from falsevfl_secure.federation import aligned
@@ -683,7 +684,7 @@ def _hostile_active(role, variant: str) -> None:
     from falsevfl_secure.secure import dleq, ring
 
     b, c = (r for r in range(role.peers.n_parties) if r != role.peers.active_index)
-    if variant in ("finals", "union"):
+    if variant in ("keyed", "union"):
         real_order, real_send, sent = align_module._shared_order, ring.Wire.send, {}
 
         def split_order(lists, counts, active, restrict):
@@ -691,7 +692,7 @@ def _hostile_active(role, variant: str) -> None:
             shared = np.flatnonzero(np.isin(positions[c], np.flatnonzero(holders[:, b] & holders[:, c])))[:2]
             points = [lists[c][32 * i:32 * i + 32] for i in range(int(counts[c]))]
             points[shared[0]], points[shared[1]] = points[shared[1]], points[shared[0]]
-            lists[c] = b"".join(points) if variant == "finals" else lists[c]
+            lists[c] = b"".join(points) if variant == "keyed" else lists[c]
             drop = int(np.flatnonzero(~holders[:, c])[-1])  # a record C does not hold: C cannot miss it
             sent[union] = bytes(31) + b"\x01" + union[:32 * drop] + union[32 * drop + 32:]
             return positions, holders, union
@@ -722,12 +723,13 @@ def _hostile_active(role, variant: str) -> None:
 
 
 def _weaken(variant: str) -> None:
-    """The build before: each party checks its own view only (no comparison, no hop checks, no transcript)."""
+    """The build before: each party checks its own view only (no comparison, no proofs checked, no transcript)."""
     from falsevfl_secure.federation import aligned
     from falsevfl_secure.secure import align as align_module
 
     aligned._compare_with_passive_peers = lambda role, *args: role.peers.send(role.peers.active_index, "kept-ack", b"")
     align_module.check_hops = lambda *args: None
+    align_module.keyed.verify = lambda *args: True
     real_digest = aligned.common_digest
     aligned.common_digest = lambda *args: real_digest(*args[:6])
 
@@ -748,9 +750,9 @@ def _split_party(role, inputs: list, variant: str, checked: bool, restrict: bool
 
 
 @pytest.mark.parametrize("variant, checked, restrict", [("kept", False, False), ("kept", True, False),
-                                                       ("finals", False, False), ("finals", True, False),
+                                                       ("keyed", False, False), ("keyed", True, False),
                                                        ("union", False, False), ("union", True, False),
-                                                       ("finals", True, True)])
+                                                       ("keyed", True, True)])
 def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they_share(tmp_path, variant, checked,
                                                                                          restrict, attacked):
     """malicious_pinned_party.toml: a malicious active party places records two passive parties both hold at
@@ -776,7 +778,7 @@ def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they
         attacked(attack, build, "refused before any sum")
         said = {"kept": "the active party 'party0' signed other rows to this party than to",
                 "union": "the active party 'party0' signs another digest than its rows",
-                "finals": "that 'party0' multiplied (hop 2) fails its proof"}[variant]
+                "keyed": "from 'party0': its keyed pseudonyms fail their proof"}[variant]
         assert said in str(refused.value) and "party0" in str(refused.value), refused.value
         return
     out = run_world("plain", 3, _split_party, args, timeout_s=120, active_index=active)
@@ -784,4 +786,4 @@ def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they
     placed = [i for i in set(rows[0]) & set(rows[1]) if max(rows[0][i], rows[1][i]) >= 0]  # in the order for one
     split = sum(1 for i in placed if rows[0][i] != rows[1][i])
     attacked(attack, build, f"{split} of the {len(placed)} placed records both hold sit at different rows, accepted")
-    assert split == {"kept": len(placed), "finals": 2}.get(variant, split) and split > 0 and len(placed) > 20
+    assert split == {"kept": len(placed), "keyed": 2}.get(variant, split) and split > 0 and len(placed) > 20

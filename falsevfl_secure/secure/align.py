@@ -8,18 +8,22 @@ of secure/ring.py: a passive party's list goes once around the ring of passive p
 scalar), then the active party multiplies it last and returns it to its origin; the active party's own list
 (under a throwaway scalar t) goes through every passive party and back, and the active party replaces t by its
 scalar. Every list then holds its origin's pseudonyms P(id) = (a_0 ... a_{K-1}) H(id), in the origin's order.
-The active party sorts the union of the pseudonyms by their bytes (a pseudorandom order), learns which parties
-hold each, and publishes the sorted union U to every passive party; a passive party's positions are where its own
-pseudonyms sit in U. Every multiplication is proved by a batched Chaum-Pedersen proof (secure/dleq.py) that the
-party it went to checks: no party can reorder, drop, swap or re-blind a list another party will use, and the
-active party cannot give two passive parties pseudonyms of one record that differ (their rows would differ: it
-could then read one party's contribution from the sums). The passive parties compare the `transcript` (every
-count, every public key, U) through the active party's signed announcement (federation/aligned.py).
+The active party keys every pseudonym (secure/keyed.py: G(p) = k H_u(p), not multiplicative in p), sorts the union
+of the keyed points by their bytes (a pseudorandom order), learns which parties hold each, and publishes the sorted
+union U to every passive party with each one's own keyed points (proved); a passive party's positions are where
+its keyed points sit in U. Every multiplication is proved by a batched Chaum-Pedersen proof (secure/dleq.py) that the
+party it went to checks: no party can reorder, drop, swap or re-blind a list another party will use unnoticed,
+and the active party cannot give a passive party pseudonyms or keyed points other than its announced keys make.
+Keys and unions told differently are caught only by the passive parties' comparison of the `transcript` (every
+count, every public key, U) through the active party's signed announcement (federation/aligned.py): a caller that
+skips it is open to a split (two parties' rows of one record that differ, from which the active party could read
+one party's contribution).
 
-Rounds (protocols/align.toml): sizes, session, pass1..pass{K-2}, final, entry, carry, finals, union, hop-ask,
-hop-answer, hop-proof. Frames are fixed-schema bytes, checked for size before use; every received point is decoded and
-checked by libsodium. Nothing is unpickled, and no raw ID, digest of an ID or H(id) leaves its owner: every point
-on the wire carries its owner's secret scalar (the active party's list its throwaway one).
+Rounds (protocols/align.toml): sizes, session, pass1..pass{K-2}, final, entry, carry, finals, keyed, union,
+hop-ask, hop-answer, hop-proof. Frames are fixed-schema bytes, checked for size before use; every received point a
+party computes with is decoded and checked by libsodium (the union's points are only compared). Nothing is
+unpickled, and no raw ID, digest of an ID or H(id) leaves its owner: every point on the wire carries its owner's
+secret scalar (the active party's list its throwaway one).
 
 Threat model: threat_models/alignment.toml. Linking a pseudonym (or a position) to an ID that a
 coalition does not hold needs all K scalars.
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from . import ristretto
+from . import dleq, keyed, ristretto
 from .channel import Channel
 from .ring import AlignmentFrameError, Ring, Wire, check_hops, expect_length, hops, passive_ring
 
@@ -126,10 +130,10 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     scalar = ristretto.random_scalar()  # fresh per alignment; loads libsodium before anything is sent
     session, counts, publics = _agree_session(wire, rank, k, active, len(encoded), bound, ristretto.base_mult(scalar))
     order = secret_permutation(len(encoded))
-    entry = ristretto.random_scalar()  # the active party's throwaway scalar for its own list
+    entry, key = ristretto.random_scalar(), ristretto.random_scalar()  # the active party's throwaway and union keys
     if secrets_out is not None:
-        secrets_out.update(scalar=scalar, session=session, order=order.copy(), **({"entry": entry} if rank == active
-                                                                                     else {}))
+        secrets_out.update(scalar=scalar, session=session, order=order.copy(),
+                           **({"entry": entry, "union_key": key} if rank == active else {}))
     clock.lap("setup")
     state = Ring(wire, rank, counts, publics, session, scalar, threads)
     mine = _blind_own(encoded, order, session, entry if rank == active else scalar, threads)
@@ -138,15 +142,16 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
         _passive_lists(state, active, mine)
         found = _receive_union(state, active, restrict_to_active)
     else:
-        found = _active_lists(state, active, mine, entry, restrict_to_active)
+        found = _active_lists(state, active, mine, (entry, key), restrict_to_active)
     clock.lap("ring")
     check_hops(state, hops(k, active))
     clock.lap("hop_checks")
-    return _result(found, order, counts, transcript(session, counts, publics, found[0]))
+    return _result(found, order, counts, session, publics)
 
 
 def transcript(session: bytes, counts: np.ndarray, publics: list[bytes], union: bytes) -> bytes:
-    """SHA-256 of what every party must have been told alike: every count, every public key and the published union
+    """SHA-256 of what every party must have been told alike: every count, every public key (the union's key last)
+    and the published union
     (the passive parties compare it through the active party's signed announcement: federation/aligned.py)."""
     h = hashlib.sha256(b"falsevfl-align-transcript-v1\x00" + session + counts.astype("<i8").tobytes())
     h.update(b"".join(publics) + np.int64(len(union)).astype("<i8").tobytes())
@@ -263,7 +268,7 @@ def _passive_lists(ring: Ring, active: int, own: bytes) -> None:
     ring.send_list(members[j + 1] if j < m - 1 else active, active, j + 1, current)
 
 
-def _active_lists(ring: Ring, active: int, own: bytes, entry: bytes, restrict: bool) -> tuple:
+def _active_lists(ring: Ring, active: int, own: bytes, keys: tuple[bytes, bytes], restrict: bool) -> tuple:
     """The active party's part: its own list (under its throwaway scalar) into the ring, every final back, the last
     scalar on every list (proved), the union published to every passive party."""
     members = passive_ring(len(ring.counts), active)
@@ -274,38 +279,53 @@ def _active_lists(ring: Ring, active: int, own: bytes, entry: bytes, restrict: b
         origin = members[(j + 1) % m]
         lists[origin] = ring.multiply(origin, m, ring.recv_list("final", src, origin, m - 1))
     carried = ring.recv_list("carry", members[-1], active, m)
+    entry, key = keys  # the union's key (secure/keyed.py): fresh per alignment, never sent
     unblind = ristretto.scalar_mul(ring.scalar, ristretto.scalar_invert(entry))  # a_A / t: the pseudonyms
     lists[active] = ristretto.scalar_mult_batch(unblind, carried, threads=ring.threads)
-    positions, holders, union = _shared_order(lists, ring.counts, active, restrict)
+    hashed = [keyed.hashed(ring.session, points, ring.threads) for points in lists]
+    keyed_lists = [ristretto.scalar_mult_batch(key, points, threads=ring.threads) for points in hashed]
+    positions, holders, union = _shared_order(keyed_lists, ring.counts, active, restrict)
+    public = ristretto.base_mult(key)
     for origin in members:
+        proof = keyed.prove(key, ring.session, origin, lists[origin], hashed[origin], keyed_lists[origin], ring.threads)
         ring.wire.send(origin, lists[origin])
+        ring.wire.send(origin, public + keyed_lists[origin] + proof)
         ring.wire.send(origin, union)
-    return union, positions[active], holders
+    return union, positions[active], holders, public
 
 
 def _receive_union(ring: Ring, active: int, restrict: bool) -> tuple:
-    """A passive party's finals (its own list under every scalar, proved by the active party's hop) and the union;
-    its positions are where its finals sit in the union (refused where the union is not sorted, not within the
-    counts, or does not hold every final of a full alignment)."""
+    """A passive party's finals (its own list under every scalar, proved by the active party's hop), their keyed
+    points (proved: secure/keyed.py) and the keyed union; its positions are where its keyed points sit in the union
+    (refused where the union is not sorted, not within the counts, or does not hold every one of a full alignment)."""
     m, n = len(ring.counts) - 1, int(ring.counts[ring.rank])
-    finals = np.frombuffer(ring.recv_list("finals", active, ring.rank, m), dtype=f"S{_P}")
+    finals = ring.recv_list("finals", active, ring.rank, m)
+    frame = ring.wire.recv("keyed", active)
+    expect_length(frame, _P * (n + 1) + dleq.PROOF_BYTES, "keyed", active)
+    public, mine, proof = frame[:_P], frame[_P:_P * (n + 1)], frame[_P * (n + 1):]
     union = ring.wire.recv("union", active)
     low, high = (int(ring.counts[active]),) * 2 if restrict else (int(ring.counts.max()), int(ring.counts.sum()))
-    if len(union) % _P or not low <= len(union) // _P <= high:
+    points = np.frombuffer(union[:len(union) - len(union) % _P], dtype=f"S{_P}")
+    if len(union) % _P or not low <= len(points) <= high or (points[1:] <= points[:-1]).any():
         raise AlignmentFrameError(f"align: union frame from party {active} has {len(union)} bytes: not {low}..{high} "
-                                  "points", active)
-    points = np.frombuffer(union, dtype=f"S{_P}")
-    at = np.searchsorted(points, finals)
-    found = points[np.minimum(at, max(len(points) - 1, 0))] == finals if len(points) else np.zeros(n, dtype=bool)
-    if (points[1:] <= points[:-1]).any() or (not restrict and not found.all()):
-        raise AlignmentFrameError(f"align: union frame from party {active} is not a valid shared order (its points "
-                                  "must increase and hold every final list's point)", active)
-    return union, np.where(found, at, -1).astype(np.int64), None
+                                  "points in increasing order", active)
+    if not ristretto.is_valid_point(public) or ristretto.first_invalid_point(mine) >= 0 or \
+            not keyed.verify(public, ring.session, ring.rank, finals, mine, proof, ring.threads):
+        raise AlignmentFrameError(f"align: keyed frame from party {active}: its keyed pseudonyms fail their proof (not "
+                                  "its announced key times this party's pseudonyms, in order)", active)
+    own = np.frombuffer(mine, dtype=f"S{_P}")
+    at = np.searchsorted(points, own)
+    found = points[np.minimum(at, max(len(points) - 1, 0))] == own if len(points) else np.zeros(n, dtype=bool)
+    if not restrict and not found.all():
+        raise AlignmentFrameError(f"align: union frame from party {active} is not a valid shared order (it lacks "
+                                  "some of this party's records)", active)
+    return union, np.where(found, at, -1).astype(np.int64), None, public
 
 
-def _result(found: tuple, order: np.ndarray, counts: np.ndarray, digest: bytes) -> Alignment:
-    union, positions, holders = found
-    return Alignment(len(union) // _P, _unshuffle(positions, order), holders, counts.copy(), digest)
+def _result(found: tuple, order: np.ndarray, counts: np.ndarray, session: bytes, publics: list[bytes]) -> Alignment:
+    union, positions, holders, key = found
+    return Alignment(len(union) // _P, _unshuffle(positions, order), holders, counts.copy(),
+                     transcript(session, counts, [*publics, key], union))
 
 
 def _union(lists: list[bytes]) -> tuple[np.ndarray, int]:

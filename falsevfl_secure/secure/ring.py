@@ -193,10 +193,10 @@ def _answer(ring: Ring, fed: list[Hop]) -> dict[Hop, bytes]:
 
 def _prove(ring: Ring, hop: Hop, part: bytes) -> bytes:
     """This party's proof of a hop it made, on the M its input's sender computed (for the lists it multiplied)."""
-    if part[:2 * dleq.DIGEST_BYTES] != ring.made[(hop.origin, hop.index)]:
+    if part[:2 * dleq.DIGEST_BYTES] != ring.made[(hop.origin, hop.index)]:  # Q's word, or V's passed on by Q
         raise AlignmentFrameError(f"align: party {hop.source} answered the check of hop {hop.index} of party "
-                                  f"{hop.origin}'s list with digests of other lists than this party multiplied",
-                                  hop.source)
+                                  f"{hop.origin}'s list with digests of other lists than this party multiplied (its "
+                                  f"own, or party {hop.receiver}'s passed on: this party cannot tell which)")
     if not ristretto.is_valid_point(part[2 * dleq.DIGEST_BYTES:]):
         raise AlignmentFrameError(f"align: party {hop.source} answered a hop check with an invalid point", hop.source)
     return dleq.prove(ring.scalar, ring.context(hop), part[2 * dleq.DIGEST_BYTES:])
@@ -209,5 +209,5 @@ def _verify(ring: Ring, hop: Hop, part: bytes, proof: bytes) -> None:
     if out_digest != dleq.digest(out) or not dleq.verify(ring.publics[hop.prover], ring.context(hop), m, z, proof):
         raise AlignmentFrameError(f"align: the list of party {hop.origin} that party {hop.prover} multiplied (hop "
                                   f"{hop.index}) fails its proof: party {hop.prover} did not multiply every point "
-                                  f"by its announced scalar, in order (or party {hop.source}, which sent it the list, "
-                                  "answered the check falsely)", hop.prover)
+                                  f"by its announced scalar, in order, or party {hop.source}, which sent it the list, "
+                                  "answered the check falsely (this party cannot tell which)")

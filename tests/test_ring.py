@@ -15,7 +15,7 @@ from falsevfl_secure.secure import align as align_module
 from falsevfl_secure.secure import dleq, ristretto
 from falsevfl_secure.secure import keyed as keyed_module
 from falsevfl_secure.secure import ring as ring_module
-from falsevfl_secure.secure.align import align
+from falsevfl_secure.secure.align import align, group_hash
 from falsevfl_secure.secure.ring import AlignmentFrameError, hops
 
 
@@ -273,3 +273,45 @@ def test_a_passive_party_cannot_test_ids_of_its_choice_against_the_union(monkeyp
     attacked("test chosen IDs against the union (malicious passive)", build,
              f"named {len(named & held)} of the 30 held by others, {len(named - held)} false, of 60 chosen")
     assert named == (held if build.startswith("weakened") else set())
+
+
+@pytest.mark.parametrize("build", ["weakened: the prover proves on any weighted sum", "shipped"])
+def test_with_two_parties_the_active_party_gets_no_proof_on_a_point_of_its_choice(monkeypatch, build, attacked):
+    """Review finding: with two parties the active party is both the source and the receiver of the passive party's
+    hop on its list, so a proof on M = H(x) for an ID x it did not list would let it test a_1 H(x) against the
+    passive party's list it received: whether that party holds x, one ID beyond max_ids. The prover recomputes M
+    there."""
+    import threading
+
+    if build.startswith("weakened"):
+        monkeypatch.setattr(ring_module, "_prove", lambda ring, hop, part: dleq.prove(ring.scalar, ring.context(hop),
+                                                                                      part[64:]))
+    who, real_combine, real_check, probe = threading.local(), dleq.combine, align_module.check_hops, {}
+
+    def combine(context, inp, out, points, threads=1):
+        if getattr(who, "checking", False) and not probe.get("sent"):  # the active party's M of its own list
+            probe["sent"] = group_hash(context[:16], "x-held")
+            return probe["sent"]
+        return real_combine(context, inp, out, points, threads)
+
+    def check(ring, schedule):
+        who.checking = ring.rank == 0
+        return real_check(ring, schedule)
+
+    monkeypatch.setattr(dleq, "combine", combine)
+    monkeypatch.setattr(align_module, "check_hops", check)
+    views = [[], []]
+    lists = [[f"a{i}" for i in range(5)], ["x-held"] + [f"p{i}" for i in range(5)]]
+    results = MemoryWorld(2, timeout=3).run([lambda ch, r=r: align(ch, lists[r], 0, view=views[r]) for r in range(2)])
+    proofs = [e["payload"] for e in views[0] if e["step"] == "hop-proof"]
+    if build == "shipped":
+        assert isinstance(results[1], AlignmentFrameError) and results[1].sender == 0 and not proofs, results
+        attacked("a proof on a point of its choice, K = 2 (malicious active)", build, "refused by the passive party")
+        return
+    final = next(e["payload"] for e in views[0] if e["step"] == "final")
+    session = next(e["payload"] for e in views[1] if e["step"] == "session")[:16]
+    ctx = session + ring_module._HOP.pack(0, 1, 1)
+    public = next(e["payload"] for e in views[0] if e["step"] == "sizes")[8:]
+    held = any(dleq.verify(public, ctx, probe["sent"], z, proofs[0]) for z in _points(final))
+    attacked("a proof on a point of its choice, K = 2 (malicious active)", build, f"tested x-held: {held}")
+    assert held

@@ -9,8 +9,9 @@ a throwaway scalar of its own) goes through every passive party (hops 1..m) and 
 Every hop is proved (secure/dleq.py) in one check round after the lists: the party that received a hop's
 output (V) sends the digest of it to the party that sent the hop's input (Q); Q answers V and the hop's prover R
 with the digests of both lists and M, its weighted sum of the input; R checks the digests against the lists it
-multiplied and proves on that M (so it computes no weighted sum of its own); V computes Z from the output it
-holds and verifies R's proof against R's announced public key. Neither V nor Q sees the other's list. Where V and
+multiplied and proves on that M (so it computes no weighted sum of its own, except where Q is V too: two parties
+in all, where Q would keep a proof on a point of its choice); V computes Z from the output it holds and verifies
+R's proof against R's announced public key. Neither V nor Q sees the other's list. Where V and
 Q are one party (two parties in all), it asks no one.
 """
 
@@ -110,7 +111,7 @@ class Ring:
     threads: int = 1
     sent: dict[tuple[int, int], bytes] = field(default_factory=dict)
     got: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    made: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    made: dict[tuple[int, int], tuple[bytes, bytes]] = field(default_factory=dict)  # (input, its digest + out's)
 
     def context(self, hop: Hop) -> bytes:
         return self.session + _HOP.pack(hop.origin, hop.index, hop.prover)
@@ -118,7 +119,7 @@ class Ring:
     def multiply(self, origin: int, index: int, points: bytes) -> bytes:
         """This party's hop `index` of `origin`'s list (its proof comes in the check round)."""
         out = ristretto.scalar_mult_batch(self.scalar, points, threads=self.threads)
-        self.made[(origin, index)] = dleq.digest(points) + dleq.digest(out)
+        self.made[(origin, index)] = points, dleq.digest(points) + dleq.digest(out)
         return out
 
     def send_list(self, dst: int, origin: int, index: int, points: bytes) -> None:
@@ -193,12 +194,18 @@ def _answer(ring: Ring, fed: list[Hop]) -> dict[Hop, bytes]:
 
 def _prove(ring: Ring, hop: Hop, part: bytes) -> bytes:
     """This party's proof of a hop it made, on the M its input's sender computed (for the lists it multiplied)."""
-    if part[:2 * dleq.DIGEST_BYTES] != ring.made[(hop.origin, hop.index)]:  # Q's word, or V's passed on by Q
+    inp, digests = ring.made[(hop.origin, hop.index)]
+    if part[:2 * dleq.DIGEST_BYTES] != digests:  # Q's word, or V's passed on by Q
         raise AlignmentFrameError(f"align: party {hop.source} answered the check of hop {hop.index} of party "
                                   f"{hop.origin}'s list with digests of other lists than this party multiplied (its "
                                   f"own, or party {hop.receiver}'s passed on: this party cannot tell which)")
     if not ristretto.is_valid_point(part[2 * dleq.DIGEST_BYTES:]):
         raise AlignmentFrameError(f"align: party {hop.source} answered a hop check with an invalid point", hop.source)
+    if hop.source == hop.receiver and part[2 * dleq.DIGEST_BYTES:] != dleq.combine(  # K = 2: it would keep the proof
+            ring.context(hop), digests[:32], digests[32:], inp, ring.threads):
+        raise AlignmentFrameError(f"align: party {hop.source} answered the check of hop {hop.index} with another "
+                                  "weighted sum than its list's (a proof on a point of its choice: refused)",
+                                  hop.source)
     return dleq.prove(ring.scalar, ring.context(hop), part[2 * dleq.DIGEST_BYTES:])
 
 

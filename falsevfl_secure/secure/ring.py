@@ -100,7 +100,7 @@ def hops(k: int, active: int) -> list[Hop]:
 @dataclass
 class Ring:
     """One party's part of the ring: its scalar, every party's public key, the lists it sent (as some hop's source),
-    those it received (as some hop's receiver) and the digests of the hops it made (as their prover)."""
+    those it received (as some hop's receiver) and the input and digests of each hop it made (as its prover)."""
 
     wire: Wire
     rank: int

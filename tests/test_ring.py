@@ -315,3 +315,25 @@ def test_with_two_parties_the_active_party_gets_no_proof_on_a_point_of_its_choic
     held = any(dleq.verify(public, ctx, probe["sent"], z, proofs[0]) for z in _points(final))
     attacked("a proof on a point of its choice, K = 2 (malicious active)", build, f"tested x-held: {held}")
     assert held
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 700), st.sampled_from([1, 2]), st.binary(min_size=0, max_size=16), st.data())
+def test_a_weighted_sum_is_the_sum_of_its_hashed_weights_times_its_points_and_refuses_invalid_ones(n, threads, seed,
+                                                                                                   data):
+    """ristretto.weighted_sum against one libsodium call at a time (weights reduced SHA-512 of seed || i), on one
+    thread and split over two (above 256 points a thread); an invalid point anywhere is refused."""
+    import hashlib
+
+    points = ristretto.hash_to_group_batch([b"%d" % i for i in range(n)], prefix=seed)
+    total = None
+    for i in range(n):
+        weight = ristretto.scalar_reduce(hashlib.sha512(seed + i.to_bytes(8, "little")).digest())
+        term = ristretto.scalar_mult(weight, points[32 * i:32 * i + 32])
+        total = term if total is None else ristretto.point_add(total, term)
+    assert ristretto.weighted_sum(seed, points, threads) == total
+    at = data.draw(st.integers(0, n - 1))
+    bad = data.draw(st.sampled_from([b"\xff" * 32, bytes(32), points[32 * at:32 * at + 31] + bytes([points[32 * at + 31]
+                                                                                                     | 0x80])]))
+    with pytest.raises(ristretto.InvalidPointError):
+        ristretto.weighted_sum(seed, points[:32 * at] + bad + points[32 * at + 32:], threads)

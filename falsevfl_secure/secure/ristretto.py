@@ -309,10 +309,12 @@ def scalar_sub(a: bytes, b: bytes) -> bytes:
 
 def weighted_sum(seed: bytes, points: bytes, threads: int = 1) -> bytes:
     """sum_i d_i P_i over the buffer's points, with d_i = SHA-512(seed || i as 8 little-endian bytes) reduced mod
-    the group order (the weights of a batched proof: secure/dleq.py). Every point is decoded by libsodium; an
-    invalid one raises `InvalidPointError`, as does an empty buffer or a sum that is the identity."""
+    the group order (the weights of a batched proof: secure/dleq.py). Every point is decoded by libsodium as it is
+    multiplied (no second pass over a list already checked on receipt); an invalid one (or one with the top bit set,
+    which libsodium 1.0.18 ignores) raises `InvalidPointError`, as does an empty buffer or a sum that is the
+    identity."""
     n = _count_points(points)
-    if n == 0 or first_invalid_point(points, threads) >= 0:
+    if n == 0 or (np.frombuffer(points, dtype=np.uint8)[POINT_BYTES - 1::POINT_BYTES] & 0x80).any():
         raise InvalidPointError("a weighted sum needs one or more valid ristretto255 points")
     bound, copy = _bound(_rbcl()), _pinned(points)
     threads = max(1, min(int(threads), n // _MIN_CHUNK))
@@ -327,8 +329,8 @@ def weighted_sum(seed: bytes, points: bytes, threads: int = 1) -> bytes:
             h.update(i.to_bytes(8, "little"))
             bound.reduce(ctypes.addressof(weight), h.digest())
             target = acc if i == edges[chunk] else ctypes.addressof(term)
-            if bound.mult(target, weight.raw, source + POINT_BYTES * i) != 0:
-                raise InvalidPointError(f"point {i} of {n}: its weighted term is the identity")
+            if bound.mult(target, weight.raw, source + POINT_BYTES * i) != 0:  # not a point, or the identity
+                raise InvalidPointError(f"point {i} of {n} is not a valid ristretto255 point (or the identity)")
             if i != edges[chunk]:
                 bound.add(acc, acc, ctypes.addressof(term))
 

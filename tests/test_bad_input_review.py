@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,6 +142,11 @@ def test_a_rendezvous_this_host_cannot_listen_on_is_one_error(demo, refused):
     path.write_text(path.read_text().replace("127.0.0.1:29611", "192.0.2.1:29691"))  # TEST-NET-1: on no host
     code, _, err = cli("train", "--config", str(path), "--party", "clinic")
     _one_error(code, err, "cannot listen on 192.0.2.1:29691")
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}  # (gRPC's own log line came first)
+    run = subprocess.run([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(path), "--party",
+                          "clinic"], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode != 0 and [line for line in run.stderr.splitlines() if line.strip()] == \
+        [line for line in run.stderr.splitlines() if line.startswith("error")] != [], run.stderr
     refused("federation file")
 
 

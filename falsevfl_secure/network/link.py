@@ -40,7 +40,7 @@ def _fewer_arenas() -> None:
 
 
 _fewer_arenas()
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC's own log lines would drown the run's one error line
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # gRPC's own log lines, errors too, would precede our error line
 import grpc  # noqa: E402  (the variable above must be set before gRPC's first import)
 
 METHOD = "/falsevfl.Link/Stream"

@@ -285,8 +285,7 @@ def _active_lists(ring: Ring, active: int, own: bytes, keys: tuple[bytes, bytes]
     entry, key = keys  # the union's key (secure/keyed.py): fresh per alignment, never sent
     unblind = ristretto.scalar_mul(ring.scalar, ristretto.scalar_invert(entry))  # a_A / t: the pseudonyms
     lists[active] = ristretto.scalar_mult_batch(unblind, carried, threads=ring.threads)
-    hashed = [keyed.hashed(ring.session, points, ring.threads) for points in lists]
-    keyed_lists = [ristretto.scalar_mult_batch(key, points, threads=ring.threads) for points in hashed]
+    hashed, keyed_lists = _keyed(ring, lists, key)
     positions, holders, union = _shared_order(keyed_lists, ring.counts, active, restrict)
     public = ristretto.base_mult(key)
     for origin in members:
@@ -294,6 +293,20 @@ def _active_lists(ring: Ring, active: int, own: bytes, keys: tuple[bytes, bytes]
         ring.wire.send(origin, public + keyed_lists[origin] + proof)
         ring.wire.send(origin, union)
     return union, positions[active], holders, public
+
+
+def _keyed(ring: Ring, lists: list[bytes], key: bytes) -> tuple[list[bytes], list[bytes]]:
+    """H_u(p) and G(p) = key H_u(p) of every list's pseudonyms, each distinct pseudonym hashed and keyed once (a
+    record several parties hold is in several lists)."""
+    inverse, n_distinct = _union(lists)
+    rows = np.frombuffer(b"".join(lists), dtype=np.uint8).reshape(-1, _P)
+    distinct = np.zeros((n_distinct, _P), dtype=np.uint8)
+    distinct[inverse] = rows
+    hashed = np.frombuffer(keyed.hashed(ring.session, distinct.tobytes(), ring.threads), dtype=np.uint8)
+    keyed_points = np.frombuffer(ristretto.scalar_mult_batch(key, hashed.tobytes(), threads=ring.threads),
+                                 dtype=np.uint8).reshape(-1, _P)
+    cuts = np.split(inverse, np.cumsum(ring.counts)[:-1])
+    return ([hashed.reshape(-1, _P)[c].tobytes() for c in cuts], [keyed_points[c].tobytes() for c in cuts])
 
 
 def _receive_union(ring: Ring, active: int, restrict: bool) -> tuple:

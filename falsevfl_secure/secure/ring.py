@@ -89,7 +89,7 @@ def passive_ring(k: int, active: int) -> list[int]:
 
 
 def hops(k: int, active: int) -> list[Hop]:
-    """Every proved hop of a run, in one order that every party follows in the check round."""
+    """Every hop of a run: which party multiplies each list at each step, and where the list goes next."""
     ring, m, out = passive_ring(k, active), k - 1, []
     for j, origin in enumerate(ring):
         for h in range(1, m + 1):

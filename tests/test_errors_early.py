@@ -335,7 +335,9 @@ TYPOS = [
     (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = 8.0\n\n[[party]]", 1),
      "[privacy] noise_multiplier is required with epsilon"),
     (lambda t: t.replace("[[party]]", "[privacy]\nnoise_multiplier = 4\n\n[[party]]", 1),
-     "[privacy] has no epsilon > 0"),
+     "[privacy] has no epsilon"),
+    (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = -1\nnoise_multiplier = 4\n\n[[party]]", 1),
+     "[privacy] has epsilon = -1, not > 0"),  # (a bad-input sweep: the value was not echoed)
     (lambda t: t.replace('model = "lab/model"', 'model = "lab/train.csv"'), "is a file"),
 ]
 

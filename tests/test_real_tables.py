@@ -74,6 +74,10 @@ def test_every_key_is_documented_and_the_documented_example_loads(tmp_path):
     ("preset", 'preset = "quick"', 'preset = "quik"', ["preset = 'quik' is not a preset (did you mean 'quick'?)",
                                                        "quick, default, paper, digits"]),
     ("simulate only", "[model]\n", "[model]\nn_labeled = 30\n", ["'n_labeled'"]),
+    ("other section", "rendezvous", 'class_weight = "balanced"\nrendezvous',
+     ["'class_weight' (a setting of [model], not of [federation])"]),
+    ("section as a table", "[[party]]", "[party]\nname = 'x'\n[[party]]",
+     ["not a readable TOML file", "each party is a [[party]] table (double brackets), not [party]"]),
     ("missing values", "rendezvous", 'missing_values = "NA"\nrendezvous', ["missing_values = 'NA' must be a list"]),
     ("pattern", "rendezvous", 'id_pattern = "("\nrendezvous', ["id_pattern '(' is not a regular expression"]),
     ("overlap", "rendezvous", "min_overlap = 2\nrendezvous", ["min_overlap = 2 must be a number in [0, 1]"]),
@@ -328,6 +332,21 @@ def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_
     assert all(r.short == () for r in _align_all(monkeypatch, fed, inputs))
     code, out, _ = cli("check", "--config", str(fixed.path))
     assert code == 0 and "match the active party's" not in out, out
+
+
+def test_a_launched_training_whose_ids_do_not_line_up_says_so_once(tmp_path):
+    # A trial: the active party's own `error (clinic):` line reached the terminal, then the launcher's summary of the
+    # same text. Now the shown role's error line goes to its log only.
+    import subprocess
+    import sys
+
+    written = write_federation(tmp_path, Spec(ids="mixed", parties=3))
+    run = subprocess.run([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(written.path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and run.stderr.count("both list 0 records") == 1, run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("error")][0].startswith("error: "), run.stderr
+    logs = "".join(p.read_text() for p in tmp_path.rglob("*.log"))
+    assert "error (clinic): training stopped" in logs  # (the role's own line, in its log)
 
 
 def test_a_hostile_row_announcement_is_refused(tmp_path):

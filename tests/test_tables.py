@@ -154,6 +154,8 @@ def test_directory_is_not_a_table(tmp_path, refused):
     ("id,a\n\n", ["header but no rows"]),
     (b"id,a\n1,2\n3,\xff\xfe\n", ["line 3", "not UTF-8"]),
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ["line 1", "not UTF-8"]),
+    (b"PK\x03\x04\x14\x00\x06\x00\x08\x00\x00\x00!\x00\xb7\xbd", ["a zip archive (an Excel .xlsx", "save it as CSV"]),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1\x00\x00\xff\xff", ["an Excel .xls workbook", "save it as CSV"]),
     ("id,a\n1,2\x00\n", ["line 2", "NUL character"]),
     ("id,a\n1,\"2\n", ["not a readable CSV file"]),
     ("id,a\n1,\"2\"x\n", ["line 2", "not a readable CSV file"]),

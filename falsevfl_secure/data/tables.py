@@ -215,12 +215,28 @@ def _lines(handle, at: _Context) -> Iterator[str]:
     try:
         for number, line in enumerate(handle, start=1):
             if "\x00" in line:
+                _refuse_spreadsheet(at)
                 raise at.error("contains a NUL character; is this a CSV text file?", f"line {number}")
             yield line
     except UnicodeDecodeError:
+        _refuse_spreadsheet(at)
         line = _first_undecodable_line(at.path)
         location = None if line is None else f"line {line}"
         raise at.error("holds bytes that are not UTF-8 text; is this a CSV file?", location) from None
+
+
+def _refuse_spreadsheet(at: _Context) -> None:
+    """A binary file that starts as a spreadsheet does is named as one (a trial: an Excel file renamed .csv read as
+    "not UTF-8 text")."""
+    with open(at.path, "rb") as raw:
+        start = raw.read(8)
+    kind = next((name for magic, name in _SPREADSHEETS if start.startswith(magic)), None)
+    if kind is not None:
+        raise at.error(f"is {kind}, not CSV text: save it as CSV (UTF-8) from the spreadsheet program")
+
+
+_SPREADSHEETS = ((b"PK\x03\x04", "a zip archive (an Excel .xlsx or OpenDocument spreadsheet?)"),
+                 (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an Excel .xls workbook"))
 
 
 def _first_undecodable_line(path: Path) -> int | None:

@@ -215,7 +215,7 @@ def load_federation(path: Path | str) -> Federation:
     except FileNotFoundError:
         raise InputError(f"{path}: no such federation file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise InputError(f"{path}: not a readable TOML file ({error})") from error
+        raise InputError(f"{path}: not a readable TOML file ({error}){_array_hint(path)}") from error
     refuse_unknown(raw, SECTIONS, path, "the file", "section")
     section = _table(raw, "federation", path)
     refuse_unknown(section, FEDERATION_KEYS, path, "[federation]")
@@ -247,11 +247,29 @@ def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where
         return
     named = []
     for key in unknown:
-        close = difflib.get_close_matches(key, valid, n=1)
-        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        close, home = difflib.get_close_matches(key, valid, n=1), _home_of(key, where) if what == "setting" else ""
+        named.append(f"{key!r}" + (home or (f" (did you mean {close[0]!r}?)" if close else "")))
     plural = "s" if len(unknown) > 1 else ""
     raise InputError(f"{path}: {where}: unknown {what}{plural} {', '.join(named)}; the valid {what}s are "
                      f"{', '.join(valid)} (see docs/federation-toml.md)")
+
+
+def _array_hint(path: Path) -> str:
+    """Where the file writes [party] for [[party]] (a bad-input sweep: TOML's own words did not say so)."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return "; each party is a [[party]] table (double brackets), not [party]" if re.search(
+        r"(?m)^\s*\[\s*party\s*\]", text) else ""
+
+
+def _home_of(key: str, where: str) -> str:
+    """Where a key another section has belongs (a bad-input sweep: `class_weight` under [federation])."""
+    homes = {"[federation]": FEDERATION_KEYS, "[model]": MODEL_KEYS, "[privacy]": PRIVACY_KEYS,
+             "[[party]]": PARTY_KEYS, "[aggregator]": AGGREGATOR_KEYS}
+    found = [name for name, keys in homes.items() if key in keys and not where.startswith(name)]
+    return f" (a setting of {' and '.join(found)}, not of {where})" if found else ""
 
 
 def _table(raw: dict, key: str, path: Path) -> dict:
@@ -379,7 +397,7 @@ PARTY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
     entries = raw.get("party")
     if not isinstance(entries, list) or len(entries) < 2 or not all(isinstance(e, dict) for e in entries):
-        raise InputError(f"{path}: a federation needs at least two [[party]] tables")
+        raise InputError(f"{path}: a federation needs at least two [[party]] tables{_array_hint(path)}")
     parties = tuple(_party(entry, i, path) for i, entry in enumerate(entries))
     names = [p.name for p in parties]
     if len(set(names)) != len(names) or AGGREGATOR in names:
@@ -537,7 +555,8 @@ def _privacy(raw: dict, path: Path) -> PrivacyConfig:
                          "one well below 1 / the number of records, 1e-5 for instance")
     privacy = PrivacyConfig(**section)
     if section and not privacy.enabled:  # (review finding: noise settings without a budget turned DP off silently)
-        raise InputError(f"{path}: [privacy] has no epsilon > 0: give this party's budget epsilon (with the noise "
+        given = f"epsilon = {section['epsilon']:g}, not > 0" if "epsilon" in section else "no epsilon"
+        raise InputError(f"{path}: [privacy] has {given}: give this party's budget epsilon (with the noise "
                          "every party states), or remove [privacy] to train without differential privacy")
     low, high = MULTIPLIER_RANGE
     if privacy.enabled and "noise_multiplier" not in section:

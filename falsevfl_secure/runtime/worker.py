@@ -87,8 +87,9 @@ def run_role(spec, program: Callable, args: tuple = (), parent: Parent | None = 
         role.leave(clean)
 
 
-def serve_in_world(spec, program: Callable, args: tuple, conn, role_class=None) -> None:
-    """The entry point of a `World` child: the role's life, its outcome reported to the parent."""
+def serve_in_world(spec, program: Callable, args: tuple, conn, role_class=None, errors=None) -> None:
+    """The entry point of a `World` child: the role's life, its outcome reported to the parent (and its error line
+    written to `errors`, standard error by default)."""
     _arm()
     parent = Parent(conn)
 
@@ -102,7 +103,7 @@ def serve_in_world(spec, program: Callable, args: tuple, conn, role_class=None) 
         parent.send({"ok": value})
     except BaseException as error:
         record = outcome_of(error)
-        print(f"error ({spec.name}): {record['error']}", file=sys.stderr, flush=True)  # into the role's log
+        print(f"error ({spec.name}): {record['error']}", file=errors or sys.stderr, flush=True)  # into the role's log
         parent.send({**record, "round": where.get("round")})
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -287,7 +288,8 @@ def _child(spec: RoleSpec, program: Callable, args: tuple, conn, lifeline, log: 
         if not show:
             os.dup2(fd, 2)
         os.close(fd)
-    serve_in_world(spec, program, args, conn, role_class)
+    # the shown role's error goes to its log only: the launcher's summary gives it on the terminal (it came twice)
+    serve_in_world(spec, program, args, conn, role_class, errors=sys.stdout if show and log is not None else None)
 
 
 def follow_launcher(lifeline) -> None:

@@ -334,6 +334,21 @@ def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_
     assert code == 0 and "match the active party's" not in out, out
 
 
+def test_a_party_that_meets_almost_none_of_the_active_partys_records_is_warned_of(tmp_path, capsys):
+    # A bad-input sweep: under min_overlap = 0 a federation whose IDs met nowhere trained without a word.
+    from falsevfl_secure.federation.aligned import Aligned, Overlap
+    from falsevfl_secure.federation.party import _warn_when_thin
+
+    fed = load_federation(write_federation(tmp_path, Spec(parties=3)).path)
+    per_party = np.array([[1000, 900, 1000], [800, 700, 5], [900, 850, 850]])  # (listed, shared, with the active)
+    aligned = Aligned(0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), None, 0, 0.0,
+                      overlap=Overlap(1000, 900, 1000, per_party))
+    _warn_when_thin(fed, aligned, list(fed.names))
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: party {fed.names[1]!r} and the active party both list 5 "
+                                               "records (0.6 % of the smaller list)"), err
+
+
 def test_a_launched_training_whose_ids_do_not_line_up_says_so_once(tmp_path):
     # A trial: the active party's own `error (clinic):` line reached the terminal, then the launcher's summary of the
     # same text. Now the shown role's error line goes to its log only.

@@ -102,6 +102,22 @@ def _stop_when_short(fed: Federation, aligned: Aligned, names: list[str]) -> Non
                      "[federation] (`federation check` shows each party's IDs); min_overlap = 0 trains anyway")
 
 
+def _warn_when_thin(fed: Federation, aligned: Aligned, names: list[str]) -> None:
+    """At the active party: a `warning:` for each party that meets under 1 % of its records where min_overlap let
+    the run go on (a bad-input sweep: no overlap at all under min_overlap = 0 trained without a word)."""
+    per = aligned.overlap.per_party if aligned.overlap is not None else None
+    if per is None:
+        return
+    active = names.index(fed.active)
+    for rank, (listed, _, with_active) in enumerate(per.tolist()):
+        base = min(listed, per[active][0])
+        if rank != active and base and with_active < 0.01 * base:
+            print(f"warning: party {names[rank]!r} and the active party both list {with_active} records "
+                  f"({100.0 * with_active / base:.1f} % of the smaller list): its columns reach almost no labeled "
+                  "record; check that the parties write their IDs alike (`federation check`)", file=sys.stderr,
+                  flush=True)
+
+
 def read_inputs(fed: Federation, name: str, command: str) -> PartyInput | None:
     """Role `name`'s own files for `command`, checked (the aggregator has none)."""
     if name == AGGREGATOR:
@@ -176,6 +192,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     aligned = _aligned(role, fed, inputs, labeled_rows, me.model_dir / "checkpoints")
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
+    _warn_when_thin(fed, aligned, list(role.session.present))
     cfg = sized_schedule(fed.model, aligned.n, aligned.labeled.size)
     spent = _agreed_charge(role, cfg, me.model_dir, inputs.release)  # its own budget and ledger, before any sum
     n_classes = _n_classes(fed, inputs.classes) if role.is_active else None

@@ -232,10 +232,10 @@ def expected_rounds(rank, k, active):
         out += [("entry", active) if j == 0 else ("carry", ring[j - 1]), ("finals", active), ("keyed", active),
                 ("union", active)]
 
-    def prover(origin, s):  # who multiplies origin's list at its hop s
-        if origin == active:
+    def prover(origin, s):  # who multiplies origin's check point at step s: the route for the active party's list,
+        if origin == active:  # else the active party, then the passive ring backwards from the origin
             return ring[s - 1]
-        return ring[(ring.index(origin) + s) % m] if s < m else active
+        return active if s == 1 else ring[(ring.index(origin) - (s - 1)) % m]
 
     for s in range(1, m + 1):
         out += [(f"chain-ask{s}", o) for o in range(k) if prover(o, s) == rank]
@@ -368,7 +368,8 @@ def hostile_active(session=None, finals=None, union=None, proof=None, ask=None, 
         own, tag = ch.recv(1), os.urandom(16)
         if session is not None:
             return ch.send(1, session)
-        ch.send(1, tag + i64(2, 3) + key() + own[8:])
+        told = tag + i64(2, 3) + key() + own[8:]
+        ch.send(1, told)
         listed, entry = ch.recv(1), points(2)
         ch.send(1, entry)
         back = ch.recv(1)
@@ -386,8 +387,9 @@ def hostile_active(session=None, finals=None, union=None, proof=None, ask=None, 
         if ask is not None or answer is not None:
             ch.recv(1)  # the passive party's ask; then the active party's own ask (its list's first prover: party 1)
             m = dleq.combine(ring_module.chain_context(tag, 0), dleq.digest(entry), dleq.digest(back), entry)
-            ch.send(1, ask(m) if ask is not None else dleq.digest(back) + m)
-            ch.send(1, answer if answer is not None else b"")
+            agreed = hashlib.sha256(told).digest()  # (the session frame: session, counts, keys)
+            ch.send(1, ask(agreed, m) if ask is not None else agreed + dleq.digest(back) + m)
+            ch.send(1, answer(agreed) if answer is not None else b"")
     return 1, script
 
 
@@ -444,15 +446,21 @@ HOSTILE = {
     "union: a pickle": (lambda bad: hostile_active(union=bad), "union frame from party 0 has"),
     "keyed: a proof that fails": (lambda bad: hostile_active(proof=os.urandom(64)), "keyed pseudonyms fail their"),
     "keyed: a pickle": (lambda bad: hostile_active(proof=bad), "keyed frame from party 0 has"),
-    "chain-ask: short": (lambda bad: hostile_active(ask=lambda m: m), "chain-ask1 frame from party 0 has 32 bytes"),
-    "chain-ask: M_0 off the curve": (lambda bad: hostile_active(ask=lambda m: bytes(32) + b"\xff" * 32),
+    "chain-ask: short": (lambda bad: hostile_active(ask=lambda a, m: a + m),
+                         "chain-ask1 frame from party 0 has 64 bytes"),
+    "chain-ask: M_0 off the curve": (lambda bad: hostile_active(ask=lambda a, m: a + bytes(32) + b"\xff" * 32),
                                      "an invalid point"),
-    "chain-ask: M_0 of its choice": (lambda bad: hostile_active(ask=lambda m: bytes(32) + points(1)),
+    "chain-ask: M_0 of its choice": (lambda bad: hostile_active(ask=lambda a, m: a + bytes(32) + points(1)),
                                      "not the weighted sum of the list it sent"),
-    "chain-ask: a pickle": (lambda bad: hostile_active(ask=lambda m: bad), "chain-ask1 frame from party 0 has"),
-    "chain-proof: a proof that fails": (lambda bad: hostile_active(answer=points(1) + os.urandom(64)),
+    "chain-ask: other counts or keys": (lambda bad: hostile_active(ask=lambda a, m: bytes(32) + bytes(32) + m),
+                                        "it was told other counts or public keys"),
+    "chain-ask: a pickle": (lambda bad: hostile_active(ask=lambda a, m: bad), "chain-ask1 frame from party 0 has"),
+    "chain-proof: a proof that fails": (lambda bad: hostile_active(answer=lambda a: a + points(1) + os.urandom(64)),
                                         "party 0's step 1 of the check of party 1's list fails its proof"),
-    "chain-proof: a pickle": (lambda bad: hostile_active(answer=bad), "chain-proof1 frame from party 0 has"),
+    "chain-proof: other counts or keys": (lambda bad: hostile_active(answer=lambda a: bytes(32) + points(1) +
+                                                                     os.urandom(64)),
+                                          "chain-proof1 frame from party 0: it was told other counts"),
+    "chain-proof: a pickle": (lambda bad: hostile_active(answer=lambda a: bad), "chain-proof1 frame from party 0 has"),
 }
 
 

@@ -327,11 +327,89 @@ def test_the_active_party_gets_no_point_of_its_choice_multiplied_in_its_check(mo
         assert isinstance(results[1], AlignmentFrameError) and results[1].sender == 0 and not proofs, results
         attacked(attack, build, "refused by the first prover")
         return
-    pseudonym = ristretto.scalar_mult(secrets_of["scalar"], proofs[0][:32])
+    pseudonym = ristretto.scalar_mult(secrets_of["scalar"], proofs[0][32:64])  # (after the agreed digest)
     finals = b"".join(e["payload"] for e in views[0] if e["step"] == "final")
     held = pseudonym in {ristretto.scalar_mult(secrets_of["scalar"], p) for p in _points(finals)}
     attacked(attack, build, f"tested x-held: {held}")
     assert held
+
+
+def _route_order(k, active, origin):
+    """The weakened build's check order: the list's own route (the first version's)."""
+    return [h.prover for h in sorted((h for h in hops(k, active) if h.origin == origin), key=lambda h: h.index)]
+
+
+@pytest.mark.parametrize("k", [3, 4])
+@pytest.mark.parametrize("build", ["weakened: checks in the route's order", "shipped"])
+def test_a_passive_origin_learns_nothing_from_a_point_of_its_choice_in_its_check(monkeypatch, build, k, attacked):
+    """Review finding: a passive origin's M_0 is its own word. Party 1 sends as M_0 H(x) for probes x, or the first
+    point of a list it relayed (its own final check then fails; it ignores that), and compares every step's point,
+    and its own scalar times it, with every point it holds (the lists it relayed and its own pseudonyms). In the
+    route's order a step's point was a relayed list's scalars times H(x): whether that list's origin holds x, or
+    whether another party holds the relayed record. Shipped, the check starts at the active party and runs against
+    the ring (party 3's records are all party 2's too, so a relayed record of 3 is always one of 2's)."""
+    if build.startswith("weakened"):
+        monkeypatch.setattr(ring_module, "check_order", _route_order)
+    probes = ["x-held-by-2", "x-held-by-3", "x-held-by-0", "x-nobody", "relayed"]
+    threes = [f"c{i}" for i in range(5)] + ["x-held-by-3"]
+    lists = [[f"a{i}" for i in range(8)] + ["x-held-by-0"], [f"mine{i}" for i in range(6)],
+             [f"b{i}" for i in range(7)] + ["x-held-by-2"] + threes * (k == 4), threes][:k]
+    named = [probe for probe in probes if _probe_matches(monkeypatch, lists, probe)]
+    attacked(f"a point of its choice through its check, K = {k} (malicious passive)", build,
+             f"probes matched: {named or 'none'}")
+    expected = {3: ["x-held-by-2"], 4: ["x-held-by-2", "x-held-by-3", "relayed"]}[k]
+    assert named == (expected if build.startswith("weakened") else [])
+
+
+def _probe_matches(monkeypatch, lists, probe):
+    """One alignment whose party 1 starts its check at the probe's point; whether a step's point (or party 1's scalar
+    times it) is a point party 1 holds."""
+    real_start, view, secrets_of = ring_module._start, [], {}
+
+    def start(ring):
+        links, z, d_back = real_start(ring)
+        if ring.rank == 1:
+            relayed = next(e["payload"] for e in view if e["step"].startswith("pass"))
+            links[0] = relayed[:32] if probe == "relayed" else group_hash(ring.session, probe)
+        return links, z, d_back
+
+    monkeypatch.setattr(ring_module, "_start", start)
+    results = MemoryWorld(len(lists), timeout=10).run(
+        [lambda ch, r=r: align(ch, lists[r], 0, view=view if r == 1 else None,
+                               secrets_out=secrets_of if r == 1 else None) for r in range(len(lists))])
+    monkeypatch.setattr(ring_module, "_start", real_start)
+    assert not [r for i, r in enumerate(results) if i != 1 and isinstance(r, Exception)], results
+    held = {p for e in view if e["step"].startswith("pass") or e["step"] == "finals" for p in _points(e["payload"])}
+    steps = [e["payload"][32:64] for e in view if e["step"].startswith("chain-proof")]
+    candidates = steps + [ristretto.scalar_mult(secrets_of["scalar"], p) for p in steps]
+    return any(c in held for c in candidates)
+
+
+@pytest.mark.parametrize("build", ["weakened: check frames without the agreed digest", "shipped"])
+def test_an_active_party_that_tells_one_party_another_key_gets_no_honest_party_named(monkeypatch, build, attacked):
+    """Review finding: the active party tells party 1 a false public key for party 2 only. Party 2's honest proof then
+    fails at party 1, which named party 2 alone. Shipped, every check frame carries the digest of the counts and keys
+    its sender was told: party 1 names no single sender (the active party or party 2)."""
+    if build.startswith("weakened"):
+        monkeypatch.setattr(ring_module, "_same_agreement", lambda *args: None)
+    real_send, fake = ring_module.Wire.send, ristretto.base_mult(ristretto.random_scalar())
+
+    def send(self, dst, payload):
+        if self.channel.rank == 0 and dst == 1 and len(payload) == 16 + 40 * 3:  # the session frame
+            payload = payload[:16 + 24 + 64] + fake  # party 2's key, as told to party 1
+        return real_send(self, dst, payload)
+
+    monkeypatch.setattr(ring_module.Wire, "send", send)
+    lists = [[f"a{i}" for i in range(5)], [f"p{i}" for i in range(5)], [f"q{i}" for i in range(5)]]
+    results = MemoryWorld(3, timeout=3).run([lambda ch, r=r: align(ch, lists[r], 0) for r in range(3)])
+    assert isinstance(results[1], AlignmentFrameError), results
+    attack = "another key told to one party, to have it name an honest one (malicious active)"
+    attacked(attack, build, f"party 1 names {results[1].sender if results[1].sender is not None else 'no single'} "
+                            "sender")
+    if build == "shipped":
+        assert results[1].sender is None and "the active party 0 told them apart" in str(results[1]), results[1]
+    else:
+        assert results[1].sender == 2
 
 
 @settings(max_examples=20, deadline=None)

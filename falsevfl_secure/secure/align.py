@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import InputError
 from . import dleq, keyed, ristretto
 from .channel import Channel
-from .ring import AlignmentFrameError, Ring, Wire, begin_check, check_chains, expect_length, hops, passive_ring
+from .ring import AlignmentFrameError, Ring, Wire, begin_check, check_chains, expect_length, passive_ring
 
 __all__ = ["DOMAIN", "SESSION_BYTES", "Alignment", "AlignmentFrameError", "AlignmentInputError", "align",
            "group_hash", "transcript"]
@@ -146,7 +146,7 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     else:
         found = _active_lists(state, active, mine, (entry, key), restrict_to_active)
     clock.lap("ring")
-    check_chains(state, hops(k, active))
+    check_chains(state)
     clock.lap("chain_checks")
     return _result(found, order, counts, session, publics)
 

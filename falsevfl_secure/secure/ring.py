@@ -8,19 +8,22 @@ a throwaway scalar of its own) goes through every passive party (hops 1..m) and 
 
 Every list is checked by its origin, end to end, in one check round after the lists (secure/dleq.py's batched
 Chaum-Pedersen proofs): with weights fixed by the digests of the list it sent and the list it got back, the origin
-computes M_0 from the first and Z from the second; it sends M_0 to its first hop's prover, which returns M_1 = a_1
-M_0 with a proof that log_G Y_1 = log_{M_0} M_1; and so on along its hops; the last M must be Z. So a list that comes
-back other than every other party's announced scalar times the list sent, point by point and in order, is refused by
-its origin, whoever altered it and whoever helped (a coalition of the active party and a passive relay included: a
-check by each hop's neighbours missed that one). Each ask carries the steps so far, which the prover verifies before it
-multiplies; the first hop's prover of the active party's list (which sees every party's pseudonyms) also recomputes
-M_0 from the list it got, so no chain multiplies a point of the active party's choice. A passive origin's M_0 is its
-own word: it can have one point of its choice multiplied by every other scalar, which it cannot look up in the keyed
-union (secure/keyed.py), as it could have listed that ID.
+computes M_0 from the first and Z from the second; it sends M_0 to the first party of its `check_order`, which
+returns M_1 = a_1 M_0 with a proof that log_G Y_1 = log_{M_0} M_1; and so on through every other party; the last M
+must be Z. So a list that comes back other than every other party's announced scalar times the list sent, point by
+point and in order, is refused by its origin, whoever altered it and whoever helped (a coalition of the active party
+and a passive relay included: a check by each hop's neighbours missed that one). Each ask carries the steps so far,
+which the prover verifies before it multiplies, and every check frame the digest of the counts and keys its sender
+was told. An origin's M_0 is its own word (as its list is): the first prover of the active party's list recomputes
+it from the list it got, so that the active party, which sees every party's pseudonyms, gets no point of its
+choice multiplied; a passive origin's chain starts at the active party and then runs against the ring's direction,
+so no step's point can be compared with a list it relays (`check_order`), and the last is a pseudonym it cannot look
+up (the union is keyed: secure/keyed.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass, field
 
@@ -120,8 +123,14 @@ class Ring:
     made: dict[int, bytes] = field(default_factory=dict)
     started: tuple | None = None  # this party's check begun (`begin_check`): ([M_0], Z, digest of its list back)
 
-    def context(self, hop: Hop) -> bytes:
-        return self.session + _HOP.pack(hop.origin, hop.index, hop.prover)
+    def step_context(self, origin: int, step: int, prover: int) -> bytes:
+        """A check step's proof context: the session, the list's origin, the step and its prover."""
+        return self.session + _HOP.pack(origin, step, prover)
+
+    @property
+    def agreed(self) -> bytes:
+        """SHA-256 of the counts and public keys this party was told (every check frame carries it)."""
+        return hashlib.sha256(self.session + self.counts.astype("<i8").tobytes() + b"".join(self.publics)).digest()
 
     def multiply(self, origin: int, index: int, points: bytes) -> bytes:
         """This party's hop `index` of `origin`'s list (its proof comes in the check round)."""
@@ -150,30 +159,49 @@ class Ring:
 
 
 _LINK = _P + dleq.PROOF_BYTES  # one chain step: M_s and the proof that it is the prover's scalar times M_{s-1}
+_D = dleq.DIGEST_BYTES
 
 
-def check_chains(ring: Ring, schedule: list[Hop]) -> None:
+def check_order(k: int, active: int, origin: int) -> list[int]:
+    """Who multiplies `origin`'s check point at each step. The active party's list: its route's order (its first prover
+    recomputes M_0). A passive party's: the active party first, then the passive parties against the ring's direction
+    (ring[j - 1], ..., ring[j + 1]). Scalars commute, so any order checks the list; this one gives the origin nothing
+    to compare a step's point with: every step carries the active party's scalar, which no list it relays carries,
+    and the passive scalars of a step (a segment ending at ring[j - 1]) always share ring[j - 1]'s with a list it
+    relays (a review finding: in the route's order, a chosen M_0 came back as a relayed list's scalars times H(x),
+    whether the next party holds x)."""
+    ring = passive_ring(k, active)
+    if origin == active:
+        return ring
+    j = ring.index(origin)
+    return [active] + [ring[(j - t) % len(ring)] for t in range(1, len(ring))]
+
+
+def check_chains(ring: Ring) -> None:
     """The check round: each origin checks that its own list came back as every other party's announced scalar
-    times the list it sent, point by point. It sends M_0 (its weighted sum of the list it sent) to its first hop's
-    prover; step by step each prover returns M_s = a_s M_{s-1} with a proof; the origin verifies each and compares
-    the last with Z, its weighted sum of the list it got back. Raises AlignmentFrameError naming a prover whose proof
-    fails, an origin whose ask is refused, or (no single sender) the provers of a list that came back altered."""
-    chains = {o: sorted((h for h in schedule if h.origin == o), key=lambda h: h.index) for o in range(len(ring.counts))
-              if ring.counts[o] > 0}
+    times the list it sent, point by point. It sends M_0 (its weighted sum of the list it sent) to its first
+    prover (`check_order`); step by step each prover returns M_s = a_s M_{s-1} with a proof; the origin verifies each
+    and compares the last with Z, its weighted sum of the list it got back. Every ask and answer carries the digest of
+    the counts and keys its sender was told, so a party told other keys is not named for a proof that fails under
+    them. Raises AlignmentFrameError naming a prover whose proof fails, an origin whose ask is refused, or (no single
+    sender) the suspects: of a list that came back altered, of counts or keys told differently."""
+    k = len(ring.counts)
+    chains = {o: check_order(k, ring.active, o) for o in range(k) if ring.counts[o] > 0}
     own = chains.get(ring.rank)
     links, z, d_final = (ring.started or _start(ring)) if own else ([], b"", b"")
-    for s in range(1, len(ring.counts)):
+    for s in range(1, k):
         if own:  # the weights' digest, M_0 and every step so far: what the prover checks before it multiplies
-            ring.wire.send(own[s - 1].prover, d_final + links[0] + b"".join(links[1:]))
-        for chain in (c for o, c in sorted(chains.items()) if c[s - 1].prover == ring.rank):
-            ring.wire.send(chain[0].origin, _step(ring, chain, s, ring.wire.recv(f"chain-ask{s}", chain[0].origin)))
+            ring.wire.send(own[s - 1], ring.agreed + d_final + links[0] + b"".join(links[1:]))
+        for origin in (o for o, provers in sorted(chains.items()) if provers[s - 1] == ring.rank):
+            ring.wire.send(origin, ring.agreed + _step(ring, origin, chains[origin], s,
+                                                       ring.wire.recv(f"chain-ask{s}", origin)))
         if own:
-            links.append(_verify_step(ring, own[s - 1], links[-1][:_P]))
+            links.append(_verify_step(ring, own[s - 1], s, links[-1][:_P]))
     if own and links[-1][:_P] != z:
         raise AlignmentFrameError(f"align: party {ring.rank}'s list came back altered: it is not every other "
                                   "party's announced scalar times the list this party sent, point by point, in order; "
-                                  f"one of parties {sorted(h.prover for h in own)} multiplied or relayed another (each "
-                                  "proved its step of the check: this party cannot tell which)")
+                                  f"one of parties {sorted(own)} multiplied or relayed another (each proved its step "
+                                  "of the check: this party cannot tell which)")
 
 
 def begin_check(ring: Ring) -> None:
@@ -196,23 +224,34 @@ def _start(ring: Ring) -> tuple[list[bytes], bytes, bytes]:
     return [m], dleq.combine(context, d_sent, d_back, back, ring.threads), d_back
 
 
-def _step(ring: Ring, chain: list[Hop], s: int, frame: bytes) -> bytes:
-    """As the prover of step `s` of `chain`: the ask checked (its earlier steps' proofs; where the origin is the
-    active party, which sees every party's pseudonyms, M_0 against the list this party got: no point of its
-    choice), then M_s = a M_{s-1} and the proof."""
-    origin, step = chain[0].origin, f"chain-ask{s}"
-    expect_length(frame, 2 * dleq.DIGEST_BYTES + _LINK * (s - 1), step, origin)
-    points = [frame[32:64]] + [frame[64 + _LINK * i:64 + _LINK * i + _P] for i in range(s - 1)]
-    proofs = [frame[64 + _LINK * i + _P:64 + _LINK * (i + 1)] for i in range(s - 1)]
+def _step(ring: Ring, origin: int, provers: list[int], s: int, frame: bytes) -> bytes:
+    """As the prover of step `s` of `origin`'s check: the ask checked (told the same counts and keys; its earlier
+    steps' proofs; where the origin is the active party, which sees every party's pseudonyms, M_0 against the list
+    this party got: no point of its choice), then M_s = a M_{s-1} and the proof."""
+    step = f"chain-ask{s}"
+    expect_length(frame, 3 * _D + _LINK * (s - 1), step, origin)
+    _same_agreement(ring, frame[:_D], step, origin)
+    points = [frame[2 * _D:3 * _D]] + [frame[3 * _D + _LINK * i:3 * _D + _LINK * i + _P] for i in range(s - 1)]
+    proofs = [frame[3 * _D + _LINK * i + _P:3 * _D + _LINK * (i + 1)] for i in range(s - 1)]
     if not ristretto.is_valid_point(points[0]) or not all(
-            dleq.verify(ring.publics[h.prover], ring.context(h), a, b, p)
-            for h, a, b, p in zip(chain, points, points[1:], proofs, strict=False)):
+            dleq.verify(ring.publics[p], ring.step_context(origin, i, p), a, b, proof)
+            for i, (p, a, b, proof) in enumerate(zip(provers, points, points[1:], proofs, strict=False), 1)):
         raise AlignmentFrameError(f"align: {step} frame from party {origin}: an invalid point or an earlier step's "
                                   "proof that fails", origin)
     if s == 1 and origin == ring.active:
-        _check_first(ring, origin, frame[:32], points[0])
-    return ristretto.scalar_mult(ring.scalar, points[-1]) + dleq.prove(ring.scalar, ring.context(chain[s - 1]),
-                                                                       points[-1])
+        _check_first(ring, origin, frame[_D:2 * _D], points[0])
+    return ristretto.scalar_mult(ring.scalar, points[-1]) + dleq.prove(
+        ring.scalar, ring.step_context(origin, s, ring.rank), points[-1])
+
+
+def _same_agreement(ring: Ring, agreed: bytes, step: str, sender: int) -> None:
+    """A frame whose sender was told other counts or keys: the active party told them apart, or the sender says so
+    falsely (no single sender: both are suspects; review finding: an honest prover was named for a key it never
+    announced)."""
+    if agreed != ring.agreed:
+        raise AlignmentFrameError(f"align: {step} frame from party {sender}: it was told other counts or public keys "
+                                  f"than this party (the active party {ring.active} told them apart, or party "
+                                  f"{sender} says so falsely: this party cannot tell which)")
 
 
 def _check_first(ring: Ring, origin: int, d_back: bytes, m: bytes) -> None:
@@ -223,12 +262,14 @@ def _check_first(ring: Ring, origin: int, d_back: bytes, m: bytes) -> None:
                                   "the list it sent (a point of its choice: refused)", origin)
 
 
-def _verify_step(ring: Ring, hop: Hop, m: bytes) -> bytes:
-    """As the origin: the prover's answer to step `hop.index` (M_s and its proof on the M_{s-1} this party sent)."""
-    frame = ring.wire.recv(f"chain-proof{hop.index}", hop.prover)
-    expect_length(frame, _LINK, f"chain-proof{hop.index}", hop.prover)
-    if not dleq.verify(ring.publics[hop.prover], ring.context(hop), m, frame[:_P], frame[_P:]):
-        raise AlignmentFrameError(f"align: party {hop.prover}'s step {hop.index} of the check of party {hop.origin}'s "
-                                  "list fails its proof (not its announced scalar times the point it was sent)",
-                                  hop.prover)
-    return frame
+def _verify_step(ring: Ring, prover: int, s: int, m: bytes) -> bytes:
+    """As the origin: the prover's answer to step `s` (M_s and its proof on the M_{s-1} this party sent)."""
+    step = f"chain-proof{s}"
+    frame = ring.wire.recv(step, prover)
+    expect_length(frame, _D + _LINK, step, prover)
+    _same_agreement(ring, frame[:_D], step, prover)
+    if not dleq.verify(ring.publics[prover], ring.step_context(ring.rank, s, prover), m, frame[_D:_D + _P],
+                       frame[_D + _P:]):
+        raise AlignmentFrameError(f"align: party {prover}'s step {s} of the check of party {ring.rank}'s list fails "
+                                  "its proof (not its announced scalar times the point it was sent)", prover)
+    return frame[_D:]

@@ -16,29 +16,25 @@ from falsevfl_secure.secure import dleq, ristretto
 from falsevfl_secure.secure import keyed as keyed_module
 from falsevfl_secure.secure import ring as ring_module
 from falsevfl_secure.secure.align import align, group_hash
-from falsevfl_secure.secure.ring import AlignmentFrameError, hops
+from falsevfl_secure.secure.ring import AlignmentFrameError, check_order
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(2, 9).flatmap(lambda k: st.tuples(st.just(k), st.integers(0, k - 1))))
-def test_every_list_gets_every_scalar_once_and_goes_back_to_its_origin(world):
-    """Per origin: the origin's own scalar (the active party's list: its throwaway, then its own scalar last) and
-    the provers of its hops are every rank once; each hop's input comes from the previous hop's prover and its
-    output goes to the next hop's prover (the last to the origin); no prover feeds or receives from itself."""
+def test_every_check_multiplies_by_every_other_party_once_in_its_order(world):
+    """Per origin: its check's provers are every other rank once; the active party's list in its route's order (the
+    passive ring in rank order, so its first prover holds the list it checks M_0 against); a passive party ring[j]'s
+    the active party first, then ring[j - 1], ring[j - 2], ... (against the ring)."""
     k, active = world
-    schedule = hops(k, active)
-    assert len(schedule) == k * (k - 1)
+    ring = [r for r in range(k) if r != active]
     for origin in range(k):
-        chain = sorted((h for h in schedule if h.origin == origin), key=lambda h: h.index)
-        assert [h.index for h in chain] == list(range(1, k))
-        provers = [h.prover for h in chain]
-        assert sorted(provers + [origin]) == list(range(k))  # (the active party's own scalar: applied after)
-        assert chain[0].source == origin
-        assert all(a.receiver == b.prover and b.source == a.prover for a, b in zip(chain, chain[1:], strict=False))
-        assert chain[-1].receiver == origin
-        assert all(h.prover not in (h.source, h.receiver) for h in chain)
-        assert (origin == active) == (active not in provers)  # the active party multiplies every other list last
-        assert origin == active or chain[-1].prover == active
+        order = check_order(k, active, origin)
+        assert sorted(order + [origin]) == list(range(k))
+        if origin == active:
+            assert order == ring
+        else:
+            j = ring.index(origin)
+            assert order[0] == active and order[1:] == [ring[(j - t) % len(ring)] for t in range(1, len(ring))]
 
 
 def _chain(n, provers, tamper=None):
@@ -335,8 +331,13 @@ def test_the_active_party_gets_no_point_of_its_choice_multiplied_in_its_check(mo
 
 
 def _route_order(k, active, origin):
-    """The weakened build's check order: the list's own route (the first version's)."""
-    return [h.prover for h in sorted((h for h in hops(k, active) if h.origin == origin), key=lambda h: h.index)]
+    """The weakened build's check order: the list's own route (the first version's): the next passive parties in
+    the ring, the active party last; the active party's list the ring in order."""
+    ring = [r for r in range(k) if r != active]
+    if origin == active:
+        return ring
+    j = ring.index(origin)
+    return [ring[(j + h) % len(ring)] for h in range(1, len(ring))] + [active]
 
 
 @pytest.mark.parametrize("k", [3, 4])

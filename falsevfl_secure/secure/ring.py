@@ -1,5 +1,5 @@
-"""The alignment's star ring (secure/align.py): where each blinded list goes, who multiplies it, who proves
-each multiplication and who checks each proof.
+"""The alignment's star ring (secure/align.py): one party's part of it (`Ring`: the lists it sent, got and
+multiplied) and the check round in which every list's origin checks it (`check_chains`, `check_order`).
 
 The passive parties, in rank order, form a ring of m = K - 1; the active party is its hub. A passive party's own
 list goes once around the passive ring (hops 1..m-1, each by the next passive party), then to the active party,
@@ -75,33 +75,8 @@ def expect_length(frame: bytes, expected: int, step: str, src: int, counted: boo
                                   f"expected {expected}", None if counted else src)
 
 
-@dataclass(frozen=True)
-class Hop:
-    """The `index`-th multiplication of `origin`'s list: by `prover`, of the list `source` sent it; `receiver` gets
-    the result (and checks the proof)."""
-
-    origin: int
-    index: int
-    prover: int
-    source: int
-    receiver: int
-
-
 def passive_ring(k: int, active: int) -> list[int]:
     return [r for r in range(k) if r != active]
-
-
-def hops(k: int, active: int) -> list[Hop]:
-    """Every hop of a run: which party multiplies each list at each step, and where the list goes next."""
-    ring, m, out = passive_ring(k, active), k - 1, []
-    for j, origin in enumerate(ring):
-        for h in range(1, m + 1):
-            prover = ring[(j + h) % m] if h < m else active
-            receiver = origin if h == m else (active if h == m - 1 else ring[(j + h + 1) % m])
-            out.append(Hop(origin, h, prover, ring[(j + h - 1) % m], receiver))
-    for h in range(1, m + 1):
-        out.append(Hop(active, h, ring[h - 1], active if h == 1 else ring[h - 2], ring[h] if h < m else active))
-    return out
 
 
 @dataclass

@@ -8,14 +8,14 @@ Every party holds `--ids` string IDs; a fraction `--overlap` of them is common t
 the rest are its own, so the union has overlap*n + K*(1-overlap)*n records (the script checks it).
 The K processes share this machine's cores, like bench/overhead.py. The alignment is timed from a
 barrier before `align` to the slowest party's return; `phases` are each party's own seconds per
-phase (setup, hash_and_blind, ring, chain_checks; waiting for peers included; `chain_checks` is the round in
-which every origin checks its own list, secure/ring.py), `cpu_s` its process CPU time, and
+phase (setup, hash_and_blind, ring, hop_checks; waiting for peers included; the ring's lists carry the
+hop proofs, and `hop_checks` is the round that verifies them), `cpu_s` its process CPU time, and
 `wall_s_if_the_cores_were_free` the total CPU time divided by the cores the parties could use (what the wall
 time would be without other load on the machine). Where the time goes:
 `libsodium` times each group operation here (process CPU time per call, one process, before the parties
-start) and `libsodium_cpu_s` is what the run's K n hashes, (K^2 + 1) n multiplications, (2 K + 1) n weighted-sum
-terms (each origin's M_0 and Z, and the active party's M_0 again at its first prover), K (K-1) n point checks and
-the keyed union's hashes, products and weighted sums cost at those rates, the floor of `cpu_s_all_parties` for this
+start) and `libsodium_cpu_s` is what the run's K n hashes, (K^2 + 1) n multiplications, 2 K (K-1) n weighted-sum
+terms (each hop's M at the party that sent its input, Z at its receiver), K (K-1) n point checks and the keyed
+union's hashes, products and weighted sums cost at those rates, the floor of `cpu_s_all_parties` for this
 protocol; `load_before`/`load_after` are the machine's 1-minute load averages (other processes on the same cores
 slow the wall time, not the CPU time).
 
@@ -87,13 +87,12 @@ def libsodium_rates(calls: int = 3000) -> dict[str, float]:
 
 def libsodium_cpu_s(rates: dict[str, float], k: int, n: int, n_union: int) -> float:
     """CPU seconds of the group operations of one run: every party hashes its n IDs and multiplies each of the
-    K lists once (the active party's twice: K^2 n + n products); two weighted sums per list at its origin and one
-    more of the active party's at its first prover; every received list checked; the keyed union (secure/keyed.py):
-    a hash and a product per union point, and per passive party's list a hash and three weighted sums (one at the
-    active party, two at the party)."""
+    K lists once (the active party's twice: K^2 n + n products); two weighted sums per proved hop (K (K-1) hops);
+    every received list checked; the keyed union (secure/keyed.py): a hash and a product per union point, and per
+    passive party's list a hash and three weighted sums (one at the active party, two at the party)."""
     hops, lists = k * (k - 1) * n, (k - 1) * n
-    group = k * n * rates["hash_us"] + (k * k + 1) * n * rates["mult_us"] + hops * rates["check_us"] + \
-        (2 * k + 1) * n * rates["weighted_us"]
+    group = k * n * rates["hash_us"] + (k * k + 1) * n * rates["mult_us"] + hops * (2 * rates["weighted_us"]
+                                                                                   + rates["check_us"])
     union = n_union * (rates["hash_us"] + rates["mult_us"]) + lists * (rates["hash_us"] + 3 * rates["weighted_us"])
     return (group + union) / 1e6
 
@@ -123,7 +122,7 @@ def summarise(args: argparse.Namespace, reports: list[dict], total: float, rates
             "wall_s_if_the_cores_were_free": cpu / min(k * args.threads, os.cpu_count() or 1),
             "n_union": reports[0]["n_union"], "expected_n_union": expected,
             "correct": all(r["n_union"] == expected and r["positions_ok"] for r in reports),
-            "chain_checks_s": max(r["phases"].get("chain_checks", 0.0) for r in reports),
+            "hop_checks_s": max(r["phases"].get("hop_checks", 0.0) for r in reports),
             "launch_and_teardown_s": total - wall, "parties": reports}
 
 
@@ -134,12 +133,12 @@ def markdown(report: dict) -> str:
              f"{report['n_union']:,} ({'correct' if report['correct'] else 'WRONG'}), {c['cpus']} cores shared "
              f"by all parties, libsodium {c['libsodium']}:", "",
              "| wall s (slowest party) | IDs/s per party | CPU s, all parties | of which libsodium (estimated) "
-             "| wall s if the cores were free | of the wall s, the check round | load average before / "
+             "| wall s if the cores were free | of the wall s, the hop check round | load average before / "
              "after |",
              "|---|---|---|---|---|---|---|",
              f"| {report['wall_s']:.1f} | {report['ids_per_s_per_party']:,.0f} | {report['cpu_s_all_parties']:.1f} "
              f"| {report['libsodium_cpu_s']:.1f} | {report['wall_s_if_the_cores_were_free']:.1f} "
-             f"| {report['chain_checks_s']:.1f} | {c['load_before']:.1f} / {c['load_after']:.1f} |"]
+             f"| {report['hop_checks_s']:.1f} | {c['load_before']:.1f} / {c['load_after']:.1f} |"]
     return "\n".join(lines) + "\n"
 
 
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"align K={args.parties}, {args.ids} IDs per party, overlap {args.overlap}: N={report['n_union']} "
           f"({'correct' if report['correct'] else 'WRONG'}), {report['wall_s']:.2f} s wall, "
           f"{report['ids_per_s_per_party'] or 0:.0f} IDs/s per party, {report['cpu_s_all_parties']:.1f} CPU s "
-          f"in all (libsodium ~{report['libsodium_cpu_s']:.1f}), {report['chain_checks_s']:.2f} s of it the check "
+          f"in all (libsodium ~{report['libsodium_cpu_s']:.1f}), {report['hop_checks_s']:.2f} s of it the hop check "
           f"round, load {load:.1f} -> {os.getloadavg()[0]:.1f} "
           f"-> {args.out / 'align_speed.json'}")
     return 0 if report["correct"] else 1

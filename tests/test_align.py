@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from falsevfl_secure.errors import FalseVflError
 from falsevfl_secure.secure import align as align_module
-from falsevfl_secure.secure import dleq, ristretto
 from falsevfl_secure.secure import keyed as keyed_module
 from falsevfl_secure.secure import ring as ring_module
+from falsevfl_secure.secure import ristretto
 from falsevfl_secure.secure.align import (
     DOMAIN,
     MAX_IDS,
@@ -202,28 +202,24 @@ def test_the_view_check_catches_a_weakened_build(monkeypatch, weakening):
 
 
 def test_every_role_receives_exactly_the_rounds_of_the_protocol_spec():
-    """K = 5 (a passive ring of 4): every role receives the spec's steps, in its order (the check's asks and proofs
-    step by step), from the senders the star ring names (each list's provers, hop by hop)."""
+    """K = 5 (a passive ring of 4): every role receives the spec's steps, in its order, from the senders the star
+    ring names (the hop check's asks and answers from the parties the proved hops pair it with)."""
     spec = tomllib.loads((ROOT / "protocols" / "align.toml").read_text())
     k, active = 5, 2
     _, views, _, _ = recorded_run(k, active)
     steps = spec["stages"]["align"]
-
-    def place(step):  # the check's steps alternate: ordered by their step number, the ask first
-        name, number = step.rstrip("0123456789"), step[len(step.rstrip("0123456789")):]
-        return (steps.index(name), 0, 0) if not name.startswith("chain") else \
-            (steps.index("chain-ask"), int(number), steps.index(name))
-
     for rank, view in enumerate(views):
         got = [(e["step"], e["from"]) for e in view]
         assert got == expected_rounds(rank, k, active), rank
-        assert [place(step) for step, _ in got] == sorted(place(step) for step, _ in got), rank
+        assert [step.rstrip("0123456789") for step, _ in got] == sorted(
+            (step.rstrip("0123456789") for step, _ in got), key=lambda name: steps.index(name)), rank
 
 
 def expected_rounds(rank, k, active):
     """The star ring written out independently: passive parties in rank order, the active party as the hub."""
     ring = [r for r in range(k) if r != active]
     m = len(ring)
+    schedule = ring_module.hops(k, active)
     if rank == active:
         out = [("sizes", s) for s in ring] + [("final", s) for s in ring] + [("carry", ring[-1])]
     else:
@@ -231,16 +227,11 @@ def expected_rounds(rank, k, active):
         out = [("session", active)] + [(f"pass{p}", ring[j - 1]) for p in range(1, m)]
         out += [("entry", active) if j == 0 else ("carry", ring[j - 1]), ("finals", active), ("keyed", active),
                 ("union", active)]
-
-    def prover(origin, s):  # who multiplies origin's check point at step s: the route for the active party's list,
-        if origin == active:  # else the active party, then the passive ring backwards from the origin
-            return ring[s - 1]
-        return active if s == 1 else ring[(ring.index(origin) - (s - 1)) % m]
-
-    for s in range(1, m + 1):
-        out += [(f"chain-ask{s}", o) for o in range(k) if prover(o, s) == rank]
-        out += [(f"chain-proof{s}", prover(rank, s))]
-    return out
+    asked_by = sorted({h.receiver for h in schedule if h.source == rank and h.receiver != rank})
+    answered_by = sorted({h.source for h in schedule if rank in (h.receiver, h.prover) and h.source != rank})
+    proved_by = sorted({h.prover for h in schedule if h.receiver == rank})
+    return out + [("hop-ask", v) for v in asked_by] + [("hop-answer", q) for q in answered_by] + \
+        [("hop-proof", r) for r in proved_by]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -360,19 +351,17 @@ def hostile_passive(n=2, sizes=None, final=None, carry=None, go_on=False):
     return 0, script
 
 
-def hostile_active(session=None, finals=None, union=None, proof=None, ask=None, answer=None):
+def hostile_active(session=None, finals=None, union=None, proof=None):
     """Party 0 against an honest passive party 1 holding 3 IDs; sends its one bad frame (or a keyed frame under
-    `proof`, a check's ask or answer: `ask(M_0)`, `answer`) and stops; otherwise its finals, keyed points, union
-    and check are what an honest active party sends."""
+    `proof`) and stops; otherwise its finals, keyed points and union are what an honest active party sends."""
     def script(ch):
         own, tag = ch.recv(1), os.urandom(16)
         if session is not None:
             return ch.send(1, session)
-        told = tag + i64(2, 3) + key() + own[8:]
-        ch.send(1, told)
-        listed, entry = ch.recv(1), points(2)
-        ch.send(1, entry)
-        back = ch.recv(1)
+        ch.send(1, tag + i64(2, 3) + key() + own[8:])
+        listed = ch.recv(1)
+        ch.send(1, points(2))
+        ch.recv(1)
         mine = ristretto.scalar_mult_batch(ristretto.random_scalar(), listed)
         ch.send(1, mine if finals is None else finals)
         if finals is not None:
@@ -384,12 +373,6 @@ def hostile_active(session=None, finals=None, union=None, proof=None, ask=None, 
         ch.send(1, ristretto.base_mult(secret) + points_keyed + (real if proof is None else proof))
         joined = points_keyed + points(1)
         ch.send(1, b"".join(sorted(joined[o:o + 32] for o in range(0, 128, 32))) if union is None else union)
-        if ask is not None or answer is not None:
-            ch.recv(1)  # the passive party's ask; then the active party's own ask (its list's first prover: party 1)
-            m = dleq.combine(ring_module.chain_context(tag, 0), dleq.digest(entry), dleq.digest(back), entry)
-            agreed = hashlib.sha256(told).digest()  # (the session frame: session, counts, keys)
-            ch.send(1, ask(agreed, m) if ask is not None else agreed + dleq.digest(back) + m)
-            ch.send(1, answer(agreed) if answer is not None else b"")
     return 1, script
 
 
@@ -446,21 +429,6 @@ HOSTILE = {
     "union: a pickle": (lambda bad: hostile_active(union=bad), "union frame from party 0 has"),
     "keyed: a proof that fails": (lambda bad: hostile_active(proof=os.urandom(64)), "keyed pseudonyms fail their"),
     "keyed: a pickle": (lambda bad: hostile_active(proof=bad), "keyed frame from party 0 has"),
-    "chain-ask: short": (lambda bad: hostile_active(ask=lambda a, m: a + m),
-                         "chain-ask1 frame from party 0 has 64 bytes"),
-    "chain-ask: M_0 off the curve": (lambda bad: hostile_active(ask=lambda a, m: a + bytes(32) + b"\xff" * 32),
-                                     "an invalid point"),
-    "chain-ask: M_0 of its choice": (lambda bad: hostile_active(ask=lambda a, m: a + bytes(32) + points(1)),
-                                     "not the weighted sum of the list it sent"),
-    "chain-ask: other counts or keys": (lambda bad: hostile_active(ask=lambda a, m: bytes(32) + bytes(32) + m),
-                                        "it was told other counts or public keys"),
-    "chain-ask: a pickle": (lambda bad: hostile_active(ask=lambda a, m: bad), "chain-ask1 frame from party 0 has"),
-    "chain-proof: a proof that fails": (lambda bad: hostile_active(answer=lambda a: a + points(1) + os.urandom(64)),
-                                        "party 0's step 1 of the check of party 1's list fails its proof"),
-    "chain-proof: other counts or keys": (lambda bad: hostile_active(answer=lambda a: bytes(32) + points(1) +
-                                                                     os.urandom(64)),
-                                          "chain-proof1 frame from party 0: it was told other counts"),
-    "chain-proof: a pickle": (lambda bad: hostile_active(answer=lambda a: bad), "chain-proof1 frame from party 0 has"),
 }
 
 

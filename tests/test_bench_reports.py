@@ -168,13 +168,13 @@ def test_the_price_of_security_reports_where_each_role_waits_in_the_step():
                                                                          "13.0-14.0"]
 
 
-def test_the_alignment_bench_gives_the_true_union_and_times_the_origins_checks(tmp_path):
+def test_the_alignment_bench_gives_the_true_union_and_times_the_hop_checks(tmp_path):
     """bench/align_speed.py on a small world (real processes): the union is right (half of each list shared by
-    all, the rest each party's own), every party placed every row, and the check round is timed."""
+    all, the rest each party's own), every party placed every row, and the hop check round is timed."""
     import align_speed
 
     assert align_speed.main(["--parties", "4", "--ids", "120", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "align_speed.json").read_text())
     assert report["correct"] and report["n_union"] == 60 + 4 * 60
-    assert all(p["positions_ok"] and p["phases"]["chain_checks"] > 0 for p in report["parties"])
-    assert report["chain_checks_s"] > 0 and report["libsodium"]["weighted_us"] > 0
+    assert all(p["positions_ok"] and p["phases"]["hop_checks"] > 0 for p in report["parties"])
+    assert report["hop_checks_s"] > 0 and report["libsodium"]["weighted_us"] > 0

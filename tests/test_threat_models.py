@@ -681,7 +681,7 @@ def _hostile_active(role, variant: str) -> None:
 
     from falsevfl_secure.federation import aligned
     from falsevfl_secure.secure import align as align_module
-    from falsevfl_secure.secure import ring
+    from falsevfl_secure.secure import dleq, ring
 
     b, c = (r for r in range(role.peers.n_parties) if r != role.peers.active_index)
     if variant in ("keyed", "union"):
@@ -703,6 +703,7 @@ def _hostile_active(role, variant: str) -> None:
             return real_send(self, dst, payload)
 
         align_module._shared_order, ring.Wire.send = split_order, send
+        ring._prove = lambda state, hop, part: dleq.prove(state.scalar, state.context(hop), part[64:])  # any M
         return
     real_align, real_announce, seen = aligned.align, aligned._announce, {}
     aligned.align = lambda *a, **k: seen.setdefault("result", real_align(*a, **k))
@@ -722,12 +723,12 @@ def _hostile_active(role, variant: str) -> None:
 
 
 def _weaken(variant: str) -> None:
-    """The build before: each party checks its own view only (no comparison, no lists checked, no transcript)."""
+    """The build before: each party checks its own view only (no comparison, no proofs checked, no transcript)."""
     from falsevfl_secure.federation import aligned
     from falsevfl_secure.secure import align as align_module
 
     aligned._compare_with_passive_peers = lambda role, *args: role.peers.send(role.peers.active_index, "kept-ack", b"")
-    align_module.check_chains = lambda *args: None
+    align_module.check_hops = lambda *args: None
     align_module.keyed.verify = lambda *args: True
     real_digest = aligned.common_digest
     aligned.common_digest = lambda *args: real_digest(*args[:6])
@@ -757,8 +758,8 @@ def test_the_passive_parties_refuse_an_active_party_that_splits_the_records_they
     """malicious_pinned_party.toml: a malicious active party places records two passive parties both hold at
     different rows for each (by the `kept` announcement, by the pseudonyms it returns one of them, or by the
     union it publishes one of them). Real party processes over the pinned links. Without the checks (weakened:
-    no comparison of the signed announcements, no lists checked by their origins, no transcript) both accept and the
-    records they share sit at different rows (the previous test reads B's contribution from such rows); shipped, they
+    no comparison of the signed announcements, no hop proofs checked, no transcript) both accept and the records
+    they share sit at different rows (the previous test reads B's contribution from such rows); shipped, they
     refuse before any sum (for training and for prediction), and the run names the active party."""
     from falsevfl_secure.federation.config import load_federation
     from falsevfl_secure.federation.inputs import read_training_table

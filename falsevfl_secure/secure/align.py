@@ -11,20 +11,19 @@ scalar. Every list then holds its origin's pseudonyms P(id) = (a_0 ... a_{K-1}) 
 The active party keys every pseudonym (secure/keyed.py: G(p) = k H_u(p), not multiplicative in p), sorts the union
 of the keyed points by their bytes (a pseudorandom order), learns which parties hold each, and publishes the sorted
 union U to every passive party with each one's own keyed points (proved); a passive party's positions are where
-its keyed points sit in U. Every list's origin checks, by a chain of batched Chaum-Pedersen proofs (secure/ring.py,
-secure/dleq.py), that it came back as every other party's announced scalar times the list it sent, point by point:
-no party or coalition can reorder, drop, swap or re-blind an honest party's list unnoticed by it, and the active
-party cannot give a passive party pseudonyms or keyed points other than its announced keys make.
+its keyed points sit in U. Every multiplication is proved by a batched Chaum-Pedersen proof (secure/dleq.py) that the
+party it went to checks: no party can reorder, drop, swap or re-blind a list another party will use unnoticed,
+and the active party cannot give a passive party pseudonyms or keyed points other than its announced keys make.
 Keys and unions told differently are caught only by the passive parties' comparison of the `transcript` (every
 count, every public key, U) through the active party's signed announcement (federation/aligned.py): a caller that
 skips it is open to a split (two parties' rows of one record that differ, from which the active party could read
 one party's contribution).
 
-Rounds (protocols/align.toml): sizes, session, pass1..pass{K-2}, final, entry, carry, finals, keyed, union, then
-chain-ask{s} and chain-proof{s} for s = 1..K-1. Frames are fixed-schema bytes, checked for size before use; every
-received point a party computes with is decoded and checked by libsodium (the union's points are only compared).
-Nothing is unpickled, and no raw ID, digest of an ID or H(id) leaves its owner: every point on the wire carries its
-owner's secret scalar (the active party's list its throwaway one).
+Rounds (protocols/align.toml): sizes, session, pass1..pass{K-2}, final, entry, carry, finals, keyed, union,
+hop-ask, hop-answer, hop-proof. Frames are fixed-schema bytes, checked for size before use; every received point a
+party computes with is decoded and checked by libsodium (the union's points are only compared). Nothing is
+unpickled, and no raw ID, digest of an ID or H(id) leaves its owner: every point on the wire carries its owner's
+secret scalar (the active party's list its throwaway one).
 
 Threat model: threat_models/alignment.toml. Linking a pseudonym (or a position) to an ID that a
 coalition does not hold needs all K scalars.
@@ -43,7 +42,7 @@ import numpy as np
 from ..errors import InputError
 from . import dleq, keyed, ristretto
 from .channel import Channel
-from .ring import AlignmentFrameError, Ring, Wire, begin_check, check_chains, expect_length, passive_ring
+from .ring import AlignmentFrameError, Ring, Wire, check_hops, expect_length, hops, passive_ring
 
 __all__ = ["DOMAIN", "SESSION_BYTES", "Alignment", "AlignmentFrameError", "AlignmentInputError", "align",
            "group_hash", "transcript"]
@@ -123,8 +122,7 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     without the GIL; use idle cores only). `max_ids` bounds every party's list: the active party learns which
     parties hold each ID it lists (threat_models/alignment.toml), so each party refuses to align with a list longer
     than its own bound. Raises AlignmentInputError for unusable own input (before anything is sent) and
-    AlignmentFrameError for a malformed received frame, a list over the bound or a list
-    that fails its origin's check."""
+    AlignmentFrameError for a malformed received frame, a list over the bound or a hop whose proof fails."""
     rank, k = _check_world(channel, active, restrict_to_active, threads)
     bound = min(int(max_ids), MAX_IDS)
     encoded = _encode_ids(ids, bound)
@@ -137,7 +135,7 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
         secrets_out.update(scalar=scalar, session=session, order=order.copy(),
                            **({"entry": entry, "union_key": key} if rank == active else {}))
     clock.lap("setup")
-    state = Ring(wire, rank, counts, publics, session, scalar, active, threads)
+    state = Ring(wire, rank, counts, publics, session, scalar, threads)
     mine = _blind_own(encoded, order, session, entry if rank == active else scalar, threads)
     clock.lap("hash_and_blind")
     if rank != active:
@@ -146,8 +144,8 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     else:
         found = _active_lists(state, active, mine, (entry, key), restrict_to_active)
     clock.lap("ring")
-    check_chains(state)
-    clock.lap("chain_checks")
+    check_hops(state, hops(k, active))
+    clock.lap("hop_checks")
     return _result(found, order, counts, session, publics)
 
 
@@ -280,42 +278,28 @@ def _active_lists(ring: Ring, active: int, own: bytes, keys: tuple[bytes, bytes]
     for j, src in enumerate(members):
         origin = members[(j + 1) % m]
         lists[origin] = ring.multiply(origin, m, ring.recv_list("final", src, origin, m - 1))
-        ring.wire.send(origin, lists[origin])  # now: its origin begins its check while this party keys the union
     carried = ring.recv_list("carry", members[-1], active, m)
     entry, key = keys  # the union's key (secure/keyed.py): fresh per alignment, never sent
     unblind = ristretto.scalar_mul(ring.scalar, ristretto.scalar_invert(entry))  # a_A / t: the pseudonyms
     lists[active] = ristretto.scalar_mult_batch(unblind, carried, threads=ring.threads)
-    hashed, keyed_lists = _keyed(ring, lists, key)
+    hashed = [keyed.hashed(ring.session, points, ring.threads) for points in lists]
+    keyed_lists = [ristretto.scalar_mult_batch(key, points, threads=ring.threads) for points in hashed]
     positions, holders, union = _shared_order(keyed_lists, ring.counts, active, restrict)
     public = ristretto.base_mult(key)
     for origin in members:
         proof = keyed.prove(key, ring.session, origin, lists[origin], hashed[origin], keyed_lists[origin], ring.threads)
+        ring.wire.send(origin, lists[origin])
         ring.wire.send(origin, public + keyed_lists[origin] + proof)
         ring.wire.send(origin, union)
     return union, positions[active], holders, public
 
 
-def _keyed(ring: Ring, lists: list[bytes], key: bytes) -> tuple[list[bytes], list[bytes]]:
-    """H_u(p) and G(p) = key H_u(p) of every list's pseudonyms, each distinct pseudonym hashed and keyed once (a
-    record several parties hold is in several lists)."""
-    inverse, n_distinct = _union(lists)
-    rows = np.frombuffer(b"".join(lists), dtype=np.uint8).reshape(-1, _P)
-    distinct = np.zeros((n_distinct, _P), dtype=np.uint8)
-    distinct[inverse] = rows
-    hashed = np.frombuffer(keyed.hashed(ring.session, distinct.tobytes(), ring.threads), dtype=np.uint8)
-    keyed_points = np.frombuffer(ristretto.scalar_mult_batch(key, hashed.tobytes(), threads=ring.threads),
-                                 dtype=np.uint8).reshape(-1, _P)
-    cuts = np.split(inverse, np.cumsum(ring.counts)[:-1])
-    return ([hashed.reshape(-1, _P)[c].tobytes() for c in cuts], [keyed_points[c].tobytes() for c in cuts])
-
-
 def _receive_union(ring: Ring, active: int, restrict: bool) -> tuple:
-    """A passive party's finals (its own list under every scalar, checked in the check round), their keyed
+    """A passive party's finals (its own list under every scalar, proved by the active party's hop), their keyed
     points (proved: secure/keyed.py) and the keyed union; its positions are where its keyed points sit in the union
     (refused where the union is not sorted, not within the counts, or does not hold every one of a full alignment)."""
     m, n = len(ring.counts) - 1, int(ring.counts[ring.rank])
     finals = ring.recv_list("finals", active, ring.rank, m)
-    begin_check(ring)  # its weighted sums, while the active party keys the union
     frame = ring.wire.recv("keyed", active)
     expect_length(frame, _P * (n + 1) + dleq.PROOF_BYTES, "keyed", active)
     public, mine, proof = frame[:_P], frame[_P:_P * (n + 1)], frame[_P * (n + 1):]

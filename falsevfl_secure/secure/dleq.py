@@ -1,15 +1,16 @@
-"""Batched Chaum-Pedersen proofs for the alignment's checks (secure/ring.py): that a list came back as every other
-party's announced scalar times the list its origin sent, point by point and in order.
+"""Batched Chaum-Pedersen proofs for the alignment's hops (secure/align.py): that a party multiplied every point
+of a list by its one announced scalar a (Y = aG public), in place and in order.
 
-The origin sent `sent` (n points) and got back `back` (n points). Weights d_i = SHA-512(seed || i) mod the group
-order, seed = SHA-512(DOMAIN || context || SHA-256(sent) || SHA-256(back)), the context naming the session and the
-origin; M_0 = sum d_i sent_i and Z = sum d_i back_i. Each party that multiplied the list in turn returns M_s = a_s
-M_{s-1} with a Chaum-Pedersen proof that log_G Y_s = log_{M_{s-1}} M_s (Y_s = a_s G public), and an honest chain ends
-at Z. A list that swaps two points, drops or adds one, or carries any under another scalar has Z - (prod a_s) M_0 =
-sum d_i (back_i - (prod a_s) sent_i), zero only with probability about 2^-252 for weights fixed after both lists
-(the same batching as RFC 9497, section 2.2.1). A proof is made non-interactive by Fiat-Shamir: r random, c =
-H(context, Y, M, Z, rG, rM), s = r - c a; the verifier recomputes rG = sG + cY and rM = sM + cZ. The keyed union
-(secure/keyed.py) uses the same proof for one multiplication of a list.
+A hop takes `inp` (n points) to `out` (n points). Its context names the session, the list's origin, the hop and
+the prover. Weights d_i = SHA-512(seed || i) mod the group order, seed = SHA-512(DOMAIN || context || SHA-256(inp)
+|| SHA-256(out)); M = sum d_i inp_i and Z = sum d_i out_i. An honest hop has Z = aM; a hop that swaps two points,
+drops or adds one, or multiplies any by another scalar has Z - aM = sum d_i (out_i - a inp_i), zero only with
+probability about 2^-252 for weights fixed after both lists (the same batching as RFC 9497, section 2.2.1). The
+proof is a Chaum-Pedersen proof that log_G Y = log_M Z, made non-interactive by Fiat-Shamir: r random, c =
+H(context, Y, M, Z, rG, rM), s = r - c a; the verifier recomputes rG = sG + cY and rM = sM + cZ.
+
+Who computes what: the prover (which holds both lists) makes the proof; the party that sent it `inp` computes M,
+the party that received `out` computes Z and verifies. Neither sees the other's list, only its digest and M or Z.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ DIGEST_BYTES = 32
 
 
 def digest(points: bytes) -> bytes:
-    """SHA-256 of a list of points (what fixes the weights, and what a prover is told instead of the list)."""
+    """SHA-256 of a list of points (what the two checking parties tell each other instead of the list)."""
     return hashlib.sha256(points).digest()
 
 
 def combine(context: bytes, inp_digest: bytes, out_digest: bytes, points: bytes, threads: int = 1) -> bytes:
-    """The weighted sum of `points` (of the first list or the second) with weights fixed by both lists' digests."""
+    """M (of `inp`) or Z (of `out`): the hop's weighted sum of `points`."""
     seed = hashlib.sha512(DOMAIN + b"weights" + _framed(context, inp_digest, out_digest)).digest()
     return ristretto.weighted_sum(seed, points, threads)
 

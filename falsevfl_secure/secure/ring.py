@@ -1,29 +1,22 @@
-"""The alignment's star ring (secure/align.py): one party's part of it (`Ring`: the lists it sent, got and
-multiplied) and the check round in which every list's origin checks it (`check_chains`, `check_order`).
+"""The alignment's star ring (secure/align.py): where each blinded list goes, who multiplies it, who proves
+each multiplication and who checks each proof.
 
 The passive parties, in rank order, form a ring of m = K - 1; the active party is its hub. A passive party's own
 list goes once around the passive ring (hops 1..m-1, each by the next passive party), then to the active party,
 which applies the last scalar (hop m) and returns it to the list's origin. The active party's list (blinded by
 a throwaway scalar of its own) goes through every passive party (hops 1..m) and back to it.
 
-Every list is checked by its origin, end to end, in one check round after the lists (secure/dleq.py's batched
-Chaum-Pedersen proofs): with weights fixed by the digests of the list it sent and the list it got back, the origin
-computes M_0 from the first and Z from the second; it sends M_0 to the first party of its `check_order`, which
-returns M_1 = a_1 M_0 with a proof that log_G Y_1 = log_{M_0} M_1; and so on through every other party; the last M
-must be Z. So a list that comes back other than every other party's announced scalar times the list sent, point by
-point and in order, is refused by its origin, whoever altered it and whoever helped (a coalition of the active party
-and a passive relay included: a check by each hop's neighbours missed that one). Each ask carries the steps so far,
-which the prover verifies before it multiplies, and every check frame the digest of the counts and keys its sender
-was told. An origin's M_0 is its own word (as its list is): the first prover of the active party's list recomputes
-it from the list it got, so that the active party, which sees every party's pseudonyms, gets no point of its
-choice multiplied; a passive origin's chain starts at the active party and then runs against the ring's direction,
-so no step's point can be compared with a list it relays (`check_order`), and the last is a pseudonym it cannot look
-up (the union is keyed: secure/keyed.py).
+Every hop is proved (secure/dleq.py) in one check round after the lists: the party that received a hop's
+output (V) sends the digest of it to the party that sent the hop's input (Q); Q answers V and the hop's prover R
+with the digests of both lists and M, its weighted sum of the input; R checks the digests against the lists it
+multiplied and proves on that M (so it computes no weighted sum of its own, except where Q is V too: two parties
+in all, where Q would keep a proof on a point of its choice); V computes Z from the output it holds and verifies
+R's proof against R's announced public key. Neither V nor Q sees the other's list. Where V and
+Q are one party (two parties in all), it asks no one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from dataclasses import dataclass, field
 
@@ -75,15 +68,39 @@ def expect_length(frame: bytes, expected: int, step: str, src: int, counted: boo
                                   f"expected {expected}", None if counted else src)
 
 
+@dataclass(frozen=True)
+class Hop:
+    """The `index`-th multiplication of `origin`'s list: by `prover`, of the list `source` sent it; `receiver` gets
+    the result (and checks the proof)."""
+
+    origin: int
+    index: int
+    prover: int
+    source: int
+    receiver: int
+
+
 def passive_ring(k: int, active: int) -> list[int]:
     return [r for r in range(k) if r != active]
 
 
+def hops(k: int, active: int) -> list[Hop]:
+    """Every proved hop of a run, in one order that every party follows in the check round."""
+    ring, m, out = passive_ring(k, active), k - 1, []
+    for j, origin in enumerate(ring):
+        for h in range(1, m + 1):
+            prover = ring[(j + h) % m] if h < m else active
+            receiver = origin if h == m else (active if h == m - 1 else ring[(j + h + 1) % m])
+            out.append(Hop(origin, h, prover, ring[(j + h - 1) % m], receiver))
+    for h in range(1, m + 1):
+        out.append(Hop(active, h, ring[h - 1], active if h == 1 else ring[h - 2], ring[h] if h < m else active))
+    return out
+
+
 @dataclass
 class Ring:
-    """One party's part of the ring: its scalar, every party's public key, and what the check round needs: the list
-    it sent and the list it got back as an origin (`sent`, `got`), and the active party's list as its first hop's
-    prover received it (`made`)."""
+    """One party's part of the ring: its scalar, every party's public key, the lists it sent (as some hop's source),
+    those it received (as some hop's receiver) and the input and digests of each hop it made (as its prover)."""
 
     wire: Wire
     rank: int
@@ -91,160 +108,113 @@ class Ring:
     publics: list[bytes]
     session: bytes
     scalar: bytes
-    active: int
     threads: int = 1
     sent: dict[tuple[int, int], bytes] = field(default_factory=dict)
     got: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    made: dict[int, bytes] = field(default_factory=dict)
-    started: tuple | None = None  # this party's check begun (`begin_check`): ([M_0], Z, digest of its list back)
+    made: dict[tuple[int, int], tuple[bytes, bytes]] = field(default_factory=dict)  # (input, its digest + out's)
 
-    def step_context(self, origin: int, step: int, prover: int) -> bytes:
-        """A check step's proof context: the session, the list's origin, the step and its prover."""
-        return self.session + _HOP.pack(origin, step, prover)
-
-    @property
-    def agreed(self) -> bytes:
-        """SHA-256 of the counts and public keys this party was told (every check frame carries it)."""
-        return hashlib.sha256(self.session + self.counts.astype("<i8").tobytes() + b"".join(self.publics)).digest()
+    def context(self, hop: Hop) -> bytes:
+        return self.session + _HOP.pack(hop.origin, hop.index, hop.prover)
 
     def multiply(self, origin: int, index: int, points: bytes) -> bytes:
         """This party's hop `index` of `origin`'s list (its proof comes in the check round)."""
-        if index == 1 and origin == self.active:
-            self.made[origin] = points
-        return ristretto.scalar_mult_batch(self.scalar, points, threads=self.threads)
+        out = ristretto.scalar_mult_batch(self.scalar, points, threads=self.threads)
+        self.made[(origin, index)] = points, dleq.digest(points) + dleq.digest(out)
+        return out
 
     def send_list(self, dst: int, origin: int, index: int, points: bytes) -> None:
-        """`origin`'s list after hop `index` (this party's own list kept as it left)."""
-        if origin == self.rank and index == 0:
-            self.sent[(origin, 1)] = points
+        """`origin`'s list after hop `index`; kept as the next hop's input."""
+        self.sent[(origin, index + 1)] = points
         self.wire.send(dst, points)
 
     def recv_list(self, step: str, src: int, origin: int, index: int) -> bytes:
-        """`origin`'s list after hop `index`: whole valid points of origin's count (kept where it is this party's own
-        list back)."""
+        """`origin`'s list after hop `index`: whole valid points of origin's count (kept where a hop made it)."""
         frame = self.wire.recv(step, src)
         expect_length(frame, _P * int(self.counts[origin]), step, src, counted=True)
         bad = ristretto.first_invalid_point(frame, threads=self.threads)
         if bad >= 0:
             raise AlignmentFrameError(f"align: {step} frame from party {src}: point {bad} is not a valid "
                                       "ristretto255 point (non-canonical encoding or the identity)", src)
-        if origin == self.rank and index:
+        if index:
             self.got[(origin, index)] = frame
         return frame
 
 
-_LINK = _P + dleq.PROOF_BYTES  # one chain step: M_s and the proof that it is the prover's scalar times M_{s-1}
-_D = dleq.DIGEST_BYTES
+_PART = 2 * dleq.DIGEST_BYTES + _P  # the input's digest, the output's digest, M
 
 
-def check_order(k: int, active: int, origin: int) -> list[int]:
-    """Who multiplies `origin`'s check point at each step. The active party's list: its route's order (its first prover
-    recomputes M_0). A passive party's: the active party first, then the passive parties against the ring's direction
-    (ring[j - 1], ..., ring[j + 1]). Scalars commute, so any order checks the list; this one gives the origin nothing
-    to compare a step's point with: every step carries the active party's scalar, which no list it relays carries,
-    and the passive scalars of a step (a segment ending at ring[j - 1]) always share ring[j - 1]'s with a list it
-    relays (a review finding: in the route's order, a chosen M_0 came back as a relayed list's scalars times H(x),
-    whether the next party holds x)."""
-    ring = passive_ring(k, active)
-    if origin == active:
-        return ring
-    j = ring.index(origin)
-    return [active] + [ring[(j - t) % len(ring)] for t in range(1, len(ring))]
+def check_hops(ring: Ring, schedule: list[Hop]) -> None:
+    """The check round: the receiver V of each hop tells the party Q that sent its input the digest of what it
+    received; Q answers V and the prover with both digests and M; the prover proves on that M; V verifies. Raises
+    AlignmentFrameError naming the prover of a hop whose proof fails (an empty list has nothing to check)."""
+    me, schedule = ring.rank, [h for h in schedule if ring.counts[h.origin] > 0]
+    for source, group in _grouped([h for h in schedule if h.receiver == me != h.source], "source").items():
+        ring.wire.send(source, b"".join(dleq.digest(ring.got[(h.origin, h.index)]) for h in group))
+    answers = _answer(ring, [h for h in schedule if h.source == me])
+    for source in sorted({h.source for h in schedule if me in (h.receiver, h.prover) and h.source != me}):
+        mine = [h for h in schedule if h.source == source and me in (h.receiver, h.prover)]
+        frame = ring.wire.recv("hop-answer", source)
+        expect_length(frame, _PART * len(mine), "hop-answer", source)
+        answers.update({h: frame[_PART * i:_PART * (i + 1)] for i, h in enumerate(mine)})
+    for receiver, group in _grouped([h for h in schedule if h.prover == me], "receiver").items():
+        ring.wire.send(receiver, b"".join(_prove(ring, h, answers[h]) for h in group))
+    for prover, group in _grouped([h for h in schedule if h.receiver == me], "prover").items():
+        frame = ring.wire.recv("hop-proof", prover)
+        expect_length(frame, dleq.PROOF_BYTES * len(group), "hop-proof", prover)
+        for i, h in enumerate(group):
+            _verify(ring, h, answers[h], frame[dleq.PROOF_BYTES * i:dleq.PROOF_BYTES * (i + 1)])
 
 
-def check_chains(ring: Ring) -> None:
-    """The check round: each origin checks that its own list came back as every other party's announced scalar
-    times the list it sent, point by point. It sends M_0 (its weighted sum of the list it sent) to its first
-    prover (`check_order`); step by step each prover returns M_s = a_s M_{s-1} with a proof; the origin verifies each
-    and compares the last with Z, its weighted sum of the list it got back. Every ask and answer carries the digest of
-    the counts and keys its sender was told, so a party told other keys is not named for a proof that fails under
-    them. Raises AlignmentFrameError naming a prover whose proof fails, an origin whose ask is refused, or (no single
-    sender) the suspects: of a list that came back altered, of counts or keys told differently."""
-    k = len(ring.counts)
-    chains = {o: check_order(k, ring.active, o) for o in range(k) if ring.counts[o] > 0}
-    own = chains.get(ring.rank)
-    links, z, d_final = (ring.started or _start(ring)) if own else ([], b"", b"")
-    for s in range(1, k):
-        if own:  # the weights' digest, M_0 and every step so far: what the prover checks before it multiplies
-            ring.wire.send(own[s - 1], ring.agreed + d_final + links[0] + b"".join(links[1:]))
-        for origin in (o for o, provers in sorted(chains.items()) if provers[s - 1] == ring.rank):
-            ring.wire.send(origin, ring.agreed + _step(ring, origin, chains[origin], s,
-                                                       ring.wire.recv(f"chain-ask{s}", origin)))
-        if own:
-            links.append(_verify_step(ring, own[s - 1], s, links[-1][:_P]))
-    if own and links[-1][:_P] != z:
-        raise AlignmentFrameError(f"align: party {ring.rank}'s list came back altered: it is not every other "
-                                  "party's announced scalar times the list this party sent, point by point, in order; "
-                                  f"one of parties {sorted(own)} multiplied or relayed another (each proved its step "
-                                  "of the check: this party cannot tell which)")
+def _grouped(selected: list[Hop], by: str) -> dict[int, list[Hop]]:
+    groups: dict[int, list[Hop]] = {}
+    for h in selected:
+        groups.setdefault(getattr(h, by), []).append(h)
+    return dict(sorted(groups.items()))
 
 
-def begin_check(ring: Ring) -> None:
-    """As an origin whose list is back: its two weighted sums now (the check round uses them), if its list is not
-    empty."""
-    if ring.counts[ring.rank] > 0:
-        ring.started = _start(ring)
+def _answer(ring: Ring, fed: list[Hop]) -> dict[Hop, bytes]:
+    """As the source Q of the hops `fed`: each receiver's ask read, M computed, one frame to every receiver and
+    prover; returns the parts this party keeps (where it is the receiver too: two parties in all)."""
+    asked = {}
+    for receiver, group in _grouped([h for h in fed if h.receiver != ring.rank], "receiver").items():
+        frame = ring.wire.recv("hop-ask", receiver)
+        expect_length(frame, dleq.DIGEST_BYTES * len(group), "hop-ask", receiver)
+        asked.update({h: frame[32 * i:32 * i + 32] for i, h in enumerate(group)})
+    parts, frames = {}, {}
+    for h in fed:
+        inp = ring.sent[(h.origin, h.index)]
+        out = asked.get(h) or dleq.digest(ring.got[(h.origin, h.index)])
+        parts[h] = dleq.digest(inp) + out + dleq.combine(ring.context(h), dleq.digest(inp), out, inp, ring.threads)
+        for dst in {h.receiver, h.prover} - {ring.rank}:
+            frames.setdefault(dst, []).append(parts[h])
+    for dst in sorted(frames):
+        ring.wire.send(dst, b"".join(frames[dst]))
+    return {h: part for h, part in parts.items() if h.receiver == ring.rank}
 
 
-def chain_context(session: bytes, origin: int) -> bytes:
-    """The context of an origin's check weights (hop 0: no proof has it)."""
-    return session + _HOP.pack(origin, 0, origin)
+def _prove(ring: Ring, hop: Hop, part: bytes) -> bytes:
+    """This party's proof of a hop it made, on the M its input's sender computed (for the lists it multiplied)."""
+    inp, digests = ring.made[(hop.origin, hop.index)]
+    if part[:2 * dleq.DIGEST_BYTES] != digests:  # Q's word, or V's passed on by Q
+        raise AlignmentFrameError(f"align: party {hop.source} answered the check of hop {hop.index} of party "
+                                  f"{hop.origin}'s list with digests of other lists than this party multiplied (its "
+                                  f"own, or party {hop.receiver}'s passed on: this party cannot tell which)")
+    if not ristretto.is_valid_point(part[2 * dleq.DIGEST_BYTES:]):
+        raise AlignmentFrameError(f"align: party {hop.source} answered a hop check with an invalid point", hop.source)
+    if hop.source == hop.receiver and part[2 * dleq.DIGEST_BYTES:] != dleq.combine(  # K = 2: it would keep the proof
+            ring.context(hop), digests[:32], digests[32:], inp, ring.threads):
+        raise AlignmentFrameError(f"align: party {hop.source} answered the check of hop {hop.index} with another "
+                                  "weighted sum than its list's (a proof on a point of its choice: refused)",
+                                  hop.source)
+    return dleq.prove(ring.scalar, ring.context(hop), part[2 * dleq.DIGEST_BYTES:])
 
 
-def _start(ring: Ring) -> tuple[list[bytes], bytes, bytes]:
-    """As an origin: ([M_0], Z, SHA-256 of the list it got back), the weights fixed by both lists' digests."""
-    sent, back = ring.sent[(ring.rank, 1)], ring.got[(ring.rank, len(ring.counts) - 1)]
-    context, d_sent, d_back = chain_context(ring.session, ring.rank), dleq.digest(sent), dleq.digest(back)
-    m = dleq.combine(context, d_sent, d_back, sent, ring.threads)
-    return [m], dleq.combine(context, d_sent, d_back, back, ring.threads), d_back
-
-
-def _step(ring: Ring, origin: int, provers: list[int], s: int, frame: bytes) -> bytes:
-    """As the prover of step `s` of `origin`'s check: the ask checked (told the same counts and keys; its earlier
-    steps' proofs; where the origin is the active party, which sees every party's pseudonyms, M_0 against the list
-    this party got: no point of its choice), then M_s = a M_{s-1} and the proof."""
-    step = f"chain-ask{s}"
-    expect_length(frame, 3 * _D + _LINK * (s - 1), step, origin)
-    _same_agreement(ring, frame[:_D], step, origin)
-    points = [frame[2 * _D:3 * _D]] + [frame[3 * _D + _LINK * i:3 * _D + _LINK * i + _P] for i in range(s - 1)]
-    proofs = [frame[3 * _D + _LINK * i + _P:3 * _D + _LINK * (i + 1)] for i in range(s - 1)]
-    if not ristretto.is_valid_point(points[0]) or not all(
-            dleq.verify(ring.publics[p], ring.step_context(origin, i, p), a, b, proof)
-            for i, (p, a, b, proof) in enumerate(zip(provers, points, points[1:], proofs, strict=False), 1)):
-        raise AlignmentFrameError(f"align: {step} frame from party {origin}: an invalid point or an earlier step's "
-                                  "proof that fails", origin)
-    if s == 1 and origin == ring.active:
-        _check_first(ring, origin, frame[_D:2 * _D], points[0])
-    return ristretto.scalar_mult(ring.scalar, points[-1]) + dleq.prove(
-        ring.scalar, ring.step_context(origin, s, ring.rank), points[-1])
-
-
-def _same_agreement(ring: Ring, agreed: bytes, step: str, sender: int) -> None:
-    """A frame whose sender was told other counts or keys: the active party told them apart, or the sender says so
-    falsely (no single sender: both are suspects; review finding: an honest prover was named for a key it never
-    announced)."""
-    if agreed != ring.agreed:
-        raise AlignmentFrameError(f"align: {step} frame from party {sender}: it was told other counts or public keys "
-                                  f"than this party (the active party {ring.active} told them apart, or party "
-                                  f"{sender} says so falsely: this party cannot tell which)")
-
-
-def _check_first(ring: Ring, origin: int, d_back: bytes, m: bytes) -> None:
-    """As the first prover of the active party's list: M_0 must be the weighted sum of the list this party got."""
-    inp = ring.made[origin]
-    if m != dleq.combine(chain_context(ring.session, origin), dleq.digest(inp), d_back, inp, ring.threads):
-        raise AlignmentFrameError(f"align: chain-ask1 frame from party {origin}: its M_0 is not the weighted sum of "
-                                  "the list it sent (a point of its choice: refused)", origin)
-
-
-def _verify_step(ring: Ring, prover: int, s: int, m: bytes) -> bytes:
-    """As the origin: the prover's answer to step `s` (M_s and its proof on the M_{s-1} this party sent)."""
-    step = f"chain-proof{s}"
-    frame = ring.wire.recv(step, prover)
-    expect_length(frame, _D + _LINK, step, prover)
-    _same_agreement(ring, frame[:_D], step, prover)
-    if not dleq.verify(ring.publics[prover], ring.step_context(ring.rank, s, prover), m, frame[_D:_D + _P],
-                       frame[_D + _P:]):
-        raise AlignmentFrameError(f"align: party {prover}'s step {s} of the check of party {ring.rank}'s list fails "
-                                  "its proof (not its announced scalar times the point it was sent)", prover)
-    return frame[_D:]
+def _verify(ring: Ring, hop: Hop, part: bytes, proof: bytes) -> None:
+    out = ring.got[(hop.origin, hop.index)]
+    inp_digest, out_digest, m = part[:32], part[32:64], part[64:]
+    z = dleq.combine(ring.context(hop), inp_digest, dleq.digest(out), out, ring.threads)
+    if out_digest != dleq.digest(out) or not dleq.verify(ring.publics[hop.prover], ring.context(hop), m, z, proof):
+        raise AlignmentFrameError(f"align: the list of party {hop.origin} that party {hop.prover} multiplied (hop "
+                                  f"{hop.index}) fails its proof: party {hop.prover} did not multiply every point "
+                                  f"by its announced scalar, in order, or party {hop.source}, which sent it the list, "
+                                  "answered the check falsely (this party cannot tell which)")

@@ -125,6 +125,16 @@ def test_a_clip_proposal_outside_its_range_is_refused(demo, argv, refused):
     refused("cli")
 
 
+@pytest.mark.parametrize("budget", ["", "[privacy]\nepsilon = 1.0\nnoise_multiplier = 1\n\n"])
+def test_privacy_of_a_party_the_file_does_not_list_is_one_error(demo, budget, refused):
+    # (without a budget: "bank: no privacy budget ... nothing is noised", exit 0, for a party nobody listed)
+    path = demo / "federation.toml"
+    path.write_text(path.read_text().replace("[[party]]", f"{budget}[[party]]", 1))
+    code, _, err = cli("privacy", "--config", str(path), "--party", "bank")
+    _one_error(code, err, "unknown party 'bank'; the parties are")
+    refused("cli")
+
+
 def test_check_refuses_two_parties_under_a_protocol_that_hides_contributions_as_training_does(tmp_path, refused):
     # (check passed it, and train then refused at once)
     assert cli("demo", "--dataset", "wine", "--parties", "2", "--out", str(tmp_path / "two"))[0] == 0

@@ -706,6 +706,10 @@ def test_check_tells_each_party_what_training_would_spend_and_the_noise_that_fit
     config = tmp_path / "federation.toml"
     text = config.read_text() + ("\n[model.pretrain]\nepochs = 2\n[model.train]\nepochs = 2\n"
                                  "[privacy]\nepsilon = 1.0\nnoise_multiplier = 4.0\n")
+    config.write_text(text.replace("epsilon = 1.0", "epsilon = 5e-4"))  # (once proposed 49000, which it refuses)
+    fits = re.search(r"only a noise_multiplier of ([\d.e+]+) or more fits both, past the 10000 the file allows: "
+                     "fewer epochs", _schedule_line(config))
+    assert fits and float(fits.group(1)) > 1e4, _schedule_line(config)
     config.write_text(text)
     line = _schedule_line(config)
     said, then, fits = re.search(r"about epsilon = ([\d.]+) .*one prediction run after it to ([\d.]+); "

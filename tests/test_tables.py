@@ -421,6 +421,22 @@ def test_id_rule_keys_and_collisions_name_both_lines(tmp_path, refused):
            options=ReadOptions(id_rule=IdRule(pattern=r"\d+")))
 
 
+@pytest.mark.parametrize("pattern, keys", [
+    (r"(MRN|ID)-0*(\d+)", None),  # (the first group was the key: every ID 'MRN', refused as duplicates)
+    (r"(?:MRN|ID)-0*(\d+)", ("4217", "4218")), (r"(MRN|ID)-0*(?P<key>\d+)", ("4217", "4218")),
+    (r"(?P<key>\d)", ("0", "4")), (r"\d", ("0", "4"))])
+def test_an_id_pattern_with_several_groups_names_its_key(tmp_path, pattern, keys):
+    from falsevfl_secure.data.ids import IdRule
+
+    if keys is None:
+        with pytest.raises(DataError, match="has several groups and none named 'key': name the key's group"):
+            IdRule(pattern=pattern)
+        with pytest.raises(DataError, match="several groups"):  # not remembered as compiled after the refusal
+            IdRule(pattern=pattern)
+        return
+    assert tuple(IdRule(pattern=pattern).key(i) for i in ("MRN-004217", "ID-4218")) == keys
+
+
 def test_labels_take_missing_tokens_as_unlabeled(tmp_path):
     path = write(tmp_path, "id,a,label\n1,1,cat\n2,2,NA\n3,3, \n4,4,dog\n")
     assert read_party_table(path, "bank", "id", "label").labels == ("cat", None, None, "dog")

@@ -5,8 +5,10 @@ applied before anything is blinded, in this order:
 
 1. surrounding whitespace is removed (always);
 2. `pattern` (optional regular expression): the key is its first match anywhere in the ID, the match's
-   first group when the pattern has groups, else the whole match (`MRN-0*(\\d+)` turns `MRN-004217`
-   into `4217`); an ID the pattern does not match is refused;
+   group when the pattern has one (`MRN-0*(\\d+)` turns `MRN-004217` into `4217`), its group named `key`
+   when it has more (`(MRN|ID)-(?P<key>\\d+)`; more groups without one named `key` are refused: the first,
+   often an alternation, would make every key alike), else the whole match; an ID the pattern does not
+   match is refused;
 3. `fold_case` (optional): the key is case-folded (`str.casefold`: `AB-7` and `ab-7` are one key);
 4. `strip_leading_zeros` (optional): leading `0` characters are removed (`0004217` -> `4217`; an ID of
    zeros only becomes `0`).
@@ -47,7 +49,7 @@ class IdRule:
             match = compiled(self.pattern).search(key)
             if match is None:
                 raise DataError(f"ID {key!r} does not match id_pattern {self.pattern!r}")
-            key = match.group(1) if match.re.groups else match.group(0)
+            key = match.group(_key_group(match.re))
             key = (key or "").strip()
         if self.fold_case:
             key = key.casefold()
@@ -81,4 +83,12 @@ def compiled(pattern: str) -> re.Pattern:
             _COMPILED[pattern] = re.compile(pattern)
         except re.error as error:
             raise DataError(f"id_pattern {pattern!r} is not a regular expression ({error})") from None
+        if _COMPILED[pattern].groups > 1 and "key" not in _COMPILED[pattern].groupindex:
+            raise DataError(f"id_pattern {_COMPILED.pop(pattern).pattern!r} has several groups and none named "
+                            "'key': name the key's group (?P<key>...) and write the others (?:...)")
     return _COMPILED[pattern]
+
+
+def _key_group(pattern: re.Pattern) -> int | str:
+    """Which group of a match is the key: the one named `key`, else the only group, else the whole match."""
+    return "key" if "key" in pattern.groupindex else min(pattern.groups, 1)

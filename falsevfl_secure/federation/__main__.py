@@ -6,9 +6,13 @@
     python -m falsevfl_secure.federation keygen --config DIR/federation.toml --party NAME
     python -m falsevfl_secure.federation check --config DIR/federation.toml [--party NAME]
     python -m falsevfl_secure.federation train --config DIR/federation.toml [--party NAME] [--protocol P]
-    python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME]
-        [--absent NAME ...] [--out PREDICTIONS.csv]
+        [--resume | --rejoin] [--quiet]
+    python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME] [--protocol P]
+        [--absent NAME ...] [--out PREDICTIONS.csv] [--quiet]
     python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv [--config F]
+    python -m falsevfl_secure.federation privacy --config DIR/federation.toml --party NAME
+    python -m falsevfl_secure.federation propose-clips --config DIR/federation.toml --party NAME [--quantile Q]
+        [--multiplier M] [--records N]
 
 `check` reads a role's own files as `train` and `predict` will (its key against its own pin, its tables),
 without starting a federation; `train` and `predict` run it for every local role before anything
@@ -663,11 +667,11 @@ def _has_columns(path: Path, header: list[str], needed: tuple[str, ...], rows: i
 def privacy(args: argparse.Namespace) -> int:
     """A party's epsilon from its own ledger and its own file's budget (nothing is asked of a peer)."""
     fed = load_federation(args.config)
+    folder = fed.own(args.party).model_dir  # another host's party (or a name not listed): its ledger is not here
     budget = fed.model.privacy
     if not budget.enabled:
         print(f"{args.party}: no privacy budget in {fed.path} (no [privacy] epsilon): nothing is noised")
         return 0
-    folder = fed.own(args.party).model_dir  # another host's party: its ledger is there, not here
     ledger = read_ledger(folder)
     events = all_spent(ledger)
     if not events:

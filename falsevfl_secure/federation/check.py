@@ -181,11 +181,21 @@ def _fitting(at, releases: int, earlier, taken: float, privacy) -> str:
     for _ in range(20):
         z = _up3(z)
         if at(z).epsilon <= privacy.epsilon * (1 + 1e-9):
-            low = MULTIPLIER_RANGE[0]  # a trial's epsilon 1e9 was "fitted" by a multiplier the file refuses
-            return (f"noise_multiplier = {z:g} or more fits both" if z >= low else
-                    f"any noise_multiplier the file allows (from {low:g}) fits both: a budget this large bounds little")
+            return _fits_from(z)
         z *= 1.002
     return "no noise multiplier found that fits both"
+
+
+def _fits_from(z: float) -> str:
+    """The smallest fitting multiplier `z` said within the range the file allows (a trial's epsilon 1e9 was
+    "fitted" by 2e-05, a review's epsilon 0.001 by 49000: the file refuses both)."""
+    low, high = MULTIPLIER_RANGE
+    if z < low:
+        return f"any noise_multiplier the file allows (from {low:g}) fits both: a budget this large bounds little"
+    if z > high:
+        return (f"only a noise_multiplier of {z:g} or more fits both, past the {high:g} the file allows: fewer epochs "
+                "(or `preset = \"quick\"`) or a larger epsilon")
+    return f"noise_multiplier = {z:g} or more fits both"
 
 
 def _up3(z: float) -> float:

@@ -135,6 +135,22 @@ def test_privacy_of_a_party_the_file_does_not_list_is_one_error(demo, budget, re
     refused("cli")
 
 
+def test_check_says_what_a_passive_column_named_as_the_label_would_do(demo):
+    # (it said only that the column had the label's name: a label copied to a passive party inflates every score)
+    import csv
+    import tomllib
+
+    fed = tomllib.loads((demo / "federation.toml").read_text())
+    label, passive = fed["federation"]["label_column"], fed["party"][1]
+    for table in (demo / passive["train"], demo / passive["predict"]):
+        rows = list(csv.reader(table.open(encoding="utf-8-sig")))
+        with table.open("w", newline="", encoding="utf-8") as out:
+            csv.writer(out).writerows([[*row, label if k == 0 else str(k % 2)] for k, row in enumerate(rows)])
+    code, out, err = cli("check", "--config", str(demo / "federation.toml"), "--party", passive["name"])
+    assert code == 0 and f"note: column {label!r} has the label column's name; it is a feature of party " in out, err
+    assert "if it is the label (or computed from it), remove it" in out, out
+
+
 def test_check_refuses_two_parties_under_a_protocol_that_hides_contributions_as_training_does(tmp_path, refused):
     # (check passed it, and train then refused at once)
     assert cli("demo", "--dataset", "wine", "--parties", "2", "--out", str(tmp_path / "two"))[0] == 0

@@ -291,8 +291,9 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
     if name == fed.active and fed.validation_group:
         lines.append(_groups_line(fed, inputs))
     if name != fed.active and fed.label_column in table.columns:
-        lines.append(f"{NOTE}column {fed.label_column!r} has the label column's name; it is a feature of "
-                     f"party {name!r}")
+        lines.append(f"{NOTE}column {fed.label_column!r} has the label column's name; it is a feature of party "
+                     f"{name!r}: if it is the label (or computed from it), remove it, or the model learns it from "
+                     "that party's rows and scores above what it can predict where the label is unknown")
     return lines
 
 

@@ -69,7 +69,7 @@ class StageConfig:
               f"{name} steps_per_epoch={self.steps_per_epoch}: an integer >= 0 (0: every batch of the epoch)")
 
 
-PRIVACY_BUDGET = ("epsilon", "delta", "max_releases_per_row")  # each party's own, never agreed
+PRIVACY_BUDGET = ("epsilon", "delta", "max_releases_per_row", "trust_aggregator")  # each party's own, never agreed
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,9 @@ class PrivacyConfig:
     clip_latent_grad: float = 0.04
     clip_gradient: float = 30.0  # DP-SGD: each row's gradient over a party's own parameters
     max_releases_per_row: int = 0  # 0: no cap besides epsilon
+    # Under he: whether this party counts on the aggregator pooling every party's ciphertext (he's premise) or
+    # counts its releases as under plain, where the active party sees its contribution alone (`privacy.exposure`).
+    trust_aggregator: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -124,6 +127,8 @@ class PrivacyConfig:
                   f"privacy {name}={getattr(self, name)!r}: a number in (0, {MAX_CLIP:g}]")
         _need(_whole(self.max_releases_per_row) and self.max_releases_per_row >= 0,
               f"privacy max_releases_per_row={self.max_releases_per_row}: an integer >= 0")
+        _need(isinstance(self.trust_aggregator, bool), f"privacy trust_aggregator={self.trust_aggregator!r}: "
+              "true or false")
 
 
 # The noise multipliers a run may state: below, epsilon is in the thousands (34 releases at 0.05: 7,300), no privacy

@@ -52,13 +52,15 @@ def step_releases(cfg: Config, stage: Stage) -> int:
     return STEP_RELEASES[stage] - (1 if stage == Stage.PRETRAIN and cfg.kappa == 1 else 0)
 
 
-def exposure(cfg: Config, hides_contributions: bool, active: bool) -> int:
+def exposure(cfg: Config, hides_contributions: bool, active: bool, helpers: bool = False) -> int:
     """How many releases one summed release of a row counts as at a party. Where the active party sees only the
     sum (mpc; he, whose aggregator does not pool with it) the sum carries sigma^2 from the honest parties: 1; so
     at the active party itself, whose contribution nobody sees alone. Under plain the active party sees a passive
     party's noised contribution alone, protected by that party's own share sigma^2 / (n - 1 - collusion) only:
-    the loss of n - 1 - collusion releases at sigma (Gaussian losses add as 1 / multiplier^2)."""
-    if hides_contributions or active:
+    the loss of n - 1 - collusion releases at sigma (Gaussian losses add as 1 / multiplier^2). So under he
+    (`helpers`: the sums pass the aggregator) at a party whose own file sets trust_aggregator = false: an
+    aggregator that forwards its ciphertext alone lets the active party decrypt it."""
+    if active or (hides_contributions and not (helpers and not cfg.privacy.trust_aggregator)):
         return 1
     return max(1, cfg.parties - 1 - cfg.privacy.collusion)
 

@@ -172,7 +172,8 @@ def configure(args: argparse.Namespace) -> tuple[Config, str]:
 
 def exposures(cfg: Config, protocol) -> list[int]:
     """Each party's `privacy.exposure` under the run's protocol (a simulation plays every party)."""
-    return [exposure(cfg, protocol.hides_contributions, k == cfg.active_index) for k in range(cfg.parties)]
+    return [exposure(cfg, protocol.hides_contributions, k == cfg.active_index, bool(protocol.helpers))
+            for k in range(cfg.parties)]
 
 
 def check_folders(out: Path, checkpoints: Path, resume: bool, cfg: Config) -> None:

@@ -735,6 +735,35 @@ def test_check_tells_each_party_what_training_would_spend_and_the_noise_that_fit
     assert "any noise_multiplier the file allows (from 0.05) fits both" in _schedule_line(config)
 
 
+def test_under_he_a_party_that_does_not_trust_the_aggregator_counts_as_under_plain(tmp_path):
+    """[privacy] trust_aggregator = false, in a passive party's own file: under he it counts each summed release
+    as plain does (an aggregator forwarding its ciphertext alone would show it to the active party); the active
+    party's count is unchanged; the setting is the party's own (another file's value changes no fingerprint)."""
+    import re
+
+    from falsevfl_secure.federation.config import load_federation
+
+    assert cli("demo", "--dataset", "wine", "--parties", "3", "--out", str(tmp_path))[0] == 0
+    config = tmp_path / "federation.toml"
+    text = config.read_text() + ("\n[model.pretrain]\nepochs = 2\n[model.train]\nepochs = 2\n"
+                                 "[privacy]\nepsilon = 100.0\nnoise_multiplier = 4.0\n")
+
+    def releases(protocol: str, trust: str, party: str = "lab") -> int:
+        config.write_text(text.replace('protocol = "mpc"', f'protocol = "{protocol}"') + trust)
+        return int(re.search(r"\((\d+) releases per row", _schedule_line(config, party)).group(1))
+
+    distrust = "trust_aggregator = false\n"
+    assert releases("he", "") == releases("mpc", "") < releases("he", distrust) == releases("plain", "")
+    assert releases("he", distrust, "clinic") == releases("he", "", "clinic")
+    assert releases("mpc", distrust) == releases("mpc", "")
+    trusting = load_federation(config).model.fingerprint()
+    config.write_text(config.read_text().replace(distrust, ""))
+    assert load_federation(config).model.fingerprint() == trusting
+    config.write_text(config.read_text() + 'trust_aggregator = "no"\n')
+    code, _, err = cli("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and "[privacy] trust_aggregator = 'no' must be true or false" in err, err
+
+
 def _schedule_line(config: Path, party: str = "clinic") -> str:
     code, out, err = cli("check", "--config", str(config), "--party", party)
     assert code == 0, err

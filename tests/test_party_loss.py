@@ -349,7 +349,7 @@ def test_a_notice_alike_to_parties_the_active_party_ran_to_different_places_reve
     outcome = None
     for name, (sizes, position) in units.items():
         role = roles[name]
-        role.is_active, role.protocol = False, SimpleNamespace(hides_contributions=True)
+        role.is_active, role.protocol = False, SimpleNamespace(hides_contributions=True, helpers=())
         role.network = SimpleNamespace(take_notice=lambda: dict(notice), send=lambda *a, **k: None)
         role.spec = SimpleNamespace(name=name, agreement=Agreement({"min_parties": 2}), request=SimpleNamespace())
         role.peers.network = role.network
@@ -580,7 +580,7 @@ def test_a_party_checks_an_announced_loss_against_its_own_file(consent, refused_
     fields = {"min_parties": 3 if consent else 2, "allow_two_party_disclosure": consent}
     net = SimpleNamespace(take_notice=lambda: notice)
     role, _, keys = _follower(names, net)
-    role.network, role.protocol = net, SimpleNamespace(hides_contributions=True)
+    role.network, role.protocol = net, SimpleNamespace(hides_contributions=True, helpers=())
     role.spec = SimpleNamespace(name="party0", agreement=Agreement(fields), request=SimpleNamespace(source="its file"))
     with pytest.raises(PartyFailure, match=refused_by):
         PartyLoss(role)._follow((1, 0, 0), True)
@@ -611,7 +611,7 @@ def test_an_active_party_cannot_make_a_party_run_steps_again_by_announcing_the_s
                (["party1"], ["party1"], [], ["party1", "party2"], ["party1", "party2"])]
     net = SimpleNamespace(take_notice=lambda: notices.pop(0), send=lambda *a, **k: None)
     role, _, keys = _follower(names, net)
-    role.network, role.protocol = net, SimpleNamespace(hides_contributions=True)
+    role.network, role.protocol = net, SimpleNamespace(hides_contributions=True, helpers=())
     role.spec = SimpleNamespace(name="party0", agreement=Agreement({"min_parties": 2}),
                                 request=SimpleNamespace(source="its file"))
     handler, followed = PartyLoss(role), []

@@ -499,6 +499,30 @@ def test_under_plain_a_contribution_seen_alone_stays_inside_its_partys_privacy_r
     assert (excess > 0.0) == build.startswith("weakened")
 
 
+@pytest.mark.parametrize("build", ["weakened: the aggregator trusted to pool", "shipped: trust_aggregator = false"])
+def test_under_he_a_party_that_does_not_trust_the_aggregator_stays_inside_its_region(build, attacked):
+    """An he aggregator that forwards one passive party's ciphertext alone (he's premise broken: it pools with the
+    active party) lets the active party decrypt that party's noised contribution with its own share of the noise
+    only, as under plain. A party that counts on the pooling (the default) leaves its (epsilon, delta) region;
+    one whose own file sets trust_aggregator = false counts each summed release as plain does and stays inside."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.transport.protocols import protocol_named
+
+    he, epsilon, delta = protocol_named("he"), 1.0, 1e-5
+    trusts = build.startswith("weakened")
+    cfg = SimpleNamespace(parties=6, privacy=SimpleNamespace(collusion=0, trust_aggregator=trusts))
+    seen = privacy.exposure(cfg, he.hides_contributions, False, bool(he.helpers))
+    assert seen == (1 if trusts else 5)
+    assert privacy.exposure(cfg, he.hides_contributions, True, bool(he.helpers)) == 1  # the active party's own
+    mpc = protocol_named("mpc")  # no helper to pool with: the option changes nothing there
+    assert privacy.exposure(cfg, mpc.hides_contributions, False, bool(mpc.helpers)) == 1
+    excess = _worst_excess(_alone_scores(privacy.calibrate(epsilon, seen, delta)), epsilon, delta)
+    attacked("membership of a block, he aggregator forwarding it alone (active + aggregator)", build,
+             f"exposure {seen}: worst excess over the region {excess:+.3f}")
+    assert (excess > 0.0) == trusts
+
+
 def test_noise_from_a_public_seed_would_be_subtracted():
     from falsevfl_secure.methods import noise_stages
     from falsevfl_secure.randomness import RoleRandomness, RoleSecret
@@ -627,8 +651,8 @@ def test_a_batch_run_again_without_a_lost_party_is_charged_to_each_partys_own_le
     trained = privacy.spent(base, "lab")
     room = privacy.epsilon_of(trained.multiplier, trained.releases + 2, base.privacy.delta) * (1 + 1e-6)
     cfg = replace(base, privacy=replace(base.privacy, epsilon=room))  # room for exactly one batch run again
-    role = SimpleNamespace(spec=SimpleNamespace(name="lab"), protocol=SimpleNamespace(hides_contributions=True),
-                           is_active=False)
+    role = SimpleNamespace(spec=SimpleNamespace(name="lab"), is_active=False,
+                           protocol=SimpleNamespace(hides_contributions=True, helpers=()))
     role.losses = PartyLoss(role)
     assert _charge(role, cfg, tmp_path).epsilon == pytest.approx(trained.epsilon)
     assert "reruns" not in privacy.read_ledger(tmp_path)
@@ -668,7 +692,8 @@ def test_every_batch_of_a_pass_that_runs_again_is_charged_whatever_place_the_not
                             alive=[0, 1, 3], send=lambda *a: None)
     peers.lose = peers.lost.update
     role = SimpleNamespace(is_active=False, network=SimpleNamespace(take_notice=lambda: notice), peers=peers,
-                           session=SimpleNamespace(active="A"), protocol=SimpleNamespace(hides_contributions=True),
+                           session=SimpleNamespace(active="A"),
+                           protocol=SimpleNamespace(hides_contributions=True, helpers=()),
                            spec=SimpleNamespace(name="B", agreement=SimpleNamespace(fields={}),
                                                 request=SimpleNamespace(source="b.toml")), backend=None)
     handler = PartyLoss(role)

@@ -138,7 +138,8 @@ def _schedule_line(fed: Federation, inputs: PartyInput) -> str:
     earlier, taken, release = all_spent(ledger), threshold_delta(ledger), encoding_charge(fed, inputs.table)
     if release is not None:
         earlier, taken = (*earlier, release.event), taken + release.delta
-    seen = exposure(cfg, protocol_named(fed.protocol).hides_contributions, name == fed.active)
+    protocol = protocol_named(fed.protocol)
+    seen = exposure(cfg, protocol.hides_contributions, name == fed.active, bool(protocol.helpers))
 
     def at(z: float, predictions: int = TRAINING_PREDICTIONS):
         noised = replace(cfg, privacy=replace(privacy, noise_multiplier=z))

@@ -538,8 +538,8 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
 
 
 def _privacy(raw: dict, path: Path) -> PrivacyConfig:
-    """`[privacy]`: this party's own budget (epsilon, delta, max_releases_per_row) and the noise every party
-    must state alike (noise_multiplier, collusion, clip norms: part of the model's fingerprint)."""
+    """`[privacy]`: this party's own budget (epsilon, delta, max_releases_per_row, trust_aggregator) and the noise
+    every party must state alike (noise_multiplier, collusion, clip norms: part of the model's fingerprint)."""
     section = raw.get("privacy")
     if section is None:
         return PrivacyConfig()
@@ -547,7 +547,9 @@ def _privacy(raw: dict, path: Path) -> PrivacyConfig:
         raise InputError(f"{path}: [privacy] must be a table of {', '.join(PRIVACY_KEYS)}")
     refuse_unknown(section, PRIVACY_KEYS, path, "[privacy]")
     for key, value in section.items():
-        if not real_number(value):
+        if key == "trust_aggregator" and not isinstance(value, bool):
+            raise InputError(f"{path}: [privacy] trust_aggregator = {value!r} must be true or false")
+        if key != "trust_aggregator" and not real_number(value):
             raise InputError(f"{path}: [privacy] {key} = {value!r} must be a finite number")
     if "delta" in section and not 0 < section["delta"] <= MAX_DELTA:  # before the library's own wider range
         raise InputError(f"{path}: [privacy] delta = {section['delta']:g} must be in (0, {MAX_DELTA:g}]: delta is "

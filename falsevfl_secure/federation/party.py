@@ -232,16 +232,21 @@ def _agreed_charge(role, cfg, folder: Path, encoding=None):
     file states the same noise, part of the model's fingerprint, so every party runs that step or none)."""
     with ledger_held(cfg, role.spec.name, folder):  # no other run of this party charges between verdict and charge
         if cfg.privacy.enabled:
-            seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
+            seen = _exposure(cfg, role)
             _budgets_agree(role, training_refusal(cfg, role.spec.name, folder, seen))
         return _charge(role, cfg, folder, encoding, trained_in=role.session.id.hex())
+
+
+def _exposure(cfg, role) -> int:
+    """`privacy.exposure` of this party's rows under its run's protocol and its own file."""
+    return exposure(cfg, role.protocol.hides_contributions, role.is_active, bool(role.protocol.helpers))
 
 
 def _charge(role, cfg, folder: Path, encoding=None, trained_in: str | None = None):
     """Under a privacy budget: what this party's training spends after its private encoding (charged when it was
     drawn), recorded in its own ledger and refused past it; a pass's batch run again without a lost party is
     charged to it too (privacy.charge_rerun)."""
-    seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)  # plain: its contribution seen alone
+    seen = _exposure(cfg, role)  # plain: its contribution seen alone
     spent, _ = charge_training(cfg, role.spec.name, folder, seen, trained_in=trained_in)  # the run its model is of
     if encoding is not None:
         print(encoding.line(role.spec.name), flush=True)
@@ -459,7 +464,7 @@ def _predict(role, fed: Federation, loaded: PartyInput, options: dict) -> None:
     device = resolve_device(cfg.device)
     n_classes = _n_classes(fed, manifest.classes or ()) if role.is_active else None
     placed, model_dir = place_block(loaded.block, aligned), fed.party(name).model_dir
-    seen = exposure(cfg, role.protocol.hides_contributions, role.is_active)
+    seen = _exposure(cfg, role)
     with ledger_held(cfg, name, model_dir):  # every party's own verdict first: none is charged for a refused run
         if cfg.privacy.enabled:
             _budgets_agree(role, prediction_refusal(cfg, name, model_dir, seen, trained_in=manifest.trained_in),

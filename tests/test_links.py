@@ -184,9 +184,32 @@ def test_a_wait_on_a_party_working_alone_is_bounded_from_its_last_progress(tmp_p
     ended = _world(tmp_path, "plain", 3, _works_alone, (units, allowed, waits)).start().outcomes(60)
     if units * waits <= allowed and units:
         assert ended[0] == {"ok": "done"} and ended[1] == {"ok": "done"}, ended
-    else:  # both passive parties wait: whichever gives up first names the active party and ends the run
-        said = "waited 3 s for 'barrier' from party2, which made no progress it could count"
-        assert any(f"party{k} {said}" in ended[k].get("error", "") for k in (0, 1)), ended
+    else:  # both passive parties wait: whichever gives up first names the active party (waiting on nobody, its
+        # own doing; before, the waiting party failed alone, naming it only in its text) and ends the run
+        said = "party2 delivered nothing (no progress in 3 s for 'barrier', waiting on nobody)"
+        assert all(said in ended[k].get("error", "") for k in (0, 1, 2)), ended
+
+
+def _silent_in_set_up(role) -> str:
+    """Before any round: the active party waits 3 s at most for party0's set-up frame; party0 heartbeats but sends
+    nothing for 8 s, waiting on nobody; party1 waits for the active party's word."""
+    if role.is_active:
+        return role.network.recv("party0", "barrier", limit_s=3.0).decode()
+    if role.spec.name == "party0":
+        time.sleep(8.0)
+        role.network.send(role.peers.names[-1], "barrier", b"late")
+        return "sent"
+    return role.network.recv(role.peers.names[-1], "barrier", limit_s=30.0).decode()
+
+
+def test_a_party_silent_in_set_up_is_named_by_the_role_waiting_on_it(tmp_path):
+    # Review item: a pinned party that heartbeats but never sends a set-up step's frame held the others until the
+    # set-up limit (900 s), and then the role waiting on it failed alone, as if its own failure. A linked peer that
+    # waits on nobody for the whole limit is named now (one that says it waits on another still is not: the
+    # aggregator's case below), and every role's error says who.
+    ended = _world(tmp_path, "plain", 3, _silent_in_set_up).start().outcomes(60)
+    said = "party0 delivered nothing (no progress in 3 s for 'barrier', waiting on nobody)"
+    assert all(said in e.get("error", "") for e in ended), ended
 
 
 def test_only_a_peers_own_work_counts_against_the_allowance_not_the_rounds_it_enters():

@@ -18,9 +18,10 @@ by more than its declared frames, and one that reads nothing is named.
 
 Liveness. Both ends of every link send a heartbeat each `HEARTBEAT_S` naming the round they are in, how many
 rounds they have entered, whether they are waiting on someone and how many units of their own work between passes
-they have done (a wait past `RECV_TIMEOUT_S` counts those, within its own schedule's allowance). A peer silent for
-`STALL_S` is stalled, a link that closes without a goodbye means its peer left, and a peer that heartbeats but
-delivers nothing in a round for `deadline_s` (while not itself waiting on a role that may send it a round's frame;
+they have done (a wait past `RECV_TIMEOUT_S` counts those, within its own schedule's allowance; past it a linked
+peer waiting on nobody is named, in set-up too, and one waiting on another leaves this role failing alone). A peer
+silent for `STALL_S` is stalled, a link that closes without a goodbye means its peer left, and a peer that heartbeats
+but delivers nothing in a round for `deadline_s` (while not itself waiting on a role that may send it a round's frame;
 its rising round count renews that for at most `ROUNDS_PER_WAIT` rounds) is stuck: each ends the run at
 this role, which tells every peer it is linked to (`ABORT`, flooded onward once), so every role fails naming the
 role and round. An ABORT carries only who, how and in which round: never a value, never another role's error text,
@@ -566,10 +567,12 @@ class Network:
                                       f"its goodbye came while {self.me} waited for {expecting!r}"))
         excused = link is None or self.round is None or self._waits_on_another(src, link) or link.last_round is None
         if now - self._counted_work(src, wait) > limit_s:
-            if excused:  # it may wait on the culprit in turn: this role fails alone (review: an honest middle named)
+            if link is None or link.waiting_on:  # it may wait on the culprit in turn: this role fails alone (review:
                 raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}, which made no "
-                                   "progress it could count meanwhile")
-            return self._blamed(Blame(src, "stuck", last_round, f"no progress in {limit_s:.0f} s"))
+                                   "progress it could count meanwhile")  # an honest middle named)
+            # a linked peer waiting on nobody, in set-up or working alone as well as in a round: its own doing
+            return self._blamed(Blame(src, "stuck", last_round, f"no progress in {limit_s:.0f} s for {expecting!r}, "
+                                      "waiting on nobody"))
         if excused:
             return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
         if now - wait.renewed(src, link, self.rounds_per_wait) > self.deadline_s:  # (the condition's lock is reentrant)

@@ -61,9 +61,12 @@ def steps_per_epoch(cfg: Config) -> int:
     return -(-sim.train.n // cfg.pretrain.batch_size)
 
 
-def party_program(role, cfg_json: str, crash: list | None, checkpoints: str | None = None) -> dict:
+def party_program(role, cfg_json: str, crash: list | None, checkpoints: str | None = None,
+                  after_best: int | None = None) -> dict:
     """One role of the run: train both stages (each party's checkpoints in `checkpoints`, where a party that
-    comes back resumes from its own), predict the test records (without a party that is out)."""
+    comes back resumes from its own), predict the test records (without a party that is out). With `after_best`,
+    stage 2 keeps its best epoch on the test records (as validation records) and that party exits as soon as their
+    forward rounds (`BestEpoch`, collective, as stage 2 starts) are done."""
     from falsevfl_secure.methods import build_node
     from falsevfl_secure.randomness import RoleSecret
     from falsevfl_secure.train import evaluate, fit
@@ -76,15 +79,31 @@ def party_program(role, cfg_json: str, crash: list | None, checkpoints: str | No
     transport = role.transport(CPU)
     if crash is not None and Crash(*crash).party == role.rank:
         _crash_in(transport, Crash(*crash))
+    if after_best is not None and after_best == role.rank:
+        _exit_after_best_epoch()
     node = build_node(cfg, sim.widths, sim.n_classes, transport, CPU,
                       {role.rank: RoleSecret.for_tests(SECRET_SEED, role.rank)})
     folder = None if checkpoints is None else Path(checkpoints) / role.spec.name
-    trained = fit(node, data, folder, progress=False, rejoin=role.rejoined_at)
+    trained = fit(node, data, folder, progress=False, rejoin=role.rejoined_at,
+                  validation=None if after_best is None else split_of(cfg, [role.rank], role.is_active)[2])
     test.drop_parties(role.peers.lost)  # its records are predicted from the others
     accuracy = evaluate(node, test)
     events = role.losses.events if role.losses is not None else []
     return {"accuracy": accuracy.get() if accuracy.present else None, "events": events, "losses": trained.losses,
-            "reruns": role.losses.reruns if role.losses is not None else 0}
+            "reruns": role.losses.reruns if role.losses is not None else 0, "selection": trained.selection}
+
+
+def _exit_after_best_epoch() -> None:
+    """This process exits as the validation records' forward rounds of stage 2's choice end."""
+    from falsevfl_secure import selection
+
+    begin = selection.BestEpoch.__init__
+
+    def then_exit(self, *args) -> None:
+        begin(self, *args)
+        os._exit(3)
+
+    selection.BestEpoch.__init__ = then_exit
 
 
 def _crash_in(transport, crash: Crash) -> None:
@@ -104,7 +123,7 @@ def _crash_in(transport, crash: Crash) -> None:
 
 
 def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | None, rejoin: bool = False,
-                    rejoin_settings: dict | None = None) -> list[dict]:
+                    rejoin_settings: dict | None = None, after_best: int | None = None) -> list[dict]:
     """Every role's outcome of a run of four processes (with every party's consent to go on after a loss); with
     `rejoin`, the crashed party is started again as soon as it exited and comes back from its own checkpoint
     (its own file's settings changed by `rejoin_settings`, if given)."""
@@ -112,7 +131,7 @@ def distributed_run(folder: Path, protocol: str, cfg: Config, crash: Crash | Non
     specs = local_specs(protocol_named(protocol), names, names[cfg.active_index], folder / "keys",
                         {"command": "test", **POLICY})
     checkpoints = str(folder / "checkpoints")
-    args = (json.dumps(cfg.to_dict()), None if crash is None else list(vars(crash).values()), checkpoints)
+    args = (json.dumps(cfg.to_dict()), None if crash is None else list(vars(crash).values()), checkpoints, after_best)
     world = World(specs, party_program, args, folder / "world").start()
     if rejoin:
         crashed = world.procs[crash.party]

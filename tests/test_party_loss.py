@@ -9,6 +9,8 @@ tests/test_runtime.py.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -91,6 +93,27 @@ def test_a_party_lost_at_a_passs_end_or_in_a_prediction_is_left_out_and_no_party
     assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
     # every party still in the run counts the batch run again (under a budget its own ledger is charged for it)
     assert [ended[k]["ok"]["reruns"] for k in (0, 2, 3)] == [1, 1, 1], ended
+
+
+def test_a_party_lost_right_after_stage_twos_validation_rounds_is_left_out_and_the_best_epoch_is_kept(tmp_path):
+    # Review item: no distributed run lost a party right after `BestEpoch` had run the validation records' rounds
+    # (collective) and before stage 2's first step. The others finish: the loss is noticed at stage 2's first step,
+    # every stage-2 epoch is scored on the validation records (their latent samples, cached with the lost party's
+    # contributions, are what they were) and the best is kept; the lost party's test records are predicted from
+    # the others, near the run that lost it at the same step without choosing (the local reference).
+    chosen = replace(CONFIG, select_best=True)
+    ended = distributed_run(tmp_path, "plain", chosen, None, after_best=1)
+    active = ended[chosen.active_index]
+    assert "ok" in active and all("ok" in ended[k] for k in (0, 2)) and "error" in ended[1], ended
+    assert [(e["party"], e["stage"], e["epoch"], e["resumed_at"]) for e in active["ok"]["events"]] == \
+           [("party1", int(Stage.TRAIN), 0, 1)], active["ok"]["events"]  # its first step abandoned
+    selection = active["ok"]["selection"]
+    assert len(selection["per_epoch"]) == chosen.train.epochs and min(selection["per_epoch"]) == selection["best"]
+    assert selection["per_epoch"][selection["best_epoch"] - 1] == selection["best"]
+    reference = local_run(CONFIG, Crash(party=1, epoch=CONFIG.pretrain.epochs, step=0, steps_per_epoch=11))
+    print(f"accuracy {active['ok']['accuracy']:.2f} %, best epoch {selection['best_epoch']}, local reference without "
+          f"the choice {reference[0]:.2f} %")
+    assert abs(active["ok"]["accuracy"] - reference[0]) <= 3.0, (active["ok"]["accuracy"], reference[0])
 
 
 TREES = ONCE.with_options(head="network+trees")

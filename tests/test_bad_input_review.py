@@ -113,14 +113,19 @@ def test_a_privacy_budget_no_noise_can_meet_is_one_error(argv, words, refused):
     refused("cli")
 
 
-@pytest.mark.parametrize("argv", [["--multiplier", "1e-300"], ["--multiplier", "inf"], ["--records", "0"]])
-def test_a_clip_proposal_outside_its_range_is_refused(demo, argv, refused):
+@pytest.mark.parametrize("argv, words", [
+    (["--multiplier", "1e-300"], "propose-clips: --multiplier 1e-300 must be in [0.05, 10000]"),
+    (["--multiplier", "inf"], "propose-clips: --multiplier inf must be in [0.05, 10000]"),
+    (["--records", "0"], "propose-clips: --records 0 must be at least 1"),
+    (["--quantile", "2", "--records", "-5"], "--quantile 2 must be in (0, 1); --records -5 must be at least 1")])
+def test_a_clip_proposal_outside_its_range_is_refused(demo, argv, words, refused):
     # (a ValueError or OverflowError traceback; --records 0 and -5 were taken)
     path = demo / "federation.toml"
     path.write_text(path.read_text().replace("[[party]]", "[privacy]\nepsilon = 1.0\nnoise_multiplier = 1\n\n"
                                              "[[party]]", 1))
     code, _, err = cli("propose-clips", "--config", str(path), "--party", "lab", *argv)
-    _one_error(code, err, "propose-clips: --quantile in (0, 1), --multiplier in [0.05, 10000]")
+    _one_error(code, err, words)  # (it listed every option's range, whichever was wrong)
+    assert ("--quantile" in err) == ("--quantile" in argv) and ("--records" in err) == ("--records" in argv), err
     assert not (demo / "lab" / "model" / "privacy.json").exists()  # refused before anything was charged
     refused("cli")
 

@@ -168,7 +168,7 @@ def test_propose_clips_prints_one_line_per_clip_and_charges_the_partys_own_ledge
     assert all(float(line.split(" = ")[1]) > 0 for line in lines)
     assert len(privacy.read_ledger(tmp_path / active / "model")["clip_proposals"]) == 1
     assert main(["propose-clips", "--config", str(config), "--party", active, "--quantile", "1.5"]) == 2
-    assert "error: propose-clips: --quantile in (0, 1)" in capsys.readouterr().err
+    assert "error: propose-clips: --quantile 1.5 must be in (0, 1)" in capsys.readouterr().err
     # Noise that leaves no positive count (few rows, a large multiplier) proposes nothing, never "nan".
     monkeypatch.setattr(clip_proposal, "release", lambda norms, z, stream: {n: -np.ones(len(EDGES)) for n in NAMES})
     assert main(["propose-clips", "--config", str(config), "--party", active]) == 0

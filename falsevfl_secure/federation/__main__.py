@@ -699,6 +699,17 @@ def _reruns(ledger: dict) -> str:
     return f", {count} batch(es) run again without a lost party" if count else ""
 
 
+def _check_proposal_options(args: argparse.Namespace) -> None:
+    """propose-clips' own options, each out of its range named (a trial read three ranges for one wrong value)."""
+    (low, high), records = MULTIPLIER_RANGE, 1 if args.records is None else args.records
+    wrong = [f"{name} {value:g} must be {want}" for name, value, ok, want in (
+        ("--quantile", args.quantile, 0 < args.quantile < 1, "in (0, 1)"),
+        ("--multiplier", args.multiplier, low <= args.multiplier <= high, f"in [{low:g}, {high:g}]"),
+        ("--records", records, records >= 1, "at least 1")) if not ok]
+    if wrong:
+        raise InputError(f"propose-clips: {'; '.join(wrong)}")
+
+
 def propose_clips(args: argparse.Namespace) -> int:
     """The clip norms from the party's own rows (clip_proposal.py), charged to its own ledger before release."""
     from ..clip_proposal import NAMES, measure_norms, quantile, release
@@ -711,10 +722,7 @@ def propose_clips(args: argparse.Namespace) -> int:
     me = fed.own(args.party)  # its own table and ledger: another host's party has none here
     if not fed.model.privacy.enabled:
         raise InputError(f"{fed.path}: no [privacy] epsilon: a clip proposal is released under the party's budget")
-    (low, high), records = MULTIPLIER_RANGE, 1 if args.records is None else args.records
-    if not 0 < args.quantile < 1 or not low <= args.multiplier <= high or records < 1:
-        raise InputError(f"propose-clips: --quantile in (0, 1), --multiplier in [{low:g}, {high:g}] and --records "
-                         f"at least 1 (got {args.quantile:g}, {args.multiplier:g}, {args.records})")
+    _check_proposal_options(args)
     inputs = read_training_table(fed, args.party, private=True)
     held = inputs.block.held
     norms = measure_norms(fed.model, inputs.block.x[held], inputs.block.observed[held],

@@ -52,7 +52,7 @@ def step_releases(cfg: Config, stage: Stage) -> int:
     return STEP_RELEASES[stage] - (1 if stage == Stage.PRETRAIN and cfg.kappa == 1 else 0)
 
 
-def exposure(cfg: Config, hides_contributions: bool, active: bool, helpers: bool = False) -> int:
+def exposure(cfg: Config, hides_contributions: bool, active: bool, helpers: bool) -> int:
     """How many releases one summed release of a row counts as at a party. Where the active party sees only the
     sum (mpc; he, whose aggregator does not pool with it) the sum carries sigma^2 from the honest parties: 1; so
     at the active party itself, whose contribution nobody sees alone. Under plain the active party sees a passive

@@ -490,9 +490,9 @@ def test_under_plain_a_contribution_seen_alone_stays_inside_its_partys_privacy_r
 
     epsilon, delta = 1.0, 1e-5
     cfg = SimpleNamespace(parties=6, privacy=SimpleNamespace(collusion=0))
-    seen = 1 if build.startswith("weakened") else privacy.exposure(cfg, hides_contributions=False, active=False)
-    assert privacy.exposure(cfg, hides_contributions=True, active=False) == 1  # mpc, he: only the sum is seen
-    assert privacy.exposure(cfg, hides_contributions=False, active=True) == 1  # nobody sees the active party's alone
+    seen = 1 if build.startswith("weakened") else privacy.exposure(cfg, False, active=False, helpers=False)
+    assert privacy.exposure(cfg, True, active=False, helpers=False) == 1  # mpc: only the sum is seen
+    assert privacy.exposure(cfg, False, active=True, helpers=False) == 1  # nobody sees the active party's alone
     excess = _worst_excess(_alone_scores(privacy.calibrate(epsilon, seen, delta)), epsilon, delta)
     attacked("membership of a block under plain (active)", build, f"exposure {seen}: worst excess over the region "
              f"{excess:+.3f}")
@@ -669,6 +669,30 @@ def test_a_batch_run_again_without_a_lost_party_is_charged_to_each_partys_own_le
     assert _charge(unbudgeted, make_config("digits", "quick"), tmp_path / "x") is None
     unbudgeted.losses.charge()
     assert not (tmp_path / "x" / privacy.LEDGER).exists()
+
+
+def test_a_party_that_does_not_trust_the_he_aggregator_charges_its_ledger_as_under_plain(tmp_path):
+    """[privacy] trust_aggregator = false followed into a party's own ledger (federation/party.py's charge): under
+    he a passive party records the releases plain's exposure gives; trusting, as mpc's; the active party alike."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.federation.party import _charge
+    from falsevfl_secure.transport.protocols import protocol_named
+
+    base = make_config("digits", "quick", parties=4,
+                       privacy=replace(make_config().privacy, epsilon=1e6, noise_multiplier=6.0))
+
+    def recorded(protocol: str, trust: bool, active: bool = False) -> int:
+        cfg = replace(base, privacy=replace(base.privacy, trust_aggregator=trust))
+        folder = tmp_path / f"{protocol}-{trust}-{active}"
+        role = SimpleNamespace(spec=SimpleNamespace(name="lab"), is_active=active, losses=None,
+                               protocol=protocol_named(protocol))
+        _charge(role, cfg, folder)
+        return privacy.read_ledger(folder)["releases_per_row"]
+
+    assert recorded("he", True) == recorded("mpc", True) == recorded("mpc", False) < recorded("he", False)
+    assert recorded("he", False) == recorded("plain", True) == privacy.releases_per_row(base, exposure=3)
+    assert recorded("he", False, active=True) == recorded("he", True, active=True) == recorded("mpc", True)
 
 
 @pytest.mark.parametrize("named", [(3, 0, 0), (2, 5, 9)], ids=["the pass's own place", "an earlier epoch"])

@@ -338,11 +338,15 @@ class Network:
 
     def wait_for(self, roles: Iterable[str], deadline: float) -> set[str]:
         """The roles among `roles` linked to this role by `deadline` (returns as soon as all are)."""
-        wanted = set(roles)
+        wanted, before = set(roles), self.waiting_on
         with self._cond:
-            while not wanted <= set(self.links) and time.monotonic() < deadline and self._aborted is None:
-                self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
-            return wanted & set(self.links)
+            try:
+                while not wanted <= set(self.links) and time.monotonic() < deadline and self._aborted is None:
+                    self.waiting_on = min(wanted - set(self.links))  # on a role of the run, as heartbeats say (review)
+                    self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                return wanted & set(self.links)
+            finally:
+                self.waiting_on = before
 
     def dismiss(self, peers: Iterable[str]) -> None:
         """Let `peers` go: roles that linked but are not in this run (they leave without ending it)."""
@@ -543,19 +547,23 @@ class Network:
     def drain(self, peer: str, marker: str) -> bytes | None:
         """Drop `peer`'s frames up to its `marker` frame (frames of an abandoned step); the marker's payload, or
         None where the peer was lost meanwhile (it has nothing more to send) or its deadline passed."""
-        began = time.monotonic()
+        began, before = time.monotonic(), self.waiting_on
         with self._cond:
-            while True:
-                while self._mail[peer]:
-                    tag, payload = self._mail[peer].popleft()
-                    self._queued[peer, tag] -= 1
-                    self._cond.notify_all()
-                    if tag == marker:
-                        return payload
-                self._raise_if_aborted()
-                if peer in self.lost or peer in self._byes or time.monotonic() - began > self.deadline_s:
-                    return None
-                self._cond.wait(0.5)
+            self.waiting_on = peer  # the heartbeats say so: a peer waiting on this role does not name it (review)
+            try:
+                while True:
+                    while self._mail[peer]:
+                        tag, payload = self._mail[peer].popleft()
+                        self._queued[peer, tag] -= 1
+                        self._cond.notify_all()
+                        if tag == marker:
+                            return payload
+                    self._raise_if_aborted()
+                    if peer in self.lost or peer in self._byes or time.monotonic() - began > self.deadline_s:
+                        return None
+                    self._cond.wait(0.5)
+            finally:
+                self.waiting_on = before
 
     def _check_wait(self, src: str, expecting: str, wait: Wait, limit_s: float = RECV_TIMEOUT_S) -> bool:
         """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round)."""
@@ -567,17 +575,27 @@ class Network:
                                       f"its goodbye came while {self.me} waited for {expecting!r}"))
         excused = link is None or self.round is None or self._waits_on_another(src, link) or link.last_round is None
         if now - self._counted_work(src, wait) > limit_s:
-            if link is None or link.waiting_on:  # it may wait on the culprit in turn: this role fails alone (review:
+            if self._may_wait_in_turn(src, link):  # on the culprit: this role fails alone (review: an honest middle
                 raise PartyFailure(f"{self.me} waited {limit_s:.0f} s for {expecting!r} from {src}, which made no "
-                                   "progress it could count meanwhile")  # an honest middle named)
-            # a linked peer waiting on nobody, in set-up or working alone as well as in a round: its own doing
-            return self._blamed(Blame(src, "stuck", last_round, f"no progress in {limit_s:.0f} s for {expecting!r}, "
-                                      "waiting on nobody"))
+                                   "progress it could count meanwhile")  # named)
+            # a linked peer waiting on nobody it may wait on, in set-up or working alone as well as in a round
+            return self._blamed(Blame(src, "stuck", last_round, f"no progress in {limit_s:.0f} s for {expecting!r}"))
         if excused:
             return True  # no deadline: set-up, a relayed peer, a peer waiting on another, or one between passes
         if now - wait.renewed(src, link, self.rounds_per_wait) > self.deadline_s:  # (the condition's lock is reentrant)
             self._blamed(Blame(src, "stuck", link.last_round, f"none for {self.deadline_s:.0f} s"))
         return False
+
+    def _may_wait_in_turn(self, src: str, link: Link | None) -> bool:
+        """At the wait's limit: whether `src` may itself be waiting on the culprit. A relayed peer has no heartbeat
+        here; outside a round any role of the run it says it waits on may hold it (the alignment's relayed ring);
+        in a round only a wait `_waits_on_another` believes (review: any claim, in a round too, or of a name no role
+        has, had this role fail in its place)."""
+        if link is None:
+            return True
+        if self.round is None or link.last_round is None:
+            return link.waiting_on in self.pins and link.waiting_on != src
+        return self._waits_on_another(src, link)
 
     def _blamed(self, blame: Blame) -> bool:
         """A peer that holds this role's wait up is named: the run ends, or the peer is lost where tolerated."""

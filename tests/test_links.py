@@ -588,12 +588,9 @@ def test_a_stalled_party_is_named_whatever_its_heartbeat_claims(tmp_path, attack
     # it waited on another passive party, was never named (only the 900 s limit would have ended the wait). A
     # peer's count now renews a wait for at most ROUNDS_PER_WAIT rounds, and only a claim to wait on a role that
     # may send it a round's frame excuses it.
-    weak = build != "shipped"
-    classes = {"party2": ExcusingRole} if weak else None
     began = time.monotonic()
-    ended = _world(tmp_path, "plain", 3, _stalls_with_a_story, (story,), classes).start().outcomes(60)
-    said = ended[2].get("error", "")
-    attacked(f"a stalled party whose heartbeat claims {story}", build, said[:90])
+    weak, ended, said = _stall_attack(tmp_path, _stalls_with_a_story, story, build, ExcusingRole, attacked,
+                                      f"a stalled party whose heartbeat claims {story}")
     if weak:  # it went on until party0 chose to leave
         assert "party0 left" in said and "delivered nothing" not in said, ended
         return
@@ -632,16 +629,23 @@ class ClaimBelievingRole(Role):
 @pytest.mark.parametrize("build", ["weakened: any claim believed at the limit", "shipped"])
 @pytest.mark.parametrize("story", ["party1", "party2", "nobody-of-this-run"])
 def test_a_claim_to_wait_does_not_spare_a_stalled_party_at_the_waits_limit(tmp_path, attacked, story, build):
-    weak = build != "shipped"
-    classes = {"party2": ClaimBelievingRole} if weak else None
-    ended = _world(tmp_path, "plain", 3, _claims_past_the_limit, (story,), classes).start().outcomes(60)
-    said = ended[2].get("error", "")
-    attacked(f"a stalled party claiming to wait on {story} past the limit", build, said[:90])
+    weak, ended, said = _stall_attack(tmp_path, _claims_past_the_limit, story, build, ClaimBelievingRole, attacked,
+                                      f"a stalled party claiming to wait on {story} past the limit")
     if weak:  # the honest active party failed in its place
         assert "party2 waited 3 s for 'posterior' from party0" in said and "party0 delivered" not in said, ended
         return
     assert all("party0 delivered nothing (no progress in 3 s for 'posterior')" in e.get("error", "")
                for e in ended[1:]), ended  # (party0 itself held on to the end of its program)
+
+
+def _stall_attack(tmp_path, program, story: str, build: str, weakened, attacked, what: str) -> tuple:
+    """Run `program` with party0 stalling as `story` says, the active party of the `weakened` class unless the
+    build is shipped; (weak, every role's outcome, the active party's error), the attack reported."""
+    weak = build != "shipped"
+    ended = _world(tmp_path, "plain", 3, program, (story,), {"party2": weakened} if weak else None).start().outcomes(60)
+    said = ended[2].get("error", "")
+    attacked(what, build, said[:90])
+    return weak, ended, said
 
 
 def test_a_heartbeat_flood_is_refused_naming_its_sender():

@@ -19,7 +19,8 @@ by more than its declared frames, and one that reads nothing is named.
 Liveness. Both ends of every link send a heartbeat each `HEARTBEAT_S` naming the round they are in, how many
 rounds they have entered, whether they are waiting on someone and how many units of their own work between passes
 they have done (a wait past `RECV_TIMEOUT_S` counts those, within its own schedule's allowance; past it a linked
-peer waiting on nobody is named, in set-up too, and one waiting on another leaves this role failing alone). A peer
+peer is named, in set-up too, unless it says it waits on a role it may wait on (outside a round any role of the run,
+in a round one the routes allow), which leaves this role failing alone). A peer
 silent for `STALL_S` is stalled, a link that closes without a goodbye means its peer left, and a peer that heartbeats
 but delivers nothing in a round for `deadline_s` (while not itself waiting on a role that may send it a round's frame;
 its rising round count renews that for at most `ROUNDS_PER_WAIT` rounds) is stuck: each ends the run at
@@ -38,6 +39,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 
@@ -338,15 +340,12 @@ class Network:
 
     def wait_for(self, roles: Iterable[str], deadline: float) -> set[str]:
         """The roles among `roles` linked to this role by `deadline` (returns as soon as all are)."""
-        wanted, before = set(roles), self.waiting_on
-        with self._cond:
-            try:
-                while not wanted <= set(self.links) and time.monotonic() < deadline and self._aborted is None:
-                    self.waiting_on = min(wanted - set(self.links))  # on a role of the run, as heartbeats say (review)
-                    self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
-                return wanted & set(self.links)
-            finally:
-                self.waiting_on = before
+        wanted = set(roles)
+        with self._cond, self._waiting(None):
+            while not wanted <= set(self.links) and time.monotonic() < deadline and self._aborted is None:
+                self.waiting_on = min(wanted - set(self.links))  # on a role of the run, as heartbeats say (review)
+                self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            return wanted & set(self.links)
 
     def dismiss(self, peers: Iterable[str]) -> None:
         """Let `peers` go: roles that linked but are not in this run (they leave without ending it)."""
@@ -459,11 +458,8 @@ class Network:
         # meanwhile the heartbeats say this role waits on it, so a third party does not name this role instead.
         bound = max(RELAY_QUEUE_BYTES, ROUND_DEPTH * self.bounds.get(tag, (0, 0))[0])
         if link.queued > bound:
-            before, self.waiting_on = self.waiting_on, link.peer
-            try:
+            with self._waiting(link.peer):
                 self._await_drain(None, link, bound)
-            finally:
-                self.waiting_on = before
         self._raise_if_aborted()
 
     def recv(self, src: str, tag: str, limit_s: float = RECV_TIMEOUT_S) -> bytes:
@@ -547,23 +543,28 @@ class Network:
     def drain(self, peer: str, marker: str) -> bytes | None:
         """Drop `peer`'s frames up to its `marker` frame (frames of an abandoned step); the marker's payload, or
         None where the peer was lost meanwhile (it has nothing more to send) or its deadline passed."""
-        began, before = time.monotonic(), self.waiting_on
-        with self._cond:
-            self.waiting_on = peer  # the heartbeats say so: a peer waiting on this role does not name it (review)
-            try:
-                while True:
-                    while self._mail[peer]:
-                        tag, payload = self._mail[peer].popleft()
-                        self._queued[peer, tag] -= 1
-                        self._cond.notify_all()
-                        if tag == marker:
-                            return payload
-                    self._raise_if_aborted()
-                    if peer in self.lost or peer in self._byes or time.monotonic() - began > self.deadline_s:
-                        return None
-                    self._cond.wait(0.5)
-            finally:
-                self.waiting_on = before
+        began = time.monotonic()
+        with self._cond, self._waiting(peer):  # the heartbeats say so: a peer waiting on this role does not name it
+            while True:
+                while self._mail[peer]:
+                    tag, payload = self._mail[peer].popleft()
+                    self._queued[peer, tag] -= 1
+                    self._cond.notify_all()
+                    if tag == marker:
+                        return payload
+                self._raise_if_aborted()
+                if peer in self.lost or peer in self._byes or time.monotonic() - began > self.deadline_s:
+                    return None
+                self._cond.wait(0.5)
+
+    @contextmanager
+    def _waiting(self, peer: str | None):
+        """Heartbeats say this role waits on `peer` meanwhile (a loop may name another), then what they said before."""
+        before, self.waiting_on = self.waiting_on, peer
+        try:
+            yield
+        finally:
+            self.waiting_on = before
 
     def _check_wait(self, src: str, expecting: str, wait: Wait, limit_s: float = RECV_TIMEOUT_S) -> bool:
         """Raise if the wait on `src` must end; True if `src` is excused (waiting on someone, or not in a round)."""

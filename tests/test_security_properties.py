@@ -31,7 +31,7 @@ from falsevfl_secure.network import channel as channel_module
 from falsevfl_secure.network.agreement import Agreement
 from falsevfl_secure.network.channel import PairChannel
 from falsevfl_secure.network.handshake import Handshake, Session, pair_keys
-from falsevfl_secure.network.network import Network
+from falsevfl_secure.network.network import RECV_TIMEOUT_S, Network
 from falsevfl_secure.network.peers import Peers
 from falsevfl_secure.runtime.cast import local_specs
 from falsevfl_secure.runtime.role import Role
@@ -60,6 +60,7 @@ class Star:
         self.boxes: dict[tuple[str, str, str], deque] = defaultdict(deque)
         self.seen: list[tuple[str, str, str, bytes]] = []
         self.failed: set[str] = set()
+        self.limits: dict[tuple[str, str, str], float | None] = {}  # the longest wait each receive allowed
         self.cond, self.timeout_s = threading.Condition(), timeout_s
 
     def post(self, src: str, dst: str, tag: str, payload: bytes) -> None:
@@ -95,7 +96,8 @@ class StarNet:
     def send(self, dst: str, tag: str, payload: bytes) -> None:
         self.star.post(self.me, dst, tag, payload)
 
-    def recv(self, src: str, tag: str) -> bytes:
+    def recv(self, src: str, tag: str, limit_s: float | None = None) -> bytes:
+        self.star.limits[src, self.me, tag] = limit_s
         return self.star.take(src, self.me, tag)
 
     def wait_for(self, roles, deadline: float) -> set[str]:
@@ -552,6 +554,19 @@ def test_a_hello_forged_by_the_active_party_is_refused_by_every_passive_party(tm
         return
     for party in RELAYED:
         assert "hello of party" in str(joined[party]) and "valid signature" in str(joined[party]), joined[party]
+
+
+def _joins_for_an_hour(specs: list) -> list:
+    return [dataclasses.replace(s, request=dataclasses.replace(s.request, join_timeout_s=3600.0)) for s in specs]
+
+
+def test_a_party_waits_for_the_roster_as_long_as_its_own_file_lets_the_active_party_wait_for_the_others(tmp_path):
+    # Review item: the roster comes after the active party's join wait (join_timeout_s, up to a day), but a party
+    # that joined early waited the set-up limit (900 s) for it, then failed alone as if the fault were its own.
+    star, joined = join_all(tmp_path, prepare=_joins_for_an_hour)
+    assert all(isinstance(j, Joined) for j in joined.values()), joined
+    for party in RELAYED:
+        assert star.limits["party2", party, "roster"] == 3600.0 + RECV_TIMEOUT_S
 
 
 # -- 6. non-finite contributions ----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ..errors import FalseVflError, InputError, ProtocolError
 from ..secure.identity import PrivateKey, sign, verify
 from .agreement import Agreement
-from .network import DEADLINE_MIN_S, Network
+from .network import DEADLINE_MIN_S, RECV_TIMEOUT_S, Network
 from .wire import peer_json
 
 NONCE_BYTES = 32
@@ -67,6 +67,12 @@ class Request:
     source: str = "the configuration"
     round_deadline_s: float = DEADLINE_MIN_S  # the least time a peer may heartbeat without delivering its frame
     rejoin: bool = False  # a party that left a run that went on, coming back (runtime/losses.py)
+
+
+def roster_wait_s(request: Request) -> float:
+    """How long a party waits for the roster: the join wait its own file allows the active party, then the set-up
+    limit for the hellos and the roster themselves."""
+    return request.join_timeout_s + RECV_TIMEOUT_S
 
 
 @dataclass
@@ -279,7 +285,10 @@ class Handshake:
         """Every other role: send the hello, then check everything in the active party's roster itself."""
         cast, net = self.cast, self.net
         mine = self.say_hello()
-        roster = self.read_signed(net.recv(cast.active, "roster"), "roster", {"present", "protocol", "hellos"})
+        # the active party may wait join_timeout_s for the others first (this file's bound; review: a longer
+        # join_timeout_s than the set-up limit had a party that joined early fail alone before the roster came)
+        roster = self.read_signed(net.recv(cast.active, "roster", roster_wait_s(self.request)), "roster",
+                                  {"present", "protocol", "hellos"})
         present = self.check_roster(roster, mine)
         return Session(session_id(roster["hellos"]), self.agreement, present, roster["protocol"], cast.active,
                        cast.aggregator)

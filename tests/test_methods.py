@@ -327,7 +327,9 @@ def federation_file(tmp_path: Path, model: str) -> Path:
 
 @pytest.mark.parametrize(("model", "method", "variant"), [
     ('method = "plugvfl"\n', "plugvfl", "I"), ('method = "false-vfl-ii"\n', "false-vfl", "II"),
-    ('variant = "II"\n', "false-vfl", "II"), ("", "false-vfl", "I")])
+    ('variant = "II"\n', "false-vfl", "II"), ("", "false-vfl", "I"),
+    ('method = "false-vfl-ii"\nvariant = "II"\n', "false-vfl", "II"),  # agreeing: allowed, as documented (was
+    ('method = "false-vfl-i"\nvariant = "I"\n', "false-vfl", "I")])    # refused: variant passed twice)
 def test_federation_model_method(tmp_path, model, method, variant):
     from falsevfl_secure.federation.config import load_federation
 

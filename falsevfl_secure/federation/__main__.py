@@ -1,6 +1,7 @@
 """Command line of a federation on separately held tables.
 
-    python -m falsevfl_secure.federation demo --dataset digits|isolet --parties K --out DIR [--seed N]
+    python -m falsevfl_secure.federation demo --dataset digits|isolet|fashion-mnist|hapt --parties K --out DIR
+        [--seed N] [--protocol P] [--preset quick|default|paper] [--test-pattern MECHANISM] [--validation-fraction F]
     python -m falsevfl_secure.federation demo --dataset breast-cancer|wine|diabetes --out DIR [--missing F]
         [--categorical] [--mixed-ids]
     python -m falsevfl_secure.federation keygen --config DIR/federation.toml --party NAME
@@ -10,6 +11,7 @@
     python -m falsevfl_secure.federation predict --config DIR/federation.toml [--party NAME] [--protocol P]
         [--absent NAME ...] [--out PREDICTIONS.csv] [--quiet]
     python -m falsevfl_secure.federation score --predictions PREDICTIONS.csv --truth DIR/truth.csv [--config F]
+        [--id-column C] [--label-column C]
     python -m falsevfl_secure.federation privacy --config DIR/federation.toml --party NAME
     python -m falsevfl_secure.federation propose-clips --config DIR/federation.toml --party NAME [--quantile Q]
         [--multiplier M] [--records N]

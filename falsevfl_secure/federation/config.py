@@ -498,6 +498,7 @@ def _method(section: dict, path: Path) -> dict:
         if section.get(name, value) != value:
             raise InputError(f"{path}: [model] method = {label!r} and {name} = {section[name]!r} disagree; give "
                              "method only")
+        section.pop(name, None)  # agreeing: the method sets it (review: it was passed twice, and refused)
     if METHODS[method].needs_patterns:
         raise InputError(f"{path}: [model] method = {label!r} trains on the records every party holds (or groups "
                          "records by who holds them), which a federation keeps at the active party; it runs in "

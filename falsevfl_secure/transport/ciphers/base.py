@@ -176,9 +176,6 @@ class Protocol:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
         return {name: list(v) if isinstance(v, tuple) else v for name, v in values.items()}
 
-    def role_name(self, rank: int, parties: int) -> str:
-        return f"party {rank}" if rank < parties else self.helpers[rank - parties]
-
     def check_parties(self, parties: int, acknowledged: bool = False,
                       consent: str = "pass --allow-two-party-disclosure") -> None:
         """Refuse 2 parties for a protocol that hides contributions unless acknowledged; `consent` says how."""

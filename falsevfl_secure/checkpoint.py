@@ -73,10 +73,13 @@ class Checkpointer:
     def load(self, progress: Progress) -> dict:
         path = self.path(progress)
         try:
-            return torch.load(path, weights_only=True, map_location="cpu")  # saved on a GPU, resumed anywhere
+            state = torch.load(path, weights_only=True, map_location="cpu")  # saved on a GPU, resumed anywhere
         except Exception as error:  # a foreign or corrupt file: torch raises several types here
             raise InputError(f"{path}: not a checkpoint of this program ({type(error).__name__}: "
                              f"{(str(error).splitlines() or [''])[0]})") from error
+        if not isinstance(state, dict):  # (weights_only allows a list or a tensor: review, an AttributeError)
+            raise InputError(f"{path}: not a checkpoint of this program (a {type(state).__name__}, not its mapping)")
+        return state
 
 
 def owns(party: int, optimizer: str, active_index: int) -> bool:

@@ -1,14 +1,21 @@
 """The one way this package writes a file: atomically, so a killed run never leaves half a file; and a run's
 outputs staged beside their place (`staged`), moved into place only once the whole run has ended well
-(`commit`) and dropped otherwise (`discard`), so a failed run leaves the previous ones as they were."""
+(`commit`) and dropped otherwise (`discard`), so a failed run leaves the previous ones as they were. A folder's
+commit is journaled: one killed while it moved the files is finished by `settle`, never left half old, half new."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
 
 _UMASK = os.umask(0o077)  # read once at import, before any thread (setting it later is process-wide: a thread
 os.umask(_UMASK)  # that made a folder meanwhile got 0777; review finding)
@@ -35,6 +42,15 @@ def atomic_write(path: Path | str, data: bytes | str, private: bool = False) -> 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _sync_folder(path.parent)  # the rename itself on disk (a ledger's charge must survive a power loss)
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def staged(path: Path | str) -> Path:
@@ -44,17 +60,46 @@ def staged(path: Path | str) -> Path:
     return path.with_name(f".{path.name}.staged")
 
 
+def _journal(path: Path) -> Path:
+    return path.with_name(f".{path.name}.committing")
+
+
 def commit(path: Path | str) -> None:
     """Move what was staged for `path` into place: a file by one rename, a folder file by file (each
-    replaced atomically; files the run did not write stay). Nothing staged: nothing changes."""
+    replaced atomically; files the run did not write stay) after its journal says the commit has begun.
+    Nothing staged: nothing changes."""
     path, source = Path(path), staged(path)
     if source.is_dir():
-        path.mkdir(parents=True, exist_ok=True)
-        for item in sorted(source.iterdir()):
-            os.replace(item, path / item.name)
-        source.rmdir()
+        atomic_write(_journal(path), b"")
+        _move_in(source, path)
     elif source.exists():
         os.replace(source, path)
+
+
+def _move_in(source: Path, path: Path) -> None:
+    """Every file of `source` into `path`, then the journal dropped (a file another process moved is skipped:
+    a `settle` running beside the commit)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for item in sorted(source.iterdir()):
+        try:
+            os.replace(item, path / item.name)
+        except FileNotFoundError:
+            pass
+    shutil.rmtree(source, ignore_errors=True)
+    _journal(path).unlink(missing_ok=True)
+    _sync_folder(path)
+
+
+def settle(path: Path | str) -> None:
+    """Finish a folder's commit that a killed run began (its journal is there): review finding, a kill between
+    two files' renames left a new manifest and networks beside the previous run's trees, which predict used."""
+    path = Path(path)
+    if not _journal(path).exists():
+        return
+    if staged(path).is_dir():
+        _move_in(staged(path), path)
+    else:
+        _journal(path).unlink(missing_ok=True)
 
 
 def discard(path: Path | str) -> None:
@@ -79,3 +124,15 @@ def _plain(value: object) -> object:
     if hasattr(value, "tolist") and hasattr(value, "shape"):
         return value.tolist()
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+@contextlib.contextmanager
+def saved_arrays(path: Path | str, what: str):
+    """The arrays of an .npz file a training wrote (no pickle), read inside the block; a truncated, foreign or
+    incomplete file is one error line naming it (review finding: BadZipFile and KeyError tracebacks)."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            yield saved
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        raise InputError(f"{path}: not the {what} a training of this program wrote ({type(error).__name__}: "
+                         f"{error}); train again") from error

@@ -321,9 +321,10 @@ def _well_formed(ledger, path: Path) -> None:
     in tracebacks): its events, counts and multiplier read as numbers, each finite."""
     try:
         numbers = [float(z) for z, _ in all_spent(ledger)] + [float(r) for _, r in all_spent(ledger)]
-        numbers += [threshold_delta(ledger), float(ledger.get("epsilon", 0)), float(ledger.get("prediction_runs", 0))]
+        numbers += [threshold_delta(ledger), float(ledger.get("epsilon", 0))]
+        numbers += [float(ledger.get(k, 0)) for k in ("prediction_runs", "exposure", "reruns")]
         ok = all(math.isfinite(v) and v >= 0 for v in numbers)
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError, KeyError):  # (KeyError: a multiplier without its releases)
         ok = False
     if not ok:
         raise InputError(f"{path}: not a privacy ledger this version wrote (its events must be [noise multiplier, "

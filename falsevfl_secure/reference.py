@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .fsio import atomic_write
+from .fsio import atomic_write, saved_arrays
 from .metrics import primary, task_metrics
 
 MODELS = ("linear", "hgb")
@@ -193,7 +193,7 @@ def save_own_rows(model_dir, placed, y: np.ndarray, labeled: np.ndarray) -> None
 def refit_scores(model_dir, placed, task: str, n_classes: int, seed: int, kinds: tuple[str, ...] = ("hgb",)
                  ) -> np.ndarray:
     """At `predict`: the models refitted on the saved rows (the same fits as in training), scoring `placed`."""
-    with np.load(Path(model_dir) / SAVED, allow_pickle=False) as saved:
+    with saved_arrays(Path(model_dir) / SAVED, "active party's own rows") as saved:
         rows = {key: saved[key] for key in ("x", "observed", "held", "y")}
     columns = []
     for kind in kinds:

@@ -14,6 +14,8 @@ failed or killed run leaves the previous models and predictions as they were.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import os
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
-from ..fsio import commit, discard
+from ..fsio import commit, discard, settle
 from ..methods import method_for
 from ..network.handshake import Cast, Request, check_min_parties, check_two_parties
 from ..runtime.cast import LOOPBACK, base_agreement, plan_for
@@ -147,13 +149,35 @@ def outputs_of(fed: Federation, names: list[str], command: str, options: dict) -
 
 def committed(outputs: list[Path], run: Callable[[], object]) -> None:
     """`run()`, with `outputs` moved into place only when it ended well; whatever stays staged is dropped
-    (also an earlier run's, first: it never ended well)."""
-    for path in outputs:
-        discard(path)
-    try:
-        run()
+    (also an earlier run's, first: it never ended well; a commit that a killed run began is finished). Each
+    output is this run's alone meanwhile."""
+    with contextlib.ExitStack() as held:
         for path in outputs:
-            commit(path)
-    finally:
-        for path in outputs:
+            held.enter_context(_only_writer(path))
+            settle(path)
             discard(path)
+        try:
+            run()
+            for path in outputs:
+                commit(path)
+        finally:
+            for path in outputs:
+                discard(path)
+
+
+@contextlib.contextmanager
+def _only_writer(path: Path):
+    """An exclusive lock beside `path` for the run (review finding: two runs of one party at once shared its staged
+    folder, and the second's start deleted the first's files, which then committed half a model)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InputError(f"another run is writing {path} (a train or predict of this party that has not ended): "
+                         "wait for it, or stop it") from None
+    try:
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with it)

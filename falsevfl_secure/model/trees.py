@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..fsio import atomic_write
+from ..fsio import atomic_write, saved_arrays
 from ..metrics import selection_loss, selection_metric
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of the blend, chosen on validation records
@@ -138,7 +138,7 @@ class TreesHead:
         if not path.is_file():
             raise InputError(f"{path} is missing: the model was trained with head = \"network+trees\" and its "
                              "trees are refitted from that file; train again")
-        with np.load(path, allow_pickle=False) as saved:
+        with saved_arrays(path, "trees' rows") as saved:
             features, y, weight = saved["features"], saved["y"], float(saved["weight"])
             balanced = bool(saved["balanced"]) if "balanced" in saved.files else False  # (saved before: unweighted)
             if "categorical" in saved.files:

@@ -326,8 +326,10 @@ def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_
     assert message.startswith("training stopped: party 'lab' and the active party 'clinic' both list 0 records")
     assert "min_overlap = 1 %" in message and "id_pattern" in message
     refused("federation alignment")
-    code, out, _ = cli("check", "--config", str(written.path))  # one host holds every table: check says so first
-    assert code == 0 and out.count("note: only 0 of the ") == 2 and "IDs of 'lab' match the active party's" in out, out
+    code, out, err = cli("check", "--config", str(written.path))  # one host holds every table: check says so first
+    assert code != 0 and (out + err).count("none of the ") == 2 and "IDs of 'lab' match the active party's" in out + err
+    code, _, err = cli("train", "--config", str(written.path), "--quiet")  # and train stops before launching
+    assert code == 2 and "none of the " in err and not (tmp_path / "logs").exists(), err
     fixed = write_federation(tmp_path / "fixed", Spec(ids="mixed", extra={"id_pattern": MIXED_PATTERN}))
     fed = load_federation(fixed.path)
     inputs = {name: read_training_table(fed, name) for name in fed.names}
@@ -358,12 +360,21 @@ def test_a_launched_training_whose_ids_do_not_line_up_says_so_once(tmp_path):
     import sys
 
     written = write_federation(tmp_path, Spec(ids="mixed", parties=3))
+    for name in ("lab", "insurer"):  # one record each written as the active party does: below min_overlap, not none
+        _write_first_id_as_the_active_party(tmp_path / name / "train.csv")  # (none stops before launching)
     run = subprocess.run([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(written.path)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and run.stderr.count("training stopped:") == 1, run.stderr
     assert [line for line in run.stderr.splitlines() if line.startswith("error")][0].startswith("error: "), run.stderr
     logs = "".join(p.read_text() for p in tmp_path.rglob("*.log"))
     assert "error (clinic): training stopped" in logs  # (the role's own line, in its log)
+
+
+def _write_first_id_as_the_active_party(table: Path) -> None:
+    lines = table.read_text(encoding="utf-8-sig").splitlines(keepends=True)
+    number, rest = lines[1].split(",", 1)
+    lines[1] = f"{int(number.removeprefix('MRN-')):07d},{rest}"
+    table.write_text("".join(lines), encoding="utf-8-sig")
 
 
 def test_a_hostile_row_announcement_is_refused(tmp_path):
@@ -458,6 +469,14 @@ def test_score_reports_rmse_mae_and_r2_for_a_regression_file(tmp_path):
     # closed form on A..D: errors 1, 0, 0, 2 -> RMSE sqrt(5/4), MAE 3/4, R^2 = 1 - 5 / 5
     assert out.splitlines()[0] == "RMSE 1.118, MAE 0.75, R^2 0.000 on 4 records (1 held by no present party)"
     assert out.splitlines()[1] == "by parties observed: 1: RMSE 1.414 (2), 2: RMSE 0.7071 (2)"
+    (tmp_path / "more.csv").write_text("\ufeffpatient_id,y\r\nA,1\r\nB,\r\nC,3\r\nD,4\r\nE,5\r\n")  # B unlabeled
+    with open(tmp_path / "p.csv", "a") as extra:
+        extra.write("F,7,1,x\nG,8,2,x;y\n")  # predicted, but not in the truth (a trial: left out without a word)
+    code, out, err = cli("score", "--predictions", str(tmp_path / "p.csv"), "--truth", str(tmp_path / "more.csv"),
+                         "--id-column", "patient_id", "--label-column", "y")
+    assert code == 0 and out.splitlines()[0].endswith(
+        "on 3 records (1 held by no present party, 1 with no true label; 2 predicted records have no row in "
+        f"{tmp_path / 'more.csv'})"), (out, err)
     (tmp_path / "c.csv").write_text("id,prediction,parties_observed,parties,p_1,p_2\nA,1,1,x,1,0\nB,1,1,x,1,0\n"
                                     "C,3,1,x,0,1\nD,4,1,x,0,1\nE,5,1,x,0,1\n")
     code, out, _ = cli("score", "--predictions", str(tmp_path / "c.csv"), "--truth", str(tmp_path / "truth.csv"),

@@ -386,6 +386,8 @@ def test_text_columns_are_categorical_and_listed_columns_too(tmp_path, refused):
            options=ReadOptions(categorical=("nope",)))
     refuse(path, ["'id' is listed as categorical but is the ID or label column"], refused,
            options=ReadOptions(categorical=("id",)))
+    refuse(path, ["'smokre' is listed as categorical but is not a column of the table (did you mean 'smoker'?)"],
+           refused, options=ReadOptions(categorical=("smokre",)))  # (a trial's typo got no hint)
 
 
 def test_a_column_mixing_numbers_and_text_is_refused_across_batches(tmp_path, monkeypatch, refused):

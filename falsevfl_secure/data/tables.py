@@ -340,7 +340,8 @@ def _check_categorical(layout: _Layout, categorical: Sequence[str], at: _Context
     for name in categorical:
         if name not in layout.columns:
             what = "the ID or label column" if name in layout.header else "not a column of the table"
-            raise at.error(f"column {name!r} is listed as categorical but is {what} "
+            hint = _closest(name, layout.columns) if name not in layout.header else ""
+            raise at.error(f"column {name!r} is listed as categorical but is {what}{hint} "
                            f"(feature columns: {_listing(layout.columns)})")
 
 
@@ -514,7 +515,8 @@ class _Cells:
                                                           key=lambda c: _is_number(c[0]))
             raise self.at.error(
                 f"the column mixes numbers and text: {text!r} ({text_at}) is not a number, but {number!r} "
-                f"({number_at}) is; list the column as categorical to treat every value as a category, or add "
+                f"({number_at}) is; list the column as categorical (the party's `categorical = [...]`) to treat every "
+                f"value as a category, or add "
                 f"{text!r} to the missing values if it marks an empty cell", location, self.columns[j])
 
     def _checked(self, values: np.ndarray, missing: np.ndarray, numeric: list[int], cells: np.ndarray,

@@ -98,7 +98,7 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
         else:
             losses = cached_epoch(node, data, cache, epoch, optimizers)
         history.append(_epoch_mean(losses, stage, epoch))
-        bar.set_postfix(loss=f"{history[-1]:.3f}")
+        bar.set_postfix(loss=f"{history[-1]:.3f}", refresh=False)  # at the interval's redraw (the count moves then)
         if on_epoch_end is not None:
             on_epoch_end(stage, epoch, optimizers)
     return history

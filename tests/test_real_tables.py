@@ -577,9 +577,13 @@ def test_the_tables_demo_writes_messy_tables_that_check_accepts(tmp_path):
     assert 'task = "regression"' in text and "validation_fraction = 0.1" in text and "# id_pattern = " in text
     raw = (tmp_path / "clinic" / "train.csv").read_bytes()
     assert raw.startswith("\ufeff".encode()) and b"\r\n" in raw
-    code, out, err = cli("check", "--config", str(tmp_path / "federation.toml"))
-    assert code == 0, err
+    code, out, err = cli("check", "--config", str(tmp_path / "federation.toml"))  # IDs as written: none meet
+    assert code != 0 and err.count("IDs of ") == 3 and "id_pattern" in err, err
     assert "smoker: 2 categories" in out and "region: 2 categories" in out and "'mrn-00" in out
+    config = tmp_path / "federation.toml"
+    config.write_text(config.read_text().replace("# id_pattern", "id_pattern"))  # the demo's commented rule
+    code, out, err = cli("check", "--config", str(config))
+    assert code == 0, err
     code, _, err = cli("demo", "--dataset", "wine", "--parties", "5", "--out", str(tmp_path / "five"))
     assert code == 2 and "at most 4 parties" in err
     for fraction, dataset in (("7", "digits"), ("nan", "wine"), ("-0.1", "digits")):  # refused before any file

@@ -180,3 +180,16 @@ def test_a_run_keeps_freed_blocks_for_the_next_tensors():
     before, after, returned, page = map(int, out.stdout.split())
     pages = 10 * 6 * (4 << 20) // page  # every tensor's every page
     assert before >= 0.9 * pages and after < 100 and returned >= 0.9 * pages // 10, (before, after, returned)
+
+
+def test_a_bar_written_to_a_file_redraws_at_its_interval_with_the_epochs_done(tmp_path, monkeypatch):
+    # A trial: with stderr in a file the bar was redrawn every epoch (its loss's refresh) while its count, which
+    # moves at the 30 s interval only, read 0/70 for the first 18 s. Now the loss waits for the interval's redraw.
+    from falsevfl_secure.runtime.local import run_local
+
+    with open(tmp_path / "stderr", "w") as log:
+        monkeypatch.setattr(sys, "stderr", log)
+        run_local(replace(tiny_config(epochs=6), max_rows=200), ("mcar:0",), progress=True)
+    draws = [d for d in (tmp_path / "stderr").read_text().replace("\r", "\n").splitlines() if " stage " in d]
+    stale, done = [d for d in draws if " 0/6 " in d], [d for d in draws if " 6/6 " in d]
+    assert len(stale) == 2 and len(done) == 2 and len(draws) == 4, draws  # per stage: its start, then its end

@@ -46,9 +46,14 @@ def atomic_write(path: Path | str, data: bytes | str, private: bool = False) -> 
 
 
 def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # (a folder it may not read: the rename stands, its durability is the file system's)
+        return
     try:
         os.fsync(fd)
+    except OSError:  # (EINVAL: a file system that cannot sync a folder)
+        pass
     finally:
         os.close(fd)
 
@@ -88,6 +93,11 @@ def _move_in(source: Path, path: Path) -> None:
     shutil.rmtree(source, ignore_errors=True)
     _journal(path).unlink(missing_ok=True)
     _sync_folder(path)
+
+
+def interrupted(path: Path | str) -> bool:
+    """Whether a commit of the folder `path` was begun and not finished (its next run's `settle` finishes it)."""
+    return _journal(Path(path)).exists()
 
 
 def settle(path: Path | str) -> None:
@@ -133,6 +143,6 @@ def saved_arrays(path: Path | str, what: str):
     try:
         with np.load(path, allow_pickle=False) as saved:
             yield saved
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as error:
         raise InputError(f"{path}: not the {what} a training of this program wrote ({type(error).__name__}: "
                          f"{error}); train again") from error

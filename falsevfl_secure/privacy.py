@@ -322,8 +322,8 @@ def _well_formed(ledger, path: Path) -> None:
     try:
         numbers = [float(z) for z, _ in all_spent(ledger)] + [float(r) for _, r in all_spent(ledger)]
         numbers += [threshold_delta(ledger), float(ledger.get("epsilon", 0))]
-        numbers += [float(ledger.get(k, 0)) for k in ("prediction_runs", "exposure", "reruns")]
-        ok = all(math.isfinite(v) and v >= 0 for v in numbers)
+        counts = [ledger.get(k, 0) for k in ("prediction_runs", "exposure", "reruns", "releases_per_row")]
+        ok = all(math.isfinite(v) and v >= 0 for v in numbers) and all(type(c) is int for c in counts)
     except (TypeError, ValueError, AttributeError, KeyError):  # (KeyError: a multiplier without its releases)
         ok = False
     if not ok:

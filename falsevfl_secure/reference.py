@@ -195,6 +195,9 @@ def refit_scores(model_dir, placed, task: str, n_classes: int, seed: int, kinds:
     """At `predict`: the models refitted on the saved rows (the same fits as in training), scoring `placed`."""
     with saved_arrays(Path(model_dir) / SAVED, "active party's own rows") as saved:
         rows = {key: saved[key] for key in ("x", "observed", "held", "y")}
+        if rows["x"].ndim != 2 or rows["observed"].shape != rows["x"].shape or \
+                {rows["held"].shape, rows["y"].shape} != {rows["x"].shape[:1]}:  # (review: a numpy error deeper in)
+            raise ValueError(f"rows of shape {rows['x'].shape} with others of {[rows[k].shape for k in rows]}")
     columns = []
     for kind in kinds:
         full = _fitted(_features(rows["x"], rows["observed"], rows["held"], kind), rows["y"], task, seed, kind)

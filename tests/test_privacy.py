@@ -1111,7 +1111,9 @@ def test_the_encoding_fitted_on_a_partys_rows_moves_every_other_rows_inputs(atta
                                   '{"noise_multiplier": 2, "releases_per_row": -3}',
                                   '{"releases_per_row": 3}',  # (review: a KeyError traceback)
                                   '{"noise_multiplier": 2, "releases_per_row": 3, "exposure": "x"}',
-                                  '{"noise_multiplier": 2, "releases_per_row": 3, "reruns": [1]}'])
+                                  '{"noise_multiplier": 2, "releases_per_row": 3, "reruns": [1]}',
+                                  '{"noise_multiplier": 2, "releases_per_row": 3, "exposure": "1.5"}',
+                                  '{"noise_multiplier": 2, "releases_per_row": 3, "prediction_runs": 1.5}'])
 def test_a_ledger_of_another_shape_is_refused_in_one_line(tmp_path, text):
     # review finding: a mistyped ledger ended check, train and privacy in tracebacks (float('x'), list.get)
     (tmp_path / privacy.LEDGER).write_text(text)

@@ -82,6 +82,8 @@ def test_every_key_is_documented_and_the_documented_example_loads(tmp_path):
     ("pattern", "rendezvous", 'id_pattern = "("\nrendezvous', ["id_pattern '(' is not a regular expression"]),
     ("repeat", "rendezvous", 'id_pattern = "a{99999999999}"\nrendezvous',  # (re's OverflowError was a traceback)
      ["id_pattern 'a{99999999999}' is not a regular expression (the repetition number is too large)"]),
+    ("nesting", "rendezvous", 'id_pattern = "' + "(" * 5000 + ")" * 5000 + '"\nrendezvous',
+     ["is not a regular expression (maximum recursion depth exceeded"]),
     ("overlap", "rendezvous", "min_overlap = 2\nrendezvous", ["min_overlap = 2 must be a number in [0, 1]"]),
     ("validation", "rendezvous", "validation_fraction = 0.9\nrendezvous",
      ["validation_fraction = 0.9 must be a number in [0, 0.5]"]),

@@ -81,7 +81,7 @@ def compiled(pattern: str) -> re.Pattern:
             raise DataError(f"id_pattern must be a non-empty regular expression, got {pattern!r}")
         try:
             _COMPILED[pattern] = re.compile(pattern)
-        except (re.error, OverflowError) as error:  # (OverflowError: a repetition count too large)
+        except (re.error, OverflowError, RecursionError) as error:  # (a repetition too large, groups nested deep)
             raise DataError(f"id_pattern {pattern!r} is not a regular expression ({error})") from None
         if _COMPILED[pattern].groups > 1 and "key" not in _COMPILED[pattern].groupindex:
             raise DataError(f"id_pattern {_COMPILED.pop(pattern).pattern!r} has several groups and none named "

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import ipaddress
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -85,7 +86,8 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
     if options.get("rejoin"):
         spec = replace(spec, request=replace(spec.request, rejoin=True))
     committed(outputs_of(fed, [name], command, options),
-              lambda: run_role(spec, federation_program, (str(fed.path), command, options)))
+              lambda: run_role(spec, federation_program, (str(fed.path), command, options)),
+              models_of(fed, [name], command))
     return 0
 
 
@@ -136,7 +138,13 @@ def run_all(fed: Federation, command: str, protocol: str, present: list[str], op
     logs = Path(fed.path).parent / "logs" / command
     show = fed.active if options.get("progress") else None
     world = World(specs, federation_program, (str(fed.path), command, options), logs, show=show)
-    committed(outputs_of(fed, present, command, options), lambda: world.start().wait())
+    committed(outputs_of(fed, present, command, options), lambda: world.start().wait(),
+              models_of(fed, present, command))
+
+
+def models_of(fed: Federation, names: list[str], command: str) -> list[Path]:
+    """The model folders a prediction of the roles `names` reads (none for a training: it writes them)."""
+    return [fed.party(name).model_dir for name in names if name != AGGREGATOR] if command == "predict" else []
 
 
 def outputs_of(fed: Federation, names: list[str], command: str, options: dict) -> list[Path]:
@@ -147,14 +155,15 @@ def outputs_of(fed: Federation, names: list[str], command: str, options: dict) -
     return [Path(options["out"])] if fed.active in names and options.get("out") else []
 
 
-def committed(outputs: list[Path], run: Callable[[], object]) -> None:
+def committed(outputs: list[Path], run: Callable[[], object], reads: list[Path] = ()) -> None:
     """`run()`, with `outputs` moved into place only when it ended well; whatever stays staged is dropped
     (also an earlier run's, first: it never ended well; a commit that a killed run began is finished). Each
-    output is this run's alone meanwhile."""
+    output is this run's alone meanwhile, and no run writes the folders it `reads` (a prediction's models)."""
     with contextlib.ExitStack() as held:
+        for path, alone in [*((p, True) for p in outputs), *((p, False) for p in reads)]:
+            held.enter_context(_locked(path, alone))
+            settle(path)  # under the lock: no commit of it runs meanwhile
         for path in outputs:
-            held.enter_context(_only_writer(path))
-            settle(path)
             discard(path)
         try:
             run()
@@ -166,18 +175,35 @@ def committed(outputs: list[Path], run: Callable[[], object]) -> None:
 
 
 @contextlib.contextmanager
-def _only_writer(path: Path):
-    """An exclusive lock beside `path` for the run (review finding: two runs of one party at once shared its staged
-    folder, and the second's start deleted the first's files, which then committed half a model)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+def _locked(path: Path, alone: bool):
+    """A lock beside `path` for the run: exclusive for a run that writes it, shared for one that reads it (review
+    findings: two runs of one party at once shared its staged folder, and the second's start deleted the first's
+    files; a prediction read new trees beside old networks while a training committed)."""
+    fd = _lock_file(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_EX if alone else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise InputError(f"another run is writing {path} (a train or predict of this party that has not ended): "
-                         "wait for it, or stop it") from None
+        raise InputError(f"another run of this party is using {path} (a train or predict that has not ended): wait "
+                         "for it, or stop it") from None
+    except OSError:  # (a file system without locks: the run goes on as before them)
+        pass
     try:
         yield
     finally:
         os.close(fd)  # (the lock goes with it)
+
+
+def _lock_file(path: Path) -> int:
+    """The lock file beside `path`, opened: never through a planted link, never blocking on a planted FIFO."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f".{path.name}.lock")
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as error:
+        raise InputError(f"{lock}: this program's lock file cannot be opened ({error.strerror}); remove what is "
+                         "there") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{lock} is not this program's lock file (not a regular file); remove it")
+    return fd

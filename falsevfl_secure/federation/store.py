@@ -34,7 +34,7 @@ from ..data.errors import DataError
 from ..data.standardize import Standardizer
 from ..data.targets import TargetScale
 from ..errors import InputError
-from ..fsio import atomic_write, settle, write_json
+from ..fsio import atomic_write, interrupted, write_json
 
 if TYPE_CHECKING:
     from ..node import Node
@@ -114,9 +114,11 @@ def save_model(model_dir: Path, node: Node, rank: int, manifest: Manifest) -> No
 
 
 def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
-    """The manifest of `party`'s saved model, refused when it belongs to another party or configuration (a commit
-    that a killed training began is finished first: its files are all there, staged)."""
-    settle(Path(model_dir))
+    """The manifest of `party`'s saved model, refused when it belongs to another party or configuration, or while
+    a training's move of the folder into place is unfinished (the launcher finishes it under its lock)."""
+    if interrupted(model_dir):
+        raise InputError(f"party {party!r}: a training's move of {model_dir} into place was interrupted; the "
+                         "party's next `predict` or `train` finishes it")
     path = Path(model_dir) / "manifest.json"
     try:
         manifest = Manifest.from_dict(json.loads(path.read_text()))

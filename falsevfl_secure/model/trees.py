@@ -140,6 +140,8 @@ class TreesHead:
                              "trees are refitted from that file; train again")
         with saved_arrays(path, "trees' rows") as saved:
             features, y, weight = saved["features"], saved["y"], float(saved["weight"])
+            if features.ndim != 2 or y.shape != features.shape[:1]:  # (review: an IndexError deeper in)
+                raise ValueError(f"rows of shape {features.shape} with labels of shape {y.shape}")
             balanced = bool(saved["balanced"]) if "balanced" in saved.files else False  # (saved before: unweighted)
             if "categorical" in saved.files:
                 categorical = saved["categorical"]

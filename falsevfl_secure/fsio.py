@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
@@ -63,6 +64,21 @@ def staged(path: Path | str) -> Path:
     on the same file system, so that `commit` is a rename."""
     path = Path(path)
     return path.with_name(f".{path.name}.staged")
+
+
+def open_lock(lock: Path) -> int:
+    """A lock file, opened for flock (created owner-only): never through a planted link, never blocking on a planted
+    FIFO (review finding: a run waited forever for a reader); anything but a regular file is one error line."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as error:
+        raise InputError(f"{lock}: this program's lock file cannot be opened ({error.strerror}); remove what is "
+                         "there") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{lock} is not this program's lock file (not a regular file); remove it")
+    return fd
 
 
 def _journal(path: Path) -> Path:

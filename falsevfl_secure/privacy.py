@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .config import MULTIPLIER_RANGE, Config, Stage
 from .errors import InputError
-from .fsio import write_json
+from .fsio import open_lock, write_json
 
 # A row's Gaussian releases per pass (FALSE-VFL): in stage 1 three summed rounds and one DP-SGD update of
 # the party's own networks; in stage 2 (networks frozen) and each prediction, two summed rounds.
@@ -377,8 +377,7 @@ def ledger_held(cfg: Config, party: str, folder: Path):
     if not cfg.privacy.enabled or key in held:
         yield
         return
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    with open(Path(folder) / ".privacy.lock", "a") as lock:  # released when the file closes
+    with open(open_lock(Path(folder) / ".privacy.lock"), "a") as lock:  # released when the file closes
         _acquire(lock, party, Path(folder))
         _holding.folders = held | {key}
         try:

@@ -969,6 +969,16 @@ def test_a_run_computes_with_denormal_numbers_flushed():
     assert survived == 0  # a product wide enough for torch's worker threads: flushed in every one of them
 
 
+def test_a_fifo_planted_at_the_ledgers_lock_is_one_error_line_not_a_hang(tmp_path):
+    # (the lock beside a party's outputs had this review finding; the ledger's lock shares its opening now)
+    import os
+
+    base = make_config("digits", "quick", privacy=replace(make_config().privacy, epsilon=1e3, noise_multiplier=6.0))
+    os.mkfifo(tmp_path / ".privacy.lock")
+    with pytest.raises(InputError, match="lock file cannot be opened"):
+        privacy.charge_training(base, "lab", tmp_path)
+
+
 def test_prediction_runs_of_one_party_at_once_are_each_charged(tmp_path, monkeypatch):
     # Review finding: each charge read the ledger and rewrote it without a lock, so two prediction runs of one
     # party at once could spend its budget twice and record one charge. A lock on the ledger's folder orders them.

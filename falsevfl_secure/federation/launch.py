@@ -18,13 +18,12 @@ import contextlib
 import fcntl
 import ipaddress
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
-from ..fsio import commit, discard, settle
+from ..fsio import commit, discard, open_lock, settle
 from ..methods import method_for
 from ..network.handshake import Cast, Request, check_min_parties, check_two_parties
 from ..runtime.cast import LOOPBACK, base_agreement, plan_for
@@ -179,7 +178,7 @@ def _locked(path: Path, alone: bool):
     """A lock beside `path` for the run: exclusive for a run that writes it, shared for one that reads it (review
     findings: two runs of one party at once shared its staged folder, and the second's start deleted the first's
     files; a prediction read new trees beside old networks while a training committed)."""
-    fd = _lock_file(path)
+    fd = open_lock(path.with_name(f".{path.name}.lock"))
     try:
         fcntl.flock(fd, (fcntl.LOCK_EX if alone else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -193,17 +192,3 @@ def _locked(path: Path, alone: bool):
     finally:
         os.close(fd)  # (the lock goes with it)
 
-
-def _lock_file(path: Path) -> int:
-    """The lock file beside `path`, opened: never through a planted link, never blocking on a planted FIFO."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = path.with_name(f".{path.name}.lock")
-    try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
-    except OSError as error:
-        raise InputError(f"{lock}: this program's lock file cannot be opened ({error.strerror}); remove what is "
-                         "there") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InputError(f"{lock} is not this program's lock file (not a regular file); remove it")
-    return fd

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import select
@@ -12,6 +13,14 @@ from .errors import FalseVflError, PartyFailure
 
 RESUME = ("a run that completed an epoch goes on from each party's last checkpoint with the same command and "
           "--resume (not under a privacy budget: it would release rows again)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's refusal of a command line as this package's: one `error:` line (no usage before it), exit 2.
+    Subcommands' parsers are of the same class (`add_subparsers` makes them so)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def guarded(command: Callable[[], int], resumable: bool = False) -> int:

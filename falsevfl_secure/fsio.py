@@ -6,6 +6,7 @@ commit is journaled: one killed while it moved the files is finished by `settle`
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -64,6 +65,20 @@ def staged(path: Path | str) -> Path:
     on the same file system, so that `commit` is a rename."""
     path = Path(path)
     return path.with_name(f".{path.name}.staged")
+
+
+def read_regular(path: Path | str) -> bytes:
+    """The bytes of a regular file; anything else (a FIFO, whose opening waits for a writer; a device; a folder) is
+    an OSError, never a wait (a fuzzer's FIFO as the federation file hung `check`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
 
 
 def open_lock(lock: Path) -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .config import MULTIPLIER_RANGE, Config, Stage
 from .errors import InputError
-from .fsio import open_lock, write_json
+from .fsio import open_lock, read_regular, write_json
 
 # A row's Gaussian releases per pass (FALSE-VFL): in stage 1 three summed rounds and one DP-SGD update of
 # the party's own networks; in stage 2 (networks frozen) and each prediction, two summed rounds.
@@ -303,7 +303,7 @@ def read_ledger(folder: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        ledger = json.loads(path.read_text())
+        ledger = json.loads(read_regular(path))
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: the party's privacy ledger cannot be read ({error}); it is its budget's only "
                          "record, so nothing runs until it is restored") from error

@@ -18,7 +18,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .cli import guarded
+from .cli import Parser, guarded
 from .config import CELL_HANDLING, Config
 from .data import TEST_PATTERNS, TRAIN_MECHANISMS
 from .data.mechanisms import MECHANISM_ROWS
@@ -63,7 +63,7 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.simulate", description=__doc__,
+    parser = Parser(prog="python -m falsevfl_secure.simulate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="plain")
     parser.add_argument("--runtime", choices=("local", "distributed"), default=None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import numpy as np
 import torch
@@ -23,6 +24,14 @@ from falsevfl_secure.transport.rounds import POSTERIOR
 from falsevfl_secure.transport.views import save_view
 
 SHAPE = (4, 6)
+
+
+def hold(role, seconds: float) -> None:
+    """A misbehaving party's pause: `seconds`, or until the run is aborted (once it is named, a test need not sit
+    out the rest of its story)."""
+    deadline = time.monotonic() + seconds
+    while role.network.aborted is None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def party_input(rank: int) -> torch.Tensor:

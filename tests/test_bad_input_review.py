@@ -51,6 +51,18 @@ def test_a_demo_never_replaces_a_federation_already_there(demo, refused):
     refused("cli")
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--dataset", "digits", "--missing", "0.2"], "--missing applies to the table"),
+    (["--dataset", "digits", "--mixed-ids"], "--mixed-ids applies to the table"),
+    (["--dataset", "wine", "--test-pattern", "mcar:0"], "--test-pattern applies to a benchmark's split")])
+def test_a_demo_refuses_a_flag_of_the_other_kind_of_demo(tmp_path, argv, words, refused):
+    # (a fuzzer's --missing 0.2 on digits wrote a demo without a missing cell, exit 0)
+    code, _, err = cli("demo", *argv, "--out", str(tmp_path / "fed"))
+    _one_error(code, err, words)
+    assert not (tmp_path / "fed").exists()
+    refused("cli")
+
+
 @pytest.mark.parametrize("edit, words", [
     (lambda t: t.replace('name = "lab"', 'name = "../../x y"'), "name = '../../x y'"),  # (a key file outside)
     (lambda t: t.replace("[model]", '[model]\nauto_schedule = "no"'), "auto_schedule='no': true or false"),

@@ -339,6 +339,11 @@ TYPOS = [
     (lambda t: t.replace("[[party]]", "[privacy]\nepsilon = -1\nnoise_multiplier = 4\n\n[[party]]", 1),
      "[privacy] has epsilon = -1, not > 0"),  # (a bad-input sweep: the value was not echoed)
     (lambda t: t.replace('model = "lab/model"', 'model = "lab/train.csv"'), "is a file"),
+    # a fuzzer's: a folder below a file, and two parties' one folder, passed check (train blamed another run)
+    (lambda t: t.replace('model = "lab/model"', 'model = "lab/train.csv/model"'), "lab/train.csv' is a file"),
+    (lambda t: re.sub(r'model = "(?!lab)\w+/model"', 'model = "lab/model"', t, count=1),
+     "both name the model folder"),
+    (lambda t: re.sub(r'model = "(?!lab)\w+/model"', 'model = "lab/model/mine"', t, count=1), "one inside the other"),
 ]
 
 
@@ -380,3 +385,18 @@ def test_a_key_written_meanwhile_by_another_keygen_is_never_replaced(tmp_path, m
     monkeypatch.setattr(identity, "atomic_write", real)
     write_private_key(tmp_path / "keys" / "bank.pem", generate())
     assert oct((tmp_path / "keys" / "bank.pem").stat().st_mode & 0o777) == "0o600"
+
+
+def test_check_refuses_a_table_that_would_list_more_ids_than_max_ids(tmp_path):
+    # A fuzzer's max_ids = 7 passed `check` where every table lists over 100 IDs; the alignment refused it later.
+    code, _, err = cli("demo", "--dataset", "wine", "--parties", "3", "--protocol", "mpc", "--preset", "quick",
+                       "--out", str(tmp_path))
+    assert code == 0, err
+    config = tmp_path / "federation.toml"
+    config.write_text(config.read_text().replace("[federation]\n", "[federation]\nmax_ids = 7\n", 1))
+    code, out, err = cli("check", "--config", str(config), "--party", "lab")
+    assert code == 2 and "IDs in the private alignment, more than [federation] max_ids = 7" in err, out + err
+    listed = int(re.search(r"would list (\d+) IDs", err).group(1))
+    config.write_text(config.read_text().replace("max_ids = 7\n", f"max_ids = {listed}\n"))
+    code, out, err = cli("check", "--config", str(config), "--party", "lab")
+    assert code == 0, out + err  # exactly its count passes

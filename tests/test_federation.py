@@ -809,3 +809,18 @@ def test_a_passive_party_refuses_a_roster_shorter_than_its_own_min_parties():
     with pytest.raises(InputError, match="only 3 parties take part, fewer than min_parties = 4 in \\[federation\\] "
                                          "of lab.toml"):
         shake.check_roster(roster, hellos[1])
+
+
+def test_check_reads_the_saved_weights_against_their_manifest_and_says_when_none_are_trained(trained, tmp_path):
+    # A fuzzer's garbage, truncated or swapped model.pt passed `check` (which had read the manifest only) and was
+    # refused by `predict`; a missing model passed as a prediction table matched "against the training table".
+    config = _copy(trained, tmp_path)
+    code, out, err = cli("check", "--config", str(config), "--party", "party1")
+    assert code == 0 and "match the saved model by name" in out and "no trained model" not in out, out + err
+    weights = config.parent / "party1" / "model" / "model.pt"
+    weights.write_bytes((config.parent / "party2" / "model" / "model.pt").read_bytes())
+    code, out, err = cli("check", "--config", str(config), "--party", "party1")
+    assert code == 2 and "model.pt: not the weights its manifest.json names" in err, out + err
+    (config.parent / "party1" / "model" / "manifest.json").unlink()
+    code, out, err = cli("check", "--config", str(config), "--party", "party1")
+    assert code == 0 and f"no trained model in {weights.parent} yet: `predict` needs `train` first" in out, out + err

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from adversaries import hold
 
 from falsevfl_secure.network import wire
 from falsevfl_secure.network.channel import PairChannel
@@ -162,6 +163,8 @@ def _works_alone(role, units: int, allowed: int, waits: int = 1, aggregator_allo
             role.network.enter("posterior")  # a round's progress: it must not count as a unit of work
             role.network.between_passes()
             for second in range(6):
+                if role.network.aborted is not None:  # named already: its send below says so at once
+                    break
                 time.sleep(1.0)
                 if second * units // 6 != (second + 1) * units // 6:
                     role.network.advanced()
@@ -196,7 +199,7 @@ def _silent_in_set_up(role) -> str:
     if role.is_active:
         return role.network.recv("party0", "barrier", limit_s=3.0).decode()
     if role.spec.name == "party0":
-        time.sleep(8.0)
+        hold(role, 8.0)
         role.network.send(role.peers.names[-1], "barrier", b"late")
         return "sent"
     return role.network.recv(role.peers.names[-1], "barrier", limit_s=30.0).decode()
@@ -559,6 +562,8 @@ def _stalls_with_a_story(role, story: str) -> str:
     if role.spec.name == "party0":
         role.network.enter("posterior")
         for _ in range(40):
+            if role.network.aborted is not None:  # named: nothing left to hold (the weakened build never names it)
+                break
             if story == "count":
                 role.network.enter("posterior")
             else:
@@ -610,6 +615,8 @@ def _claims_past_the_limit(role, story: str) -> str:
     if role.spec.name == "party0":
         role.network.enter("posterior")
         for _ in range(40):
+            if role.network.aborted is not None:
+                break
             role.network.waiting_on = story
             time.sleep(0.3)
         return "held"

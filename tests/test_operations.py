@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from adversaries import hold
 
 from falsevfl_secure.network.network import RunAborted
 from falsevfl_secure.runtime.cast import local_specs
@@ -97,7 +98,7 @@ def _after_handshake(role) -> str:
     if role.when == "after the handshake":
         time.sleep(2)  # the victims have declared their rounds
         role._flood()
-    time.sleep(8)
+    hold(role, 8)
     return "flooded"
 
 
@@ -139,7 +140,7 @@ def _sums_then_stall(role) -> str:
     role.network.allow({"posterior": 1 << 20})
     for i in range(6):
         if isinstance(role, Staller) and i == 2:
-            time.sleep(9)  # stuck (its heartbeat thread still beats) well past its 4 s deadline
+            hold(role, 9)  # stuck (its heartbeat thread still beats) well past its 4 s deadline
         role.network.enter("posterior")
         role.backend.sum_to_active(POSTERIOR, torch.full((4, 8), float(i)))
     return "done"
@@ -227,7 +228,7 @@ def _declared_then_flooded(role) -> str:
     if isinstance(role, Flooder):
         time.sleep(1)  # the aggregator holds the declared bounds
         role._flood()
-        time.sleep(3)
+        hold(role, 3)
         return "flooded"
     deadline = time.monotonic() + 6
     while role.network.aborted is None and time.monotonic() < deadline:

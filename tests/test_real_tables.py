@@ -539,6 +539,18 @@ def test_score_reads_the_class_probabilities_a_tabular_user_needs(tmp_path):
     assert code == 0 and out.startswith("accuracy 50.00 %, ROC AUC 0.5000, PR AUC (no) 0.500"), out + err
     # and says so (a bad-input sweep's truth wrote 'Benign' for 'benign': every such record scored silently as wrong)
     assert "warning: the truth holds classes the predictions have no p_<class> column for: 'no' (1)" in err, err
+    # a fuzzer's: cells that are no probabilities, and a truth none of whose labels is a class, were scored, exit 0
+    (tmp_path / "s.csv").write_text("id,prediction,parties_observed,parties,p_no,p_yes\nA,yes,2,x;y,-3,5\n"
+                                    "C,no,2,x;y,0.6,0.45\n")
+    (tmp_path / "numbers.csv").write_text("id,label\nA,3.5\nC,3.5\n")
+    for predictions, truth, said in (("s.csv", "mixed.csv", "cells of ID 'A' (-3, 5) are not probabilities"),
+                                     ("p.csv", "numbers.csv", "none of its labels is a class of")):
+        code, out, err = cli("score", "--predictions", str(tmp_path / predictions), "--truth", str(tmp_path / truth))
+        assert code == 2 and said in err and out == "", out + err
+    (tmp_path / "s.csv").write_text("id,prediction,parties_observed,parties,p_no,p_yes\nA,yes,2,x;y,0.103,0.9\n"
+                                    "C,no,2,x;y,0.6,0.4\n")
+    code, out, err = cli("score", "--predictions", str(tmp_path / "s.csv"), "--truth", str(tmp_path / "mixed.csv"))
+    assert code == 0 and out.startswith("accuracy 100.00 %"), out + err  # rounded cells pass (A's sum: 1.003)
 
 
 def test_validation_metric_per_parties_observed_against_hand_counts():

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import sys
@@ -40,10 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import guarded
+from ..cli import Parser, guarded
 from ..config import MULTIPLIER_RANGE
 from ..data import DataError
 from ..errors import InputError, PartyFailure
+from ..fsio import read_regular
 from ..privacy import LEDGER, all_spent, before_model, ledger_epsilon, read_ledger, threshold_delta
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
@@ -52,7 +54,7 @@ from .tables_demo import DEMO_TABLES as TABLES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m falsevfl_secure.federation", description=__doc__,
+    parser = Parser(prog="python -m falsevfl_secure.federation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     _demo_options(commands.add_parser("demo", help="write per-party tables (a benchmark's split, or tables as a "
@@ -144,6 +146,7 @@ def demo(args: argparse.Namespace) -> int:
     if fraction is not None and not (math.isfinite(fraction) and 0 <= fraction <= most):
         # before anything is written: the file's own check (`[federation] validation_fraction`) would refuse it
         raise InputError(f"--validation-fraction {fraction:g}: a fraction in [0, {most:g}] (e.g. 0.1)")
+    _demo_flags_apply(args)
     if args.dataset in TABLES:
         return _tables_demo(args)
     from .demo import write_demo
@@ -152,6 +155,21 @@ def demo(args: argparse.Namespace) -> int:
                       args.preset, args.validation_fraction or 0.0)
     print(f"wrote {path}, one folder per party and {Path(args.out) / 'truth.csv'}")
     return 0
+
+
+def _demo_flags_apply(args: argparse.Namespace) -> None:
+    """A flag of the other kind of demo is refused, not ignored (a fuzzer's --missing on digits wrote no gap)."""
+    table = args.dataset in TABLES
+    given = [flag for flag, used, applies in (("--missing", args.missing != 0.0, table),
+                                              ("--categorical", args.categorical, table),
+                                              ("--mixed-ids", args.mixed_ids, table),
+                                              ("--test-pattern", args.test_pattern != "mcar:0.2", not table)) if used
+             and not applies]
+    if given:
+        kind = "a benchmark's split (digits, isolet, fashion-mnist, hapt)" if table else \
+            f"the table datasets ({', '.join(TABLES)})"
+        raise InputError(f"--dataset {args.dataset}: {' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} "
+                         f"to {kind} only")
 
 
 def _tables_demo(args: argparse.Namespace) -> int:
@@ -611,6 +629,10 @@ def _probability_scores(ids: list[str], predicted: dict, truth: dict, args, shor
 
     classes = [name[2:] for name in predicted[ids[0]] if name.startswith("p_")]
     unseen = sorted({truth[i] for i in ids} - set(classes))
+    if len(unseen) == len({truth[i] for i in ids}):  # (a fuzzer's: accuracy 0 % and exit 0, nothing to compare)
+        raise InputError(f"{args.truth}: none of its labels is a class of {args.predictions} (the predictions' "
+                         f"classes: {', '.join(map(repr, classes[:5]))}; the truth's labels: "
+                         f"{', '.join(map(repr, unseen[:5]))})")
     if unseen and not short:  # (a trial's truth wrote 'Benign' for 'benign': every such record scored as wrong)
         counts = ", ".join(f"{c!r} ({sum(truth[i] == c for i in ids)})" for c in unseen[:5])
         print(f"warning: the truth holds classes the predictions have no p_<class> column for: {counts}; each scores "
@@ -621,6 +643,7 @@ def _probability_scores(ids: list[str], predicted: dict, truth: dict, args, shor
     for row, i in enumerate(ids):
         probabilities[row, :len(classes)] = _numbers([predicted[i][f"p_{c}"] for c in classes], args.predictions,
                                                      "p_<class>")
+    _are_probabilities(probabilities[:, :len(classes)], ids, args.predictions)
     y = np.array([columns.index(truth[i]) for i in ids])
     m = {k: v if v == v else "n/a (one class)" for k, v in classification_metrics(probabilities, y).items()}
     if short:
@@ -655,11 +678,21 @@ def _is_float(cell: str) -> bool:
     return True
 
 
+def _are_probabilities(p: np.ndarray, ids: list[str], path: str) -> None:
+    """Each row's p_<class> values in [0, 1], summing to 1 within 0.01 (rounded cells); a fuzzer's 5, -3, 0.2 was
+    scored without a word."""
+    bad = np.flatnonzero((p < 0).any(axis=1) | (p > 1).any(axis=1) | (np.abs(p.sum(axis=1) - 1) > 0.01))
+    if bad.size:
+        values = ", ".join(f"{v:g}" for v in p[bad[0]])
+        raise InputError(f"{path}: the p_<class> cells of ID {ids[bad[0]]!r} ({values}) are not probabilities (each in "
+                         f"[0, 1], a row's summing to 1); {bad.size} of {len(ids)} rows are not")
+
+
 def _table(path: Path, needed: tuple[str, ...], hint: str = "") -> list[dict[str, str]]:
     """The rows of a CSV file (BOM, CRLF and spaces around cells allowed) with the `needed` columns; `hint`
     follows a refusal of its header."""
     try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
+        with io.StringIO(read_regular(path).decode("utf-8-sig"), newline="") as handle:
             reader = csv.reader(handle)
             header = [cell.strip() for cell in next(reader, [])]
             rows = [dict(zip(header, (cell.strip() for cell in row), strict=False)) for row in reader if row]

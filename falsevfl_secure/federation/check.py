@@ -30,7 +30,7 @@ from ..transport.protocols import protocol_named
 from .aligned import is_labeled, validation_groups
 from .config import AGGREGATOR, Federation
 from .inputs import PartyInput, prediction_input, read_prediction_table, read_training_table
-from .store import load_manifest
+from .store import load_manifest, saved_weights
 
 _MANY_CATEGORIES = 50  # a categorical column with more categories than this and ...
 _MOSTLY_DISTINCT = 0.5  # ... more distinct values than this share of its cells looks like an identifier
@@ -105,11 +105,23 @@ def _table_lines(fed: Federation, name: str, command: str, result: PartyCheck) -
     """Party `name`'s tables read as `command` reads them (kept in `result.inputs`), and the report lines."""
     fed.own(name)
     if command == "predict":
-        result.inputs = read_prediction_table(fed, name)
+        result.inputs = _listable(fed, name, read_prediction_table(fed, name))
         return describe_prediction(fed, name, result.inputs)
-    result.inputs = read_training_table(fed, name)
+    result.inputs = _listable(fed, name, read_training_table(fed, name))
     lines = describe_training(fed, name, result.inputs) + _budget_lines(fed, result.inputs)
     return lines + (_prediction_lines(fed, name, result.inputs) if command == "check" else [])
+
+
+def _listable(fed: Federation, name: str, inputs: PartyInput) -> PartyInput:
+    """`inputs`, refused where the party would list more IDs to the alignment than max_ids (every party refuses
+    that alignment: a fuzzer's max_ids = 7 passed `check`). The active party lists every row, another its rows
+    holding a cell."""
+    listed = inputs.table.n_rows if name == fed.active else int(inputs.block.held.sum())
+    if listed > fed.max_ids:
+        raise InputError(f"party {name!r}: {inputs.table.path} would list {listed} IDs in the private alignment, more "
+                         f"than [federation] max_ids = {fed.max_ids} of {fed.path} allows (every party refuses such an "
+                         "alignment; max_ids is agreed: raise it in every party's file)")
+    return inputs
 
 
 def _budget_lines(fed: Federation, inputs: PartyInput) -> list[str]:
@@ -266,6 +278,8 @@ def _prediction_lines(fed: Federation, name: str, training: PartyInput) -> list[
     if (spec.model_dir / "manifest.json").exists():
         try:
             manifest = load_manifest(spec.model_dir, name, fed.model)
+            if manifest.weights is not None:  # (a fuzzer's garbage model.pt passed check)
+                saved_weights(spec.model_dir, manifest.weights)
             return describe_prediction(fed, name, prediction_input(fed, name, manifest.encoding, manifest.classes,
                                                                    manifest), "the saved model")
         except FalseVflError as error:
@@ -274,7 +288,8 @@ def _prediction_lines(fed: Federation, name: str, training: PartyInput) -> list[
             notes.append(f"{NOTE}the saved model in {spec.model_dir} was trained with other settings; "
                          "`train` replaces it")
     inputs = prediction_input(fed, name, training.encoding, training.classes or None)
-    return [*describe_prediction(fed, name, inputs, "the training table"), *notes]
+    untrained = [] if notes else [f"  no trained model in {spec.model_dir} yet: `predict` needs `train` first"]
+    return [*describe_prediction(fed, name, inputs, "the training table"), *notes, *untrained]
 
 
 def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[str]:

@@ -34,6 +34,7 @@ valid keys of its section and the closest one, and two participants pinned with 
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import re
 import tomllib
@@ -46,6 +47,7 @@ from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
 from ..errors import InputError
+from ..fsio import read_regular
 from ..methods import METHODS, SETTINGS, make_config, method_for, method_labels, parse_method
 from ..runtime.cast import AGGREGATOR
 from ..secure.identity import IdentityError, parse_pin
@@ -211,7 +213,7 @@ MAX_VALIDATION_FRACTION = 0.5  # at most half the labeled records held out
 def load_federation(path: Path | str) -> Federation:
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (a Windows editor's) is no TOML error
+        raw = tomllib.loads(read_regular(path).decode("utf-8-sig"))  # a BOM (a Windows editor's) is no TOML error
     except FileNotFoundError:
         raise InputError(f"{path}: no such federation file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
@@ -257,7 +259,7 @@ def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where
 def _array_hint(path: Path) -> str:
     """Where the file writes [party] for [[party]] (a bad-input sweep: TOML's own words did not say so)."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_regular(path).decode("utf-8-sig")
     except (OSError, UnicodeDecodeError):
         return ""
     return "; each party is a [[party]] table (double brackets), not [party]" if re.search(
@@ -402,7 +404,20 @@ def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
     names = [p.name for p in parties]
     if len(set(names)) != len(names) or AGGREGATOR in names:
         raise InputError(f"{path}: party names must be unique and not {AGGREGATOR!r}; got {names}")
+    _distinct_folders(parties, path)
     return parties
+
+
+def _distinct_folders(parties: tuple[PartySpec, ...], path: Path) -> None:
+    """No two parties of one file keep their models in one folder, or one inside the other (a fuzzer's shared folder
+    passed `check`, and `train` then said another run was using it)."""
+    folders = [(p.name, p.model_dir.resolve()) for p in parties if p.model_dir is not None]
+    for (a, one), (b, other) in itertools.combinations(folders, 2):
+        if one == other or one in other.parents or other in one.parents:
+            what = f"both name the model folder {str(one)!r}" if one == other else \
+                f"name the model folders {str(one)!r} and {str(other)!r}, one inside the other"
+            raise InputError(f"{path}: parties {a!r} and {b!r} {what}: each party keeps its model, checkpoints and "
+                             "ledger in a folder of its own")
 
 
 def _party(entry: dict, index: int, path: Path) -> PartySpec:
@@ -414,9 +429,11 @@ def _party(entry: dict, index: int, path: Path) -> PartySpec:
     where, base = f"party {name!r}", path.parent
     given = {key: base / _text(entry, key, path, where) if key in entry else None
              for key in (*OWN_PATHS, "identity")}
-    if given["model"] is not None and given["model"].exists() and not given["model"].is_dir():
-        raise InputError(f"{path}: [[party]] {name!r}: model = {str(given['model'])!r} is a file; it names the folder "
-                         "the party keeps its model, checkpoints and ledger in")
+    model = given["model"]
+    blocker = next((p for p in (model, *model.parents) if p.exists() and not p.is_dir()), None) if model else None
+    if blocker is not None:  # (a fuzzer's folder below a file passed `check`)
+        raise InputError(f"{path}: [[party]] {name!r}: model = {str(model)!r}: {str(blocker)!r} is a file; model names "
+                         "the folder the party keeps its model, checkpoints and ledger in")
     return PartySpec(name, given["train"], given["predict"], given["model"], _pin(entry, path, where),
                      given["identity"], _categorical(entry, path, where))
 

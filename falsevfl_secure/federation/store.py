@@ -34,7 +34,7 @@ from ..data.errors import DataError
 from ..data.standardize import Standardizer
 from ..data.targets import TargetScale
 from ..errors import InputError
-from ..fsio import atomic_write, interrupted, write_json
+from ..fsio import atomic_write, interrupted, read_regular, write_json
 
 if TYPE_CHECKING:
     from ..node import Node
@@ -121,7 +121,7 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
                          "party's next `predict` or `train` finishes it")
     path = Path(model_dir) / "manifest.json"
     try:
-        manifest = Manifest.from_dict(json.loads(path.read_text()))
+        manifest = Manifest.from_dict(json.loads(read_regular(path)))
     except FileNotFoundError:
         raise InputError(f"party {party!r}: no trained model in {model_dir} (run `train` first)") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError, RecursionError) as error:
@@ -138,6 +138,20 @@ def load_manifest(model_dir: Path, party: str, cfg: Config) -> Manifest:
     return manifest
 
 
+def saved_weights(model_dir: Path, expected: str | None) -> bytes:
+    """The bytes of the party's model.pt, refused when they are not the ones its manifest names (`expected`, their
+    SHA-256; None: a manifest written before the digest was)."""
+    path = Path(model_dir) / "model.pt"
+    try:
+        data = read_regular(path)
+    except OSError as error:
+        raise InputError(f"{path}: no saved model to load ({error.strerror})") from None
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise InputError(f"{path}: not the weights its manifest.json names (the folder was written half-way, or by "
+                         "another run): train again")
+    return data
+
+
 def load_weights(model_dir: Path, node: Node, rank: int, expected: str | None = None) -> None:
     """Load this party's saved networks and role secret into `node` (tensors only: weights_only=True), refused
     when they are not the ones its manifest names (`expected`, their SHA-256: a kill while a retrain committed the
@@ -147,14 +161,7 @@ def load_weights(model_dir: Path, node: Node, rank: int, expected: str | None = 
 
     from ..randomness import RoleSecret
 
-    path = Path(model_dir) / "model.pt"
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"{path}: no saved model to load ({error.strerror})") from None
-    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
-        raise InputError(f"{path}: not the weights its manifest.json names (the folder was written half-way, or by "
-                         "another run): train again")
+    path, data = Path(model_dir) / "model.pt", saved_weights(model_dir, expected)
     try:
         state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")  # a GPU-trained model on any host
         role = node.parties[rank]

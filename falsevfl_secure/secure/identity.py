@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import NameOID
 
-from ..fsio import atomic_write
+from ..fsio import atomic_write, read_regular
 from .errors import SecureMessageError, SecureParameterError
 
 PUBLIC_KEY_BYTES = 32
@@ -92,7 +92,7 @@ def read_private_key(path: Path | str) -> PrivateKey:
     """The identity key in `path`; refused when others may read the file or it is not an Ed25519 key."""
     path = Path(path)
     try:
-        mode, data = path.stat().st_mode, path.read_bytes()
+        mode, data = path.stat().st_mode, read_regular(path)
     except FileNotFoundError:
         raise IdentityError(f"{path}: no identity key (create one with `python -m falsevfl_secure.federation "
                             "keygen`)") from None

@@ -4,6 +4,16 @@ Every public entry point answers bad input with one of these (or `DataError` fro
 never with a raw traceback from inside torch, CrypTen or TenSEAL.
 """
 
+import difflib
+from collections.abc import Sequence
+
+
+def did_you_mean(name: str, names: Sequence[str]) -> str:
+    """" (did you mean 'x'?)" for the closest of `names` (case and spaces ignored first), else ""."""
+    folded = {candidate.strip().casefold(): candidate for candidate in names}
+    close = difflib.get_close_matches(name.strip().casefold(), list(folded), n=1)  # (an exact fold scores 1)
+    return f" (did you mean {folded[close[0]]!r}?)" if close else ""
+
 
 class FalseVflError(ValueError):
     """Base class: bad input to the model, the trainer, a transport or the CLI."""

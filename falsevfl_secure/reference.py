@@ -89,7 +89,7 @@ def _untried(config: dict) -> str:
     """What to try where the federation did not pay, leaving out what the run's settings (`Config.to_dict`)
     already did."""
     options = config.get("options", {})
-    tries = [("preset = \"auto\" (more steps)", config.get("auto_schedule")),
+    tries = [("preset = \"auto\" with auto_schedule = true (more steps)", config.get("auto_schedule")),
              ("discriminator_inputs = \"latent+mean+own\"", options.get("discriminator_inputs") == "latent+mean+own"),
              ("class_weight = \"balanced\" for rare classes",
               config.get("class_weight") == "balanced" or config.get("task") == "regression")]

@@ -88,7 +88,7 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
     history = []
     desc = f"{node.method.label} stage {int(stage)}"
     bar = tqdm(range(start_epoch, settings.epochs), desc=desc, disable=not progress, initial=start_epoch,
-               total=settings.epochs, unit="ep", mininterval=_bar_interval())
+               total=settings.epochs, unit="ep", mininterval=_bar_interval(), maxinterval=max(10.0, _bar_interval()))
     cached = stage is Stage.TRAIN and node.method.caches_stage2 and start_epoch < settings.epochs
     cache = Stage2Cache(node, data) if cached else None  # collective: stage 2's one pass of rounds
     for epoch in bar:
@@ -106,7 +106,8 @@ def run_stage(node: Node, data: HostedData, stage: Stage, optimizers: dict, star
 
 def _bar_interval() -> float:
     """Seconds between a bar's redraws: a terminal's default, or 30 s where the output goes to a file (a trial's
-    redirected log grew 30 KB of carriage-return redraws)."""
+    redirected log grew 30 KB of carriage-return redraws). tqdm's monitor thread redraws a bar left alone for its
+    maxinterval (10 s by default: a later trial's file had a draw every 15 s), so that is the same."""
     return 0.1 if sys.stderr.isatty() else 30.0
 
 

@@ -246,3 +246,11 @@ def test_a_broken_pipe_that_is_not_stdouts_is_reported(capsys):
 
     assert guarded(child_died) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_a_mistyped_party_name_on_the_command_line_gets_the_closest_role(demo, refused):
+    # (a trial's `check --party gsi` listed the roles without naming the one meant)
+    for command in ("check", "train"):
+        code, _, err = cli(command, "--config", str(demo / "federation.toml"), "--party", "Labb")
+        _one_error(code, err, "--party 'Labb' is not a role of this run (did you mean 'lab'?); the roles are")
+    refused("cli")

@@ -344,6 +344,9 @@ TYPOS = [
     (lambda t: re.sub(r'model = "(?!lab)\w+/model"', 'model = "lab/model"', t, count=1),
      "both name the model folder"),
     (lambda t: re.sub(r'model = "(?!lab)\w+/model"', 'model = "lab/model/mine"', t, count=1), "one inside the other"),
+    # a trial's: no hint for a name in another case, and a key left out read "must be a non-empty string, got None"
+    (lambda t: re.sub(r'active = "(\w+)"', lambda m: f'active = "{m.group(1).upper()}"', t), "(did you mean '"),
+    (lambda t: re.sub(r'label_column = "\w+"\n', "", t), "[federation] has no label_column (a non-empty string"),
 ]
 
 

@@ -340,6 +340,23 @@ def test_ids_that_do_not_line_up_stop_training_with_one_line_at_every_party(tmp_
     assert code == 0 and "match the active party's" not in out, out
 
 
+def test_check_refuses_an_overlap_below_min_overlap_as_the_alignment_counts_it(tmp_path):
+    # A trial: 150 of 28,844 IDs matching passed check (exit 0, a note saying training would stop) and stopped
+    # training after the alignment. check counts as the alignment does: the active party's rows against the other
+    # party's rows holding a cell, out of the smaller list.
+    written = write_federation(tmp_path, Spec(parties=3, messy=False, extra={"min_overlap": 0.2}))
+    lab = tmp_path / "lab" / "train.csv"
+    header, *rows = lab.read_text().splitlines()
+    active = {line.split(",")[0] for line in (tmp_path / "clinic" / "train.csv").read_text().splitlines()[1:]}
+    base = min(len(active), len(rows))
+    for keep, passes in ((int(0.2 * base) - 1, False), (int(0.2 * base) + 1, True)):
+        kept = [row if k < keep else f"zz{k}{row[row.index(','):]}" for k, row in enumerate(rows)]
+        lab.write_text("\n".join([header, *kept]) + "\n")
+        code, out, err = cli("check", "--config", str(written.path))
+        said = f"only {keep} of the {len(rows)} IDs of 'lab' match the active party's {len(active)}"
+        assert (code == 0 and "would stop" not in out + err) if passes else (code == 2 and said in err), out + err
+
+
 def test_a_party_that_meets_almost_none_of_the_active_partys_records_is_warned_of(tmp_path, capsys):
     # A bad-input sweep: under min_overlap = 0 a federation whose IDs met nowhere trained without a word.
     from falsevfl_secure.federation.aligned import Aligned, Overlap
@@ -357,19 +374,29 @@ def test_a_party_that_meets_almost_none_of_the_active_partys_records_is_warned_o
 
 def test_a_launched_training_whose_ids_do_not_line_up_says_so_once(tmp_path):
     # A trial: the active party's own `error (clinic):` line reached the terminal, then the launcher's summary of the
-    # same text. Now the shown role's error line goes to its log only.
+    # same text. Now the shown role's error line goes to its log only. (Where one host holds every table, check now
+    # refuses such IDs before launching, counting as the alignment does; here each party runs on its own.)
     import subprocess
     import sys
 
-    written = write_federation(tmp_path, Spec(ids="mixed", parties=3))
+    from align_channels import free_port
+
+    written = write_federation(tmp_path, Spec(ids="mixed", parties=3, port=free_port()))
     for name in ("lab", "insurer"):  # one record each written as the active party does: below min_overlap, not none
-        _write_first_id_as_the_active_party(tmp_path / name / "train.csv")  # (none stops before launching)
-    run = subprocess.run([sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(written.path)],
-                         capture_output=True, text=True, timeout=300)
+        _write_first_id_as_the_active_party(tmp_path / name / "train.csv")
+    # each party on its own (a host holding every table refuses this before launching, as check counts it)
+    command = [sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(written.path), "--party"]
+    others = [subprocess.Popen([*command, name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+              for name in ("lab", "insurer")]
+    try:
+        run = subprocess.run([*command, "clinic"], capture_output=True, text=True, timeout=300)
+    finally:
+        for other in others:
+            other.wait(timeout=60)
     assert run.returncode != 0 and run.stderr.count("training stopped:") == 1, run.stderr
-    assert [line for line in run.stderr.splitlines() if line.startswith("error")][0].startswith("error: "), run.stderr
-    logs = "".join(p.read_text() for p in tmp_path.rglob("*.log"))
-    assert "error (clinic): training stopped" in logs  # (the role's own line, in its log)
+    assert len([line for line in run.stderr.splitlines() if line.startswith("error")]) == 1, run.stderr  # the
+    # launcher's: not the role's own beside it
+    assert run.stderr.startswith("aligning the records privately (427 IDs here, 3 parties)\naligned in "), run.stderr
 
 
 def _write_first_id_as_the_active_party(table: Path) -> None:
@@ -592,7 +619,7 @@ def test_the_tables_demo_writes_messy_tables_that_check_accepts(tmp_path):
     raw = (tmp_path / "clinic" / "train.csv").read_bytes()
     assert raw.startswith("\ufeff".encode()) and b"\r\n" in raw
     code, out, err = cli("check", "--config", str(tmp_path / "federation.toml"))  # IDs as written: none meet
-    assert code != 0 and err.count("IDs of ") == 3 and "id_pattern" in err, err
+    assert code != 0 and err.count("match the active party's") == 3 and "id_pattern" in err, err
     assert "smoker: 2 categories" in out and "region: 2 categories" in out and "'mrn-00" in out
     config = tmp_path / "federation.toml"
     config.write_text(config.read_text().replace("# id_pattern", "id_pattern"))  # the demo's commented rule
@@ -637,3 +664,21 @@ def test_a_partys_own_max_ids_bounds_the_alignment_frames_it_accepts():
     reassembly, size = wire.Reassembly(), network._bound(frame, "party0")[0]
     with pytest.raises(wire.Refused):  # a frame over it is refused as it arrives, naming its sender
         reassembly.add(wire.Envelope(wire.Kind.DATA, "party0", "party1", "align", b"z" * (size + 1)), size)
+
+
+def test_check_notes_classes_that_differ_only_in_case_or_spaces(tmp_path):
+    # A trial: 3 labels 'No' beside 30,807 'no' trained as a third class without a word.
+    written = write_federation(tmp_path, Spec(parties=3, messy=False))
+    table = tmp_path / "clinic" / "train.csv"
+    header, *rows = table.read_text().splitlines()
+    labeled = [k for k, row in enumerate(rows) if row.split(",")[-1] == "benign"][:2]
+    for k in labeled:
+        rows[k] = rows[k][:-len("benign")] + "Benign "
+    table.write_text("\n".join([header, *rows]) + "\n")
+    code, out, err = cli("check", "--config", str(written.path), "--party", "clinic")
+    count = sum(row.split(",")[-1].strip() == "benign" for row in rows)
+    assert code == 0 and f"note: the labels 'Benign' (2) and 'benign' ({count}) differ only in case or spaces" in out, \
+        out + err
+    table.write_text("\n".join([header, *(row.replace("Benign ", "benign") for row in rows)]) + "\n")
+    code, out, err = cli("check", "--config", str(written.path), "--party", "clinic")
+    assert code == 0 and "differ only in case" not in out, out + err

@@ -159,6 +159,9 @@ def test_directory_is_not_a_table(tmp_path, refused):
     ("id,a\n1,2\x00\n", ["line 2", "NUL character"]),
     ("id,a\n1,\"2\n", ["not a readable CSV file"]),
     ("id,a\n1,\"2\"x\n", ["line 2", "not a readable CSV file"]),
+    # a trial's unclosed quote was named where the reader gave up (4,133 lines on), as "field larger than field limit"
+    ("id,a\n1,2\n3,\"x\n4,5\n6,7\n", ["line 3: a quoted cell starting on this line runs on to line 5",
+                                     "closing quote"]),
 ])
 def test_unreadable_files(tmp_path, refused, content, fragments):
     refuse(write(tmp_path, content), fragments, refused)

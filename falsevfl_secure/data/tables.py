@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import difflib
 import itertools
 import math
 import re
@@ -38,6 +37,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..errors import did_you_mean
 from .errors import DataError
 from .ids import IdRule
 
@@ -204,6 +204,9 @@ def _csv_rows(handle, at: _Context) -> Iterator[tuple[str, list[str]]]:
         except StopIteration:
             return
         except csv.Error as error:
+            if reader.line_num > end + 1:  # one record over many lines: a trial's unclosed quote, named 4,133 lines on
+                raise at.error(f"a quoted cell starting on this line runs on to line {reader.line_num} ({error}): is "
+                               "its closing quote (\") missing?", f"line {end + 1}") from None
             raise at.error(f"not a readable CSV file ({error})", f"line {reader.line_num}") from None
         start, end = end + 1, reader.line_num
         if cells:  # a blank line is not a record
@@ -295,12 +298,12 @@ def _layout(header: tuple[str, ...], id_column: str, label_column: str | None, a
         if header.index(name) != position:
             raise at.error(f"column {name!r} appears twice in the header", at.header_location)
     if id_column not in header:
-        raise at.error(f"no ID column {id_column!r}{_closest(id_column, header)}{_separator_hint(header)} "
+        raise at.error(f"no ID column {id_column!r}{did_you_mean(id_column, header)}{_separator_hint(header)} "
                        f"(columns found: {found})")
     if label_column is not None and label_column == id_column:
         raise at.error(f"the label column and the ID column are both {id_column!r}")
     if label_column is not None and label_column not in header:
-        raise at.error(f"no label column {label_column!r}{_closest(label_column, header)} (columns found: {found})")
+        raise at.error(f"no label column {label_column!r}{did_you_mean(label_column, header)} (columns found: {found})")
     skip = {id_column, label_column}
     features = tuple(i for i, name in enumerate(header) if name not in skip)
     if not features:
@@ -340,7 +343,7 @@ def _check_categorical(layout: _Layout, categorical: Sequence[str], at: _Context
     for name in categorical:
         if name not in layout.columns:
             what = "the ID or label column" if name in layout.header else "not a column of the table"
-            hint = _closest(name, layout.columns) if name not in layout.header else ""
+            hint = did_you_mean(name, layout.columns) if name not in layout.header else ""
             raise at.error(f"column {name!r} is listed as categorical but is {what}{hint} "
                            f"(feature columns: {_listing(layout.columns)})")
 
@@ -348,14 +351,6 @@ def _check_categorical(layout: _Layout, categorical: Sequence[str], at: _Context
 def _listing(names: Sequence[str]) -> str:
     """Every name, quoted (messages are never cut)."""
     return ", ".join(repr(name) for name in names)
-
-
-def _closest(name: str, names: Sequence[str]) -> str:
-    """" (did you mean 'x'?)" for the closest of `names` (case and spaces ignored first), else ""."""
-    folded = {candidate.strip().casefold(): candidate for candidate in names}
-    close = [folded[name.strip().casefold()]] if name.strip().casefold() in folded else \
-        difflib.get_close_matches(name, list(names), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # ---------------------------------------------------------------------------------------------- rows

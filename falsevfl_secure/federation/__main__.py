@@ -44,7 +44,7 @@ import numpy as np
 from ..cli import Parser, guarded
 from ..config import MULTIPLIER_RANGE
 from ..data import DataError
-from ..errors import InputError, PartyFailure
+from ..errors import InputError, PartyFailure, did_you_mean
 from ..fsio import read_regular
 from ..privacy import LEDGER, all_spent, before_model, ledger_epsilon, read_ledger, threshold_delta
 from ..transport.protocols import PROTOCOLS
@@ -312,7 +312,8 @@ def _roles(fed, party: str | None, present: list[str], protocol: str) -> list[st
     """The roles this process runs: --party, or every present party and the protocol's aggregator."""
     roles = [*fed.names, *([AGGREGATOR] if has_aggregator(protocol) else [])]
     if party is not None and party not in roles:
-        raise InputError(f"--party {party!r} is not a role of this run; the roles are {', '.join(roles)}")
+        raise InputError(f"--party {party!r} is not a role of this run{did_you_mean(party, roles)}; the roles are "
+                         f"{', '.join(roles)}")
     return [party] if party is not None else [p for p in roles if p in present or p == AGGREGATOR]
 
 

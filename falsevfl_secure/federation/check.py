@@ -66,23 +66,28 @@ def _overlap_notes(fed: Federation, reports: list[PartyCheck]) -> None:
     """Where this host holds the active party's table and another party's (one operator's trial): a note for each
     party whose IDs, as the rule normalises them, barely meet the active party's (a trial learned it 7 s into
     `train`). Compared here, on this host's own files; nothing is sent."""
-    tables = {r.name: r.inputs.table for r in reports if r.inputs is not None}
-    if fed.active not in tables or fed.min_overlap <= 0:  # (min_overlap = 0 trains anyway)
+    listed = {r.name: _listed_ids(r.inputs, r.name == fed.active) for r in reports if r.inputs is not None}
+    if fed.active not in listed or fed.min_overlap <= 0:  # (min_overlap = 0 trains anyway)
         return
-    active = set(tables[fed.active].ids)
-    for report in (r for r in reports if r.name in tables and r.name != fed.active):
-        ids = tables[report.name].ids
+    active = set(listed[fed.active])
+    for report in (r for r in reports if r.name in listed and r.name != fed.active):
+        ids = listed[report.name]
         shared, base = len(active.intersection(ids)), min(len(active), len(ids))
-        if base and shared < fed.min_overlap * base:
+        if not base or shared < fed.min_overlap * base:  # as the alignment counts (`aligned._short`): it would stop
             rule = fed.id_rule.describe() if not fed.id_rule.is_plain else "as written"
-            said = (f"{'none' if not shared else f'only {shared}'} of the {len(ids)} IDs of {report.name!r} match the "
-                    f"active party's {len(active)} as compared ({rule}): training would stop; normalise them with "
-                    "id_pattern, id_strip_leading_zeros or id_fold_case in [federation] (`federation check` shows each "
-                    "party's IDs)")
-            if shared:  # (a few may still pass: the alignment leaves out rows without a cell)
-                report.lines.append(NOTE + said)
-            else:  # none: the alignment surely stops (a trial's train waited 27 s for it)
-                report.errors.append(said)
+            report.errors.append(
+                f"{'none' if not shared else f'only {shared}'} of the {len(ids)} IDs of {report.name!r} match the "
+                f"active party's {len(active)} as compared ({rule}; the IDs of the rows each lists in the alignment), "
+                f"fewer than min_overlap = {fed.min_overlap:g} of {base}: training would stop; normalise them with "
+                "id_pattern, id_strip_leading_zeros or id_fold_case in [federation] (`federation check` shows each "
+                "party's IDs)")
+
+
+def _listed_ids(inputs: PartyInput, active: bool) -> list[str]:
+    """The IDs a party lists in the alignment, as `aligned.align_table` does: the active party every row, another
+    party its rows holding a cell (a trial's 150 of 28,844 passed check with a note, then stopped training)."""
+    ids = inputs.table.ids
+    return list(ids) if active else [ids[i] for i in np.flatnonzero(inputs.block.held)]
 
 
 def check_party(fed: Federation, name: str, command: str) -> PartyCheck:
@@ -302,7 +307,7 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
     lines = [f"party {name!r}{role}: {table.path}: {table.n_rows} rows ({int(inputs.block.held.sum())} holding "
              f"features), {len(table.columns)} columns: {kinds}, {encoding.width} encoded cells; "
              f"{_missing(table)} missing cells{_labels_text(fed, inputs)}"]
-    lines += _id_lines(fed, table)
+    lines += _id_lines(fed, table) + _class_spellings(inputs)
     lines += [f"{NOTE}column {c!r} has {len(encoding.categories[c])} categories in "
               f"{sum(v is not None for v in table.text[c])} cells: if it identifies records, remove it"
               for c in table.categorical if _looks_like_identifier(table.text[c])]
@@ -381,6 +386,18 @@ def _labels_text(fed: Federation, inputs: PartyInput) -> str:
 
 
 _CLASSES_SHOWN = 20
+
+
+def _class_spellings(inputs: PartyInput) -> list[str]:
+    """A note for classes that differ only in case or spaces (a trial's 3 labels 'No' beside 30,807 'no' trained as a
+    class of their own, without a word)."""
+    if inputs.targets is None or inputs.target_scale is not None:
+        return []
+    counts, alike = Counter(label for label in inputs.table.labels if label is not None), {}
+    for label in inputs.classes:
+        alike.setdefault(" ".join(label.casefold().split()), []).append(label)
+    return [f"{NOTE}the labels {' and '.join(f'{c!r} ({counts[c]})' for c in group)} differ only in case or spaces: "
+            "each is a class of its own; write one class one way" for group in alike.values() if len(group) > 1]
 
 
 def _id_lines(fed: Federation, table) -> list[str]:

@@ -46,7 +46,7 @@ from ..config import MULTIPLIER_RANGE, PRESETS, Config, PrivacyConfig, StageConf
 from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
-from ..errors import InputError
+from ..errors import InputError, did_you_mean
 from ..fsio import read_regular
 from ..methods import METHODS, SETTINGS, make_config, method_for, method_labels, parse_method
 from ..runtime.cast import AGGREGATOR
@@ -225,7 +225,8 @@ def load_federation(path: Path | str) -> Federation:
     names = [p.name for p in parties]
     active = _text(section, "active", path, "federation")
     if active not in names:
-        raise InputError(f"{path}: [federation] active = {active!r} is not one of the parties {names}")
+        raise InputError(f"{path}: [federation] active = {active!r} is not one of the parties {names}"
+                         f"{did_you_mean(active, names)}")
     task, aggregator = _task(section, path), _aggregator(raw, path)
     _distinct_pins(parties, aggregator, path)
     return Federation(path, parties, active, _protocol(section, path), _text(section, "id_column", path, "federation"),
@@ -282,6 +283,8 @@ def _table(raw: dict, key: str, path: Path) -> dict:
 
 def _text(section: dict, key: str, path: Path, where: str) -> str:
     value = section.get(key)
+    if key not in section:  # (a trial read "must be a non-empty string, got None" for a key left out)
+        raise InputError(f"{path}: [{where}] has no {key} (a non-empty string, required; docs/federation-toml.md)")
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"{path}: [{where}] {key} must be a non-empty string, got {value!r}")
     return value.strip()
@@ -491,10 +494,8 @@ def _preset(value: object, path: Path) -> tuple[str, str]:
     """(dataset, schedule) of a preset name; an InputError lists the valid names and the closest one."""
     names = preset_names()
     if not isinstance(value, str) or value not in names:
-        close = difflib.get_close_matches(str(value), names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise InputError(f"{path}: [model] preset = {value!r} is not a preset{hint}; the presets are "
-                         f"{', '.join(names)} (see docs/federation-toml.md)")
+        raise InputError(f"{path}: [model] preset = {value!r} is not a preset{did_you_mean(str(value), names)}; the "
+                         f"presets are {', '.join(names)} (see docs/federation-toml.md)")
     if value in SCHEDULES:
         return SCHEDULE_WIDTHS, value
     dataset, _, schedule = value.partition(":")

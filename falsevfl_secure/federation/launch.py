@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, did_you_mean
 from ..fsio import commit, discard, open_lock, settle
 from ..methods import method_for
 from ..network.handshake import Cast, Request, check_min_parties, check_two_parties
@@ -77,7 +77,7 @@ def run_party(fed: Federation, name: str, command: str, protocol: str, present: 
     files first); 0 when it ended well (any failure raises with one line)."""
     proto = protocol_named(protocol)
     if name not in role_names(fed, fed.names, proto):
-        raise InputError(f"--party {name!r} is not a role of this run; the roles are "
+        raise InputError(f"--party {name!r} is not a role of this run{did_you_mean(name, fed.names)}; the roles are "
                          f"{', '.join(role_names(fed, fed.names, proto))}")
     spec = spec_of(fed, name, command, proto, present, file_addresses(fed, proto))
     share_cores(fed, proto)

@@ -189,7 +189,8 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     me, out = fed.party(name), staged(fed.party(name).model_dir)
     targets = inputs.targets if role.is_active else None
     labeled_rows = np.flatnonzero(is_labeled(targets)) if targets is not None else None
-    aligned = _aligned(role, fed, inputs, labeled_rows, me.model_dir / "checkpoints")
+    progress = options.get("progress", False) and role.is_active
+    aligned = _aligned(role, fed, inputs, labeled_rows, me.model_dir / "checkpoints", progress)
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     _warn_when_thin(fed, aligned, list(role.session.present))
@@ -201,7 +202,6 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
               f"{cfg.train.epochs} epochs of batch {cfg.train.batch_size}", flush=True)
     placed = place_block(inputs.block, aligned)
     node, data, held_out = _host(role, fed, cfg, inputs, placed, aligned, targets, n_classes)
-    progress = options.get("progress", False) and role.is_active
     trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role),
                   validation=held_out, rejoin=role.rejoined_at)
     predictions = predict_split(node, held_out) if held_out is not None else None
@@ -318,14 +318,21 @@ def _save(out: Path, node, rank: int, manifest: Manifest) -> None:
     save_model(out, node, rank, manifest)
 
 
-def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoints: Path) -> Aligned:
+def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoints: Path, say: bool) -> Aligned:
     """This party's place in the shared order: aligned with the others (a passive party keeps it with its own
-    checkpoints), or, for a party that rejoins, the place it kept."""
+    checkpoints), or, for a party that rejoins, the place it kept. `say`: on the terminal, before and after (a trial's
+    50 s alignment showed nothing there)."""
     if role.rejoined_at is not None:
         return load_alignment(checkpoints, role.session.id)
+    if say:
+        print(f"aligning the records privately ({len(inputs.table.ids)} IDs here, {role.peers.n_parties} parties)",
+              file=sys.stderr, flush=True)
     aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
                           policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids,
                                         _groups(role, fed, inputs, labeled_rows)))
+    if say:
+        print(f"aligned in {aligned.seconds:.0f} s: {aligned.n} records in the shared order", file=sys.stderr,
+              flush=True)
     if not role.is_active and fed.on_party_loss == "continue":
         save_alignment(checkpoints, aligned, role.session.id)
     return aligned

@@ -824,3 +824,14 @@ def test_check_reads_the_saved_weights_against_their_manifest_and_says_when_none
     (config.parent / "party1" / "model" / "manifest.json").unlink()
     code, out, err = cli("check", "--config", str(config), "--party", "party1")
     assert code == 0 and f"no trained model in {weights.parent} yet: `predict` needs `train` first" in out, out + err
+
+
+def test_a_prediction_under_a_protocol_that_hides_less_than_its_training_says_so(trained, tmp_path):
+    # A trial: `predict --protocol plain` on a model trained under mpc went without a word.
+    config = _copy(trained, tmp_path)
+    said = "note: predicting under plain, where the model was trained under mpc: each party's contributions reach"
+    code, out, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "p.csv"), "--quiet",
+                         "--protocol", "plain")
+    assert code == 0 and said in out, out + err
+    code, out, err = cli("predict", "--config", str(config), "--out", str(tmp_path / "q.csv"), "--quiet")
+    assert code == 0 and "note: predicting under" not in out, out + err

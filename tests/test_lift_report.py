@@ -277,7 +277,15 @@ def test_a_stage_two_that_kept_its_last_epoch_says_more_epochs_may_help():
 
     falling = {"metric": "log_loss", "per_epoch": [0.35, 0.34, 0.33], "best_epoch": 3}
     assert selection_lines(falling) == ["note: stage 2 kept its last epoch (3 of 3): its validation log loss was "
-                                        "still improving; more stage-2 epochs ([model.train] epochs) may help"]
+                                        "still improving; more stage-2 epochs may help: [model.train] epochs = 6"]
+    # a trial: under the auto schedule, which sizes the epochs itself, [model.train] epochs alone changes nothing
+    from falsevfl_secure.config import Config, sized_schedule
+
+    sized = sized_schedule(Config(auto_schedule=True), 35_000, 4_000).to_dict()
+    (line,) = selection_lines(falling, sized)
+    assert line.endswith(f"may help: auto_schedule = false in [model], [model.pretrain] epochs = "
+                         f"{sized['pretrain']['epochs']} and batch_size = {sized['pretrain']['batch_size']}, "
+                         f"[model.train] epochs = 6 and batch_size = {sized['train']['batch_size']}"), line
     assert selection_lines({**falling, "best_epoch": 2}) == []  # an earlier epoch was best: enough epochs
     assert selection_lines({**falling, "per_epoch": [0.3], "best_epoch": 1}) == []  # one epoch: nothing to tell
     assert selection_lines(None) == [] and selection_lines({}) == []

@@ -384,6 +384,8 @@ def _ready(fed, names: list[str], command: str, protocol: str, one_host: bool, q
     for report in reports:
         for line in report.notes if quiet else report.lines:
             print(line)
+    for line in _hides_less(reports, protocol):
+        print(line)
     problems = [(None, p) for p in run_problems(fed, protocol, one_host)]
     gone = _lost_for_good(fed) if command == "predict" else {}
     problems += [(None, gone[r.name]) for r in reports if r.errors and r.name in gone]  # its cause, once
@@ -397,6 +399,17 @@ def _ready(fed, names: list[str], command: str, protocol: str, one_host: bool, q
     if not quiet:
         print(f"checked the files of {_whom(names)} in {seconds:.2f} s")
     return True
+
+
+def _hides_less(reports: list, protocol: str) -> list[str]:
+    """A note where a prediction runs under a protocol that hides the contributions where its model's training hid
+    them (a trial's `--protocol plain` on a model trained under mpc went without a word)."""
+    trained = {r.inputs.manifest.protocol for r in reports if r.inputs is not None and r.inputs.manifest is not None}
+    if PROTOCOLS[protocol].hides_contributions:
+        return []
+    return [f"note: predicting under {protocol}, where the model was trained under {was}: each party's contributions "
+            "reach the active party in clear (every participant passed the same --protocol)"
+            for was in sorted(trained) if was in PROTOCOLS and PROTOCOLS[was].hides_contributions]
 
 
 def _lost_for_good(fed) -> dict[str, str]:
@@ -494,7 +507,8 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
         for name, o in record["alignment"]["overlap"].items()))
     print(validation_summary(record["validation"]))
     lift = lift_lines(record["lift"], record.get("config")) if record.get("lift") else []
-    for line in [*selection_lines(record.get("selection")), *trees_lines(record.get("trees")), *lift]:
+    for line in [*selection_lines(record.get("selection"), record.get("config")), *trees_lines(record.get("trees")),
+                 *lift]:
         print(line)
 
 

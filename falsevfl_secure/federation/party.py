@@ -307,7 +307,7 @@ def _say(validation: dict | None, trees: dict | None, lift: dict | None, config:
     """The active party's lines after training: the validation table, the kept epoch's note, the trees, the lift
     and its warnings."""
     said = lift_lines(lift, config) if lift else []
-    for line in [validation_summary(validation), *selection_lines(selection), *trees_lines(trees), *said]:
+    for line in [validation_summary(validation), *selection_lines(selection, config), *trees_lines(trees), *said]:
         print(line, flush=True)
 
 

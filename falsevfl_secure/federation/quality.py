@@ -83,15 +83,26 @@ _METRICS = {"log_loss": "log loss", "log_loss_balanced": "log loss weighted by c
             "rmse_standardised": "RMSE in the target's standard deviations"}
 
 
-def selection_lines(selection: dict | None) -> list[str]:
+def selection_lines(selection: dict | None, config: dict | None = None) -> list[str]:
     """A note where stage 2 kept its last epoch: its validation score was still improving when it stopped (a trial's
-    large table kept epoch 18 of 18, and nothing said more epochs might help)."""
+    large table kept epoch 18 of 18, and nothing said more epochs might help), with the lines that ask for twice
+    as many (`config`: the run's, as `Config.to_dict` writes it)."""
     scores = (selection or {}).get("per_epoch") or []
     if len(scores) < 2 or selection.get("best_epoch") != len(scores):
         return []
     return [f"note: stage 2 kept its last epoch ({len(scores)} of {len(scores)}): its validation "
-            f"{selection['metric'].replace('_', ' ')} was still improving; more stage-2 epochs ([model.train] "
-            "epochs) may help"]
+            f"{selection['metric'].replace('_', ' ')} was still improving; more stage-2 epochs may help: "
+            + _longer(config, 2 * len(scores))]
+
+
+def _longer(config: dict | None, epochs: int) -> str:
+    """The file's lines for a stage 2 of `epochs`: under the auto schedule (which sizes epochs itself, a trial found
+    the advice to set them had no effect) this run's sized schedule, written out, with auto_schedule = false."""
+    if not (config or {}).get("auto_schedule"):
+        return f"[model.train] epochs = {epochs}"
+    one, two = config["pretrain"], config["train"]
+    return (f"auto_schedule = false in [model], [model.pretrain] epochs = {one['epochs']} and batch_size = "
+            f"{one['batch_size']}, [model.train] epochs = {epochs} and batch_size = {two['batch_size']}")
 
 
 def still_out(events: list[dict]) -> list[dict]:

@@ -70,13 +70,22 @@ def staged(path: Path | str) -> Path:
 def read_regular(path: Path | str) -> bytes:
     """The bytes of a regular file; anything else (a FIFO, whose opening waits for a writer; a device; a folder) is
     an OSError, never a wait (a fuzzer's FIFO as the federation file hung `check`)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    return regular_file(path)[0]
+
+
+def regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
+    """`read_regular`'s bytes and the opened file's own status (its mode, read from the descriptor the bytes came
+    from). Checked before opening too: opening a device can act (a watchdog arms, a tape rewinds)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)  # (swapped since the check: refused all the same)
+        if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         os.set_blocking(fd, True)
         with open(fd, "rb", closefd=False) as handle:
-            return handle.read()
+            return handle.read(), status
     finally:
         os.close(fd)
 

@@ -86,6 +86,10 @@ def test_a_federation_file_saved_with_a_byte_order_mark_reads(demo):
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     code, out, err = cli("check", "--config", str(path))
     assert code == 0, err
+    for ends in (b"\r\n", b"\r"):  # and CRLF or an old Mac's CR line ends (a review: CR alone refused for a while)
+        path.write_bytes(path.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", ends))
+        code, out, err = cli("check", "--config", str(path))
+        assert code == 0, err
 
 
 def test_a_regression_whose_labels_are_all_equal_is_refused_before_training(demo, refused):

@@ -355,6 +355,19 @@ def test_check_refuses_an_overlap_below_min_overlap_as_the_alignment_counts_it(t
         code, out, err = cli("check", "--config", str(written.path))
         said = f"only {keep} of the {len(rows)} IDs of 'lab' match the active party's {len(active)}"
         assert (code == 0 and "would stop" not in out + err) if passes else (code == 2 and said in err), out + err
+    # every ID matches, but all but `keep` of those rows hold no cell, beside as many other records that do: lab does
+    # not list the empty rows (the alignment's rule; a review found no case of it here), and is told so
+    keep = 10
+    emptied = [row if k < keep else row[:row.index(",")] + "," * row.count(",") for k, row in enumerate(rows)]
+    others = [f"zz{k}{row[row.index(','):]}" for k, row in enumerate(rows)]
+    lab.write_text("\n".join([header, *emptied, *others]) + "\n")
+    code, out, err = cli("check", "--config", str(written.path))
+    listed = keep + len(rows)
+    said = (f"only {keep} of the {listed} IDs of 'lab' match the active party's {len(active)} as compared (as "
+            f"written; the IDs of the rows each lists in the alignment), fewer than min_overlap = 0.2 of "
+            f"{min(listed, len(active))}: training would stop; {len(rows) - keep} more of its IDs match, in rows "
+            "holding no cell, which it does not list")
+    assert code == 2 and said in err, err
 
 
 def test_a_party_that_meets_almost_none_of_the_active_partys_records_is_warned_of(tmp_path, capsys):
@@ -392,7 +405,11 @@ def test_a_launched_training_whose_ids_do_not_line_up_says_so_once(tmp_path):
         run = subprocess.run([*command, "clinic"], capture_output=True, text=True, timeout=300)
     finally:
         for other in others:
-            other.wait(timeout=60)
+            try:
+                other.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                other.kill()  # (never left running)
+                other.wait()
     assert run.returncode != 0 and run.stderr.count("training stopped:") == 1, run.stderr
     assert len([line for line in run.stderr.splitlines() if line.startswith("error")]) == 1, run.stderr  # the
     # launcher's: not the role's own beside it
@@ -578,6 +595,11 @@ def test_score_reads_the_class_probabilities_a_tabular_user_needs(tmp_path):
                                     "C,no,2,x;y,0.6,0.4\n")
     code, out, err = cli("score", "--predictions", str(tmp_path / "s.csv"), "--truth", str(tmp_path / "mixed.csv"))
     assert code == 0 and out.startswith("accuracy 100.00 %"), out + err  # rounded cells pass (A's sum: 1.003)
+    # a group by parties observed whose every label is a class the model never saw is scored (a review: it was
+    # refused as if the whole file were, after the file's score was printed)
+    (tmp_path / "g.csv").write_text("id,prediction,parties_observed,parties,p_yes\nA,yes,2,x;y,1\nC,yes,1,x,1\n")
+    code, out, err = cli("score", "--predictions", str(tmp_path / "g.csv"), "--truth", str(tmp_path / "mixed.csv"))
+    assert code == 0 and "by parties observed: 1: accuracy 0.00 %" in out, out + err
 
 
 def test_validation_metric_per_parties_observed_against_hand_counts():

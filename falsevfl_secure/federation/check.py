@@ -15,6 +15,7 @@ training reports it after the private alignment.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import Counter
@@ -74,13 +75,20 @@ def _overlap_notes(fed: Federation, reports: list[PartyCheck]) -> None:
         ids = listed[report.name]
         shared, base = len(active.intersection(ids)), min(len(active), len(ids))
         if not base or shared < fed.min_overlap * base:  # as the alignment counts (`aligned._short`): it would stop
-            rule = fed.id_rule.describe() if not fed.id_rule.is_plain else "as written"
-            report.errors.append(
-                f"{'none' if not shared else f'only {shared}'} of the {len(ids)} IDs of {report.name!r} match the "
-                f"active party's {len(active)} as compared ({rule}; the IDs of the rows each lists in the alignment), "
-                f"fewer than min_overlap = {fed.min_overlap:g} of {base}: training would stop; normalise them with "
-                "id_pattern, id_strip_leading_zeros or id_fold_case in [federation] (`federation check` shows each "
-                "party's IDs)")
+            report.errors.append(_shortfall(fed, report, active, ids, shared, base))
+
+
+def _shortfall(fed: Federation, report: PartyCheck, active: set, ids: list[str], shared: int, base: int) -> str:
+    """The line for a party whose listed IDs meet too few of the active party's: why (IDs written otherwise, or,
+    a review found, matching rows that hold no cell and so are not listed) and what to do."""
+    rule = fed.id_rule.describe() if not fed.id_rule.is_plain else "as written"
+    empty = len(active.intersection(report.inputs.table.ids)) - shared
+    why = (f"; {empty} more of its IDs match, in rows holding no cell, which it does not list: fill them in, or "
+           if empty else "; ") + ("normalise the IDs with id_pattern, id_strip_leading_zeros or id_fold_case in "
+                                   "[federation] (`federation check` shows each party's IDs)")
+    return (f"{'none' if not shared else f'only {shared}'} of the {len(ids)} IDs of {report.name!r} match the active "
+            f"party's {len(active)} as compared ({rule}; the IDs of the rows each lists in the alignment), fewer than "
+            f"min_overlap = {fed.min_overlap:g} of {base}: training would stop{why}")
 
 
 def _listed_ids(inputs: PartyInput, active: bool) -> list[str]:
@@ -259,6 +267,21 @@ def has_aggregator(protocol: str) -> bool:
     return bool(protocol_named(protocol).helpers)
 
 
+def shared_folders(fed: Federation, names: list[str]) -> list[str]:
+    """Parties run (or checked) together on this host that keep their models in one folder, or one inside the other
+    (a fuzzer's shared folder passed `check`, and `train` then said another run was using it). Another host's entry
+    is not compared: a file copied to every host may name each party's folder alike."""
+    folders = [(n, fed.party(n).model_dir.resolve()) for n in names if n != AGGREGATOR and fed.party(n).model_dir]
+    problems = []
+    for (a, one), (b, other) in itertools.combinations(folders, 2):
+        if one == other or one in other.parents or other in one.parents:
+            what = f"both name the model folder {str(one)!r}" if one == other else \
+                f"name the model folders {str(one)!r} and {str(other)!r}, one inside the other"
+            problems.append(f"{fed.path}: parties {a!r} and {b!r} {what}: each party keeps its model, checkpoints "
+                            "and ledger in a folder of its own")
+    return problems
+
+
 def run_problems(fed: Federation, protocol: str, one_host: bool) -> list[str]:
     """What a run under `protocol` needs of the file beyond each role's own files: a pin for every role,
     and with one host per party the aggregator's address."""
@@ -285,14 +308,14 @@ def _prediction_lines(fed: Federation, name: str, training: PartyInput) -> list[
             manifest = load_manifest(spec.model_dir, name, fed.model)
             if manifest.weights is not None:  # (a fuzzer's garbage model.pt passed check)
                 saved_weights(spec.model_dir, manifest.weights)
-            return describe_prediction(fed, name, prediction_input(fed, name, manifest.encoding, manifest.classes,
-                                                                   manifest), "the saved model")
+            return describe_prediction(fed, name, _listable(fed, name, prediction_input(
+                fed, name, manifest.encoding, manifest.classes, manifest)), "the saved model")
         except FalseVflError as error:
             if "trained with other settings" not in str(error):
                 raise
             notes.append(f"{NOTE}the saved model in {spec.model_dir} was trained with other settings; "
                          "`train` replaces it")
-    inputs = prediction_input(fed, name, training.encoding, training.classes or None)
+    inputs = _listable(fed, name, prediction_input(fed, name, training.encoding, training.classes or None))
     untrained = [] if notes else [f"  no trained model in {spec.model_dir} yet: `predict` needs `train` first"]
     return [*describe_prediction(fed, name, inputs, "the training table"), *notes, *untrained]
 

@@ -34,7 +34,6 @@ valid keys of its section and the closest one, and two participants pinned with 
 from __future__ import annotations
 
 import difflib
-import itertools
 import math
 import re
 import tomllib
@@ -213,7 +212,7 @@ MAX_VALIDATION_FRACTION = 0.5  # at most half the labeled records held out
 def load_federation(path: Path | str) -> Federation:
     path = Path(path)
     try:
-        raw = tomllib.loads(read_regular(path).decode("utf-8-sig"))  # a BOM (a Windows editor's) is no TOML error
+        raw = tomllib.loads(_toml_text(path))  # a BOM (a Windows editor's) is no TOML error
     except FileNotFoundError:
         raise InputError(f"{path}: no such federation file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
@@ -257,10 +256,16 @@ def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where
                      f"{', '.join(valid)} (see docs/federation-toml.md)")
 
 
+def _toml_text(path: Path) -> str:
+    """The file's text: a BOM (a Windows editor's) dropped, CRLF and lone CR line ends read as newlines (as
+    `Path.read_text` did before the file was read as a regular file's bytes: a review found CR-only refused)."""
+    return read_regular(path).decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _array_hint(path: Path) -> str:
     """Where the file writes [party] for [[party]] (a bad-input sweep: TOML's own words did not say so)."""
     try:
-        text = read_regular(path).decode("utf-8-sig")
+        text = _toml_text(path)
     except (OSError, UnicodeDecodeError):
         return ""
     return "; each party is a [[party]] table (double brackets), not [party]" if re.search(
@@ -407,20 +412,7 @@ def _parties(raw: dict, path: Path) -> tuple[PartySpec, ...]:
     names = [p.name for p in parties]
     if len(set(names)) != len(names) or AGGREGATOR in names:
         raise InputError(f"{path}: party names must be unique and not {AGGREGATOR!r}; got {names}")
-    _distinct_folders(parties, path)
     return parties
-
-
-def _distinct_folders(parties: tuple[PartySpec, ...], path: Path) -> None:
-    """No two parties of one file keep their models in one folder, or one inside the other (a fuzzer's shared folder
-    passed `check`, and `train` then said another run was using it)."""
-    folders = [(p.name, p.model_dir.resolve()) for p in parties if p.model_dir is not None]
-    for (a, one), (b, other) in itertools.combinations(folders, 2):
-        if one == other or one in other.parents or other in one.parents:
-            what = f"both name the model folder {str(one)!r}" if one == other else \
-                f"name the model folders {str(one)!r} and {str(other)!r}, one inside the other"
-            raise InputError(f"{path}: parties {a!r} and {b!r} {what}: each party keeps its model, checkpoints and "
-                             "ledger in a folder of its own")
 
 
 def _party(entry: dict, index: int, path: Path) -> PartySpec:

@@ -18,7 +18,7 @@ from ..data.encoding import EncodedBlock, Encoding, encode, fit_encoding
 from ..data.errors import DataError
 from ..data.tables import PartyTable, encode_labels, read_party_table
 from ..data.targets import TargetScale
-from ..fsio import atomic_write
+from ..fsio import atomic_write, read_regular
 from .config import Federation
 from .store import Manifest, load_manifest
 
@@ -142,7 +142,7 @@ def _kept(path: Path, key: str, wanted) -> tuple[Encoding, object] | None:
     from ..data.private_encoding import EncodingRelease
 
     try:
-        kept = json.loads(path.read_text())
+        kept = json.loads(read_regular(path))
         release = EncodingRelease(**kept["release"])
         if kept["table"] != key or (release.multiplier, release.delta) != (wanted.multiplier, wanted.delta):
             return None

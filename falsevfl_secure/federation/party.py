@@ -30,7 +30,7 @@ import torch
 from ..config import sized_schedule
 from ..data.tables import PartyTable
 from ..errors import InputError, ProtocolError
-from ..fsio import atomic_write, staged, write_json
+from ..fsio import atomic_write, read_regular, staged, write_json
 from ..methods import build_node, method_for
 from ..methods.false_vfl_steps import own_groups
 from ..model.likelihood import CellLayout
@@ -166,7 +166,7 @@ def _same_training(role, manifest: Manifest, folder: Path) -> None:
 def _own_record(folder: Path) -> dict:
     """The active party's `train_result.json` of its saved model ({} where there is none to read)."""
     try:
-        return json.loads((Path(folder) / "train_result.json").read_text())
+        return json.loads(read_regular(Path(folder) / "train_result.json"))
     except (OSError, ValueError):
         return {}
 

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import NameOID
 
-from ..fsio import atomic_write, read_regular
+from ..fsio import atomic_write, regular_file
 from .errors import SecureMessageError, SecureParameterError
 
 PUBLIC_KEY_BYTES = 32
@@ -92,7 +92,8 @@ def read_private_key(path: Path | str) -> PrivateKey:
     """The identity key in `path`; refused when others may read the file or it is not an Ed25519 key."""
     path = Path(path)
     try:
-        mode, data = path.stat().st_mode, read_regular(path)
+        data, status = regular_file(path)  # (the mode of the file read, not of one stat'ed before)
+        mode = status.st_mode
     except FileNotFoundError:
         raise IdentityError(f"{path}: no identity key (create one with `python -m falsevfl_secure.federation "
                             "keygen`)") from None

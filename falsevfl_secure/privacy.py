@@ -421,6 +421,7 @@ def charge_encoding(cfg: Config, party: str, folder: Path, encoding) -> float:
     if epsilon > cfg.privacy.epsilon:
         raise InputError(f"{party}: releasing its encoding would take its rows to epsilon = {above(epsilon)} (delta "
                          f"{cfg.privacy.delta:g}), more than its budget epsilon = {cfg.privacy.epsilon:g}")
+    _warn_if_unledgered(party, Path(folder))  # (before its own ledger: a trial's retraining wrote it, then checked)
     _write_ledger(folder, {**ledger, "ledger_version": LEDGER_VERSION})
     return epsilon
 

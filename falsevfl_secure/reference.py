@@ -87,7 +87,12 @@ def lift_report(task: str, federation: np.ndarray, references: dict[str, dict], 
 
 def _untried(config: dict) -> str:
     """What to try where the federation did not pay, leaving out what the run's settings (`Config.to_dict`)
-    already did."""
+    already did; under a privacy budget, what the budget allows (a trial was told to schedule 920 releases a row
+    and to run a baseline the budget refuses)."""
+    if (config.get("privacy") or {}).get("epsilon", 0) > 0:
+        return ("Under a privacy budget the noise on the summed rounds can leave the other parties' columns little to "
+                "add (README, \"Output privacy\"): fewer releases per row (fewer stage-1 epochs, stage2_pass = "
+                "\"once\") or a larger epsilon leave less noise; `federation check` says what a schedule spends")
     options = config.get("options", {})
     tries = [("preset = \"auto\" with auto_schedule = true (more steps)", config.get("auto_schedule")),
              ("discriminator_inputs = \"latent+mean+own\"", options.get("discriminator_inputs") == "latent+mean+own"),

@@ -68,6 +68,12 @@ def test_the_reference_learns_from_the_active_partys_own_columns_and_the_lift_co
     assert "Check with `federation check`" in said and 'method = "plugvfl"' in said
     regression = {**make_config("digits", "quick").to_dict(), "task": "regression"}  # no classes to weigh
     assert "class_weight" not in lift_lines(report, regression)[1] and "preset" in lift_lines(report, regression)[1]
+    # a privacy reviewer's trial: under a budget it advised more steps (920 releases a row) and a refused baseline
+    from falsevfl_secure.config import PrivacyConfig
+
+    budget = make_config("digits", "auto", privacy=PrivacyConfig(epsilon=8.0, noise_multiplier=4.0)).to_dict()
+    said = lift_lines(report, budget)[1]
+    assert "auto_schedule" not in said and "plugvfl" not in said and "fewer releases per row" in said, said
     better = lift_report("classification", np.stack([1 - y[rows], y[rows]], 1).astype(float), refs, y[rows])
     assert better["lift"] >= 0 and not any(line.startswith("warning") for line in lift_lines(better))
 

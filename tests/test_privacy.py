@@ -752,6 +752,16 @@ def test_a_training_that_finds_an_earlier_trainings_files_but_no_ledger_says_so(
     assert said.startswith("warning: B: ") and "(model.pt) but no privacy ledger (privacy.json)" in said, said
     privacy.charge_training(cfg, "B", tmp_path / "restored")  # its ledger is there now
     assert "warning" not in capsys.readouterr().err
+    # a trial: a training under a budget charges its private encoding first, which wrote a ledger before training's
+    # check looked: the warning never came. The encoding's charge warns now, once.
+    from falsevfl_secure.data.private_encoding import EncodingRelease
+
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "manifest.json").write_text("{}")
+    privacy.charge_encoding(cfg, "B", tmp_path / "again", EncodingRelease(50.0))
+    privacy.charge_training(cfg, "B", tmp_path / "again")
+    said = capsys.readouterr().err
+    assert said.count("warning: B: ") == 1 and "(manifest.json) but no privacy ledger" in said, said
 
 
 def test_a_ledger_an_earlier_version_recounted_is_refused_and_the_cap_holds_for_clip_proposals(tmp_path):

@@ -187,8 +187,8 @@ class Method:
         if cfg.privacy.enabled and not self.private:
             raise InputError(f"privacy: method {self.label!r} is refused under a privacy budget: its summed rounds "
                              "carry label-dependent gradients back to the parties (embedding_grad, subsets_grad) "
-                             "that no budget covers yet; run false-vfl-i or false-vfl-ii (latent_broadcast = "
-                             "\"samples\")")
+                             "that no budget covers yet; run false-vfl-i (latent_broadcast = \"samples\", "
+                             "encode_missing = \"skip\": the only method and settings a budget covers)")
 
     def probe_sums(self) -> int:
         """How many sums the probe stages' steps and end-of-epoch rounds run (what the he aggregator records)."""

@@ -9,8 +9,9 @@ one was trained with this configuration, else against the training table's colum
 (unseen categories are counted). Every pin was parsed when the file was read (a pin that is no Ed25519
 key, or one key pinned for two roles, is refused there); `run_problems` names what a run also needs (every
 role's pin, the he aggregator's address). `train` and `predict` run the same checks for every local role
-before anything connects. Whether the parties' IDs overlap cannot be checked here (the IDs are private):
-training reports it after the private alignment.
+before anything connects. Whether the parties' IDs overlap is checked here only where one host holds their
+tables (the IDs are private), counted as the alignment counts them; else training reports it after the private
+alignment.
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ def check_parties(fed: Federation, names: list[str], command: str) -> list[Party
 
 
 def _overlap_notes(fed: Federation, reports: list[PartyCheck]) -> None:
-    """Where this host holds the active party's table and another party's (one operator's trial): a note for each
-    party whose IDs, as the rule normalises them, barely meet the active party's (a trial learned it 7 s into
-    `train`). Compared here, on this host's own files; nothing is sent."""
+    """Where this host holds the active party's table and another party's (one operator's trial): an error for each
+    party whose listed IDs, as the rule normalises them, meet the active party's less than the alignment's
+    min_overlap asks (a trial learned it 7 s into `train`). Compared here, on this host's own files; nothing is
+    sent."""
     listed = {r.name: _listed_ids(r.inputs, r.name == fed.active) for r in reports if r.inputs is not None}
     if fed.active not in listed or fed.min_overlap <= 0:  # (min_overlap = 0 trains anyway)
         return
@@ -127,9 +129,8 @@ def _table_lines(fed: Federation, name: str, command: str, result: PartyCheck) -
 
 def _listable(fed: Federation, name: str, inputs: PartyInput) -> PartyInput:
     """`inputs`, refused where the party would list more IDs to the alignment than max_ids (every party refuses
-    that alignment: a fuzzer's max_ids = 7 passed `check`). The active party lists every row, another its rows
-    holding a cell."""
-    listed = inputs.table.n_rows if name == fed.active else int(inputs.block.held.sum())
+    that alignment: a fuzzer's max_ids = 7 passed `check`)."""
+    listed = len(_listed_ids(inputs, name == fed.active))
     if listed > fed.max_ids:
         raise InputError(f"party {name!r}: {inputs.table.path} would list {listed} IDs in the private alignment, more "
                          f"than [federation] max_ids = {fed.max_ids} of {fed.path} allows (every party refuses such an "

@@ -377,6 +377,8 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     config.write_text(text + "\n[privacy]\nepsilon = 0.01\nnoise_multiplier = 10.0\n")
     code, out, _ = cli("privacy", "--config", str(config), "--party", "party3")
     assert code == 1 and "warning: party3's rows have spent more than the budget its file now sets" in out, out
+    code, out, err = cli("check", "--config", str(config), "--party", "party3")  # (a privacy reviewer's trial: check
+    assert code == 0 and "note: `predict` would be refused: party3:" in out, out + err  # said nothing of it)
     # a party whose ledger is on another host: one error line, not a traceback from reading a folder of None
     config.write_text(config.read_text().replace('model = "party0/model"\n', ""))
     code, _, err = cli("privacy", "--config", str(config), "--party", "party0")
@@ -433,7 +435,7 @@ def test_one_partys_budget_refusal_stops_every_party_before_any_charges(trained,
     assert "party1: the schedule would spend epsilon" in errors["party1"], errors
     assert "no party charged this schedule to its ledger" in errors["party1"]
     for name in ("party0", "party2", "party3"):
-        assert "party1: its own privacy budget refuses the schedule every party sized" in errors[name], errors
+        assert "party1: its own privacy budget or ledger refuses the schedule every party sized" in errors[name], errors
         ledger = json.loads((config.parent / name / "model" / "privacy.json").read_text())
         assert "releases_per_row" not in ledger and len(ledger["encodings"]) == 1, ledger  # its encoding only
 
@@ -450,7 +452,7 @@ def _one_refused_prediction_charges_no_party(config: Path, spent: float) -> None
     assert "party1: one more prediction run would spend epsilon" in errors["party1"], errors
     assert "no party charged this prediction run to its ledger" in errors["party1"], errors
     for name in ("party0", "party2", "party3"):
-        assert "party1: its own privacy budget refuses one more prediction run" in errors[name], errors
+        assert "party1: its own privacy budget or ledger refuses one more prediction run" in errors[name], errors
     assert {name: _ledger(config.parent / name) for name in ledgers} == ledgers
     assert not (config.parent / "refused.csv").exists()
     low.unlink()

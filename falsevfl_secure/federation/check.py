@@ -310,7 +310,8 @@ def _prediction_lines(fed: Federation, name: str, training: PartyInput) -> list[
             if manifest.weights is not None:  # (a fuzzer's garbage model.pt passed check)
                 saved_weights(spec.model_dir, manifest.weights)
             return describe_prediction(fed, name, _listable(fed, name, prediction_input(
-                fed, name, manifest.encoding, manifest.classes, manifest)), "the saved model")
+                fed, name, manifest.encoding, manifest.classes, manifest)), "the saved model") + \
+                _prediction_budget(fed, name, manifest)
         except FalseVflError as error:
             if "trained with other settings" not in str(error):
                 raise
@@ -319,6 +320,19 @@ def _prediction_lines(fed: Federation, name: str, training: PartyInput) -> list[
     inputs = _listable(fed, name, prediction_input(fed, name, training.encoding, training.classes or None))
     untrained = [] if notes else [f"  no trained model in {spec.model_dir} yet: `predict` needs `train` first"]
     return [*describe_prediction(fed, name, inputs, "the training table"), *notes, *untrained]
+
+
+def _prediction_budget(fed: Federation, name: str, manifest) -> list[str]:
+    """Under a privacy budget: a note where `predict` would be refused by this party's own ledger and file (a privacy
+    reviewer's trial: check said nothing of a ledger past a lowered budget, or of a budget with no run left)."""
+    if not fed.model.privacy.enabled:
+        return []
+    from ..privacy import exposure, prediction_refusal
+
+    protocol = protocol_named(fed.protocol)
+    seen = exposure(fed.model, protocol.hides_contributions, name == fed.active, bool(protocol.helpers))
+    refusal = prediction_refusal(fed.model, name, fed.own(name).model_dir, seen, trained_in=manifest.trained_in)
+    return [] if refusal is None else [f"{NOTE}`predict` would be refused: {refusal}"]
 
 
 def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[str]:

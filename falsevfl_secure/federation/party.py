@@ -280,8 +280,9 @@ def _budgets_agree(role, refusal: InputError | None, what: str = "the schedule e
     if refusal is not None:
         raise InputError(f"{refusal}; no party charged {charged} to its ledger")
     if refusing:
-        raise InputError(f"{', '.join(refusing)}: its own privacy budget refuses {what}, so every party stops here "
-                         f"before anything is released; {me}'s ledger is not charged for {charged}")
+        raise InputError(f"{', '.join(refusing)}: its own privacy budget or ledger refuses {what} (its own error says "
+                         f"why: one bit crosses), so every party stops here before anything is released; {me}'s "
+                         f"ledger is not charged for {charged}")  # (a trial's missing ledger read as its budget)
 
 
 def _refusing(payload: bytes, names: list[str]) -> list[str]:

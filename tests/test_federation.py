@@ -361,6 +361,8 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
     assert result["privacy"]["epsilon"] == ledger["epsilon"]
     code, out, _ = cli("privacy", "--config", str(config), "--party", "party0")
     assert code == 0 and "party0: epsilon = " in out and "0 prediction run(s)" in out
+    code, out, err = cli("check", "--config", str(config), "--party", "party0")  # (a reviewer read "is released")
+    assert code == 0 and "training reuses the encoding released for this table before" in out, out + err
     trained_ledger = _ledger(config.parent / "party0")
     code, _, err = cli("train", "--config", str(config), "--resume", "--quiet")  # refused before anyone charges
     assert code == 2 and "cannot resume" in err and _ledger(config.parent / "party0") == trained_ledger, err

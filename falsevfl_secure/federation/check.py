@@ -145,10 +145,14 @@ def _budget_lines(fed: Federation, inputs: PartyInput) -> list[str]:
         return []
     from ..data.private_encoding import preview, refuse_local
     from ..privacy import ENCODING_DELTA_SHARE, encoding_multiplier
+    from .inputs import encoding_charge
 
     refuse_local(inputs.table)  # as training will (its block with the '(other)' cells): refused here already
-    return [preview(inputs.table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta),
-            _schedule_line(fed, inputs)]
+    if encoding_charge(fed, inputs.table) is None:  # (a privacy reviewer read "is released" of the one kept)
+        said = "  under the privacy budget training reuses the encoding released for this table before, charged then"
+    else:
+        said = preview(inputs.table, encoding_multiplier(privacy), ENCODING_DELTA_SHARE * privacy.delta)
+    return [said, _schedule_line(fed, inputs)]
 
 
 def _schedule_line(fed: Federation, inputs: PartyInput) -> str:

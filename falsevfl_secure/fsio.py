@@ -73,6 +73,11 @@ def read_regular(path: Path | str) -> bytes:
     return regular_file(path)[0]
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The first of `path` and its parents that exists and is no folder (so no folder can be made at `path`)."""
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
 def regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
     """`read_regular`'s bytes and the opened file's own status (its mode, read from the descriptor the bytes came
     from). Checked before opening too: opening a device can act (a watchdog arms, a tape rewinds)."""

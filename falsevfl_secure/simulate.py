@@ -64,7 +64,7 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(prog="python -m falsevfl_secure.simulate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="plain")
     parser.add_argument("--runtime", choices=("local", "distributed"), default=None,
                         help="default: local for plain, distributed for mpc and he")

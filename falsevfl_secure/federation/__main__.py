@@ -45,7 +45,7 @@ from ..cli import Parser, guarded
 from ..config import MULTIPLIER_RANGE
 from ..data import DataError
 from ..errors import InputError, PartyFailure, did_you_mean
-from ..fsio import read_regular
+from ..fsio import file_in_the_way, read_regular
 from ..privacy import LEDGER, all_spent, before_model, ledger_epsilon, read_ledger, threshold_delta
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
@@ -55,7 +55,7 @@ from .tables_demo import DEMO_TABLES as TABLES
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = Parser(prog="python -m falsevfl_secure.federation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     _demo_options(commands.add_parser("demo", help="write per-party tables (a benchmark's split, or tables as a "
                                                        "new user's would look) and a federation.toml"))
@@ -325,7 +325,7 @@ def _predictions_path(fed, args: argparse.Namespace, roles: list[str]) -> str | 
         raise InputError(f"predict: --out PREDICTIONS.csv is needed where the active party {fed.active!r} runs: it "
                          "writes the predictions there (the other parties write nothing)")
     out = Path(args.out).resolve()
-    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    blocker = file_in_the_way(out.parent)
     if out.is_dir() or blocker is not None:
         raise InputError(f"--out {args.out}: cannot write the predictions there "
                          f"({'it is a folder' if blocker is None else f'{blocker} is a file'}); name a CSV file")
@@ -659,7 +659,8 @@ def _probability_scores(ids: list[str], predicted: dict, truth: dict, args, shor
     for row, i in enumerate(ids):
         probabilities[row, :len(classes)] = _numbers([predicted[i][f"p_{c}"] for c in classes], args.predictions,
                                                      "p_<class>")
-    _are_probabilities(probabilities[:, :len(classes)], ids, args.predictions)
+    if not short:  # (a group's rows are the file's, checked once)
+        _are_probabilities(probabilities[:, :len(classes)], ids, args.predictions)
     y = np.array([columns.index(truth[i]) for i in ids])
     m = {k: v if v == v else "n/a (one class)" for k, v in classification_metrics(probabilities, y).items()}
     if short:

@@ -60,11 +60,11 @@ def check_parties(fed: Federation, names: list[str], command: str) -> list[Party
     """The check of every named role for `command` ("check", "train" or "predict")."""
     reports = [check_party(fed, name, command) for name in names]
     if command != "predict":  # (a prediction asks for no overlap)
-        _overlap_notes(fed, reports)
+        _overlap_problems(fed, reports)
     return reports
 
 
-def _overlap_notes(fed: Federation, reports: list[PartyCheck]) -> None:
+def _overlap_problems(fed: Federation, reports: list[PartyCheck]) -> None:
     """Where this host holds the active party's table and another party's (one operator's trial): an error for each
     party whose listed IDs, as the rule normalises them, meet the active party's less than the alignment's
     min_overlap asks (a trial learned it 7 s into `train`). Compared here, on this host's own files; nothing is

@@ -33,7 +33,6 @@ valid keys of its section and the closest one, and two participants pinned with 
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import tomllib
@@ -46,7 +45,7 @@ from ..data.errors import DataError
 from ..data.ids import IdRule
 from ..data.tables import DEFAULT_MISSING, ReadOptions
 from ..errors import InputError, did_you_mean
-from ..fsio import read_regular
+from ..fsio import file_in_the_way, read_regular
 from ..methods import METHODS, SETTINGS, make_config, method_for, method_labels, parse_method
 from ..runtime.cast import AGGREGATOR
 from ..secure.identity import IdentityError, parse_pin
@@ -242,15 +241,15 @@ def load_federation(path: Path | str) -> Federation:
 
 
 def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where: str, what: str = "setting") -> None:
-    """An InputError naming every unknown key, the closest valid one (difflib) and all the valid ones."""
+    """An InputError naming every unknown key, the closest valid one (`did_you_mean`) and all the valid ones."""
     valid = sorted(valid)
     unknown = sorted(set(given) - set(valid))
     if not unknown:
         return
     named = []
     for key in unknown:
-        close, home = difflib.get_close_matches(key, valid, n=1), _home_of(key, where) if what == "setting" else ""
-        named.append(f"{key!r}" + (home or (f" (did you mean {close[0]!r}?)" if close else "")))
+        home = _home_of(key, where) if what == "setting" else ""
+        named.append(f"{key!r}" + (home or did_you_mean(key, valid)))
     plural = "s" if len(unknown) > 1 else ""
     raise InputError(f"{path}: {where}: unknown {what}{plural} {', '.join(named)}; the valid {what}s are "
                      f"{', '.join(valid)} (see docs/federation-toml.md)")
@@ -425,7 +424,7 @@ def _party(entry: dict, index: int, path: Path) -> PartySpec:
     given = {key: base / _text(entry, key, path, where) if key in entry else None
              for key in (*OWN_PATHS, "identity")}
     model = given["model"]
-    blocker = next((p for p in (model, *model.parents) if p.exists() and not p.is_dir()), None) if model else None
+    blocker = file_in_the_way(model) if model else None
     if blocker is not None:  # (a fuzzer's folder below a file passed `check`)
         raise InputError(f"{path}: [[party]] {name!r}: model = {str(model)!r}: {str(blocker)!r} is a file; model names "
                          "the folder the party keeps its model, checkpoints and ledger in")

@@ -248,6 +248,18 @@ class Config:
             settings["privacy"] = {k: v for k, v in settings["privacy"].items() if k not in PRIVACY_BUDGET}
         return settings
 
+    def file_settings(self) -> dict[str, object]:
+        """`training_settings` flat, each named as a federation file writes it ("[model.pretrain] lr"): what a
+        handshake compares, so that a difference names the setting, not only the fingerprint."""
+        flat: dict[str, object] = {}
+        for key, value in self.training_settings().items():
+            section = {"pretrain": "[model.pretrain]", "train": "[model.train]", "privacy": "[privacy]"}.get(key)
+            inner = value if section or key == "options" else {"preset" if key == "dataset" else key: value}
+            for name, setting in inner.items():
+                scalar = setting is None or isinstance(setting, str | int | float | bool)
+                flat[f"{section or '[model]'} {name}"] = setting if scalar else json.dumps(setting, sort_keys=True)
+        return flat
+
     def fingerprint(self) -> str:
         """A short hash of `training_settings`, recorded in every checkpoint."""
         text = json.dumps(self.training_settings(), sort_keys=True)

@@ -422,3 +422,34 @@ def test_parties_run_together_on_one_host_keep_their_models_apart(tmp_path, fold
     config.write_text(re.sub(r'model = "\w+/model"', 'model = "model"', text))  # every entry alike: one host's file
     code, out, err = cli("check", "--config", str(config), "--party", "lab")
     assert code == 0, out + err
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda t: t.replace("[model.pretrain]\nepochs = 1", "[model.pretrain]\nepochs = 4"),
+     "differ in [model.pretrain] epochs (lab: 4, clinic: 1): every"),
+    (lambda t: t + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 4.0\nclip_posterior = 5.0\n",
+     "[privacy] clip_likelihood (lab: 32.0, clinic: unset), [privacy] clip_posterior (lab: 5.0, clinic: unset) and "
+     "2 more settings: every"),
+    (lambda t: t.replace('preset = "quick"', 'preset = "auto"'),
+     "differ in [model.pretrain] batch_size (lab: 256, clinic: 128), [model.train] batch_size (lab: 128, clinic: 64)")])
+def test_a_handshake_names_the_settings_two_files_differ_in_with_both_values(tmp_path, edit, named):
+    """The active party checks a passive party's signed hello against its own file: the refusal names each differing
+    setting as the file writes it, with both values (it named only the fingerprint of every [model] setting: a
+    user could not tell which of forty keys to align), the first four where a preset moves many."""
+    from falsevfl_secure.federation.launch import file_addresses, spec_of
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.network.handshake import Handshake, _hello
+    from falsevfl_secure.transport.protocols import protocol_named
+
+    config, mpc = demo(tmp_path), protocol_named("mpc")
+    specs = {}
+    for name, path in (("clinic", own_file(config, "clinic")), ("lab", own_file(config, "lab", edit))):
+        fed = load_federation(path)
+        specs[name] = spec_of(fed, name, "train", mpc, fed.names, file_addresses(fed, mpc))
+    shake = Handshake(None, "clinic", None, specs["clinic"].agreement, specs["clinic"].cast, None)
+    lab_hello = _hello("lab", identity.read_private_key(key_file(config, "lab")), specs["lab"].agreement)
+    with pytest.raises(InputError) as refused:
+        shake.check_hello(lab_hello)
+    assert "the configurations of lab and clinic differ in " in str(refused.value), refused.value
+    assert named in str(refused.value) and "'model'" not in str(refused.value), refused.value
+    shake.check_hello(_hello("clinic", identity.read_private_key(key_file(config, "clinic")), specs["clinic"].agreement))

@@ -391,8 +391,8 @@ def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_pat
 def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_handshake(trained, tmp_path, attacked):
     """threat_models/dp.toml: the active party's own file says 80 stage-1 epochs where the passive parties'
     budgets were checked against 3. A weakened party that followed it would spend epsilon 9.7 of its 8 (its
-    own accountant on the announced schedule); the shipped parties' hellos carry other model fingerprints,
-    and every party stops before any sum is sent, naming the differing field, its ledger untouched."""
+    own accountant on the announced schedule); the shipped parties' hellos carry other model settings, and
+    every party stops before any sum is sent, naming the differing setting and both values, its ledger untouched."""
     from falsevfl_secure.errors import InputError
     from falsevfl_secure.federation.config import load_federation
 
@@ -413,7 +413,9 @@ def test_an_active_party_that_announces_a_longer_schedule_is_refused_at_the_hand
     attacked("a longer schedule announced (active, dp)", "shipped", "refused at the handshake by every party")
     assert weak > 8
     assert all(code != 0 for code in codes.values()), errors
-    named = {name for name, err in errors.items() if "differ in 'model'" in err and "before any data is sent" in err}
+    named = {name for name, err in errors.items()  # the setting and both values, not a fingerprint
+             if "differ in [model.pretrain] epochs (" in err and "party3: 80" in err
+             and re.search(r"party[0-2]: 3\b", err) and "before any data is sent" in err}
     # a party another's stop reached before it compared the active party's hello (a loaded CI machine) reads that
     # stop: that party's own error at set-up, no field (an ABORT carries no other role's text)
     told = {name for name, err in errors.items()

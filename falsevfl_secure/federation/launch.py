@@ -48,7 +48,7 @@ def agreement_settings(fed: Federation, command: str) -> dict:
     """The run settings every participant must share besides the cast (see `network.agreement`)."""
     return {"command": command, "method": method_for(fed.model).label, "model": fed.model.fingerprint(),
             "task": fed.task, "max_ids": fed.max_ids, "on_party_loss": fed.on_party_loss,
-            "min_parties": fed.min_parties}
+            "min_parties": fed.min_parties, **fed.model.file_settings()}
 
 
 def spec_of(fed: Federation, name: str, command: str, protocol: Protocol, present: list[str],

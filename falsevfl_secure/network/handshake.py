@@ -42,6 +42,7 @@ MAX_RECORD_BYTES = 1 << 20
 
 
 # 'model' is a fingerprint of every [model] setting and the noise [privacy] states (what each file must say alike)
+_NAMED_SETTINGS = 4  # a difference in more settings names the first few (a preset changed moves many)
 _MODEL_HINT = (" (the fingerprint of the [model] settings and of [privacy]'s noise_multiplier, collusion and clip "
                "norms; each party's epsilon, delta and max_releases_per_row are its own)")
 
@@ -210,10 +211,21 @@ class Handshake:
         verify(self.cast.pins[name], "hello", name.encode() + b"\0" + nonce + theirs.digest(), signature, name)
         differ = self.agreement.differences(theirs)
         if differ:
-            raise InputError(f"the configurations of {name} and {self.me} differ in "
-                             f"{', '.join(repr(f) for f in differ)}{_MODEL_HINT if 'model' in differ else ''}: every "
-                             "participant must agree on them; the run stops before any data is sent")
+            raise InputError(f"the configurations of {name} and {self.me} differ in {self._named(differ, theirs, name)}"
+                             ": every participant must agree on them; the run stops before any data is sent")
         return theirs
+
+    def _named(self, differ: list[str], theirs: Agreement, name: str) -> str:
+        """The differing fields; a setting as the file writes it, with both values (the settings all share anyway),
+        in place of the model's fingerprint (which named no setting: review of a clip norm changed in one file)."""
+        settings = [f for f in differ if f.startswith("[")]
+        if not settings:
+            return ", ".join(repr(f) for f in differ) + (_MODEL_HINT if "model" in differ else "")
+        mine, other = self.agreement.fields, theirs.fields
+        shown = {f: [repr(side[f]) if f in side else "unset" for side in (other, mine)] for f in settings}
+        values = [f"{f} ({name}: {shown[f][0]}, {self.me}: {shown[f][1]})" for f in settings[:_NAMED_SETTINGS]]
+        more = f" and {len(settings) - _NAMED_SETTINGS} more settings" if len(settings) > _NAMED_SETTINGS else ""
+        return ", ".join([*(repr(f) for f in differ if f != "model" and f not in settings), *values]) + more
 
     def lead(self) -> Session:
         """The active party: collect the hellos, decide the roster, tell everyone (or tell them why not)."""

@@ -436,8 +436,8 @@ def test_a_handshake_names_the_settings_two_files_differ_in_with_both_values(tmp
     """The active party checks a passive party's signed hello against its own file: the refusal names each differing
     setting as the file writes it, with both values (it named only the fingerprint of every [model] setting: a
     user could not tell which of forty keys to align), the first four where a preset moves many."""
-    from falsevfl_secure.federation.launch import file_addresses, spec_of
     from falsevfl_secure.errors import InputError
+    from falsevfl_secure.federation.launch import file_addresses, spec_of
     from falsevfl_secure.network.handshake import Handshake, _hello
     from falsevfl_secure.transport.protocols import protocol_named
 
@@ -452,4 +452,5 @@ def test_a_handshake_names_the_settings_two_files_differ_in_with_both_values(tmp
         shake.check_hello(lab_hello)
     assert "the configurations of lab and clinic differ in " in str(refused.value), refused.value
     assert named in str(refused.value) and "'model'" not in str(refused.value), refused.value
-    shake.check_hello(_hello("clinic", identity.read_private_key(key_file(config, "clinic")), specs["clinic"].agreement))
+    own = identity.read_private_key(key_file(config, "clinic"))
+    shake.check_hello(_hello("clinic", own, specs["clinic"].agreement))  # one file against itself: no difference

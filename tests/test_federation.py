@@ -82,9 +82,13 @@ def test_each_party_saves_only_its_own_part_with_a_manifest(trained):
 def test_prediction_with_every_party_and_with_one_absent(trained):
     config = str(trained / "federation.toml")
     for absent, out in (((), "all.csv"), (("party1",), "without-party1.csv")):
-        code, _, err = cli("predict", "--config", config, "--out", str(trained / out), "--quiet",
-                           *(["--absent", *absent] if absent else []))
+        code, said, err = cli("predict", "--config", config, "--out", str(trained / out), "--quiet",
+                              *(["--absent", *absent] if absent else []))
         assert code == 0, err
+        peaks = re.search(r"^peak RSS per party \(resident memory, shared pages included\): (.*)$", said, re.M)
+        assert peaks, said  # each present party's own process's peak, as training says it (a trial missed it)
+        assert [n for n, mib in re.findall(r"(party\d) ([\d,]+) MiB", peaks[1]) if int(mib.replace(",", "")) > 50] \
+            == [p for p in ("party0", "party1", "party2", "party3") if p not in absent], said
         predictions = rows(trained / out)
         assert list(predictions[0])[:3] == ["id", "prediction", "parties_observed"]
         assert [c for c in predictions[0] if c.startswith("p_")] == [f"p_{d}" for d in range(10)]
@@ -284,10 +288,11 @@ def test_one_host_per_party_a_party_declared_absent_is_not_waited_for(trained, t
     assert all(proc.returncode == 0 for proc in procs.values()), {k: v[1] for k, v in outputs.items()}
     # each host says what its run left there (a new user saw nothing at the active party)
     assert outputs["party3"][0].splitlines()[-1].startswith(f"predictions: {tmp_path / 'p.csv'} (")
-    assert re.search(r"\) in \d+\.\d s$", outputs["party3"][0].splitlines()[-1])  # how long the run took
+    # how long the run took, and its process's peak memory
+    assert re.search(r"\) in \d+\.\d s \(peak RSS [\d,]+ MiB\)$", outputs["party3"][0].splitlines()[-1])
     assert " for party0, party2 (join_timeout_s" in outputs["party3"][0].splitlines()[0]  # not for the absent
-    assert outputs["party0"][0].splitlines()[-1] == ("party0: prediction done; the active party party3 writes the "
-                                                     "predictions, nothing here")
+    assert re.fullmatch(r"party0: prediction done \(peak RSS [\d,]+ MiB\); the active party party3 writes the "
+                        "predictions, nothing here", outputs["party0"][0].splitlines()[-1])
     predictions = rows(tmp_path / "p.csv")
     assert {r["id"] for r in predictions} == {r["id"] for r in rows(trained / "truth.csv")}
     assert max(int(r["parties_observed"]) for r in predictions) == 3

@@ -34,6 +34,7 @@ import csv
 import io
 import json
 import math
+import resource
 import sys
 import time
 from collections import Counter
@@ -256,17 +257,19 @@ def run(args: argparse.Namespace) -> int:
         print(_party_done(fed, args))
         return code
     saved = [name for name in present if (fed.party(name).model_dir / "manifest.json").exists()]
-    run_all(fed, args.command, protocol, present, options)
-    _summarise(fed, args, saved)
+    returned = run_all(fed, args.command, protocol, present, options)
+    _summarise(fed, args, saved, returned)
     return 0
 
 
 def _party_done(fed, args: argparse.Namespace) -> str:
     """One host per party: what this role's run left here (the active party's predictions, each party's model)."""
     if args.command == "predict":
+        peak = f" (peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB)"  # (Linux: KiB)
         if args.party == fed.active:
-            return _predictions_summary(Path(args.out), time.perf_counter() - args.started)
-        return f"{args.party}: prediction done; the active party {fed.active} writes the predictions, nothing here"
+            return _predictions_summary(Path(args.out), time.perf_counter() - args.started) + peak
+        return (f"{args.party}: prediction done{peak}; the active party {fed.active} writes the predictions, nothing "
+                "here")
     if args.party == AGGREGATOR:
         return "aggregator: training done (it keeps nothing)"
     folder = fed.party(args.party).model_dir
@@ -274,6 +277,14 @@ def _party_done(fed, args: argparse.Namespace) -> str:
         return f"{args.party}: trained; its model is in {folder}{_peak(folder)}"
     return _trained_line(fed, json.loads(read_regular(folder / "train_result.json")), f"models in {folder} here and "
                          "in each party's own folder")
+
+
+def _say_peaks(peaks: dict[str, float | None]) -> None:
+    """Each party's peak memory, where every one is known (a trial could not measure them: `time` saw the
+    launcher, the parties are its grandchildren)."""
+    if peaks and all(mib is not None for mib in peaks.values()):
+        print("peak RSS per party (resident memory, shared pages included): "
+              + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
 
 
 def _peak(folder: Path) -> str:
@@ -478,8 +489,9 @@ def _two_party_cause(fed, present: list[str], text: str) -> str | None:
             "NAME` there checks its key and pins. A party that is away is declared with --absent NAME")
 
 
-def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
-    """What every local role's run did; `saved`: the parties whose folder held a model before it."""
+def _summarise(fed, args: argparse.Namespace, saved: list[str], returned: dict[str, object]) -> None:
+    """What every local role's run did; `saved`: the parties whose folder held a model before it; `returned`: what
+    each role's process returned (a prediction: its peak memory)."""
     from ..reference import lift_lines
     from .quality import lost_lines, selection_lines, trees_lines, validation_summary
 
@@ -487,14 +499,12 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str]) -> None:
         print(line)
     if args.command == "predict":
         print(_predictions_summary(Path(args.out), time.perf_counter() - args.started))
+        _say_peaks({name: value.get("peak_rss_mib") for name, value in returned.items() if isinstance(value, dict)})
         return
     record = json.loads(read_regular(fed.party(fed.active).model_dir / "train_result.json"))
     replaced = f" (replacing the models saved there before: {', '.join(saved)})" if saved else ""
     print(_trained_line(fed, record, f"models in each party's folder{replaced}"))  # (a trial did not expect it)
-    peaks = {name: _peak_mib(fed.party(name).model_dir) for name in fed.present([])}
-    if all(mib is not None for mib in peaks.values()):  # (a trial could not measure them: `time` saw the launcher)
-        print("peak RSS per party (resident memory, shared pages included): "
-              + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
+    _say_peaks({name: _peak_mib(fed.party(name).model_dir) for name in fed.present([])})
     one, two = record["schedule"]["pretrain"], record["schedule"]["train"]
     took = record.get("stage_time_s", {})  # (a trial found the stages' times only in the JSON)
     print(f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}"

@@ -125,9 +125,9 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def run_all(fed: Federation, command: str, protocol: str, present: list[str], options: dict) -> None:
-    """Every role of the command as a local process of its own; raises `PartyFailure` naming the role that
-    failed first."""
+def run_all(fed: Federation, command: str, protocol: str, present: list[str], options: dict) -> dict[str, object]:
+    """Every role of the command as a local process of its own, and what each returned (by name); raises
+    `PartyFailure` naming the role that failed first."""
     proto = protocol_named(protocol)
     loopback = {fed.active: LOOPBACK, **({AGGREGATOR: LOOPBACK} if proto.helpers else {})}
     specs = [spec_of(fed, name, command, proto, present, loopback) for name in role_names(fed, present, proto)]
@@ -137,8 +137,10 @@ def run_all(fed: Federation, command: str, protocol: str, present: list[str], op
     logs = Path(fed.path).parent / "logs" / command
     show = fed.active if options.get("progress") else None
     world = World(specs, federation_program, (str(fed.path), command, options), logs, show=show)
-    committed(outputs_of(fed, present, command, options), lambda: world.start().wait(),
+    returned: list[object] = []
+    committed(outputs_of(fed, present, command, options), lambda: returned.extend(world.start().wait()),
               models_of(fed, present, command))
+    return dict(zip(world.names, returned, strict=True))
 
 
 def models_of(fed: Federation, names: list[str], command: str) -> list[Path]:

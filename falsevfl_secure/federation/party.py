@@ -136,7 +136,10 @@ def federation_program(role, config: str, command: str, options: dict):
     if role.session.left_out:
         _left_out(fed, role.session.left_out)
     inputs = read_inputs(fed, role.spec.name, command)
-    return _train(role, fed, inputs, options) if command == "train" else _predict(role, fed, inputs, options)
+    if command == "train":
+        return _train(role, fed, inputs, options)  # (its peak memory goes into its own train_log.json)
+    _predict(role, fed, inputs, options)
+    return {"peak_rss_mib": peak_rss_mib()}  # for the launcher's summary (a trial missed it after a prediction)
 
 
 def _same_training(role, manifest: Manifest, folder: Path) -> None:

@@ -285,7 +285,7 @@ def fit(node: Node, data: HostedData, checkpoint_dir: Path | str | None = None, 
         result.seconds[stage.key] = round(time.perf_counter() - began, 3)
         after = node.transport.log.totals()
         result.split[stage.key] = time_split(result.seconds[stage.key], after[0] - rounds, after[1] - waiting)
-    return _finish(node, data, validation, best, result)
+    return _finish(node, data, validation, best, result, progress)
 
 
 def _save_epoch(node: Node, checkpointers: list, progress: tuple[Stage, int], opts: dict, best) -> None:
@@ -307,13 +307,18 @@ def _saved_selection(checkpointers: list, node: Node, start: dict[Stage, int]) -
     return active[0].load((Stage.TRAIN, start[Stage.TRAIN] - 1)).get("selection") if active else None
 
 
-def _finish(node: Node, data: HostedData, validation: HostedData | None, best, result: Fit) -> Fit:
+def _finish(node: Node, data: HostedData, validation: HostedData | None, best, result: Fit,
+            progress: bool = False) -> Fit:
     """After the stages: the validation records as the run ends, and the active party's trees (`head`)."""
+    from .model.trees import BAG
     from .selection import fit_trees
 
     if validation is not None:
         validation.set_dropped(data.dropped)
     if node.method.fits_trees and node.cfg.train.epochs > 0:
+        if progress and node.active.present:  # (a trial saw 20 s of silence after the last bar)
+            print("fitting the active party's trees: one forward pass over the labeled training records, then "
+                  f"{BAG} models", file=sys.stderr, flush=True)
         result.trees = fit_trees(node, data, validation, best, _selects(node, validation))
     return result
 

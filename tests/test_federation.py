@@ -323,6 +323,7 @@ def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process
     peaks = re.search(r"peak RSS per party \(resident memory, shared pages included\): party0 ([\d,]+) MiB, "
                       r"party1 [\d,]+ MiB, party2 [\d,]+ MiB, party3 ([\d,]+) MiB", out)  # each party's own counters
     assert peaks and 100 < int(peaks.group(2).replace(",", "")) < 8000, out
+    assert _listed_line(config) in out.splitlines(), out  # counted here from the tables themselves
     model = config.parent / "party3" / "model"
     assert json.loads((model / "train_result.json").read_text())["protocol"] == "he"
     assert {json.loads((config.parent / f"party{k}" / "model" / "manifest.json").read_text())["protocol"]
@@ -336,6 +337,22 @@ def test_training_and_prediction_under_he_with_the_aggregator_as_its_own_process
     assert {r["id"] for r in predictions} == {r["id"] for r in rows(trained / "truth.csv")}
     for r in predictions[:50]:
         assert abs(sum(float(r[f"p_{d}"]) for d in range(10)) - 1.0) < 1e-4
+
+
+def _listed_line(config: Path) -> str:
+    """The summary's line of the records each party listed, from its CSV: the active party (party3) lists every row,
+    another party its rows holding a cell (IDs compared stripped, as the demo's file says)."""
+    listed = {}
+    for k in range(4):
+        table = rows(config.parent / f"party{k}" / "train.csv")
+        cells = lambda r: [v for c, v in r.items() if c not in ("id", "label")]  # noqa: E731
+        listed[f"party{k}"] = {r["id"].strip() for r in table if k == 3 or any(v.strip() for v in cells(r))}
+    said = []
+    for name, ids in listed.items():
+        others = set().union(*(v for n, v in listed.items() if n != name))
+        said.append(f"{name} {len(ids):,} ({len(ids - others):,} by no other party"
+                    + ("" if name == "party3" else f"; {len(ids & listed['party3']):,} also by the active party") + ")")
+    return "records listed by each party: " + ", ".join(said)
 
 
 def test_a_privacy_budget_is_each_partys_own_spent_and_reported(trained, tmp_path, refused):

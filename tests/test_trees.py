@@ -79,11 +79,14 @@ def test_the_trees_read_the_own_block_where_observed_the_posterior_mean_and_the_
     assert head_features(batch.x[a], torch.from_numpy(seen.copy()), mean, batch.n_observed.get()).shape == inputs.shape
 
 
-def test_training_fits_the_trees_after_stage_2_and_predictions_blend_them():
+def test_training_fits_the_trees_after_stage_2_and_predictions_blend_them(capsys):
     cfg = small("false-vfl", seed=2, head="network+trees")
     node, data = node_and_data(cfg, n=80, n_labeled=50)[:2]
     validation = node_and_data(cfg, n=40, n_labeled=40)[1]
-    trained = fit(node, data, progress=False, validation=validation)
+    trained = fit(node, data, progress=True, validation=validation)
+    # with bars, a line says what follows the last one (a trial saw 20 s of silence there)
+    assert capsys.readouterr().err.count("fitting the active party's trees: one forward pass over the labeled "
+                                         "training records, then 5 models\n") == 1
     role = node.active.get()
     assert trained.trees["rows"] == 50 and set(trained.trees["validation"]) == {str(w) for w in WEIGHTS}
     assert role.trees.weight in WEIGHTS and trained.trees["weight"] == role.trees.weight

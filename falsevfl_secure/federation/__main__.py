@@ -279,6 +279,15 @@ def _party_done(fed, args: argparse.Namespace) -> str:
                          "in each party's own folder")
 
 
+def _listed_line(fed, overlap: dict[str, dict]) -> str:
+    """The records each party listed, how many no other party listed, and (a passive party) how many the active
+    party listed too (a trial read 'payroll: 52027 of 54120 / 54120' twice before seeing 2,093 held by it alone)."""
+    said = [f"{name} {o['listed']:,} ({o['listed'] - o['shared']:,} by no other party"
+            + ("" if name == fed.active else f"; {o['with_active']:,} also by the active party") + ")"
+            for name, o in overlap.items()]
+    return "records listed by each party: " + ", ".join(said)
+
+
 def _say_peaks(peaks: dict[str, float | None]) -> None:
     """Each party's peak memory, where every one is known (a trial could not measure them: `time` saw the
     launcher, the parties are its grandchildren)."""
@@ -512,9 +521,7 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str], returned: dict[s
           f"of batch {two['batch_size']}" + (f" ({took['train']:.1f} s)" if "train" in took else ""))
     for line in lost_lines(record.get("lost_parties", [])):
         print(line)
-    print("shared with the federation (records also listed by another party / by the active party): " + ", ".join(
-        f"{name}: {o['shared']} of {o['listed']} / {o['with_active']}"
-        for name, o in record["alignment"]["overlap"].items()))
+    print(_listed_line(fed, record["alignment"]["overlap"]))
     print(validation_summary(record["validation"]))
     lift = lift_lines(record["lift"], record.get("config")) if record.get("lift") else []
     for line in [*selection_lines(record.get("selection"), record.get("config")), *trees_lines(record.get("trees")),

@@ -25,6 +25,7 @@ import hashlib
 import io
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,9 +100,9 @@ class Aligned:
 
 
 def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.ndarray | None, restrict: bool,
-                policy: Policy = Policy()) -> Aligned:
+                policy: Policy = Policy(), progress: Callable[[str, float], None] | None = None) -> Aligned:
     """Align this party's rows (`ids`, the normalised keys; `held`: rows holding some feature cell) with
-    every other party's (a collective over the parties)."""
+    every other party's (a collective over the parties); `progress`: secure/align.py's."""
     started = time.perf_counter()
     active = role.peers.active_index
     listed = np.arange(len(ids)) if role.is_active else np.flatnonzero(held)
@@ -109,7 +110,7 @@ def align_table(role, ids: tuple[str, ...], held: np.ndarray, labeled_rows: np.n
     if role.peers.n_parties > 1:
         result = _named(role, lambda: align(role.channel(), [ids[i] for i in listed], active,  # on this role's cores
                                             restrict_to_active=restrict, max_ids=policy.max_ids,
-                                            threads=torch.get_num_threads()))
+                                            threads=torch.get_num_threads(), progress=progress))
         give_back_freed_memory()
     else:  # the active party alone: nothing to align
         result = Alignment(listed.size, np.arange(listed.size), np.ones((listed.size, 1), dtype=bool))

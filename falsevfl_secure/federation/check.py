@@ -38,6 +38,7 @@ _MANY_CATEGORIES = 50  # a categorical column with more categories than this and
 _MOSTLY_DISTINCT = 0.5  # ... more distinct values than this share of its cells looks like an identifier
 _EXAMPLES = 3
 NOTE = "  note: "
+WIDE_CATEGORIES = 100  # a categorical column this wide is named with what it costs
 
 
 @dataclass
@@ -355,6 +356,11 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
               for c in table.categorical if _looks_like_identifier(table.text[c])]
     lines += [f"{NOTE}column {c!r} has one value ({v}) in every row that has one: it tells the model nothing "
               "(remove it, or check the export)" for c, v in _constant_columns(table)]
+    lines += [f"{NOTE}column {c!r} has {len(encoding.categories[c]):,} categories, {len(encoding.categories[c]):,} of "
+              f"this party's {encoding.width:,} encoded cells: every row carries them through its networks, so its "
+              "memory and step time grow with them; grouping the rare ones shrinks it"
+              for c in table.categorical if len(encoding.categories[c]) >= WIDE_CATEGORIES
+              and not _looks_like_identifier(table.text[c])]  # (a trial's 532 occupations: 1,250 MiB, others 560)
     if name == fed.active and fed.validation_group:
         lines.append(_groups_line(fed, inputs))
     if name != fed.active and fed.label_column in table.columns:

@@ -20,6 +20,7 @@ import json
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
@@ -216,7 +217,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     write_json(out / "train_log.json", own)  # this party's own counters stay with it
     spent = _ledger(name, spent, me.model_dir)
     if role.is_active:
-        validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes, held_out)
+        validation, lift = _quality(fed, inputs, placed, aligned, targets, predictions, n_classes, held_out, progress)
         record = _train_record(fed, cfg, role.protocol.name, aligned, trained, own["communication"],
                                time.perf_counter() - started, validation)
         schedule = {stage: asdict(getattr(cfg, stage)) for stage in ("pretrain", "train")}
@@ -333,13 +334,27 @@ def _aligned(role, fed: Federation, inputs: PartyInput, labeled_rows, checkpoint
               file=sys.stderr, flush=True)
     aligned = align_table(role, inputs.table.ids, inputs.block.held, labeled_rows, restrict=False,
                           policy=Policy(fed.min_overlap, fed.validation_fraction, fed.model.seed, fed.max_ids,
-                                        _groups(role, fed, inputs, labeled_rows)))
+                                        _groups(role, fed, inputs, labeled_rows)),
+                          progress=_alignment_steps(role.is_active) if say else None)
     if say:
         print(f"aligned in {aligned.seconds:.0f} s: {aligned.n} records in the shared order", file=sys.stderr,
               flush=True)
     if not role.is_active and fed.on_party_loss == "continue":
         save_alignment(checkpoints, aligned, role.session.id)
     return aligned
+
+
+def _alignment_steps(active: bool) -> Callable[[str, float], None]:
+    """A line on the terminal as each long step of the alignment ends (a trial waited 125 s with no sign of life)."""
+    said = {"hash_and_blind": "this party's IDs hashed and blinded; every party's list now goes round the parties, "
+                              "each multiplication proved",
+            "lists_back": "every list came round; keying the union and proving each party's points",
+            "ring": "the union " + ("went to every party" if active else "came") + "; checking every hop's proof"}
+
+    def step(event: str, seconds: float) -> None:
+        if event in said:
+            print(f"  {said[event]} ({seconds:.0f} s)", file=sys.stderr, flush=True)
+    return step
 
 
 def _groups(role, fed: Federation, inputs: PartyInput, labeled_rows) -> np.ndarray | None:
@@ -409,11 +424,13 @@ def _validation_data(placed: Placed, aligned: Aligned, rank: int, targets: np.nd
 
 
 def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Aligned, targets: np.ndarray,
-             predictions, n_classes: int, held_out) -> tuple[dict | None, dict | None]:
+             predictions, n_classes: int, held_out, say: bool = False) -> tuple[dict | None, dict | None]:
     """At the active party: the validation table and the lift over its own model on the same records (each
-    counted by the parties that held it in the end: a party lost for good holds none)."""
+    counted by the parties that held it in the end: a party lost for good holds none); `say`: a line first."""
     if predictions is None:
         return None, None
+    if say:  # (a trial saw 20 s of silence after the last bar)
+        print("fitting the active party's own models on its own columns, for the lift", file=sys.stderr, flush=True)
     y, rows = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y, aligned.validation
     out = predictions.get().cpu().numpy()  # on the host: a party may train on its GPU
     observed = held_out.n_observed.get().cpu().numpy()

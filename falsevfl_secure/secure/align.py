@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,10 +93,11 @@ def group_hash(session: bytes, identifier: str) -> bytes:
 
 
 class _Clock:
-    """Seconds per phase into `timings` (if given), measured from the previous lap."""
+    """Seconds per phase into `timings` (if given), measured from the previous lap; `progress(event, seconds since
+    the start)` after each phase and each noted step (if given: a trial's 125 s alignment showed no sign of life)."""
 
-    def __init__(self, timings: dict | None) -> None:
-        self.timings, self.start = timings, time.perf_counter()
+    def __init__(self, timings: dict | None, progress: Callable[[str, float], None] | None = None) -> None:
+        self.timings, self.progress, self.start = timings, progress, time.perf_counter()
         self.last = self.start
 
     def lap(self, phase: str) -> None:
@@ -105,11 +106,16 @@ class _Clock:
             self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
             self.timings["total"] = now - self.start
         self.last = now
+        self.note(phase)
+
+    def note(self, event: str) -> None:
+        if self.progress is not None:
+            self.progress(event, time.perf_counter() - self.start)
 
 
 def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_active: bool = False,
           view: list | None = None, secrets_out: dict | None = None, timings: dict | None = None,
-          threads: int = 1, max_ids: int = MAX_IDS) -> Alignment:
+          threads: int = 1, max_ids: int = MAX_IDS, progress: Callable[[str, float], None] | None = None) -> Alignment:
     """Align this party's `ids` with every other party's; every rank of `channel` calls it at once.
 
     Returns the union size N and, per own row (in the order of `ids`), its position 0..N-1 in the
@@ -119,14 +125,16 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
     hook for collusion attacks, never needed in production) receives this party's scalar, session
     and permutation (and at the active party its throwaway scalar, `entry`). `timings` (a dict) receives
     seconds per phase. `threads` > 1 spreads the group operations over that many threads (libsodium runs
-    without the GIL; use idle cores only). `max_ids` bounds every party's list: the active party learns which
-    parties hold each ID it lists (threat_models/alignment.toml), so each party refuses to align with a list longer
-    than its own bound. Raises AlignmentInputError for unusable own input (before anything is sent) and
-    AlignmentFrameError for a malformed received frame, a list over the bound or a hop whose proof fails."""
+    without the GIL; use idle cores only). `progress(event, seconds)` hears of each phase ("hash_and_blind", "ring",
+    "hop_checks") and, at the active party, "lists_back" (every list came round). `max_ids` bounds every party's
+    list: the active party learns which parties hold each ID it lists (threat_models/alignment.toml), so each party
+    refuses to align with a list longer than its own bound. Raises AlignmentInputError for unusable own input
+    (before anything is sent) and AlignmentFrameError for a malformed received frame, a list over the bound or a hop
+    whose proof fails."""
     rank, k = _check_world(channel, active, restrict_to_active, threads)
     bound = min(int(max_ids), MAX_IDS)
     encoded = _encode_ids(ids, bound)
-    wire, clock = Wire(channel, view), _Clock(timings)
+    wire, clock = Wire(channel, view), _Clock(timings, progress)
     scalar = ristretto.random_scalar()  # fresh per alignment; loads libsodium before anything is sent
     session, counts, publics = _agree_session(wire, rank, k, active, len(encoded), bound, ristretto.base_mult(scalar))
     order = secret_permutation(len(encoded))
@@ -135,7 +143,7 @@ def align(channel: Channel, ids: Sequence[str], active: int, *, restrict_to_acti
         secrets_out.update(scalar=scalar, session=session, order=order.copy(),
                            **({"entry": entry, "union_key": key} if rank == active else {}))
     clock.lap("setup")
-    state = Ring(wire, rank, counts, publics, session, scalar, threads)
+    state = Ring(wire, rank, counts, publics, session, scalar, threads, note=clock.note)
     mine = _blind_own(encoded, order, session, entry if rank == active else scalar, threads)
     clock.lap("hash_and_blind")
     if rank != active:
@@ -279,6 +287,7 @@ def _active_lists(ring: Ring, active: int, own: bytes, keys: tuple[bytes, bytes]
         origin = members[(j + 1) % m]
         lists[origin] = ring.multiply(origin, m, ring.recv_list("final", src, origin, m - 1))
     carried = ring.recv_list("carry", members[-1], active, m)
+    ring.note("lists_back")
     entry, key = keys  # the union's key (secure/keyed.py): fresh per alignment, never sent
     unblind = ristretto.scalar_mul(ring.scalar, ristretto.scalar_invert(entry))  # a_A / t: the pseudonyms
     lists[active] = ristretto.scalar_mult_batch(unblind, carried, threads=ring.threads)

@@ -18,6 +18,7 @@ Q are one party (two parties in all), it asks no one.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,6 +113,7 @@ class Ring:
     sent: dict[tuple[int, int], bytes] = field(default_factory=dict)
     got: dict[tuple[int, int], bytes] = field(default_factory=dict)
     made: dict[tuple[int, int], tuple[bytes, bytes]] = field(default_factory=dict)  # (input, its digest + out's)
+    note: Callable[[str], None] = lambda event: None  # a step of the ring done (the caller's progress line)
 
     def context(self, hop: Hop) -> bytes:
         return self.session + _HOP.pack(hop.origin, hop.index, hop.prover)

@@ -358,7 +358,10 @@ def test_parties_that_name_different_methods_do_not_agree(tmp_path):
     b = load_federation(federation_file(tmp_path / "b", 'method = "false-vfl-i"\n'))
     settings_a, settings_b = agreement_settings(a, "train"), agreement_settings(b, "train")
     assert settings_a["method"] == "plugvfl" and settings_b["method"] == "false-vfl-i"
-    assert {k for k in settings_a if settings_a[k] != settings_b[k]} == {"method", "model"}
+    differ = {k for k in set(settings_a) | set(settings_b) if settings_a.get(k) != settings_b.get(k)}
+    # the method, the fingerprint, and each setting as the file writes it (a method brings its own schedule and options)
+    assert {"method", "model", "[model] method", "[model] plug_drop", "[model.pretrain] optimizer"} <= differ
+    assert all(k.startswith("[model") for k in differ - {"method", "model"}), differ
 
 
 def test_a_method_registers_its_names_options_and_schedules_in_one_class(monkeypatch, refused):

@@ -254,7 +254,7 @@ class Config:
         flat: dict[str, object] = {}
         for key, value in self.training_settings().items():
             section = {"pretrain": "[model.pretrain]", "train": "[model.train]", "privacy": "[privacy]"}.get(key)
-            inner = value if section or key == "options" else {"preset" if key == "dataset" else key: value}
+            inner = value if section or key == "options" else {key: value}
             for name, setting in inner.items():
                 scalar = setting is None or isinstance(setting, str | int | float | bool)
                 flat[f"{section or '[model]'} {name}"] = setting if scalar else json.dumps(setting, sort_keys=True)

@@ -317,7 +317,7 @@ def _finish(node: Node, data: HostedData, validation: HostedData | None, best, r
         validation.set_dropped(data.dropped)
     if node.method.fits_trees and node.cfg.train.epochs > 0:
         if progress and node.active.present:  # (a trial saw 20 s of silence after the last bar)
-            print("fitting the active party's trees: one forward pass over the labeled training records, then "
+            print("fitting the active party's trees: one forward pass over the labeled training records, then up to "
                   f"{BAG} models", file=sys.stderr, flush=True)
         result.trees = fit_trees(node, data, validation, best, _selects(node, validation))
     return result

@@ -428,10 +428,10 @@ def test_parties_run_together_on_one_host_keep_their_models_apart(tmp_path, fold
     (lambda t: t.replace("[model.pretrain]\nepochs = 1", "[model.pretrain]\nepochs = 4"),
      "differ in [model.pretrain] epochs (lab: 4, clinic: 1): every"),
     (lambda t: t + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 4.0\nclip_posterior = 5.0\n",
-     "[privacy] clip_likelihood (lab: 32.0, clinic: unset), [privacy] clip_posterior (lab: 5.0, clinic: unset) and "
-     "2 more settings: every"),
-    (lambda t: t.replace('preset = "quick"', 'preset = "auto"'),
-     "differ in [model.pretrain] batch_size (lab: 256, clinic: 128), [model.train] batch_size (lab: 128, clinic: 64)")])
+     "differ in [privacy] (lab: clip_gradient 30.0, clip_latent_grad 0.04, clip_likelihood 32.0, ...; clinic: none): "
+     "every"),  # a section one file lacks, named once
+    (lambda t: t.replace('preset = "quick"', 'preset = "auto"'),  # what moved the others first
+     "differ in [model] preset (lab: 'auto', clinic: 'quick'), [model] auto_schedule (lab: True, clinic: False), ")])
 def test_a_handshake_names_the_settings_two_files_differ_in_with_both_values(tmp_path, edit, named):
     """The active party checks a passive party's signed hello against its own file: the refusal names each differing
     setting as the file writes it, with both values (it named only the fingerprint of every [model] setting: a
@@ -454,3 +454,53 @@ def test_a_handshake_names_the_settings_two_files_differ_in_with_both_values(tmp
     assert named in str(refused.value) and "'model'" not in str(refused.value), refused.value
     own = identity.read_private_key(key_file(config, "clinic"))
     shake.check_hello(_hello("clinic", own, specs["clinic"].agreement))  # one file against itself: no difference
+
+
+def _handshake_of(config: Path, name: str, edit=lambda text: text):
+    """Party `name`'s agreement from its own file (edited), and a handshake of the active party clinic on its own."""
+    from falsevfl_secure.federation.launch import file_addresses, spec_of
+    from falsevfl_secure.network.handshake import Handshake
+    from falsevfl_secure.transport.protocols import protocol_named
+
+    specs, mpc = {}, protocol_named("mpc")
+    for who, path in (("clinic", own_file(config, "clinic")), (name, own_file(config, name, edit))):
+        fed = load_federation(path)
+        specs[who] = spec_of(fed, who, "train", mpc, fed.names, file_addresses(fed, mpc))
+    return specs[name].agreement, Handshake(None, "clinic", None, specs["clinic"].agreement, specs["clinic"].cast, None)
+
+
+def test_a_whole_number_and_its_decimal_are_one_setting(tmp_path):
+    """Review finding: one file's lr = 1 and another's lr = 1.0 say the same; their fingerprints differed, and the
+    run stopped naming only the fingerprint. A float setting given as a whole number is read as that float."""
+    from falsevfl_secure.network.handshake import _hello
+
+    config = demo(tmp_path)
+    decimals = "[model.pretrain]\nlr = 1.0\nweight_decay = 0.0\n"
+    config.write_text(config.read_text().replace("[model.pretrain]\n", decimals)
+                      + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 4.0\nclip_gradient = 30.0\n")
+    whole = lambda t: t.replace("lr = 1.0", "lr = 1").replace("weight_decay = 0.0", "weight_decay = 0").replace(  # noqa: E731
+        "clip_gradient = 30.0", "clip_gradient = 30").replace("epsilon = 8.0", "epsilon = 8")
+    agreement, shake = _handshake_of(config, "lab", whole)
+    assert "lr = 1\n" in own_file(config, "lab", whole).read_text()
+    assert agreement.get("[model.pretrain] lr") == 1.0 and isinstance(agreement.get("[model.pretrain] lr"), float)
+    assert agreement.get("model") == shake.agreement.get("model")  # one fingerprint
+    shake.check_hello(_hello("lab", identity.read_private_key(key_file(config, "lab")), agreement))
+
+
+def test_a_peers_own_field_names_and_long_values_cannot_forge_lines(tmp_path):
+    """Review finding: a pinned party's hello may carry fields of any name: one named "[x]\\nerror: ...\\x1b[2J" was
+    printed raw in the refusal every role shows (a forged line, a cleared terminal), a 20,000-character value
+    whole. A field our record lacks is quoted and cut; a setting's value is cut; the refusal stays one line."""
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.network.agreement import Agreement
+    from falsevfl_secure.network.handshake import _hello
+
+    config = demo(tmp_path)
+    agreement, shake = _handshake_of(config, "lab")
+    forged = {**agreement.fields, "[x]\nerror: your key leaked\x1b[2J": 1, "[model.train] lr": "9" * 20_000}
+    lab_key = identity.read_private_key(key_file(config, "lab"))
+    with pytest.raises(InputError) as refused:
+        shake.check_hello(_hello("lab", lab_key, Agreement(forged)))
+    said = str(refused.value)
+    assert "\n" not in said and "\x1b" not in said and len(said) < 1000, said
+    assert "'[x]\\nerror: your key leaked\\x1b[2J'" in said and "[model.train] lr (lab: '999" in said, said

@@ -399,17 +399,23 @@ def test_a_launched_training_whose_ids_do_not_line_up_says_so_once(tmp_path):
         _write_first_id_as_the_active_party(tmp_path / name / "train.csv")
     # each party on its own (a host holding every table refuses this before launching, as check counts it)
     command = [sys.executable, "-m", "falsevfl_secure.federation", "train", "--config", str(written.path), "--party"]
-    others = [subprocess.Popen([*command, name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    others = [subprocess.Popen([*command, name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
               for name in ("lab", "insurer")]
     try:
         run = subprocess.run([*command, "clinic"], capture_output=True, text=True, timeout=300)
     finally:
+        said = []
         for other in others:
             try:
-                other.wait(timeout=60)
+                said.append(other.communicate(timeout=60)[1])
             except subprocess.TimeoutExpired:
                 other.kill()  # (never left running)
                 other.wait()
+    lab_said = said[0]
+    # a passive party's own host says as each step ends too
+    assert re.match(r"aligning the records privately \(\d+ IDs here, 3 parties\)\n  this party's IDs hashed and "
+                    r"blinded; .* \(\d+ s\)\n  the union came; checking every hop's proof \(\d+ s\)\naligned in ",
+                    lab_said), lab_said
     assert run.returncode != 0 and run.stderr.count("training stopped:") == 1, run.stderr
     assert len([line for line in run.stderr.splitlines() if line.startswith("error")]) == 1, run.stderr  # the
     # launcher's: not the role's own beside it

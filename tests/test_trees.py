@@ -86,7 +86,7 @@ def test_training_fits_the_trees_after_stage_2_and_predictions_blend_them(capsys
     trained = fit(node, data, progress=True, validation=validation)
     # with bars, a line says what follows the last one (a trial saw 20 s of silence there)
     assert capsys.readouterr().err.count("fitting the active party's trees: one forward pass over the labeled "
-                                         "training records, then 5 models\n") == 1
+                                         "training records, then up to 5 models\n") == 1
     role = node.active.get()
     assert trained.trees["rows"] == 50 and set(trained.trees["validation"]) == {str(w) for w in WEIGHTS}
     assert role.trees.weight in WEIGHTS and trained.trees["weight"] == role.trees.weight

@@ -38,7 +38,7 @@ from ..data.tables import PartyTable
 from ..errors import InputError
 from ..fsio import atomic_write
 from ..heap import give_back_freed_memory
-from ..network.network import RECV_TIMEOUT_S
+from ..network.network import RECV_TIMEOUT_S, RunAborted
 from ..network.wire import Refused
 from ..randomness import PublicStream, RoleSecret, public_rng
 from ..secure import frames
@@ -171,7 +171,13 @@ def _apply_policy(role, result: Alignment, positions: np.ndarray, held: np.ndarr
     rows = labeled_rows[np.isin(positions[labeled_rows], kept)] if labeled_rows is not None else kept[:0]
     labeled, validation = (np.sort(positions[part]) for part in _hold_out(np.sort(rows), policy))
     short = _short(per_party, active, policy.min_overlap)
-    _announce(role, kept, labeled, validation, per_party, short, result)
+    try:
+        _announce(role, kept, labeled, validation, per_party, short, result)
+    except RunAborted:
+        if not short:
+            raise
+        # told of the shortfall, a passive party stops at once, while the announcements still go out: the stop is
+        # this party's own (it names the shortfall), not that party's (a race the active party lost 2 runs in 4)
     passive = _passive_peers(role) if not short else {}  # (a shortfall stops every party now: nothing to check)
     for rank in passive if len(passive) > 1 else ():  # the pairs meet in len(passive) rounds at most
         role.network.recv(role.peers.names[rank], "kept-ack", RECV_TIMEOUT_S * len(passive))
@@ -363,14 +369,16 @@ def _announce(role, kept: np.ndarray, labeled: np.ndarray, validation: np.ndarra
     common = [kept.astype("<i8").tobytes(), labeled.astype("<i8").tobytes(), validation.astype("<i8").tobytes()]
     digest = common_digest(role.session.id, result.n_union, result.sizes, kept, labeled, validation, result.transcript)
     alike = digest + sign(role.key, "common rows", role.session.id + digest)  # what the passive parties compare
-    peers = role.peers
+    peers, signed = role.peers, {}
     for rank in range(peers.n_parties):
         if rank != peers.active_index:
             counts = per_party[rank, 1:].astype("<i8").tobytes()
             frame = frames.encode(frames.Kind.DATA, [*common, counts, shortfalls.tobytes()])
             signature = sign(role.key, "kept rows", role.session.id + peers.names[rank].encode() + b"\0"
                              + hashlib.sha256(frame).digest())
-            peers.send(rank, "kept", signature + alike + frame)
+            signed[rank] = signature + alike + frame
+    for rank, announcement in signed.items():  # all at once: a party told of a shortfall stops at once
+        peers.send(rank, "kept", announcement)
 
 
 def _announced(role, result: Alignment, listed: int):

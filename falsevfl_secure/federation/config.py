@@ -68,6 +68,7 @@ _NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanis
 PRIVACY_KEYS = tuple(f.name for f in fields(PrivacyConfig))
 MAX_DELTA = 1e-2  # a [privacy] delta past it is refused: the guarantee would fail outright too often
 # Config's settings and every registered method's own options (a method refuses another's by name)
+AGREED_OUTSIDE_MODEL = _NOT_MODEL_KEYS  # Config's settings a federation sets elsewhere: not named as [model] keys
 MODEL_KEYS = ("preset", *sorted(({f.name for f in fields(Config)} - _NOT_MODEL_KEYS - {"options"})
                                 | {name for method in METHODS.values() for name in method.options}))
 # A bare schedule: the sizes tuned on digits; "auto" sizes the schedule by the table (config.sized_schedule)
@@ -128,6 +129,7 @@ class Federation:
     min_parties: int = 2  # ... while at least this many parties are left
     round_deadline_s: float = 45.0  # a party that heartbeats but delivers nothing this long (at least) is named
     validation_group: tuple[str, ...] = ()  # active party's columns: validation holds out whole groups of records
+    preset: str = DEFAULT_PRESET  # as the file wrote it (what a handshake names: the model holds its dataset)
 
     @property
     def names(self) -> list[str]:
@@ -237,7 +239,8 @@ def load_federation(path: Path | str) -> Federation:
                       _fraction(section, "validation_fraction", 0.1, MAX_VALIDATION_FRACTION, path),
                       _max_ids(section, path, len(parties)),
                       _flag(section, "allow_partial_predict", path), *_loss_policy(section, path, len(parties)),
-                      _seconds(section, "round_deadline_s", 45.0, path), _validation_group(section, path))
+                      _seconds(section, "round_deadline_s", 45.0, path), _validation_group(section, path),
+                      str(raw.get("model", {}).get("preset", DEFAULT_PRESET)))
 
 
 def refuse_unknown(given: Iterable[str], valid: Iterable[str], path: Path, where: str, what: str = "setting") -> None:
@@ -535,8 +538,8 @@ def _model(raw: dict, path: Path, parties: int, active: int, task: str) -> Confi
     privacy = _privacy(raw, path)  # (outside: its own errors name [privacy], not [model])
     try:
         cfg = make_config(dataset, schedule, **method, **options)
-        stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **v}) for k, v in stages.items()}
-        cfg = replace(cfg, **section, **stages, parties=parties, active_party=active, task=task,
+        stages = {k: StageConfig(**{**getattr(cfg, k).__dict__, **_floats(v, StageConfig)}) for k, v in stages.items()}
+        cfg = replace(cfg, **_floats(section, Config), **stages, parties=parties, active_party=active, task=task,
                       privacy=privacy).validate()
         method_for(cfg)  # a budget refused for a method that it does not cover
     except (TypeError, ValueError) as error:
@@ -565,7 +568,7 @@ def _privacy(raw: dict, path: Path) -> PrivacyConfig:
         raise InputError(f"{path}: [privacy] delta = {section['delta']:g} must be in (0, {MAX_DELTA:g}]: delta is "
                          "the chance that the guarantee fails outright (a row may then be released whole); choose "
                          "one well below 1 / the number of records, 1e-5 for instance")
-    privacy = PrivacyConfig(**section)
+    privacy = PrivacyConfig(**_floats(section, PrivacyConfig))
     if section and not privacy.enabled:  # (review finding: noise settings without a budget turned DP off silently)
         given = f"epsilon = {section['epsilon']:g}, not > 0" if "epsilon" in section else "no epsilon"
         raise InputError(f"{path}: [privacy] has {given}: give this party's budget epsilon (with the noise "
@@ -580,6 +583,14 @@ def _privacy(raw: dict, path: Path) -> PrivacyConfig:
                          f"{high:g}] in a federation: every party states the same noise, and each checks its own "
                          "epsilon budget against it (`federation privacy` shows it)")
     return privacy
+
+
+def _floats(values: dict, settings: type) -> dict:
+    """`values` with a whole number given for a float setting of the dataclass `settings` as that float (review: one
+    file's lr = 1 and another's lr = 1.0 said the same, and their fingerprints disagreed)."""
+    floats = {f.name for f in fields(settings) if f.type in ("float", float)}
+    return {k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in values.items()}
 
 
 def _check_device(device: str, path: Path) -> None:

@@ -194,7 +194,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
     targets = inputs.targets if role.is_active else None
     labeled_rows = np.flatnonzero(is_labeled(targets)) if targets is not None else None
     progress = options.get("progress", False) and role.is_active
-    aligned = _aligned(role, fed, inputs, labeled_rows, me.model_dir / "checkpoints", progress)
+    aligned = _aligned(role, fed, inputs, labeled_rows, me.model_dir / "checkpoints", options.get("progress", False))
     print(overlap_line(fed, name, aligned), flush=True)
     _stop_when_short(fed, aligned, list(role.session.present))
     _warn_when_thin(fed, aligned, list(role.session.present))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,6 +56,50 @@ class Agreement:
 
 
 _MISSING = object()
+NAMED_FIRST = ("[model] preset", "[model] method", "[model] auto_schedule")  # a difference here moves many others
+_NAMED_SETTINGS = 4  # a difference in more settings names the first few
+_SHOWN = 60  # characters of a value or a field a peer sent, at most, in a message
+_SETTING = re.compile(r"\[[a-z][a-z_.]*\] [a-z][a-z0-9_]*")  # a setting's name as a file writes it: shown as it is
+
+
+def named_differences(mine: Agreement, theirs: Agreement, me: str, them: str) -> str | None:
+    """The settings two records differ in, as a file writes them ("[model.pretrain] lr (lab: 4, clinic: 1)"), the
+    ones that move many others first, a section one side lacks named once; None where none of this party's own
+    settings differs. Only names of a setting's form are named here (a peer chooses its record's names: any other is
+    the caller's to quote and cut)."""
+    own, other = mine.fields, theirs.fields
+    settings = [f for f in mine.differences(theirs) if is_setting(f)]  # (a peer's other names: the caller's)
+    if not settings:
+        return None
+    sections = {f.split("]")[0] + "]" for f in settings}
+    whole = {s for s in sections if not any(k.startswith(s) for k in other) or not any(k.startswith(s) for k in own)}
+    named = [f"{s} ({them}: {_section(other, s)}; {me}: {_section(own, s)})" for s in sorted(whole)]
+    rest = sorted((f for f in settings if f.split("]")[0] + "]" not in whole),
+                  key=lambda f: (f not in NAMED_FIRST, NAMED_FIRST.index(f) if f in NAMED_FIRST else 0))
+    named += [f"{f} ({them}: {_value(other, f)}, {me}: {_value(own, f)})" for f in rest]
+    more = f" and {len(named) - _NAMED_SETTINGS} more settings" if len(named) > _NAMED_SETTINGS else ""
+    return ", ".join(named[:_NAMED_SETTINGS]) + more
+
+
+def is_setting(field: str) -> bool:
+    """Whether a field is named as a file writes a setting ("[model.train] lr"): `named_differences` names it."""
+    return _SETTING.fullmatch(field) is not None
+
+
+def _value(fields: Mapping[str, object], field: str) -> str:
+    return shown(fields[field]) if field in fields else "unset"
+
+
+def _section(fields: Mapping[str, object], section: str) -> str:
+    """A whole section as one side has it: its settings, or 'none'."""
+    given = [f"{k.removeprefix(section).strip()} {shown(v)}" for k, v in fields.items() if k.startswith(section)]
+    return ", ".join(given[:3]) + (", ..." if len(given) > 3 else "") if given else "none"
+
+
+def shown(value: object) -> str:
+    """`value`'s repr, cut to a line's share (a peer chooses it)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
 
 
 def _json_value(value: object, depth: int = 0) -> bool:

@@ -18,7 +18,7 @@ Set-up steps (`protocols/session.toml`), all over the authenticated links of `ne
    context, signed by the active party over the session id.
 
 A role that refuses raises `InputError` with one line; the active party first tells everyone linked why
-(the reason names fields and roles, never values).
+(the reason names fields and roles, and a setting's values: settings the participants share anyway; never data).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from ..errors import FalseVflError, InputError, ProtocolError
 from ..secure.identity import PrivateKey, sign, verify
-from .agreement import Agreement
+from .agreement import Agreement, is_setting, named_differences, shown
 from .network import DEADLINE_MIN_S, RECV_TIMEOUT_S, Network
 from .wire import peer_json
 
@@ -42,7 +42,7 @@ MAX_RECORD_BYTES = 1 << 20
 
 
 # 'model' is a fingerprint of every [model] setting and the noise [privacy] states (what each file must say alike)
-_NAMED_SETTINGS = 4  # a difference in more settings names the first few (a preset changed moves many)
+_NAMED_FIELDS = 8  # fields of a record a peer sent that ours lacks, named at most
 _MODEL_HINT = (" (the fingerprint of the [model] settings and of [privacy]'s noise_multiplier, collusion and clip "
                "norms; each party's epsilon, delta and max_releases_per_row are its own)")
 
@@ -216,16 +216,12 @@ class Handshake:
         return theirs
 
     def _named(self, differ: list[str], theirs: Agreement, name: str) -> str:
-        """The differing fields; a setting as the file writes it, with both values (the settings all share anyway),
-        in place of the model's fingerprint (which named no setting: review of a clip norm changed in one file)."""
-        settings = [f for f in differ if f.startswith("[")]
-        if not settings:
-            return ", ".join(repr(f) for f in differ) + (_MODEL_HINT if "model" in differ else "")
-        mine, other = self.agreement.fields, theirs.fields
-        shown = {f: [repr(side[f]) if f in side else "unset" for side in (other, mine)] for f in settings}
-        values = [f"{f} ({name}: {shown[f][0]}, {self.me}: {shown[f][1]})" for f in settings[:_NAMED_SETTINGS]]
-        more = f" and {len(settings) - _NAMED_SETTINGS} more settings" if len(settings) > _NAMED_SETTINGS else ""
-        return ", ".join([*(repr(f) for f in differ if f != "model" and f not in settings), *values]) + more
+        """The differing fields; the settings as the file writes them, with both values (the settings all share
+        anyway), in place of the model's fingerprint (which named no setting: a clip norm changed in one file)."""
+        settings = named_differences(self.agreement, theirs, self.me, name)
+        fields = [shown(f) for f in differ if not (settings and is_setting(f)) and (f != "model" or settings is None)]
+        hint = _MODEL_HINT if "model" in differ and settings is None else ""
+        return ", ".join([*fields[:_NAMED_FIELDS], *([settings] if settings else [])]) + hint
 
     def lead(self) -> Session:
         """The active party: collect the hellos, decide the roster, tell everyone (or tell them why not)."""

@@ -295,3 +295,32 @@ def test_a_stage_two_that_kept_its_last_epoch_says_more_epochs_may_help():
     assert selection_lines({**falling, "best_epoch": 2}) == []  # an earlier epoch was best: enough epochs
     assert selection_lines({**falling, "per_epoch": [0.3], "best_epoch": 1}) == []  # one epoch: nothing to tell
     assert selection_lines(None) == [] and selection_lines({}) == []
+
+
+def test_a_class_never_predicted_is_named_and_a_balanced_weighting_below_the_majority_is_noted():
+    """Multi-class trial (7 classes): the rarest got 1 prediction in 3,860, Climb a recall of 8 %, and nothing said
+    so; with class_weight = "balanced" the accuracy fell below the most common class's share, and nothing said so.
+    A class of at least 5 validation records that no record is predicted as is named (with its records); a class of
+    4 is not; under "balanced" the accuracy's fall is noted."""
+    placed, _ = _placed(90, 3)
+    y = np.repeat([0, 1, 2, 3], [50, 25, 10, 4])[np.random.default_rng(4).permutation(89)]
+    refs = fit_reference(placed, np.concatenate([y, [0]]), np.arange(60), np.arange(89), "classification", 4, 0)
+    probabilities = np.full((89, 4), 0.1)
+    probabilities[np.arange(89), np.where(y == 2, 0, y)] = 0.7  # class 2 (10 records) always read as class 0
+    probabilities[np.flatnonzero(y == 3), 0] = 0.8  # class 3 (4 records) never predicted either: too few to name
+    report = {**lift_report("classification", probabilities, refs, y), "classes": ["Approach", "Climb", "Taxi", "En"]}
+    assert report["federation"]["support"] == [50, 25, 10, 4] and report["federation"]["hits"] == [50, 25, 0, 0]
+    warned = [line for line in lift_lines(report) if "was predicted as it" in line]
+    assert warned == ["warning: no validation record of class 'Taxi' (10) was predicted as it (records in brackets): "
+                      "class_weight = \"balanced\" in [model] weighs rare classes up (it trades accuracy for balanced "
+                      "accuracy)"], lift_lines(report)
+    balanced = make_config("digits", "auto", class_weight="balanced").to_dict()
+    assert "more records of it" in next(line for line in lift_lines(report, balanced) if "Taxi" in line)
+    assert not any(line.startswith("note:") for line in lift_lines(report, balanced))  # accuracy 84 % above 56 %
+    skewed = probabilities.copy()
+    skewed[np.flatnonzero(y == 0)[:30]] = [0.1, 0.1, 0.1, 0.7]  # 30 of the 50 most common read as the rarest
+    report = {**lift_report("classification", skewed, refs, y), "classes": None}
+    assert report["federation"]["accuracy"] < report["federation"]["majority"] == pytest.approx(50 / 89)
+    note = [line for line in lift_lines(report, balanced) if line.startswith("note:")]
+    assert note and "accuracy (50.6 %) is below the most common class's share (56.2 %)" in note[0], note
+    assert not any(line.startswith("note:") for line in lift_lines(report))  # unweighted: nothing was traded

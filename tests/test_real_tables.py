@@ -714,3 +714,23 @@ def test_check_notes_classes_that_differ_only_in_case_or_spaces(tmp_path):
     table.write_text("\n".join([header, *(row.replace("Benign ", "benign") for row in rows)]) + "\n")
     code, out, err = cli("check", "--config", str(written.path), "--party", "clinic")
     assert code == 0 and "differ only in case" not in out, out + err
+
+
+def test_score_names_the_multi_class_averages_and_gives_each_class_its_recall(tmp_path):
+    """Multi-class trial: `score` printed "ROC AUC" and "PR AUC" unqualified (the user checked by hand that they were
+    macro one-vs-rest) and nothing per class (the rarest of seven got one prediction in 3,860)."""
+    from sklearn import metrics as skm
+
+    truth = ["a", "a", "a", "b", "b", "c", "c", "c", "c", "a"]
+    p = np.array([[.7, .2, .1], [.6, .3, .1], [.2, .7, .1], [.3, .6, .1], [.1, .8, .1],
+                  [.5, .3, .2], [.6, .2, .2], [.2, .3, .5], [.4, .5, .1], [.8, .1, .1]])
+    (tmp_path / "truth.csv").write_text("id,label\n" + "".join(f"r{k},{c}\n" for k, c in enumerate(truth)))
+    (tmp_path / "p.csv").write_text("id,prediction,parties_observed,p_a,p_b,p_c\n" + "".join(
+        f"r{k},{'abc'[row.argmax()]},2,{row[0]},{row[1]},{row[2]}\n" for k, row in enumerate(p)))
+    code, out, err = cli("score", "--predictions", str(tmp_path / "p.csv"), "--truth", str(tmp_path / "truth.csv"))
+    assert code == 0, err
+    y = np.array(["abc".index(c) for c in truth])
+    auc = skm.roc_auc_score(y, p, multi_class="ovr", average="macro")
+    assert f", ROC AUC (macro, one-vs-rest) {auc:.4f}, PR AUC (macro) " in out.splitlines()[0], out
+    # a: 3 of 4 predicted a; b: 2 of 2; c: 1 of 4 (independently counted here)
+    assert out.splitlines()[1] == "recall by class (records): a 75.0 % (4), b 100.0 % (2), c 25.0 % (4)", out

@@ -592,6 +592,8 @@ def score(args: argparse.Namespace) -> int:
         raise InputError(f"{args.predictions}: no record has both a prediction and a true label in {args.truth}")
     regression = not any(name.startswith("p_") for name in rows[0])
     print(f"{_score_line(scored, predicted, truth, regression, args)} {_left_out(scored, predicted, truth, args)}")
+    if not regression and (recall := _recall_line(scored, predicted, truth)):
+        print(recall)
     groups: dict[str, list[str]] = {}
     for i in scored:
         groups.setdefault(predicted[i].get("parties_observed", ""), []).append(i)
@@ -682,10 +684,21 @@ def _probability_scores(ids: list[str], predicted: dict, truth: dict, args, shor
     m = {k: v if v == v else "n/a (one class)" for k, v in classification_metrics(probabilities, y).items()}
     if short:
         return f", ROC AUC {_rounded(m['roc_auc'], 3)}"
-    pr = f"PR AUC ({columns[1]}) {_rounded(m['pr_auc'], 3)}" if len(columns) == 2 else \
-        f"PR AUC {_rounded(m['pr_auc'], 3)}"
-    return (f", ROC AUC {_rounded(m['roc_auc'], 4)}, {pr}, balanced accuracy {100 * m['balanced_accuracy']:.2f} %, "
-            f"log loss {m['log_loss']:.4f}, ECE {m['ece']:.4f}")
+    two = len(columns) == 2  # (a trial had to check that the multi-class ROC AUC was the macro one-vs-rest one)
+    pr = f"PR AUC ({columns[1]}) {_rounded(m['pr_auc'], 3)}" if two else f"PR AUC (macro) {_rounded(m['pr_auc'], 3)}"
+    return (f", ROC AUC{'' if two else ' (macro, one-vs-rest)'} {_rounded(m['roc_auc'], 4)}, {pr}, balanced accuracy "
+            f"{100 * m['balanced_accuracy']:.2f} %, log loss {m['log_loss']:.4f}, ECE {m['ece']:.4f}")
+
+
+def _recall_line(ids: list[str], predicted: dict, truth: dict) -> str | None:
+    """Each true class's share of records predicted as it, and its records, for three classes or more (a trial's
+    rarest class of seven got one prediction in 3,860, and nothing said so)."""
+    classes = sorted({truth[i] for i in ids})
+    if len(classes) < 3:
+        return None
+    said = [f"{c} {100 * sum(predicted[i]['prediction'] == c for i in ids if truth[i] == c) / n:.1f} % ({n:,})"
+            for c in classes for n in [sum(truth[i] == c for i in ids)]]
+    return "recall by class (records): " + ", ".join(said)
 
 
 def _rounded(value, digits: int) -> str:

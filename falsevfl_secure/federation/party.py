@@ -50,7 +50,7 @@ from ..privacy import (
     training_refusal,
 )
 from ..randomness import record_keys
-from ..reference import fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
+from ..reference import FOLDS, fit_reference, lift_lines, lift_report, own_scores, refit_scores, save_own_rows
 from ..runtime.distributed import agree_resume
 from ..train import fit, host_split, predict_split, solo_work_units
 from .aligned import (
@@ -205,7 +205,7 @@ def _train(role, fed: Federation, inputs: PartyInput, options: dict) -> None:
         print(f"schedule: stage 1 {cfg.pretrain.epochs} epochs of batch {cfg.pretrain.batch_size}, stage 2 "
               f"{cfg.train.epochs} epochs of batch {cfg.train.batch_size}", flush=True)
     placed = place_block(inputs.block, aligned)
-    node, data, held_out = _host(role, fed, cfg, inputs, placed, aligned, targets, n_classes)
+    node, data, held_out = _host(role, fed, cfg, inputs, placed, aligned, targets, n_classes, progress)
     trained = fit(node, data, me.model_dir / "checkpoints", options.get("resume", False), progress, agree_resume(role),
                   validation=held_out, rejoin=role.rejoined_at)
     predictions = predict_split(node, held_out) if held_out is not None else None
@@ -375,13 +375,14 @@ def _ledger(name: str, spent, live: Path):
     return spent
 
 
-def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligned: Aligned, targets, n_classes):
+def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligned: Aligned, targets, n_classes,
+          say: bool = False):
     """This party's node, its training data and validation records (the active party's with its own trees'
-    score, an input of its discriminator only)."""
+    score, an input of its discriminator only); `say`: a line before the own models' fits."""
     device, rank = resolve_device(cfg.device), role.rank
     role.network.allow_work(solo_work_units(cfg))  # the active party's own trees' fits come first
     model_dir = staged(fed.party(role.spec.name).model_dir)  # the rows its trees fit on join the staged model
-    scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes, role.network.advanced) \
+    scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes, role.network.advanced, say) \
         if role.is_active else None
     node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device,
                       layouts={rank: CellLayout.from_kinds(inputs.encoding.kinds())},
@@ -401,7 +402,7 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
 
 
 def _own_scores(fed: Federation, cfg, model_dir: Path, placed: Placed, aligned: Aligned, targets: np.ndarray,
-                n_classes: int, each) -> np.ndarray | None:
+                n_classes: int, each, say: bool = False) -> np.ndarray | None:
     """With `own_reference`: the active party's own models' scores of every record (out of fold on its labeled
     training rows), and the rows they were fitted on kept in its own folder for `predict`; `each` after
     every fit (its progress, which the parties waiting on it see)."""
@@ -410,6 +411,9 @@ def _own_scores(fed: Federation, cfg, model_dir: Path, placed: Placed, aligned: 
         return None
     y = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y
     save_own_rows(model_dir, placed, y, aligned.labeled)
+    if say:  # (a trial waited 3.5 minutes here with nothing on the terminal)
+        print(f"fitting the active party's own models on its {aligned.labeled.size:,} labeled records, each in "
+              f"{FOLDS + 1} fits (out of fold): an input of its discriminator", file=sys.stderr, flush=True)
     return own_scores(placed, y, aligned.labeled, fed.task, n_classes, cfg.seed, each=each,
                       kinds=method.own_reference_kinds)
 
@@ -437,7 +441,7 @@ def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Align
     validation = validation_table(out, y[rows], observed, fed.task, inputs.target_scale)
     references = fit_reference(placed, y, aligned.labeled, rows, fed.task, n_classes, fed.model.seed)
     inverse = inputs.target_scale.inverse if inputs.target_scale is not None else None
-    return validation, lift_report(fed.task, out, references, y[rows], inverse)
+    return validation, {**lift_report(fed.task, out, references, y[rows], inverse), "classes": inputs.classes or None}
 
 
 def _plot(record: dict, path: Path) -> None:

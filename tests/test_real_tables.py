@@ -734,3 +734,21 @@ def test_score_names_the_multi_class_averages_and_gives_each_class_its_recall(tm
     assert f", ROC AUC (macro, one-vs-rest) {auc:.4f}, PR AUC (macro) " in out.splitlines()[0], out
     # a: 3 of 4 predicted a; b: 2 of 2; c: 1 of 4 (independently counted here)
     assert out.splitlines()[1] == "recall by class (records): a 75.0 % (4), b 100.0 % (2), c 25.0 % (4)", out
+
+
+def test_each_party_says_how_many_records_it_lists_and_how_many_no_other_party_does():
+    """Multi-class trial: "15137 of its 15442 listed records are shared with the federation" read as 305 records
+    left out of training; they enter with the active party's own columns alone, and the line now says so."""
+    from types import SimpleNamespace
+
+    from falsevfl_secure.federation.aligned import Overlap
+    from falsevfl_secure.federation.party import overlap_line
+
+    fed = SimpleNamespace(active="airline")
+    active = SimpleNamespace(overlap=Overlap(15442, 15137, 15442))
+    assert overlap_line(fed, "airline", active) == ("party 'airline' (active): lists 15,442 records, 15,137 also "
+                                                    "listed by another party (305 by no other party: they enter with "
+                                                    "its own columns alone)")
+    passive = SimpleNamespace(overlap=Overlap(13101, 13101, 12950))
+    assert overlap_line(fed, "atc", passive) == ("party 'atc': lists 13,101 records, 13,101 also listed by another "
+                                                 "party, 12,950 by the active party 'airline' (0 by no other party)")

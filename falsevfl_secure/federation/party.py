@@ -83,11 +83,13 @@ def _n_classes(fed: Federation, classes: tuple[str, ...]) -> int:
 
 def overlap_line(fed: Federation, name: str, aligned: Aligned) -> str:
     """What this party prints after alignment: how many of its records it shares with the federation."""
-    o = aligned.overlap
+    o = aligned.overlap  # (a trial read "15137 of its 15442 records are shared" as 305 records left out)
+    alone = f"{o.listed - o.shared:,} by no other party" + (": they enter with its own columns alone"
+                                                            if o.listed > o.shared else "")
+    listed = f"lists {o.listed:,} records, {o.shared:,} also listed by another party"
     if name == fed.active:
-        return f"party {name!r} (active): {o.shared} of its {o.listed} listed records are shared with the federation"
-    return (f"party {name!r}: {o.shared} of its {o.listed} records are shared with the federation "
-            f"({o.with_active} also listed by the active party {fed.active!r})")
+        return f"party {name!r} (active): {listed} ({alone})"
+    return f"party {name!r}: {listed}, {o.with_active:,} by the active party {fed.active!r} ({alone})"
 
 
 def _stop_when_short(fed: Federation, aligned: Aligned, names: list[str]) -> None:

@@ -275,8 +275,18 @@ def _party_done(fed, args: argparse.Namespace) -> str:
     folder = fed.party(args.party).model_dir
     if args.party != fed.active:
         return f"{args.party}: trained; its model is in {folder}{_peak(folder)}"
-    return _trained_line(fed, json.loads(read_regular(folder / "train_result.json")), f"models in {folder} here and "
-                         "in each party's own folder")
+    record = json.loads(read_regular(folder / "train_result.json"))  # (a trial: --party said less than one host)
+    return "\n".join([_trained_line(fed, record, f"models in {folder} here and in each party's own folder")
+                      + _peak(folder), _schedule_line(record), _listed_line(fed, record["alignment"]["overlap"])])
+
+
+def _schedule_line(record: dict) -> str:
+    """The stages' schedule and times (a trial found the times only in the JSON)."""
+    one, two = record["schedule"]["pretrain"], record["schedule"]["train"]
+    took = record.get("stage_time_s", {})
+    return (f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}"
+            + (f" ({took['pretrain']:.1f} s)" if "pretrain" in took else "") + f", stage 2 {two['epochs']} epochs "
+            f"of batch {two['batch_size']}" + (f" ({took['train']:.1f} s)" if "train" in took else ""))
 
 
 def _listed_line(fed, overlap: dict[str, dict]) -> str:
@@ -514,11 +524,7 @@ def _summarise(fed, args: argparse.Namespace, saved: list[str], returned: dict[s
     replaced = f" (replacing the models saved there before: {', '.join(saved)})" if saved else ""
     print(_trained_line(fed, record, f"models in each party's folder{replaced}"))  # (a trial did not expect it)
     _say_peaks({name: _peak_mib(fed.party(name).model_dir) for name in fed.present([])})
-    one, two = record["schedule"]["pretrain"], record["schedule"]["train"]
-    took = record.get("stage_time_s", {})  # (a trial found the stages' times only in the JSON)
-    print(f"schedule: stage 1 {one['epochs']} epochs of batch {one['batch_size']}"
-          + (f" ({took['pretrain']:.1f} s)" if "pretrain" in took else "") + f", stage 2 {two['epochs']} epochs "
-          f"of batch {two['batch_size']}" + (f" ({took['train']:.1f} s)" if "train" in took else ""))
+    print(_schedule_line(record))
     for line in lost_lines(record.get("lost_parties", [])):
         print(line)
     print(_listed_line(fed, record["alignment"]["overlap"]))

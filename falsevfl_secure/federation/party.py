@@ -548,10 +548,10 @@ def predictions_csv(table: PartyTable, aligned: Aligned, predictions: np.ndarray
             writer.writerow([identifier, "", 0, "", *([""] * len(probability_columns))])
             continue
         holders = ";".join(present[k] for k in np.flatnonzero(aligned.holders[position]))
-        if classes:
-            p = predictions[position]
+        if classes:  # summing to 1 to 1e-9 as written (6 decimals of float32 values: scikit-learn's log loss warned)
+            p = predictions[position].astype(np.float64)
             writer.writerow([identifier, classes[int(p.argmax())], int(observed[position]), holders,
-                             *(f"{v:.6f}" for v in p)])
+                             *(f"{v:.10f}" for v in p / p.sum())])
         else:
             writer.writerow([identifier, f"{float(predictions[position]):.6g}", int(observed[position]), holders])
     return buffer.getvalue()

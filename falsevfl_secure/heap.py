@@ -40,3 +40,11 @@ def give_back_freed_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (a trial could not measure a party's: the parties run as
+    the launcher's grandchildren, so `/usr/bin/time` saw the launcher alone)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: kibibytes

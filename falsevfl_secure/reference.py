@@ -137,10 +137,11 @@ def _class_lines(fed: dict, classes: list[str] | None, weighting: str | None) ->
         return []
     names = classes or [str(c) for c in range(len(fed["support"]))]
     missed = [f"{names[c]!r} ({n})" for c, n in enumerate(fed["support"]) if n >= MISSED and fed["hits"][c] == 0]
-    lines = [f"warning: no validation record of class {', '.join(missed)} was predicted as it (records in brackets): "
-             + ("class_weight = \"balanced\" is set; more records of it, or columns that tell it apart, may help"
-                if weighting == "balanced" else "class_weight = \"balanced\" in [model] weighs rare classes up "
-                "(it trades accuracy for balanced accuracy)")] if missed else []
+    advice = ("class_weight = \"balanced\" is set; more records of it, or columns that tell it apart, may help"
+              if weighting == "balanced" else "class_weight = \"balanced\" in [model] weighs rare classes up (it "
+              "trades accuracy for balanced accuracy)")
+    lines = [f"warning: no validation record of class {', '.join(missed)} was predicted as it (its validation "
+             f"records in parentheses): {advice}"] if missed else []
     if weighting == "balanced" and fed["accuracy"] < fed["majority"]:
         lines.append(f"note: with class_weight = \"balanced\" the accuracy ({100 * fed['accuracy']:.1f} %) is below "
                      f"the most common class's share ({100 * fed['majority']:.1f} %): it bought balanced accuracy "

@@ -311,9 +311,9 @@ def test_a_class_never_predicted_is_named_and_a_balanced_weighting_below_the_maj
     report = {**lift_report("classification", probabilities, refs, y), "classes": ["Approach", "Climb", "Taxi", "En"]}
     assert report["federation"]["support"] == [50, 25, 10, 4] and report["federation"]["hits"] == [50, 25, 0, 0]
     warned = [line for line in lift_lines(report) if "was predicted as it" in line]
-    assert warned == ["warning: no validation record of class 'Taxi' (10) was predicted as it (records in brackets): "
-                      "class_weight = \"balanced\" in [model] weighs rare classes up (it trades accuracy for balanced "
-                      "accuracy)"], lift_lines(report)
+    assert warned == ["warning: no validation record of class 'Taxi' (10) was predicted as it (its validation "
+                      "records in parentheses): class_weight = \"balanced\" in [model] weighs rare classes up (it "
+                      "trades accuracy for balanced accuracy)"], lift_lines(report)
     balanced = make_config("digits", "auto", class_weight="balanced").to_dict()
     assert "more records of it" in next(line for line in lift_lines(report, balanced) if "Taxi" in line)
     assert not any(line.startswith("note:") for line in lift_lines(report, balanced))  # accuracy 84 % above 56 %

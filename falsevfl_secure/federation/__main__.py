@@ -34,7 +34,6 @@ import csv
 import io
 import json
 import math
-import resource
 import sys
 import time
 from collections import Counter
@@ -47,6 +46,7 @@ from ..config import MULTIPLIER_RANGE
 from ..data import DataError
 from ..errors import InputError, PartyFailure, did_you_mean
 from ..fsio import file_in_the_way, read_regular
+from ..heap import peak_rss_mib
 from ..privacy import LEDGER, all_spent, before_model, ledger_epsilon, read_ledger, threshold_delta
 from ..transport.protocols import PROTOCOLS
 from .check import has_aggregator
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
 def _party_done(fed, args: argparse.Namespace) -> str:
     """One host per party: what this role's run left here (the active party's predictions, each party's model)."""
     if args.command == "predict":
-        peak = f" (peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB)"  # (Linux: KiB)
+        peak = f" (peak RSS {peak_rss_mib():,.0f} MiB)"  # (run_party ran the role in this process)
         if args.party == fed.active:
             return _predictions_summary(Path(args.out), time.perf_counter() - args.started) + peak
         return (f"{args.party}: prediction done{peak}; the active party {fed.active} writes the predictions, nothing "

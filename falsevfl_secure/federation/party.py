@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from ..config import sized_schedule
 from ..data.tables import PartyTable
 from ..errors import InputError, ProtocolError
 from ..fsio import atomic_write, read_regular, staged, write_json
+from ..heap import peak_rss_mib
 from ..methods import build_node, method_for
 from ..methods.false_vfl_steps import own_groups
 from ..model.likelihood import CellLayout
@@ -301,12 +301,6 @@ def _refusing(payload: bytes, names: list[str]) -> list[str]:
     if any(name not in names for name in refusing):
         raise ProtocolError("the active party's budget answer names a party that is not in the run")
     return refusing
-
-
-def peak_rss_mib() -> float:
-    """This party's process's peak resident memory so far (a trial could not measure it: the parties run as the
-    launcher's grandchildren, so `/usr/bin/time` saw the launcher alone)."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: kibibytes
 
 
 def _say(validation: dict | None, trees: dict | None, lift: dict | None, config: dict,

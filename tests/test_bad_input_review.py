@@ -278,3 +278,17 @@ def test_check_notes_a_categorical_column_wide_enough_to_cost_memory(tmp_path):
     assert f"note: column 'occupation' has 120 categories, 120 of this party's {width} encoded cells: every row " \
            "carries them through its networks, so its memory and step time grow with them" in out, out
     assert "column 'site' has 99" not in out and out.count("memory and step time") == 1, out
+
+
+def test_a_party_whose_table_fails_keeps_its_own_header_above_its_key_line(demo):
+    """Multi-class trial: with one party's table refused (a column of numbers and text), its key line was printed
+    under the party before it, as if that party's."""
+    path = demo / "lab" / "train.csv"
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    path.write_text("\n".join([lines[0] + ",struck", *(f"{line},{'2-10' if k == 8 else k % 3}"
+                                                        for k, line in enumerate(lines[1:]))]) + "\n")
+    code, out, err = cli("check", "--config", str(demo / "federation.toml"))
+    assert code != 0 and "column 'struck': the column mixes numbers and text" in err, err
+    said = out.splitlines()
+    key = next(k for k, line in enumerate(said) if "holds the key pinned for lab" in line)
+    assert said[key - 1] == "party 'lab': its tables could not be read (its error is below)", said

@@ -110,6 +110,8 @@ def check_party(fed: Federation, name: str, command: str) -> PartyCheck:
             result.lines += _table_lines(fed, name, command, result)
     except FalseVflError as error:
         result.errors.append(str(error))
+        # (a trial read this party's key line under the party before it: its own header was missing)
+        result.lines.append(f"party {name!r}: its tables could not be read (its error is below)")
     try:
         result.lines.append(identity_line(fed, name))
     except FalseVflError as error:

@@ -627,6 +627,10 @@ def test_validation_metric_per_parties_observed_against_hand_counts():
     line = validation_summary(table)
     assert line.startswith("validation (5 held-out labeled records): ROC AUC 0.8333, balanced accuracy 83.33 %, "
                            "accuracy 80 % (the most common class alone: 60 %)") and "2 parties: 50 % (2)" in line
+    three = validation_table(np.array([[.6, .3, .1], [.2, .7, .1], [.1, .2, .7]]), np.array([0, 1, 2]),
+                             np.array([2, 2, 2]), "classification", None)  # several classes: the average is named
+    assert validation_summary(three).startswith("validation (3 held-out labeled records): ROC AUC (macro, "
+                                                "one-vs-rest) 1.0000, balanced accuracy 100.00 %"), three
     scale = TargetScale(100.0, 10.0)
     table = validation_table(np.array([0.0, 1.0, -1.0]), np.array([0.0, 0.5, -1.0]), np.array([2, 2, 1]),
                              "regression", scale)

@@ -63,13 +63,12 @@ STAGE_KEYS = tuple(f.name for f in fields(StageConfig))
 # Not model settings of a federation: fixed by the file ([[party]] order, active, task), or used by `simulate`
 # only to draw its splits (train_mechanism, mechanism_rows, n_labeled, n_aligned, max_rows, standardize, cell_missing).
 # `device` is one: each party's own choice for its own host (not part of the model's fingerprint).
-_NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "mechanism_rows", "n_labeled",
+NOT_MODEL_KEYS = {"parties", "active_party", "task", "dataset", "train_mechanism", "mechanism_rows", "n_labeled",
                    "n_aligned", "max_rows", "standardize", "cell_missing", "privacy"}
 PRIVACY_KEYS = tuple(f.name for f in fields(PrivacyConfig))
 MAX_DELTA = 1e-2  # a [privacy] delta past it is refused: the guarantee would fail outright too often
 # Config's settings and every registered method's own options (a method refuses another's by name)
-AGREED_OUTSIDE_MODEL = _NOT_MODEL_KEYS  # Config's settings a federation sets elsewhere: not named as [model] keys
-MODEL_KEYS = ("preset", *sorted(({f.name for f in fields(Config)} - _NOT_MODEL_KEYS - {"options"})
+MODEL_KEYS = ("preset", *sorted(({f.name for f in fields(Config)} - NOT_MODEL_KEYS - {"options"})
                                 | {name for method in METHODS.values() for name in method.options}))
 # A bare schedule: the sizes tuned on digits; "auto" sizes the schedule by the table (config.sized_schedule)
 SCHEDULES = ("auto", "quick", "default", "paper")

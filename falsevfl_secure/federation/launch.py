@@ -31,7 +31,7 @@ from ..runtime.role import RoleSpec
 from ..runtime.worker import run_role
 from ..runtime.world import World
 from ..transport.protocols import Protocol, protocol_named
-from .config import AGGREGATOR, AGREED_OUTSIDE_MODEL, Federation
+from .config import AGGREGATOR, NOT_MODEL_KEYS, Federation
 from .party import federation_program
 
 
@@ -47,7 +47,7 @@ def role_names(fed: Federation, present: list[str], protocol: Protocol) -> list[
 def agreement_settings(fed: Federation, command: str) -> dict:
     """The run settings every participant must share besides the cast (see `network.agreement`)."""
     named = {key: value for key, value in fed.model.file_settings().items()  # as this file writes them
-             if key.removeprefix("[model] ") not in AGREED_OUTSIDE_MODEL}
+             if key.removeprefix("[model] ") not in NOT_MODEL_KEYS}  # (set outside [model]: named there)
     return {"command": command, "method": method_for(fed.model).label, "model": fed.model.fingerprint(),
             "task": fed.task, "max_ids": fed.max_ids, "on_party_loss": fed.on_party_loss,
             "min_parties": fed.min_parties, **named, "[model] preset": fed.preset}

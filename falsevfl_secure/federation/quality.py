@@ -35,7 +35,7 @@ def _ranked(probabilities: np.ndarray, truth: np.ndarray) -> dict:
 
     found, counts = classification_metrics(probabilities, truth), np.bincount(truth.astype(np.int64))
     return {"roc_auc": round(found["roc_auc"], 4), "balanced_accuracy": round(100 * found["balanced_accuracy"], 2),
-            "majority": round(100 * counts.max() / max(truth.size, 1), 2), "classes": int(probabilities.shape[-1])}
+            "majority": round(100 * counts.max() / max(truth.size, 1), 2), "n_classes": int(probabilities.shape[-1])}
 
 
 def _metric(predicted: np.ndarray, truth: np.ndarray, task: str, full: bool = False) -> dict:
@@ -57,7 +57,7 @@ def validation_summary(validation: dict | None) -> str:
     extra = f", MAE {validation['mae']:.4g}, R^2 {validation['r2']:.3f}" if "mae" in validation else ""
     lead = ""
     if "roc_auc" in validation:
-        macro = " (macro, one-vs-rest)" if validation.get("classes", 2) > 2 else ""  # (a trial checked it by hand)
+        macro = " (macro, one-vs-rest)" if validation.get("n_classes", 2) > 2 else ""  # (a trial checked it by hand)
         lead = (f"ROC AUC{macro} {validation['roc_auc']:.4f}, balanced accuracy "
                 f"{validation['balanced_accuracy']:.2f} %, ")
         extra = f" (the most common class alone: {validation['majority']:.4g} %)"

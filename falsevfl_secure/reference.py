@@ -19,20 +19,23 @@ import numpy as np
 
 from .fsio import atomic_write, saved_arrays
 from .metrics import primary, task_metrics
+from .model.trees import categorical_mask, coded_block
 
 MODELS = ("linear", "hgb")
+Groups = tuple[tuple[int, int], ...]  # the one-hot cells of each categorical column, [start, stop)
 
 
-def _features(x: np.ndarray, observed: np.ndarray, held: np.ndarray, kind: str) -> np.ndarray:
-    """hgb: the block with NaN in every empty cell (it splits on missingness); linear: the block with empty
-    cells at the mean (0) plus which cells are observed."""
+def _features(x: np.ndarray, observed: np.ndarray, held: np.ndarray, kind: str, groups: Groups = ()) -> np.ndarray:
+    """hgb: each categorical column's code, then the other cells, NaN in every empty cell (it splits on
+    missingness and on sets of categories: as the trees after stage 2 read the block); linear: the block with
+    empty cells at the mean (0) plus which cells are observed."""
     seen = observed & held[:, None]
     if kind == "hgb":
-        return np.where(seen, x, np.nan).astype(np.float64)
+        return coded_block(x, seen, groups)
     return np.hstack([np.where(seen, x, 0.0), seen.astype(np.float64)])
 
 
-def _model(kind: str, task: str, seed: int):
+def _model(kind: str, task: str, seed: int, categorical: np.ndarray | None = None):
     # scikit-learn's models are imported here: at module level they cost every command half a second
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
     from sklearn.linear_model import LogisticRegression, Ridge
@@ -40,8 +43,10 @@ def _model(kind: str, task: str, seed: int):
     from sklearn.preprocessing import StandardScaler
 
     if kind == "hgb":
-        return (HistGradientBoostingClassifier(random_state=seed) if task == "classification"
-                else HistGradientBoostingRegressor(random_state=seed))
+        cats = categorical if categorical is not None and categorical.any() else None
+        return (HistGradientBoostingClassifier(random_state=seed, categorical_features=cats)
+                if task == "classification" else HistGradientBoostingRegressor(random_state=seed,
+                                                                                categorical_features=cats))
     head = LogisticRegression(max_iter=1000) if task == "classification" else Ridge(alpha=1.0)
     return make_pipeline(StandardScaler(), head)
 
@@ -55,14 +60,14 @@ def _predict(model, features: np.ndarray, task: str, n_classes: int) -> np.ndarr
 
 
 def fit_reference(placed, y: np.ndarray, train_rows: np.ndarray, rows: np.ndarray, task: str, n_classes: int,
-                  seed: int) -> dict[str, dict]:
+                  seed: int, groups: Groups = ()) -> dict[str, dict]:
     """Each reference model's predictions on `rows` (positions of the shared order) and its fit time."""
     out = {}
     for kind in MODELS:
         began = time.perf_counter()
-        fit_x = _features(placed.x[train_rows], placed.observed[train_rows], placed.held[train_rows], kind)
-        model = _fitted(fit_x, y[train_rows], task, seed, kind)
-        score_x = _features(placed.x[rows], placed.observed[rows], placed.held[rows], kind)
+        fit_x = _features(placed.x[train_rows], placed.observed[train_rows], placed.held[train_rows], kind, groups)
+        model = _fitted(fit_x, y[train_rows], task, seed, kind, groups)
+        score_x = _features(placed.x[rows], placed.observed[rows], placed.held[rows], kind, groups)
         out[kind] = {"predictions": _predict(model, score_x, task, n_classes),
                      "fit_s": round(time.perf_counter() - began, 3)}
     return out
@@ -165,7 +170,7 @@ def _score_columns(model, features: np.ndarray, task: str, n_classes: int) -> np
 
 
 def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int, seed: int, kind: str,
-                 each: Callable[[], None] = lambda: None) -> np.ndarray:
+                 groups: Groups = (), each: Callable[[], None] = lambda: None) -> np.ndarray:
     """Each labeled row's score from a `kind` model that never saw it (K folds in row order, public); `each` after
     every fold (the party's progress, so peers waiting on it see it work)."""
     out = np.zeros((len(y), 1 if task != "classification" or n_classes == 2 else n_classes))
@@ -173,14 +178,15 @@ def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int,
     for fold in folds:
         rest = np.setdiff1d(np.arange(len(y)), fold)
         if fold.size and rest.size:
-            model = _fitted(features[rest], y[rest], task, seed, kind)
+            model = _fitted(features[rest], y[rest], task, seed, kind, groups)
             out[fold] = _score_columns(model, features[fold], task, n_classes)
         each()
     return out
 
 
-def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str = "hgb"):
-    model = _model(kind, task, seed)
+def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str = "hgb", groups: Groups = ()):
+    """`kind`'s model fitted on `_features`' columns (the hgb's leading codes of `groups` read as categories)."""
+    model = _model(kind, task, seed, categorical_mask(groups, features.shape[1]))
     with warnings.catch_warnings():  # convergence chatter is not the user's business here
         warnings.simplefilter("ignore")
         model.fit(features, y)
@@ -188,13 +194,13 @@ def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str
 
 
 def own_scores(placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int,
-               others: tuple = (), each: Callable[[], None] = lambda: None, kinds: tuple[str, ...] = ("hgb",)
-               ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
+               others: tuple = (), each: Callable[[], None] = lambda: None, kinds: tuple[str, ...] = ("hgb",),
+               groups: Groups = ()) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
     """(n, e) float32: the active party's own models' scores of every record of the shared order (`kinds` of
     MODELS, their columns side by side), out of fold on its labeled training rows (so stage 2 never reads a
     score fitted to the row's own label). With `others` (blocks placed alike: a simulation's test splits),
-    also each one's scores by the full fits. `each` after every fit."""
-    parts = [_own_kind(kind, placed, y, labeled, task, n_classes, seed, others, each) for kind in kinds]
+    also each one's scores by the full fits. `each` after every fit; `groups`: the block's categorical columns."""
+    parts = [_own_kind(kind, placed, y, labeled, task, n_classes, seed, others, each, groups) for kind in kinds]
     out = np.hstack([train for train, _ in parts]).astype(np.float32)
     if not others:
         return out
@@ -202,21 +208,23 @@ def own_scores(placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes:
 
 
 def _own_kind(kind: str, placed, y: np.ndarray, labeled: np.ndarray, task: str, n_classes: int, seed: int,
-              others: tuple, each: Callable[[], None]) -> tuple[np.ndarray, list[np.ndarray]]:
+              others: tuple, each: Callable[[], None], groups: Groups) -> tuple[np.ndarray, list[np.ndarray]]:
     """One model's scores: of the shared order (out of fold on the labeled rows) and of each of `others`."""
-    features = _features(placed.x, placed.observed, placed.held, kind)
-    full = _fitted(features[labeled], y[labeled], task, seed, kind)
+    features = _features(placed.x, placed.observed, placed.held, kind, groups)
+    full = _fitted(features[labeled], y[labeled], task, seed, kind, groups)
     each()
     out = _score_columns(full, features, task, n_classes)
-    out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed, kind, each)
-    return out, [_score_columns(full, _features(o.x, o.observed, o.held, kind), task, n_classes) for o in others]
+    out[labeled] = _out_of_fold(features[labeled], y[labeled], task, n_classes, seed, kind, groups, each)
+    return out, [_score_columns(full, _features(o.x, o.observed, o.held, kind, groups), task, n_classes)
+                 for o in others]
 
 
-def save_own_rows(model_dir, placed, y: np.ndarray, labeled: np.ndarray) -> None:
-    """Keep the labeled rows the own models were fitted on (the active party's own values, in its own folder)."""
+def save_own_rows(model_dir, placed, y: np.ndarray, labeled: np.ndarray, groups: Groups = ()) -> None:
+    """Keep the labeled rows the own models were fitted on, and the categorical columns they read as codes (the
+    active party's own values, in its own folder)."""
     buffer = io.BytesIO()
     np.savez(buffer, x=placed.x[labeled], observed=placed.observed[labeled], held=placed.held[labeled],
-             y=y[labeled])
+             y=y[labeled], groups=np.asarray(groups, dtype=np.int64).reshape(-1, 2))
     atomic_write(Path(model_dir) / SAVED, buffer.getvalue(), private=True)
 
 
@@ -228,8 +236,21 @@ def refit_scores(model_dir, placed, task: str, n_classes: int, seed: int, kinds:
         if rows["x"].ndim != 2 or rows["observed"].shape != rows["x"].shape or \
                 {rows["held"].shape, rows["y"].shape} != {rows["x"].shape[:1]}:  # (review: a numpy error deeper in)
             raise ValueError(f"rows of shape {rows['x'].shape} with others of {[rows[k].shape for k in rows]}")
+        # (saved before the codes: its fits read every cell as a number, and so do these)
+        groups = _saved_groups(saved["groups"], rows["x"].shape[1]) if "groups" in saved.files else ()
     columns = []
     for kind in kinds:
-        full = _fitted(_features(rows["x"], rows["observed"], rows["held"], kind), rows["y"], task, seed, kind)
-        columns.append(_score_columns(full, _features(placed.x, placed.observed, placed.held, kind), task, n_classes))
+        full = _fitted(_features(rows["x"], rows["observed"], rows["held"], kind, groups), rows["y"], task, seed,
+                       kind, groups)
+        scored = _features(placed.x, placed.observed, placed.held, kind, groups)
+        columns.append(_score_columns(full, scored, task, n_classes))
     return np.hstack(columns).astype(np.float32)
+
+
+def _saved_groups(saved: np.ndarray, width: int) -> Groups:
+    """The saved groups, checked: ordered, disjoint cells of the block (a numpy error deeper in otherwise)."""
+    ends = saved.reshape(-1).tolist() if saved.ndim == 2 and saved.shape[1] == 2 else None
+    if ends is None or ends != sorted(ends) or any(a >= b for a, b in zip(ends[::2], ends[1::2], strict=True)) \
+            or (ends and (ends[0] < 0 or ends[-1] > width)):
+        raise ValueError(f"categorical groups {saved.tolist()} for a block of {width} cells")
+    return tuple(zip(ends[::2], ends[1::2], strict=True))

@@ -324,3 +324,59 @@ def test_a_class_never_predicted_is_named_and_a_balanced_weighting_below_the_maj
     note = [line for line in lift_lines(report, balanced) if line.startswith("note:")]
     assert note and "accuracy (50.6 %) is below the most common class's share (56.2 %)" in note[0], note
     assert not any(line.startswith("note:") for line in lift_lines(report))  # unweighted: nothing was traded
+
+
+def _coded_table(n: int, seed: int):
+    """A block of one categorical column of 30 categories (one-hot cells; some missing, some records not held) and
+    one numeric cell; the label: the category is in a drawn half of them, or the number is large."""
+    from falsevfl_secure.federation.aligned import Placed
+
+    rng = np.random.default_rng(seed)  # test data only
+    code, number = rng.integers(0, 30, n), rng.normal(size=n)
+    y = (np.isin(code, rng.permutation(30)[:15]) ^ (number > 1.2)).astype(np.int64)
+    x = np.hstack([np.eye(30)[code], number[:, None]]).astype(np.float32)
+    observed, held = np.ones_like(x, dtype=bool), rng.random(n) > 0.1
+    missing = rng.random(n) < 0.1
+    x[missing, :30], observed[missing, :30] = 1 / 30, False  # a missing category: its cells filled with shares
+    known = held & ~missing
+    coded = np.column_stack([np.where(known, code, np.nan), np.where(held, number, np.nan)])
+    return Placed(x, observed, held), y, coded
+
+
+def test_the_own_trees_read_a_categorical_column_as_its_code_as_scikit_learn_does_and_refit_so_at_predict(tmp_path):
+    """The own models' trees (own_reference and the lift's reference) split the category's code as a set of
+    categories, as the trees after stage 2 read it: their scores are scikit-learn's on the codes built by hand,
+    not on the 30 one-hot cells; `predict` refits the same from the saved rows and groups."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    from falsevfl_secure.reference import own_scores, refit_scores, save_own_rows
+
+    placed, y, coded = _coded_table(1200, 3)
+    labeled, rows = np.arange(0, 1200, 2), np.arange(1, 1200, 2)
+    truth = HistGradientBoostingClassifier(random_state=0, categorical_features=[True, False])
+    p = truth.fit(coded[labeled], y[labeled]).predict_proba(coded[rows])
+    refs = fit_reference(placed, y, labeled, rows, "classification", 2, 0, groups=((0, 30),))
+    np.testing.assert_allclose(refs["hgb"]["predictions"], p, rtol=1e-6, atol=1e-9)
+    scores = own_scores(placed, y, labeled, "classification", 2, 0, groups=((0, 30),))
+    np.testing.assert_allclose(scores[rows, 0], np.log(np.clip(p[:, 1], 1e-6, 1)) - np.log(np.clip(p[:, 0], 1e-6, 1)),
+                               rtol=1e-4, atol=1e-4)
+    save_own_rows(tmp_path, placed, y, labeled, ((0, 30),))
+    np.testing.assert_allclose(refit_scores(tmp_path, placed, "classification", 2, 0)[rows], scores[rows], rtol=1e-5)
+
+
+def test_own_rows_saved_before_the_codes_refit_on_the_cells_and_forged_groups_are_one_error_line(tmp_path):
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.reference import SAVED, own_scores, refit_scores, save_own_rows
+
+    placed, y, _ = _coded_table(400, 4)
+    labeled = np.arange(0, 400, 2)
+    save_own_rows(tmp_path, placed, y, labeled)  # no groups: every cell a number, as rows saved before them
+    rows = np.arange(1, 400, 2)  # unlabeled: scored by the full fit (labeled rows out of fold)
+    np.testing.assert_allclose(refit_scores(tmp_path, placed, "classification", 2, 0)[rows],
+                               own_scores(placed, y, labeled, "classification", 2, 0)[rows], rtol=1e-5, atol=1e-6)
+    for forged in ([[0, 40]], [[5, 3]], [[0, 10], [5, 20]], [[-1, 3]], [0, 30]):
+        with np.load(tmp_path / SAVED) as saved:
+            kept = dict(saved)
+        np.savez(tmp_path / SAVED, **{**kept, "groups": np.asarray(forged)})
+        with pytest.raises(InputError, match=f"{SAVED}: not the active party's own rows .*categorical groups"):
+            refit_scores(tmp_path, placed, "classification", 2, 0)

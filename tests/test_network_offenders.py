@@ -592,3 +592,27 @@ def test_a_malformed_resume_frame_is_its_senders_refusal(payload):
         _keys(payload, "party1")
     assert refused.value.offender == "party1" and "the resume step of party1" in str(refused.value)
     assert _keys(np.array([1_000_003, 2_000_000], dtype="<i8").tobytes(), "party1").tolist() == [1_000_003, 2_000_000]
+
+
+@pytest.mark.parametrize("tolerated", [False, True])
+def test_a_party_that_never_acknowledges_a_loss_notice_is_named_within_its_deadline(tolerated):
+    # Before: the active party's drain of each survivor's 'lost-ack' ended at the deadline in silence and the run
+    # went on as if it had been acknowledged; the silent party was never named.
+    from falsevfl_secure.network.network import RunAborted, notice_digest
+
+    active, links = hub("active", ("X", "Y"), "X", "Y")
+    active.coordinator, active.min_deadline_s = "active", 0.3
+    active.tolerated = {"X", "Y"} if tolerated else set()
+    notice = {"lost": ["Z"], "stage": 1, "epoch": 0, "index": 1, "plan": 1}
+    deliver(active, links["Y"], "Y", "lost-ack", notice_digest(notice))
+    assert active.drain("Y", "lost-ack") == notice_digest(notice)  # an answer in time: taken, nobody named
+    assert active.aborted is None and not active.lost
+    began = time.monotonic()
+    if tolerated:  # X leaves the run: the active party announces it at the next step
+        assert active.drain("X", "lost-ack") is None and active.lost["X"].how == "stuck"
+        assert active.take_losses()[0].role == "X" and active.aborted is None
+    else:
+        with pytest.raises(RunAborted, match=r"X delivered nothing \(no 'lost-ack' frame within 0.3 s\)"):
+            active.drain("X", "lost-ack")
+        assert (active.aborted.role, active.aborted.how) == ("X", "stuck")
+    assert time.monotonic() - began < 2.0

@@ -378,10 +378,11 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
     device, rank = resolve_device(cfg.device), role.rank
     role.network.allow_work(solo_work_units(cfg))  # the active party's own trees' fits come first
     model_dir = staged(fed.party(role.spec.name).model_dir)  # the rows its trees fit on join the staged model
-    scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes, role.network.advanced, say) \
-        if role.is_active else None
+    layout = CellLayout.from_kinds(inputs.encoding.kinds())
+    scores = _own_scores(fed, cfg, model_dir, placed, aligned, targets, n_classes, role.network.advanced, say,
+                         layout.groups) if role.is_active else None
     node = build_node(cfg, {rank: inputs.encoding.width}, n_classes, role.transport(device), device,
-                      layouts={rank: CellLayout.from_kinds(inputs.encoding.kinds())},
+                      layouts={rank: layout},
                       own_extra=0 if scores is None else scores.shape[1])
     data = host_split(party_view(placed, aligned, rank, targets), device,
                       n_classes if fed.task == "classification" else None)
@@ -398,20 +399,20 @@ def _host(role, fed: Federation, cfg, inputs: PartyInput, placed: Placed, aligne
 
 
 def _own_scores(fed: Federation, cfg, model_dir: Path, placed: Placed, aligned: Aligned, targets: np.ndarray,
-                n_classes: int, each, say: bool = False) -> np.ndarray | None:
+                n_classes: int, each, say: bool = False, groups: tuple = ()) -> np.ndarray | None:
     """With `own_reference`: the active party's own models' scores of every record (out of fold on its labeled
-    training rows), and the rows they were fitted on kept in its own folder for `predict`; `each` after
-    every fit (its progress, which the parties waiting on it see)."""
+    training rows; its categorical columns, `groups`, read as codes), and the rows they were fitted on kept in its
+    own folder for `predict`; `each` after every fit (its progress, which the parties waiting on it see)."""
     method = method_for(cfg)
     if not method.reads_own_reference:
         return None
     y = party_view(placed, aligned, fed.names.index(fed.active), targets).labels.y
-    save_own_rows(model_dir, placed, y, aligned.labeled)
+    save_own_rows(model_dir, placed, y, aligned.labeled, groups)
     if say:  # (a trial waited 3.5 minutes here with nothing on the terminal)
         print(f"fitting the active party's own models on its {aligned.labeled.size:,} labeled records, each in "
               f"{FOLDS + 1} fits (out of fold): an input of its discriminator", file=sys.stderr, flush=True)
     return own_scores(placed, y, aligned.labeled, fed.task, n_classes, cfg.seed, each=each,
-                      kinds=method.own_reference_kinds)
+                      kinds=method.own_reference_kinds, groups=groups)
 
 
 def _validation_data(placed: Placed, aligned: Aligned, rank: int, targets: np.ndarray | None, device):
@@ -435,7 +436,8 @@ def _quality(fed: Federation, inputs: PartyInput, placed: Placed, aligned: Align
     out = predictions.get().cpu().numpy()  # on the host: a party may train on its GPU
     observed = held_out.n_observed.get().cpu().numpy()
     validation = validation_table(out, y[rows], observed, fed.task, inputs.target_scale)
-    references = fit_reference(placed, y, aligned.labeled, rows, fed.task, n_classes, fed.model.seed)
+    groups = CellLayout.from_kinds(inputs.encoding.kinds()).groups  # its categorical columns: codes for its trees
+    references = fit_reference(placed, y, aligned.labeled, rows, fed.task, n_classes, fed.model.seed, groups)
     inverse = inputs.target_scale.inverse if inputs.target_scale is not None else None
     return validation, {**lift_report(fed.task, out, references, y[rows], inverse), "classes": inputs.classes or None}
 

@@ -32,21 +32,26 @@ BAG = 5  # models averaged, each early-stopped on its own tenth: on ames and fli
 
 def head_features(x: Tensor, seen: Tensor, loc: Tensor, n_observed: Tensor,
                   groups: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
-    """(B, g + d' + d_h + 1) float64: the code of each categorical column (its one-hot `groups` of cells,
-    [start, stop)), the active party's other cells (NaN in a cell it does not observe: trees split on
-    missingness), the posterior mean, and how many parties hold the record."""
-    block = torch.where(seen, x.to(torch.float64), torch.full_like(x, float("nan"), dtype=torch.float64))
-    grouped = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
+    """(B, g + d' + d_h + 1) float64: the active party's block as `coded_block` reads it, the posterior mean, and
+    how many parties hold the record."""
+    block = coded_block(x.cpu().numpy(), seen.cpu().numpy(), groups)
+    return np.hstack([block, loc.cpu().numpy().astype(np.float64), n_observed.cpu().numpy().astype(np.float64)
+                      .reshape(-1, 1)])
+
+
+def coded_block(x: np.ndarray, seen: np.ndarray, groups: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
+    """(B, g + d') float64: the code of each categorical column (its one-hot `groups` of cells, [start, stop)), then
+    the other cells (NaN in a cell not observed: trees split on missingness)."""
+    block = np.where(seen, x, np.nan).astype(np.float64)
+    grouped = np.zeros(x.shape[-1], dtype=bool)
     codes = []
     for start, stop in groups:  # a one-hot group read as one category code: trees split sets of categories
         grouped[start:stop] = True
         cells = x[:, start:stop]
         # a code only where the cells are one category (not a missing cell's filled shares, nor all zero)
-        known = seen[:, start] & ((cells == 1).sum(dim=-1) == 1) & ((cells == 0).sum(dim=-1) == stop - start - 1)
-        code = cells.argmax(dim=-1).to(torch.float64)
-        codes.append(torch.where(known, code, torch.full_like(code, float("nan"))).view(-1, 1))
-    parts = [*codes, block[:, ~grouped], loc.to(torch.float64), n_observed.to(torch.float64).view(-1, 1)]
-    return torch.cat(parts, dim=-1).cpu().numpy()
+        known = seen[:, start] & ((cells == 1).sum(axis=-1) == 1) & ((cells == 0).sum(axis=-1) == stop - start - 1)
+        codes.append(np.where(known, cells.argmax(axis=-1), np.nan).reshape(-1, 1))
+    return np.hstack([*codes, block[:, ~grouped]])
 
 
 def categorical_mask(groups: tuple[tuple[int, int], ...], width: int) -> np.ndarray:

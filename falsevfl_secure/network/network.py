@@ -542,10 +542,11 @@ class Network:
 
     def drain(self, peer: str, marker: str) -> bytes | None:
         """Drop `peer`'s frames up to its `marker` frame (frames of an abandoned step); the marker's payload, or
-        None where the peer was lost meanwhile (it has nothing more to send) or its deadline passed."""
+        None where the peer was lost meanwhile (it has nothing more to send). A peer whose marker does not come
+        within its deadline is named: the run ends, or it is lost where tolerated (then None)."""
         began = time.monotonic()
         with self._cond, self._waiting(peer):  # the heartbeats say so: a peer waiting on this role does not name it
-            while True:
+            while time.monotonic() - began <= self.deadline_s:
                 while self._mail[peer]:
                     tag, payload = self._mail[peer].popleft()
                     self._queued[peer, tag] -= 1
@@ -553,9 +554,12 @@ class Network:
                     if tag == marker:
                         return payload
                 self._raise_if_aborted()
-                if peer in self.lost or peer in self._byes or time.monotonic() - began > self.deadline_s:
+                if peer in self.lost or peer in self._byes:
                     return None
                 self._cond.wait(0.5)
+        # (before: the wait ended in silence, and the run went on as if the peer had answered)
+        self._blamed(Blame(peer, "stuck", self.round, f"no {marker!r} frame within {self.deadline_s:.3g} s"))
+        return None
 
     @contextmanager
     def _waiting(self, peer: str | None):

@@ -186,7 +186,7 @@ def _out_of_fold(features: np.ndarray, y: np.ndarray, task: str, n_classes: int,
 
 def _fitted(features: np.ndarray, y: np.ndarray, task: str, seed: int, kind: str = "hgb", groups: Groups = ()):
     """`kind`'s model fitted on `_features`' columns (the hgb's leading codes of `groups` read as categories)."""
-    model = _model(kind, task, seed, categorical_mask(groups, features.shape[1]))
+    model = _model(kind, task, seed, categorical_mask(groups, features.shape[1]) if kind == "hgb" else None)
     with warnings.catch_warnings():  # convergence chatter is not the user's business here
         warnings.simplefilter("ignore")
         model.fit(features, y)

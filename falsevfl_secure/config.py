@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import IntEnum
 
+from .data.encoding import NUMERIC
 from .data.loaders import STANDARDIZE
 from .data.mechanisms import MECHANISM_ROWS, parse_mechanism
 from .errors import InputError
@@ -190,6 +191,9 @@ class Config:
     # and render the remainder partially aligned"); the unlabeled rows then stay fully observed.
     mechanism_rows: str = "all"
     class_weight: str = "none"  # stage 2: "balanced" weighs each labeled row by n / (C n_class) (classification)
+    # A federation's tables: each party standardises a numeric column as it is ("standard"), or its normal score
+    # ("quantile": the rank among its own training values, data/encoding.py); not released with DP (refused then).
+    numeric_encoding: str = "standard"
     # Stage 2 keeps the discriminator of its best epoch on the validation records (log loss, or RMSE for
     # regression; the active party's own choice: stage 2 trains its parameters only) where a run has them.
     select_best: bool = True
@@ -306,6 +310,11 @@ class Config:
         _need(self.class_weight == "none" or self.task == "classification",  # (a trial: silently ignored there)
               f"class_weight={self.class_weight!r} weighs classes: it applies to task = \"classification\" only")
         _need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
+        _need(self.numeric_encoding in NUMERIC,
+              f"numeric_encoding={self.numeric_encoding!r}: choose {' or '.join(NUMERIC)}")
+        _need(self.numeric_encoding == "standard" or not self.privacy.enabled,  # its reference values are the rows'
+              f"numeric_encoding={self.numeric_encoding!r} keeps each column's values at 1,000 ranks, which no DP "
+              "release covers: under a privacy budget leave numeric_encoding = \"standard\"")
 
 
 PRESETS: dict[str, dict[str, dict]] = {

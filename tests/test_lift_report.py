@@ -62,9 +62,11 @@ def test_the_reference_learns_from_the_active_partys_own_columns_and_the_lift_co
     assert lines[0].startswith("lift: federation roc_auc 0.5000")
     assert sum(line.startswith("warning: ") for line in lines) == 2  # no lift, and one class for every record
     assert 'Try preset = "auto"' in lines[1] and 'method = "plugvfl"' in lines[1]
-    tried = make_config("digits", "auto", class_weight="balanced").to_dict()  # what a run did is not suggested
-    said = lift_lines(report, tried)[1]
+    assert 'numeric_encoding = "quantile"' in lines[1]
+    tried = make_config("digits", "auto", class_weight="balanced", numeric_encoding="quantile").to_dict()
+    said = lift_lines(report, tried)[1]  # what a run did is not suggested
     assert "preset" not in said and "discriminator_inputs" not in said and "class_weight" not in said, said
+    assert "numeric_encoding" not in said, said
     assert "Check with `federation check`" in said and 'method = "plugvfl"' in said
     regression = {**make_config("digits", "quick").to_dict(), "task": "regression"}  # no classes to weigh
     assert "class_weight" not in lift_lines(report, regression)[1] and "preset" in lift_lines(report, regression)[1]

@@ -2,7 +2,10 @@
 
 Numeric columns are standardised (`Standardizer`) with the statistics of their OBSERVED training cells,
 except binary ones (exactly two values in training), written 0 (the smaller value) and 1 (the larger);
-categorical columns are one-hot encoded, one cell per category seen in the training table (sorted),
+with `numeric = "quantile"` a numeric column (not a binary one) is first mapped to its normal score, the
+standard normal quantile of its rank among the party's own training values (`NormalScores`: what separates 0 ft from
+35 ft in a column whose spread is thousands of feet, where the decoder's floor of 0.2 std could not); categorical
+columns are one-hot encoded, one cell per category seen in the training table (sorted),
 named `column=category`. A missing cell is imputed with its column's training mean (0 for a
 standardised numeric cell, the category's training share for each one-hot cell of a missing category)
 and marked unobserved in the per-cell `observed` mask; a missing categorical cell is unobserved in all
@@ -43,6 +46,7 @@ class Encoding:
     scaler: Standardizer | None  # the numeric columns, in column order; None when there is none
     binary: tuple[str, ...] = ()  # numeric columns with two values in training: encoded 0/1 (by the scaler)
     private: bool = False  # released with DP: each categorical column's OTHER cell takes every unreleased value
+    quantiles: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # numeric = "quantile": `NormalScores`
 
     @property
     def numeric(self) -> tuple[str, ...]:
@@ -81,7 +85,8 @@ class Encoding:
                 "categories": {name: list(values) for name, values in self.categories.items()},
                 "shares": {name: [float(v) for v in values] for name, values in self.shares.items()},
                 "standardizer": None if self.scaler is None else self.scaler.to_dict(),
-                "binary": list(self.binary), "private": self.private}
+                "binary": list(self.binary), "private": self.private,
+                "quantiles": {name: [float(v) for v in values] for name, values in self.quantiles.items()}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Encoding:
@@ -95,9 +100,10 @@ class Encoding:
             private = d.get("private", False)
             if not isinstance(private, bool):
                 raise TypeError(f"private must be true or false, not {private!r}")
+            quantiles = {str(k): tuple(float(v) for v in values) for k, values in d.get("quantiles", {}).items()}
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise DataError(f"encoding: not a saved encoding ({type(error).__name__}: {error})") from None
-        encoding = cls(columns, categories, shares, scaler, binary, private)
+        encoding = cls(columns, categories, shares, scaler, binary, private, quantiles)
         _check(encoding)
         return encoding
 
@@ -116,6 +122,11 @@ def _check(encoding: Encoding) -> None:
         raise DataError("encoding: a binary column must be one of the numeric columns")
     if encoding.private and any(OTHER not in values for values in encoding.categories.values()):
         raise DataError(f"encoding: a private encoding's categorical columns each need the {OTHER!r} cell")
+    for name, values in encoding.quantiles.items():
+        if name not in encoding.numeric or name in encoding.binary or len(values) < 2 or \
+                not (np.isfinite(values).all() and (np.diff(values) >= 0).all()):
+            raise DataError(f"encoding: column {name!r}: normal scores need a numeric, non-binary column and at least "
+                            "two finite, non-decreasing reference values")
     numeric = len(encoding.numeric)
     if (encoding.scaler.n_features if encoding.scaler is not None else 0) != numeric:
         raise DataError(f"encoding: the standardisation must cover the {numeric} numeric columns")
@@ -137,8 +148,45 @@ def _check_size(table: PartyTable, categories: Mapping[str, tuple[str, ...]]) ->
                     + "; remove a column that identifies records, or group its rare categories")
 
 
-def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
-    """The encoding learned from a training table; a DataError names a column with no value at all."""
+NUMERIC = ("standard", "quantile")  # how a numeric column reaches its standardisation (`fit_encoding`)
+QUANTILES = 1000  # reference values of a column's normal scores (scikit-learn's QuantileTransformer's default)
+RANK_BOUND = 1e-7  # ranks clipped to [RANK_BOUND, 1 - RANK_BOUND]: normal scores within +-5.2 (as scikit-learn)
+
+
+def reference_values(values: np.ndarray) -> tuple[float, ...]:
+    """A column's observed training values at QUANTILES evenly spaced ranks (at least two)."""
+    return tuple(np.quantile(values, np.linspace(0.0, 1.0, max(2, min(QUANTILES, values.size)))).tolist())
+
+
+def normal_scores(x: np.ndarray, reference: tuple[float, ...]) -> np.ndarray:
+    """Each value's normal score: the standard normal quantile of its rank among the reference values (linear
+    between them; a value tied with several takes the middle of their ranks), the lowest score at or below the
+    smallest (a spike of 0 ft among heights far from the rest) and the highest at or above the largest, as
+    scikit-learn's QuantileTransformer."""
+    from scipy.special import ndtri  # (scipy comes with scikit-learn; at module level it costs every command)
+
+    ref = np.asarray(reference, dtype=np.float64)
+    levels = np.linspace(0.0, 1.0, ref.size)
+    rank = 0.5 * (np.interp(x, ref, levels) - np.interp(-x, -ref[::-1], -levels[::-1]))
+    rank = np.where(x <= ref[0], 0.0, np.where(x >= ref[-1], 1.0, rank))
+    return ndtri(np.clip(rank, RANK_BOUND, 1 - RANK_BOUND))
+
+
+def _scored(x: np.ndarray, observed: np.ndarray, names: tuple[str, ...],
+            quantiles: Mapping[str, tuple[float, ...]]) -> np.ndarray:
+    """The numeric block `x` (columns `names`) with each column of `quantiles` at its normal scores where observed."""
+    if not quantiles:
+        return x
+    out = np.array(x, dtype=np.float64)
+    for j, name in enumerate(names):
+        if name in quantiles:
+            out[observed[:, j], j] = normal_scores(out[observed[:, j], j], quantiles[name])
+    return out
+
+
+def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP, numeric: str = "standard") -> Encoding:
+    """The encoding learned from a training table (`numeric`: one of NUMERIC); a DataError names a column with no
+    value at all."""
     observed = refuse_empty(table)
     categories, shares = {}, {}
     for name in table.categorical:
@@ -147,16 +195,19 @@ def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP) -> Encoding:
         total = sum(counts.values())
         shares[name] = tuple(counts[c] / total for c in categories[name])
     _check_size(table, categories)
-    numeric = [j for j, name in enumerate(table.columns) if name not in table.text]
-    scaler = _fit_numeric(table.x[:, numeric], observed[:, numeric], clip) if numeric else None
-    binary = _two_valued(table.x[:, numeric], observed[:, numeric])
+    numbers = [j for j, name in enumerate(table.columns) if name not in table.text]
+    x, seen, names = table.x[:, numbers], observed[:, numbers], tuple(table.columns[j] for j in numbers)
+    binary = _two_valued(x, seen)
+    quantiles = {name: reference_values(x[seen[:, j], j]) for j, name in enumerate(names)
+                 if numeric == "quantile" and not binary[j]}
+    scaler = _fit_numeric(_scored(x, seen, names, quantiles), seen, clip) if numbers else None
     if binary.any():  # mean = the smaller value, scale = the gap: the scaler writes them 0 and 1
-        low, high = _low_high(table.x[:, numeric], observed[:, numeric], binary)
+        low, high = _low_high(x, seen, binary)
         mean, scale = scaler.mean.copy(), scaler.scale.copy()
         mean[binary], scale[binary] = low, high - low
         scaler = Standardizer(mean, scale, clip)
-    names = tuple(table.columns[j] for j, two in zip(numeric, binary, strict=True) if two)
-    return Encoding(table.columns, categories, shares, scaler, names)
+    two = tuple(name for name, pair in zip(names, binary, strict=True) if pair)
+    return Encoding(table.columns, categories, shares, scaler, two, quantiles=quantiles)
 
 
 def refuse_empty(table: PartyTable) -> np.ndarray:
@@ -254,6 +305,7 @@ def _standardised(table: PartyTable, encoding: Encoding, x: np.ndarray, observed
     """Write the standardised numeric cells (missing cells at the training mean, i.e. 0) into `x`."""
     raw = table.x[:, [table.columns.index(name) for name in encoding.numeric]].astype(np.float64)
     present = ~np.isnan(raw)
+    raw = _scored(raw, present, encoding.numeric, encoding.quantiles)
     filled = np.where(present, raw, encoding.scaler.mean)
     x[:, positions] = encoding.scaler.transform(filled)
     observed[:, positions] = present

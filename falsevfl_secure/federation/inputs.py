@@ -77,7 +77,7 @@ def _encoding(fed: Federation, table: PartyTable, private: bool) -> tuple[Encodi
     post-processing, uncharged."""
     privacy = fed.model.privacy
     if not (private and privacy.enabled):
-        return fit_encoding(table), None
+        return fit_encoding(table, numeric=fed.model.numeric_encoding), None
     from ..data.private_encoding import private_encoding, refuse_local
     from ..privacy import charge_encoding
     from ..randomness import RoleSecret

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from falsevfl_secure.data import DataError
@@ -259,6 +259,7 @@ def test_a_label_column_with_one_record_per_class_is_refused():
 # -- numeric_encoding = "quantile": normal scores ------------------------------------------------------------
 
 @settings(max_examples=40, deadline=None)
+@example(n=184, seed=0, spike=0.0, magnitude=1e-3)  # (see `near`)
 @given(n=st.integers(3, 3000), seed=st.integers(0, 2**31), spike=st.floats(0.0, 0.6),
        magnitude=st.sampled_from([1e-3, 1.0, 1e4, 1e9]))
 def test_normal_scores_are_scikit_learns_quantile_transform(n, seed, spike, magnitude):
@@ -273,10 +274,14 @@ def test_normal_scores_are_scikit_learns_quantile_transform(n, seed, spike, magn
     fresh = magnitude * np.concatenate([rng.lognormal(0, 2.5, 50), [-1.0, 0.0, 1e6]])
     truth = QuantileTransformer(n_quantiles=min(1000, n), output_distribution="normal", subsample=None)
     truth.fit(values[:, None])
-    ours = normal_scores(np.concatenate([values, fresh]), reference_values(values))
-    theirs = truth.transform(np.concatenate([values, fresh])[:, None])[:, 0]
+    every = np.concatenate([values, fresh])
+    ours, theirs = normal_scores(every, reference_values(values)), truth.transform(every[:, None])[:, 0]
+    # scikit-learn gives an end's score to a value within 1e-7 of that end, in the column's own unit (a value
+    # 5e-8 above the smallest of a column in thousandths: -5.2 there, -3.47 here); ours compares exactly
+    near = (np.abs(every - values.min()) < 1e-7) | (np.abs(every - values.max()) < 1e-7)
+    exact = (every == values.min()) | (every == values.max())
     # (scikit-learn's ends sit a float spacing inside ours: +-5.1993376 against +-5.1993375)
-    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(ours[~near | exact], theirs[~near | exact], rtol=0, atol=1e-6)
     order = np.argsort(values, kind="stable")
     assert (np.diff(ours[:n][order]) >= 0).all() and np.abs(ours).max() <= 5.2  # monotone, bounded
 

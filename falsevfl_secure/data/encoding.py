@@ -3,7 +3,7 @@
 Numeric columns are standardised (`Standardizer`) with the statistics of their OBSERVED training cells,
 except binary ones (exactly two values in training), written 0 (the smaller value) and 1 (the larger);
 with `numeric = "quantile"` a numeric column (not a binary one) is first mapped to its normal score, the
-standard normal quantile of its rank among the party's own training values (`NormalScores`: what separates 0 ft from
+standard normal quantile of its rank among the party's own training values (`normal_scores`: what separates 0 ft from
 35 ft in a column whose spread is thousands of feet, where the decoder's floor of 0.2 std could not); categorical
 columns are one-hot encoded, one cell per category seen in the training table (sorted),
 named `column=category`. A missing cell is imputed with its column's training mean (0 for a
@@ -46,7 +46,7 @@ class Encoding:
     scaler: Standardizer | None  # the numeric columns, in column order; None when there is none
     binary: tuple[str, ...] = ()  # numeric columns with two values in training: encoded 0/1 (by the scaler)
     private: bool = False  # released with DP: each categorical column's OTHER cell takes every unreleased value
-    quantiles: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # numeric = "quantile": `NormalScores`
+    quantiles: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # numeric = "quantile": `reference_values`
 
     @property
     def numeric(self) -> tuple[str, ...]:
@@ -199,7 +199,7 @@ def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP, numeric: str = "
     x, seen, names = table.x[:, numbers], observed[:, numbers], tuple(table.columns[j] for j in numbers)
     binary = _two_valued(x, seen)
     quantiles = {name: reference_values(x[seen[:, j], j]) for j, name in enumerate(names)
-                 if numeric == "quantile" and not binary[j]}
+                 if not binary[j]} if numeric == "quantile" else {}
     scaler = _fit_numeric(_scored(x, seen, names, quantiles), seen, clip) if numbers else None
     if binary.any():  # mean = the smaller value, scale = the gap: the scaler writes them 0 and 1
         low, high = _low_high(x, seen, binary)

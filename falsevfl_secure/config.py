@@ -192,7 +192,8 @@ class Config:
     mechanism_rows: str = "all"
     class_weight: str = "none"  # stage 2: "balanced" weighs each labeled row by n / (C n_class) (classification)
     # A federation's tables: each party standardises a numeric column as it is ("standard"), or its normal score
-    # ("quantile": the rank among its own training values, data/encoding.py); not released with DP (refused then).
+    # ("quantile": the rank among its own training values, data/encoding.py; not released with DP, refused then);
+    # "auto" (the tables' preset): "quantile", and "standard" as the private encoding releases it under a budget.
     numeric_encoding: str = "standard"
     # Stage 2 keeps the discriminator of its best epoch on the validation records (log loss, or RMSE for
     # regression; the active party's own choice: stage 2 trains its parameters only) where a run has them.
@@ -311,10 +312,10 @@ class Config:
               f"class_weight={self.class_weight!r} weighs classes: it applies to task = \"classification\" only")
         _need(self.standardize in STANDARDIZE, f"standardize={self.standardize!r}: choose {', '.join(STANDARDIZE)}")
         _need(self.numeric_encoding in NUMERIC,
-              f"numeric_encoding={self.numeric_encoding!r}: choose {' or '.join(NUMERIC)}")
-        _need(self.numeric_encoding == "standard" or not self.privacy.enabled,  # its reference values are the rows'
+              f"numeric_encoding={self.numeric_encoding!r}: choose {', '.join(NUMERIC[:-1])} or {NUMERIC[-1]}")
+        _need(self.numeric_encoding != "quantile" or not self.privacy.enabled,  # its reference values are the rows'
               f"numeric_encoding={self.numeric_encoding!r} keeps each column's values at 1,000 ranks, which no DP "
-              "release covers: under a privacy budget leave numeric_encoding = \"standard\"")
+              "release covers: under a privacy budget leave numeric_encoding = \"auto\" or \"standard\"")
 
 
 PRESETS: dict[str, dict[str, dict]] = {
@@ -354,8 +355,8 @@ PRESETS: dict[str, dict[str, dict]] = {
 
 # Tables of a federation (`preset = "auto"`, the default there): the digits widths, the active party's own
 # columns, its trees' score and the posterior mean in the discriminator (README "Real tables"), the schedule
-# sized by the table (`sized_schedule`).
-PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True,
+# sized by the table (`sized_schedule`), numeric columns at their normal scores where no budget refuses them.
+PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True, numeric_encoding="auto",
                                  discriminator_inputs="latent+mean+own", own_reference=True, head="network+trees",
                                  pretrain=StageConfig(2e-3, 256, 1), train=StageConfig(2e-3, 128, 1))
 

@@ -320,7 +320,31 @@ def test_the_quantile_encoding_is_refused_under_a_privacy_budget_and_a_bad_choic
     from falsevfl_secure.config import Config, PrivacyConfig
     from falsevfl_secure.errors import InputError
 
-    with pytest.raises(InputError, match="numeric_encoding='ranks': choose standard or quantile"):
+    with pytest.raises(InputError, match="numeric_encoding='ranks': choose auto, standard or quantile"):
         Config(numeric_encoding="ranks").validate()
-    with pytest.raises(InputError, match="under a privacy budget leave numeric_encoding = \"standard\""):
+    with pytest.raises(InputError, match="under a privacy budget leave numeric_encoding = \"auto\" or \"standard\""):
         Config(numeric_encoding="quantile", privacy=PrivacyConfig(epsilon=3.0)).validate()
+    Config(numeric_encoding="auto", privacy=PrivacyConfig(epsilon=3.0)).validate()  # the private release's then
+
+
+def test_the_tables_preset_scores_numeric_columns_in_clear_and_keeps_the_private_release_under_a_budget(tmp_path):
+    """The federation's default preset: normal scores for every numeric, non-binary column fitted in clear; under a
+    privacy budget the same file trains on the encoding released with DP (no reference values, which no release
+    covers), and a file that asks for "quantile" under a budget is one error line."""
+    from falsevfl_secure.errors import InputError
+    from falsevfl_secure.federation.config import load_federation
+    from falsevfl_secure.federation.inputs import read_training_table
+    from falsevfl_secure.federation.tables_demo import Spec, write_federation
+
+    written = write_federation(tmp_path, Spec(categorical=True, messy=False, model=""))  # the default preset
+    fed = load_federation(written.path)
+    clear = read_training_table(fed, "lab")
+    numeric = [name for name in clear.table.columns if name not in clear.table.text]
+    assert fed.model.numeric_encoding == "auto" and numeric
+    assert set(clear.encoding.quantiles) == set(numeric) - set(clear.encoding.binary)
+    written.path.write_text(written.path.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
+    private = read_training_table(load_federation(written.path), "lab", private=True)
+    assert private.encoding.private and private.encoding.quantiles == {}
+    written.path.write_text(written.path.read_text().replace("[model]", "[model]\nnumeric_encoding = \"quantile\"", 1))
+    with pytest.raises(InputError, match="no DP release covers"):
+        load_federation(written.path)

@@ -148,7 +148,9 @@ def _check_size(table: PartyTable, categories: Mapping[str, tuple[str, ...]]) ->
                     + "; remove a column that identifies records, or group its rare categories")
 
 
-NUMERIC = ("standard", "quantile")  # how a numeric column reaches its standardisation (`fit_encoding`)
+# How a numeric column reaches its standardisation (`fit_encoding`); "auto" (the tables' preset): "quantile" in
+# clear, and under a privacy budget the private release's standardisation (data/private_encoding.py)
+NUMERIC = ("auto", "standard", "quantile")
 QUANTILES = 1000  # reference values of a column's normal scores (scikit-learn's QuantileTransformer's default)
 RANK_BOUND = 1e-7  # ranks clipped to [RANK_BOUND, 1 - RANK_BOUND]: normal scores within +-5.2 (as scikit-learn)
 
@@ -199,7 +201,7 @@ def fit_encoding(table: PartyTable, clip: float = DEFAULT_CLIP, numeric: str = "
     x, seen, names = table.x[:, numbers], observed[:, numbers], tuple(table.columns[j] for j in numbers)
     binary = _two_valued(x, seen)
     quantiles = {name: reference_values(x[seen[:, j], j]) for j, name in enumerate(names)
-                 if not binary[j]} if numeric == "quantile" else {}
+                 if not binary[j]} if numeric in ("auto", "quantile") else {}
     scaler = _fit_numeric(_scored(x, seen, names, quantiles), seen, clip) if numbers else None
     if binary.any():  # mean = the smaller value, scale = the gap: the scaler writes them 0 and 1
         low, high = _low_high(x, seen, binary)

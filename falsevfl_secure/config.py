@@ -193,7 +193,8 @@ class Config:
     class_weight: str = "none"  # stage 2: "balanced" weighs each labeled row by n / (C n_class) (classification)
     # A federation's tables: each party standardises a numeric column as it is ("standard"), or its normal score
     # ("quantile": the rank among its own training values, data/encoding.py; not released with DP, refused then);
-    # "auto" (the tables' preset): "quantile", and "standard" as the private encoding releases it under a budget.
+    # "auto" (the tables' preset): "quantile" for a crowded column (data/encoding.py `crowded`), "standard" for the
+    # others, and under a privacy budget "standard" as the private encoding releases it.
     numeric_encoding: str = "standard"
     # Stage 2 keeps the discriminator of its best epoch on the validation records (log loss, or RMSE for
     # regression; the active party's own choice: stage 2 trains its parameters only) where a run has them.
@@ -355,7 +356,7 @@ PRESETS: dict[str, dict[str, dict]] = {
 
 # Tables of a federation (`preset = "auto"`, the default there): the digits widths, the active party's own
 # columns, its trees' score and the posterior mean in the discriminator (README "Real tables"), the schedule
-# sized by the table (`sized_schedule`), numeric columns at their normal scores where no budget refuses them.
+# sized by the table (`sized_schedule`), crowded numeric columns at their normal scores where no budget refuses them.
 PRESETS["digits"]["auto"] = dict(PRESETS["digits"]["paper"], auto_schedule=True, numeric_encoding="auto",
                                  discriminator_inputs="latent+mean+own", own_reference=True, head="network+trees",
                                  pretrain=StageConfig(2e-3, 256, 1), train=StageConfig(2e-3, 128, 1))

@@ -307,6 +307,40 @@ def test_the_quantile_encoding_separates_small_values_of_a_heavy_tailed_column_a
     assert Encoding.from_dict(plain.to_dict()).quantiles == {}
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(8, 3000), seed=st.integers(0, 2**31), spike=st.floats(0.0, 0.9),
+       magnitude=st.sampled_from([1e-3, 1.0, 1e4, 1e9]), sigma=st.floats(0.1, 3.0))
+def test_auto_scores_a_column_exactly_where_its_middle_half_spans_under_half_a_standard_deviation(
+        n, seed, spike, magnitude, sigma):
+    """"auto" maps a column to its normal scores where a heavy tail crowds its bulk, against the closed form (the
+    interquartile range of its observed values below CROWDED standard deviations, numpy's percentiles and std);
+    a normal column (1.35) and a uniform one (1.73) stay standardised, the other columns as "standard" has them."""
+    from falsevfl_secure.data.encoding import CROWDED, crowded
+
+    rng = np.random.default_rng(seed)  # test data only
+    tail = magnitude * np.where(rng.random(n) < spike, 0.0, rng.lognormal(0, sigma, n))
+    x = np.column_stack([tail, rng.normal(size=n), rng.uniform(size=n) * magnitude])
+    low, high = np.percentile(tail.astype(np.float32).astype(np.float64), [25, 75])
+    expected = high - low < CROWDED * tail.astype(np.float32).astype(np.float64).std()
+    assert crowded(tail.astype(np.float32)) == expected
+    auto, plain = fit_encoding(table_of(x), numeric="auto"), fit_encoding(table_of(x))
+    assert set(auto.quantiles) == ({"c0"} if expected and "c0" not in auto.binary else set())
+    assert ("c0" in auto.binary) == (np.unique(tail.astype(np.float32)).size <= 2)  # two values: a Bernoulli
+    rest = encode(table_of(x), auto).x[:, 1:], encode(table_of(x), plain).x[:, 1:]
+    np.testing.assert_array_equal(*rest)
+
+
+def test_auto_scores_the_trials_heights_and_leaves_an_ordinal_scale_standardised():
+    """The birds trial's heights (41 % at 0 ft, the rest up to 32,500 ft: middle half 0.27 std) are crowded; a
+    satisfaction scale of 1-4 (a trial's attrition table, where scoring every column lost ROC AUC) is not."""
+    from falsevfl_secure.data.encoding import crowded
+
+    rng = np.random.default_rng(7)
+    height = np.where(rng.random(5000) < 0.41, 0.0, np.minimum(rng.lognormal(6.5, 1.6, 5000), 32_500.0))
+    scale = rng.choice([1.0, 2.0, 3.0, 4.0], 5000, p=[0.2, 0.2, 0.3, 0.3])
+    assert crowded(height) and not crowded(scale) and not crowded(np.full(10, 3.0))
+
+
 @pytest.mark.parametrize("forged", [{"c1": [0.0, 1.0]}, {"c0": [3.0, 1.0]}, {"c0": [1.0]}, {"c9": [0.0, 1.0]},
                                     {"c0": [0.0, float("nan")]}])
 def test_a_saved_encoding_with_forged_reference_values_is_refused(forged):
@@ -328,9 +362,13 @@ def test_the_quantile_encoding_is_refused_under_a_privacy_budget_and_a_bad_choic
 
 
 def test_the_tables_preset_scores_numeric_columns_in_clear_and_keeps_the_private_release_under_a_budget(tmp_path):
-    """The federation's default preset: normal scores for every numeric, non-binary column fitted in clear; under a
-    privacy budget the same file trains on the encoding released with DP (no reference values, which no release
-    covers), and a file that asks for "quantile" under a budget is one error line."""
+    """The federation's default preset: normal scores for the crowded numeric columns fitted in clear (the lab's
+    table given one: a dose, 0 for 60 % of the records); under a privacy budget the same file trains on the
+    encoding released with DP (no reference values, which no release covers), and a file that asks for "quantile"
+    under a budget is one error line."""
+    import csv
+
+    from falsevfl_secure.data.encoding import crowded
     from falsevfl_secure.errors import InputError
     from falsevfl_secure.federation.config import load_federation
     from falsevfl_secure.federation.inputs import read_training_table
@@ -338,10 +376,18 @@ def test_the_tables_preset_scores_numeric_columns_in_clear_and_keeps_the_private
 
     written = write_federation(tmp_path, Spec(categorical=True, messy=False, model=""))  # the default preset
     fed = load_federation(written.path)
+    path = fed.own("lab").train
+    rows = list(csv.reader(path.read_text().splitlines()))
+    rng = np.random.default_rng(3)  # test data only
+    doses = [0.0 if rng.random() < 0.6 else rng.lognormal(3, 2) for _ in rows[1:]]
+    path.write_text("\n".join(",".join([*row, str(d)]) for row, d in zip(rows, ["dose", *doses], strict=True)) + "\n")
     clear = read_training_table(fed, "lab")
     numeric = [name for name in clear.table.columns if name not in clear.table.text]
-    assert fed.model.numeric_encoding == "auto" and numeric
-    assert set(clear.encoding.quantiles) == set(numeric) - set(clear.encoding.binary)
+    assert fed.model.numeric_encoding == "auto" and "dose" in clear.encoding.quantiles
+    table = clear.table
+    crowded_ones = {name for name in numeric if name not in clear.encoding.binary and crowded(
+        table.x[~np.isnan(table.x[:, table.columns.index(name)]), table.columns.index(name)])}
+    assert set(clear.encoding.quantiles) == crowded_ones
     written.path.write_text(written.path.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
     private = read_training_table(load_federation(written.path), "lab", private=True)
     assert private.encoding.private and private.encoding.quantiles == {}

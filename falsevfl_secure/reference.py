@@ -103,8 +103,8 @@ def _untried(config: dict) -> str:
              ("discriminator_inputs = \"latent+mean+own\"", options.get("discriminator_inputs") == "latent+mean+own"),
              ("class_weight = \"balanced\" for rare classes",
               config.get("class_weight") == "balanced" or config.get("task") == "regression"),
-             ("numeric_encoding = \"quantile\" where a numeric column's values crowd at one end (README, \"Real "
-              "tables\")", config.get("numeric_encoding") in ("auto", "quantile"))]
+             ("numeric_encoding = \"quantile\" (every numeric column at its normal score, not only the crowded "
+              "ones: README, \"Real tables\")", config.get("numeric_encoding") == "quantile")]
     text = "Try " + ", ".join(t for t, done in tries if not done) + ", and c" if any(not d for _, d in tries) else "C"
     return text + ("heck with `federation check` that the parties' IDs line up; method = \"plugvfl\" often fits "
                    "tables better, but sends every party label-dependent gradients (threat_models/labels.toml)")

@@ -67,6 +67,8 @@ def test_the_reference_learns_from_the_active_partys_own_columns_and_the_lift_co
     said = lift_lines(report, tried)[1]  # what a run did is not suggested
     assert "preset" not in said and "discriminator_inputs" not in said and "class_weight" not in said, said
     assert "numeric_encoding" not in said, said
+    crowded_only = make_config("digits", "auto").to_dict()  # "auto" scores the crowded columns only: quantile is new
+    assert 'numeric_encoding = "quantile" (every numeric column' in lift_lines(report, crowded_only)[1]
     assert "Check with `federation check`" in said and 'method = "plugvfl"' in said
     regression = {**make_config("digits", "quick").to_dict(), "task": "regression"}  # no classes to weigh
     assert "class_weight" not in lift_lines(report, regression)[1] and "preset" in lift_lines(report, regression)[1]

@@ -71,6 +71,14 @@ def primary(task: str) -> tuple[str, bool]:
     return ("roc_auc", True) if task == "classification" else ("rmse", False)
 
 
+def primary_value(task: str, predictions: np.ndarray, truth: np.ndarray) -> float:
+    """The primary metric alone (`primary`): ROC AUC of class probabilities, or RMSE in the target's unit."""
+    if task == "classification":
+        return _ranking(np.asarray(predictions, dtype=np.float64), np.asarray(truth, dtype=np.int64))["roc_auc"]
+    error = np.asarray(predictions, dtype=np.float64).reshape(-1) - np.asarray(truth, dtype=np.float64).reshape(-1)
+    return float(np.sqrt(np.mean(error * error)))
+
+
 def task_metrics(task: str, predictions: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """`classification_metrics` or `regression_metrics` (predictions and truth in the target's unit)."""
     if task == "classification":

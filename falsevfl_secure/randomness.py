@@ -56,13 +56,14 @@ class PublicStream(IntEnum):
     DEMO_TABLES = 1117063369  # crc32(b"federation demo"): the demo's record IDs and tables
     TABLES_DEMO = 2492801163  # crc32(b"federation tables demo"): the real-tables demo's columns
     VALIDATION = 1125857209  # crc32(b"federation validation"): the federation's held-out records
+    LIFT_BOOTSTRAP = 2408976098  # crc32(b"lift bootstrap"): the lift's resampled validation records
 
 
 PUBLIC_WORDS: dict[PublicStream, int] = {
     PublicStream.SPLIT_LABELED: 0, PublicStream.SPLIT_TRAIN_MASK: 1, PublicStream.SPLIT_TEST_MASK: 1,
     PublicStream.SUBSAMPLE: 0, PublicStream.SPLIT_CELLS: 1, PublicStream.BATCH_ORDER: 2, PublicStream.SUBSETS: 2,
     PublicStream.PERMUTED_LABELS: 0, PublicStream.DEMO_TABLES: 0, PublicStream.TABLES_DEMO: 0,
-    PublicStream.VALIDATION: 0}
+    PublicStream.VALIDATION: 0, PublicStream.LIFT_BOOTSTRAP: 0}
 
 
 PublicGenerator = np.random.Generator  # what `public_rng` returns: public numbers only, never a secret

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from .fsio import atomic_write, saved_arrays
-from .metrics import primary, task_metrics
+from .metrics import primary, primary_value, task_metrics
 from .model.trees import categorical_mask, coded_block
+from .randomness import PublicStream, public_rng
 
 MODELS = ("linear", "hgb")
 Groups = tuple[tuple[int, int], ...]  # the one-hot cells of each categorical column, [start, stop)
@@ -86,8 +87,29 @@ def lift_report(task: str, federation: np.ndarray, references: dict[str, dict], 
             for k, r in references.items()}
     best = (max if larger else min)(refs, key=lambda k: refs[k][name])
     lift = (fed[name] - refs[best][name]) * (1 if larger else -1)
+    interval = lift_interval(task, conv(federation), conv(references[best]["predictions"]), truth, larger)
     return {"metric": name, "federation": fed, "active_alone": refs, "best_active_alone": best,
-            "lift": round(float(lift), 6), "records": int(len(truth))}
+            "lift": round(float(lift), 6), "lift_interval": interval, "records": int(len(truth))}
+
+
+RESAMPLES = 200  # the lift's bootstrap over the validation records
+
+
+def lift_interval(task: str, federation: np.ndarray, reference: np.ndarray, truth: np.ndarray,
+                  larger: bool) -> list[float]:
+    """The lift's 95 % paired bootstrap interval: both models scored on the same resampled records (a public draw;
+    nothing here is secret or leaves the active party). A trial's 118 validation records (16 positive) told a lift
+    of +0.11 where the held-out records told -0.04: an interval says how little so few records tell."""
+    rng, n, sign = public_rng(0, PublicStream.LIFT_BOOTSTRAP), len(truth), 1.0 if larger else -1.0
+    lifts = []
+    for _ in range(RESAMPLES):
+        rows = rng.integers(0, n, n)
+        lift = sign * (primary_value(task, federation[rows], truth[rows]) - primary_value(task, reference[rows],
+                                                                                           truth[rows]))
+        lifts += [lift] if np.isfinite(lift) else []  # (a resample holding one class has no ROC AUC)
+    if len(lifts) < RESAMPLES // 2:
+        return [float("nan"), float("nan")]
+    return [round(float(v), 6) for v in np.percentile(lifts, [2.5, 97.5])]
 
 
 def _untried(config: dict) -> str:
@@ -116,13 +138,20 @@ def lift_lines(report: dict, config: dict | None = None) -> list[str]:
     name, best = report["metric"], report["best_active_alone"]
     fed, ref = report["federation"][name], report["active_alone"][best][name]
     label = {"linear": "linear model", "hgb": "gradient-boosted trees"}[best]
+    low, high = report.get("lift_interval", [float("nan")] * 2)  # (reports written before it have none)
     lines = [f"lift: federation {name} {fed:.4f} against the active party alone {ref:.4f} ({label} on its own "
-             f"columns), {report['lift']:+.4f} on {report['records']} validation records"]
+             f"columns), {report['lift']:+.4f} on {report['records']} validation records"
+             + (f" (95 % interval {low:+.4f} to {high:+.4f})" if np.isfinite(low) else "")]
     perfect = ref == (1.0 if name == "roc_auc" else 0.0)  # nothing left to beat
     if not report["lift"] > 0 and not perfect:
         lines.append(f"warning: the federation does not beat the active party's own {label} ({name} {fed:.4f} "
                      f"against {ref:.4f}): the other parties' columns did not pay on this run. "
                      f"{_untried(config or {})}")
+    elif not perfect and not low > 0:  # (nan: too few records of a class to resample)
+        lines.append(f"warning: {report['records']} validation records are too few to tell whether the federation "
+                     "pays: the lift's 95 % interval reaches 0 or below, and these records also chose the epoch "
+                     "(and the blend with the trees), which favours the federation; score held-out records "
+                     "(`federation score`), or hold out more (validation_fraction)")
     if "predicted_classes" in report["federation"] and report["federation"]["predicted_classes"] == 1:
         lines.append("warning: the federation predicts one class for every validation record (accuracy "
                      f"{100 * report['federation']['accuracy']:.1f} %, balanced accuracy "

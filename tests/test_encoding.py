@@ -388,6 +388,11 @@ def test_the_tables_preset_scores_numeric_columns_in_clear_and_keeps_the_private
     crowded_ones = {name for name in numeric if name not in clear.encoding.binary and crowded(
         table.x[~np.isnan(table.x[:, table.columns.index(name)]), table.columns.index(name)])}
     assert set(clear.encoding.quantiles) == crowded_ones
+    from falsevfl_secure.federation.check import describe_training
+
+    said = [line for line in describe_training(fed, "lab", clear) if "normal scores" in line]
+    assert said == ['  at their normal scores (numeric_encoding = "auto"): ' + ", ".join(
+        c for c in table.columns if c in crowded_ones)] and said[0].endswith("dose")
     written.path.write_text(written.path.read_text() + "\n[privacy]\nepsilon = 8.0\nnoise_multiplier = 10.0\n")
     private = read_training_table(load_federation(written.path), "lab", private=True)
     assert private.encoding.private and private.encoding.quantiles == {}

@@ -352,6 +352,9 @@ def describe_training(fed: Federation, name: str, inputs: PartyInput) -> list[st
     lines = [f"party {name!r}{role}: {table.path}: {table.n_rows} rows ({int(inputs.block.held.sum())} holding "
              f"features), {len(table.columns)} columns: {kinds}, {encoding.width} encoded cells; "
              f"{_missing(table)} missing cells{_labels_text(fed, inputs)}"]
+    if encoding.quantiles and not fed.model.privacy.enabled:  # (a trial: only the manifest said which columns)
+        lines.append(f"  at their normal scores (numeric_encoding = \"{fed.model.numeric_encoding}\"): "
+                     + ", ".join(c for c in table.columns if c in encoding.quantiles))
     lines += _id_lines(fed, table) + _class_spellings(inputs)
     lines += [f"{NOTE}column {c!r} has {len(encoding.categories[c])} categories in "
               f"{sum(v is not None for v in table.text[c])} cells: if it identifies records, remove it"

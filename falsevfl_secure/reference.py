@@ -147,7 +147,7 @@ def lift_lines(report: dict, config: dict | None = None) -> list[str]:
         lines.append(f"warning: the federation does not beat the active party's own {label} ({name} {fed:.4f} "
                      f"against {ref:.4f}): the other parties' columns did not pay on this run. "
                      f"{_untried(config or {})}")
-    elif not perfect and not low > 0:  # (nan: too few records of a class to resample)
+    elif not perfect and "lift_interval" in report and not low > 0:  # (nan: too few of a class to resample)
         lines.append(f"warning: {report['records']} validation records are too few to tell whether the federation "
                      "pays: the lift's 95 % interval reaches 0 or below, and these records also chose the epoch "
                      "(and the blend with the trees), which favours the federation; score held-out records "

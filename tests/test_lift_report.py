@@ -438,6 +438,8 @@ def test_a_lift_too_few_validation_records_can_tell_is_a_warning_and_a_clear_one
         assert low < report["lift"] < high and ("95 % interval" in lines[0])
         assert report["lift"] > 0, report["lift"]
         assert any("too few to tell" in line for line in lines) == warned == (low <= 0), (lines, low)
+        older = {k: v for k, v in report.items() if k != "lift_interval"}  # a train_result.json written before it
+        assert not any("too few to tell" in line or "interval" in line for line in lift_lines(older))
 
 
 def _sig(v):
